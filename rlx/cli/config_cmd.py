@@ -1,0 +1,35 @@
+"""`rlx config show|check`: print or validate a run config without running anything."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from rlx.cli.common import console, user_errors
+
+config_app = typer.Typer(help="Show or check a run config.", no_args_is_help=True)
+
+
+@config_app.command("show")
+def show(config: str = typer.Argument(..., help="YAML run config."),
+         overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides.")) -> None:
+    """Print the resolved config (YAML) after overrides and validation."""
+    from omegaconf import OmegaConf
+
+    from rlx.config import load_config
+
+    with user_errors():
+        cfg = load_config(config, overrides or [])
+    console.print(OmegaConf.to_yaml(OmegaConf.structured(cfg)), highlight=False, markup=False, end="")
+
+
+@config_app.command("check")
+def check(config: str = typer.Argument(..., help="YAML run config."),
+          overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides.")) -> None:
+    """Validate a config (keys, types, ranges) and exit non-zero on the first problem."""
+    from rlx.config import load_config
+
+    with user_errors():
+        load_config(config, overrides or [])
+    console.print(f"[green]ok[/]: {config} is a valid run config")

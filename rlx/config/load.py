@@ -1,0 +1,170 @@
+"""Load a run config: YAML file + ``key=value`` overrides -> validated ``RunConfig``.
+
+Composition goes through Hydra's compose API: the schema is registered in ConfigStore as
+``rlx_schema`` and put first in the defaults list, the user's file (and any config groups
+it names, looked up beside it) after it, then the overrides. Keys are checked against the
+schema before Hydra runs so that a misspelling gets a "did you mean" instead of a Hydra
+trace. The result is converted to real dataclasses, so each ``__post_init__`` validates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+from rlx.config.errors import ConfigError
+from rlx.config.schema import RunConfig
+
+SCHEMA_NAME = "rlx_schema"
+_USER_NAME = "rlx_user_config"
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Compose, check and validate a run config. Raises ``ConfigError`` naming the fix."""
+    path = Path(path)
+    raw = read_yaml(path)
+    user_defaults = raw.pop("defaults", [])
+    check_keys(raw, RunConfig, prefix="", source=str(path))
+    override_keys = _override_keys(overrides)
+    for key in override_keys:
+        check_key_path(key, source="overrides")
+    composed = _compose(path, raw, user_defaults, list(overrides))
+    return to_run_config(composed)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise ConfigError(f"config file not found: {path}; pass the path of a YAML run config, "
+                          "e.g. configs/quickstart.yaml")
+    if not path.is_file():
+        raise ConfigError(f"config path {path} is a directory; pass a YAML file inside it")
+    text = path.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"malformed YAML at {where}: {problem}; fix the syntax on that line") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections (model:, task:, ...), not a {type(data).__name__}")
+    return data
+
+
+def check_keys(data: dict[str, Any], schema: type, prefix: str, source: str) -> None:
+    """Raise on the first key of ``data`` that the dataclass ``schema`` does not have."""
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if key not in fields:
+            raise ConfigError(_unknown_key_message(full, schema, source))
+        sub = _dataclass_type(fields[key].type)
+        if sub is not None:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{full} in {source} must be a section (a mapping of keys), got {value!r}")
+            check_keys(value, sub, prefix=f"{full}.", source=source)
+
+
+def check_key_path(dotted: str, source: str) -> None:
+    schema: type | None = RunConfig
+    parts = dotted.split(".")
+    for depth, part in enumerate(parts):
+        fields = {f.name: f for f in dataclasses.fields(schema)} if schema else {}
+        if part not in fields:
+            raise ConfigError(_unknown_key_message(".".join(parts[: depth + 1]), schema or RunConfig, source))
+        schema = _dataclass_type(fields[part].type)
+
+
+def to_run_config(composed: Any) -> RunConfig:
+    structured = OmegaConf.merge(OmegaConf.structured(RunConfig), composed)
+    try:
+        return OmegaConf.to_object(structured)
+    except MissingMandatoryValue as exc:
+        key = exc.full_key
+        raise ConfigError(f"{key} is required but not set; add it to the config or pass {key}=VALUE") from None
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_omegaconf_message(exc)) from None
+
+
+def all_key_paths(schema: type = RunConfig, prefix: str = "") -> list[str]:
+    paths = []
+    for f in dataclasses.fields(schema):
+        sub = _dataclass_type(f.type)
+        if sub is None:
+            paths.append(prefix + f.name)
+        else:
+            paths.extend(all_key_paths(sub, prefix + f.name + "."))
+    return paths
+
+
+def _compose(path: Path, raw: dict, user_defaults: list, overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.errors import HydraException
+
+    store = ConfigStore.instance()
+    store.store(name=SCHEMA_NAME, node=RunConfig)
+    store.store(name=_USER_NAME, node={"defaults": [SCHEMA_NAME, *user_defaults, "_self_"], **raw})
+    try:
+        with initialize_config_dir(config_dir=str(path.parent.resolve()), version_base=None, job_name="rlx"):
+            return compose(config_name=_USER_NAME, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        if isinstance(exc, OmegaConfBaseException):
+            raise ConfigError(_omegaconf_message(exc)) from None
+        cause = exc.__cause__
+        if isinstance(cause, OmegaConfBaseException):
+            raise ConfigError(_omegaconf_message(cause)) from None
+        raise ConfigError(f"cannot compose {path}: {exc}") from None
+
+
+def _override_keys(overrides: Iterable[str]) -> list[str]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    overrides = list(overrides)
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException as exc:
+        raise ConfigError(f"malformed override: {exc.message}; write overrides as section.key=value") from None
+    return [p.key_or_group for p in parsed]
+
+
+def _unknown_key_message(full_key: str, schema: type, source: str) -> str:
+    leaf = full_key.rsplit(".", 1)[-1]
+    section = full_key.rsplit(".", 1)[0] + "." if "." in full_key else ""
+    local = [f.name for f in dataclasses.fields(schema)]
+    close = difflib.get_close_matches(leaf, local, n=1, cutoff=0.6)
+    if close:
+        hint = f"did you mean '{section}{close[0]}'?"
+    else:
+        elsewhere = [p for p in all_key_paths() if p.rsplit(".", 1)[-1] == leaf]
+        elsewhere = elsewhere or difflib.get_close_matches(full_key, all_key_paths(), n=1, cutoff=0.6)
+        if elsewhere:
+            hint = f"did you mean '{elsewhere[0]}'?"
+        else:
+            nearest = difflib.get_close_matches(leaf, local, n=3, cutoff=0.0)
+            hint = f"nearest valid keys in {section.rstrip('.') or 'the top level'}: " + ", ".join(
+                section + n for n in nearest)
+    return f"unknown config key '{full_key}' (in {source}); {hint} (`rlx config show` lists every key)"
+
+
+def _omegaconf_message(exc: OmegaConfBaseException) -> str:
+    key = getattr(exc, "full_key", None) or "?"
+    msg = str(exc).split("\n")[0]
+    return f"bad value for {key}: {msg}; set {key} to a value of the type the schema allows (`rlx config show`)"
+
+
+def _dataclass_type(tp: Any) -> type | None:
+    if isinstance(tp, str):
+        import rlx.config.schema as schema_module
+
+        tp = getattr(schema_module, tp, None)
+    return tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None

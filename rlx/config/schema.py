@@ -1,0 +1,367 @@
+"""The run config: one dataclass per section, validated in ``__post_init__``.
+
+Every field carries a one-line docstring (units, meaning). Choice fields are typed ``str``
+because OmegaConf cannot type ``Literal``; their allowed values live in the ``*_CHOICES``
+constants and are enforced by ``__post_init__``. This module imports no torch or vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+from rlx.config.errors import ConfigError
+
+
+def check_choice(where: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{where}={value!r} is not allowed; set {where} to one of: {', '.join(choices)}")
+
+
+def check_range(where: str, value: float, lo: float | None = None, hi: float | None = None,
+                hint: str = "") -> None:
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"in [{lo}, {hi}]"
+        raise ConfigError(f"{where}={value!r} must be {bounds}" + (f"; {hint}" if hint else ""))
+
+
+DTYPE_CHOICES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class ModelConfig:
+    path: str = MISSING
+    """Local Hugging Face model directory (config.json, tokenizer, safetensors); never downloaded."""
+    dtype: str = "float32"
+    """Training dtype of the parameters: float32, bfloat16 or float16."""
+    rollout_dtype: str = "auto"
+    """Dtype the rollout engine runs and receives weights in; 'auto' = model.dtype."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    attn_implementation: str = "sdpa"
+    """transformers attention implementation for training: sdpa or eager."""
+    build_if_missing: str = ""
+    """If set and model.path does not exist, build it with this rlx builder ('tiny_math_warmstart')."""
+
+    def __post_init__(self) -> None:
+        check_choice("model.dtype", self.dtype, DTYPE_CHOICES)
+        check_choice("model.rollout_dtype", self.rollout_dtype, ("auto",) + DTYPE_CHOICES)
+        check_choice("model.attn_implementation", self.attn_implementation, ("sdpa", "eager"))
+        check_choice("model.build_if_missing", self.build_if_missing, ("", "tiny_math_warmstart"))
+
+    @property
+    def engine_dtype(self) -> str:
+        return self.dtype if self.rollout_dtype == "auto" else self.rollout_dtype
+
+
+TASK_CHOICES = ("tiny_math", "gsm8k")
+
+
+@dataclass
+class TaskConfig:
+    name: str = "tiny_math"
+    """Built-in task: tiny_math (synthetic arithmetic) or gsm8k (math from a local JSONL/Parquet file)."""
+    path: str = ""
+    """gsm8k: local JSONL or Parquet file with question/answer columns."""
+    eval_path: str = ""
+    """gsm8k: optional held-out file; empty = hold out task.num_eval rows of task.path."""
+    prompt_template: str = "{question}"
+    """Prompt text; {question} is replaced by the question."""
+    question_key: str = "question"
+    """Column holding the question (gsm8k)."""
+    answer_key: str = "answer"
+    """Column holding the ground truth (gsm8k); the number after '####' is used when present."""
+    answer_pattern: str = r"(-?\d+(?:\.\d+)?)"
+    """Regex whose last match in a completion is taken as the answer (gsm8k)."""
+    reward: str = ""
+    """User reward as 'module:function' (completion, ground_truth) -> float; empty = the task's own."""
+    num_eval: int = 128
+    """Held-out prompts used for evaluation."""
+    max_operand: int = 30
+    """tiny_math: operands are drawn from [0, max_operand]."""
+    operators: str = "+-"
+    """tiny_math: operators to draw from (any of '+-*')."""
+    seed: int = 0
+    """Seed of the dataset split and order; the same seed gives the same prompts."""
+
+    def __post_init__(self) -> None:
+        check_choice("task.name", self.name, TASK_CHOICES)
+        if self.name == "gsm8k" and not self.path:
+            raise ConfigError("task.name=gsm8k needs task.path; set task.path to a local .jsonl or .parquet file")
+        check_range("task.num_eval", self.num_eval, 0)
+        check_range("task.max_operand", self.max_operand, 1)
+        bad = set(self.operators) - set("+-*")
+        if not self.operators or bad:
+            raise ConfigError(f"task.operators={self.operators!r}: use a non-empty mix of '+', '-', '*'")
+        if self.reward and ":" not in self.reward:
+            raise ConfigError(f"task.reward={self.reward!r} must be 'module:function', e.g. 'my_rewards:score'")
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "vllm"
+    """Generation backend of the rollout server: vllm or hf (transformers)."""
+    servers: list[str] = field(default_factory=list)
+    """Addresses of rollout servers already running (tcp://host:port or ipc://path); empty = launch them."""
+    num_servers: int = 1
+    """Rollout servers to launch when rollout.servers is empty."""
+    host: str = "127.0.0.1"
+    """Interface a launched server binds; anything but loopback needs rollout.auth_token."""
+    port: int = 0
+    """TCP port of a launched server; 0 = an ipc:// socket in the run directory."""
+    auth_token: str = ""
+    """Shared secret required on every request when binding a non-loopback interface."""
+    n: int = 8
+    """Samples per prompt (the GRPO group size)."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling probability mass."""
+    top_k: int = -1
+    """Top-k sampling; -1 = off."""
+    max_tokens: int = 16
+    """Maximum completion tokens per sample."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings that end a completion."""
+    gpu_memory_utilization: float = 0.2
+    """vLLM memory fraction (KV cache); on CPU builds the fraction of host memory."""
+    max_model_len: int = 512
+    """vLLM context length (prompt + completion tokens)."""
+    enforce_eager: bool = True
+    """Skip vLLM graph capture (faster start-up; graphs matter only on GPUs)."""
+    device: str = "auto"
+    """hf backend device: auto, cpu or cuda."""
+    request_timeout_s: float = 300.0
+    """Deadline of one generate request."""
+    startup_timeout_s: float = 300.0
+    """How long the launcher waits for a server to answer health."""
+
+    def __post_init__(self) -> None:
+        check_choice("rollout.backend", self.backend, ("vllm", "hf"))
+        check_choice("rollout.device", self.device, ("auto", "cpu", "cuda"))
+        check_range("rollout.num_servers", self.num_servers, 1)
+        check_range("rollout.n", self.n, 1, hint="set rollout.n to the samples per prompt")
+        check_range("rollout.temperature", self.temperature, 0.0)
+        check_range("rollout.top_p", self.top_p, 0.0, 1.0)
+        check_range("rollout.max_tokens", self.max_tokens, 1)
+        check_range("rollout.gpu_memory_utilization", self.gpu_memory_utilization, 0.01, 1.0)
+        check_range("rollout.port", self.port, 0, 65535)
+        for address in self.servers:
+            if not address.startswith(("tcp://", "ipc://")):
+                raise ConfigError(f"rollout.servers entry {address!r} must start with tcp:// or ipc://")
+
+
+ADVANTAGE_CHOICES = ("grpo", "drgrpo", "rloo", "reinforce_pp")
+POLICY_LOSS_CHOICES = ("ppo", "gspo")
+LOSS_AGG_CHOICES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+KL_CHOICES = ("k1", "k2", "k3")
+CORRECTION_CHOICES = ("none", "tis", "icepop")
+
+
+@dataclass
+class AlgorithmConfig:
+    advantage: str = "grpo"
+    """Advantage estimator: grpo, drgrpo (no std normalisation), rloo or reinforce_pp."""
+    policy_loss: str = "ppo"
+    """Policy loss: ppo (token-level clipped ratio) or gspo (sequence-level ratio)."""
+    clip_low: float = 0.2
+    """Lower clip range: ratio >= 1 - clip_low."""
+    clip_high: float = 0.28
+    """Upper clip range: ratio <= 1 + clip_high (clip-higher when > clip_low)."""
+    dual_clip: float = 0.0
+    """Dual-clip bound c (> 1) for negative advantages; 0 = off."""
+    loss_agg: str = "token_mean"
+    """Loss aggregation: token_mean, seq_mean_token_mean or seq_mean_token_sum_norm."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty to the reference model; 0 = no reference model."""
+    kl_estimator: str = "k3"
+    """KL estimator: k1, k2 or k3."""
+    kl_in_reward: bool = False
+    """Apply the KL penalty to the reward instead of the loss."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    rollout_correction: str = "auto"
+    """Off-policy correction with rollout logprobs: none, tis, icepop; auto = tis in one_step_off, none in sync."""
+    correction_level: str = "token"
+    """Where correction weights apply: token or sequence."""
+    tis_cap: float = 2.0
+    """TIS: importance weights are clamped to at most this."""
+    icepop_low: float = 0.5
+    """IcePop: weights below this are zeroed."""
+    icepop_high: float = 2.0
+    """IcePop: weights above this are zeroed."""
+
+    def __post_init__(self) -> None:
+        check_choice("algorithm.advantage", self.advantage, ADVANTAGE_CHOICES)
+        check_choice("algorithm.policy_loss", self.policy_loss, POLICY_LOSS_CHOICES)
+        check_choice("algorithm.loss_agg", self.loss_agg, LOSS_AGG_CHOICES)
+        check_choice("algorithm.kl_estimator", self.kl_estimator, KL_CHOICES)
+        check_choice("algorithm.rollout_correction", self.rollout_correction, ("auto",) + CORRECTION_CHOICES)
+        check_choice("algorithm.correction_level", self.correction_level, ("token", "sequence"))
+        check_range("algorithm.clip_low", self.clip_low, 0.0, 1.0)
+        check_range("algorithm.clip_high", self.clip_high, 0.0)
+        if self.dual_clip and self.dual_clip <= 1.0:
+            raise ConfigError(f"algorithm.dual_clip={self.dual_clip} must be > 1 (or 0 to turn it off)")
+        check_range("algorithm.kl_coef", self.kl_coef, 0.0)
+        check_range("algorithm.tis_cap", self.tis_cap, 1.0)
+        if not 0 <= self.icepop_low < 1 < self.icepop_high:
+            raise ConfigError(
+                f"algorithm.icepop_low={self.icepop_low}, icepop_high={self.icepop_high}: need 0 <= low < 1 < high")
+
+
+@dataclass
+class TrainerConfig:
+    mode: str = "sync"
+    """sync (on-policy, lock-step) or one_step_off (generation of step k+1 overlaps training of step k)."""
+    num_ranks: int = 1
+    """Trainer processes (torch.distributed ranks); > 1 shards the model with FSDP2."""
+    device: str = "auto"
+    """Training device: auto (cuda when available), cpu or cuda."""
+    total_steps: int = 20
+    """RL steps to run."""
+    prompts_per_step: int = 16
+    """Prompts per step; each yields rollout.n samples."""
+    micro_batch_size: int = 16
+    """Sequences per forward/backward pass on one rank (gradient accumulation over the rest)."""
+    epochs_per_step: int = 1
+    """Passes over each step's samples (PPO epochs)."""
+    lr: float = 1e-5
+    """Peak learning rate of AdamW."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of trainer.lr (cosine schedule)."""
+    lr_schedule: str = "constant"
+    """Learning-rate schedule after warm-up: constant or cosine."""
+    warmup_steps: int = 0
+    """Linear warm-up steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm; 0 = off."""
+    logprob_chunk_size: int = 1024
+    """Tokens per chunk when computing logprobs/entropy, bounding the logits held at once."""
+    eval_every: int = 5
+    """Evaluate held-out accuracy every this many steps (and at start and end); 0 = off."""
+    seed: int = 0
+    """Seed of sampling, data order and initialisation."""
+    output_dir: str = "runs/${run_name}"
+    """Run directory: checkpoints, metrics, traces, logs."""
+    resume: bool = False
+    """Continue from the newest complete checkpoint in the run directory."""
+
+    def __post_init__(self) -> None:
+        check_choice("trainer.mode", self.mode, ("sync", "one_step_off"))
+        check_choice("trainer.device", self.device, ("auto", "cpu", "cuda"))
+        check_choice("trainer.lr_schedule", self.lr_schedule, ("constant", "cosine"))
+        check_range("trainer.num_ranks", self.num_ranks, 1)
+        check_range("trainer.total_steps", self.total_steps, 1)
+        check_range("trainer.prompts_per_step", self.prompts_per_step, 1)
+        check_range("trainer.micro_batch_size", self.micro_batch_size, 1)
+        check_range("trainer.epochs_per_step", self.epochs_per_step, 1)
+        check_range("trainer.lr", self.lr, 0.0)
+        check_range("trainer.warmup_steps", self.warmup_steps, 0)
+        check_range("trainer.logprob_chunk_size", self.logprob_chunk_size, 1)
+        check_range("trainer.eval_every", self.eval_every, 0)
+        if len(self.betas) != 2:
+            raise ConfigError(f"trainer.betas={self.betas} must have two values, e.g. [0.9, 0.999]")
+
+
+@dataclass
+class SyncConfig:
+    transport: str = "auto"
+    """Weight transport to the rollout engines: auto, shm (shared memory, CPU), cuda_ipc (same GPU host)."""
+    bucket_mb: int = 64
+    """Transfer bucket size in MiB."""
+    num_buffers: int = 2
+    """Buckets in flight: 2 = double buffering (fill k+1 while k loads), 1 = lock-step."""
+    timeout_s: float = 120.0
+    """Deadline for each bucket's acknowledgement."""
+    verify: bool = False
+    """Check per-tensor checksums after every sync (proves the engine holds the trainer's bytes)."""
+
+    def __post_init__(self) -> None:
+        check_choice("sync.transport", self.transport, ("auto", "shm", "cuda_ipc"))
+        check_range("sync.bucket_mb", self.bucket_mb, 1, hint="set sync.bucket_mb to the transfer bucket size in MiB")
+        check_range("sync.num_buffers", self.num_buffers, 1, 8)
+        check_range("sync.timeout_s", self.timeout_s, 0.1)
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0
+    """Save a checkpoint every this many steps (and at the end); 0 = only at the end."""
+    keep: int = 2
+    """Complete checkpoints to keep; older ones are deleted."""
+    save_final: bool = True
+    """Save a checkpoint after the last step."""
+    export_hf: bool = False
+    """Also export the final checkpoint as a Hugging Face directory (run_dir/hf)."""
+
+    def __post_init__(self) -> None:
+        check_range("checkpoint.every", self.every, 0)
+        check_range("checkpoint.keep", self.keep, 1)
+
+
+@dataclass
+class LoggingConfig:
+    console: bool = True
+    """Rich live console with a progress bar and a line of metrics per step."""
+    jsonl: bool = True
+    """Write metrics.jsonl in the run directory."""
+    tensorboard: bool = False
+    """Write TensorBoard event files under run_dir/tb."""
+    wandb: bool = False
+    """Log to Weights & Biases (needs the wandb package)."""
+    wandb_project: str = "rlx"
+    """W&B project name."""
+
+
+@dataclass
+class TraceConfig:
+    enabled: bool = False
+    """Record spans and events of every process as JSON lines."""
+    dir: str = ""
+    """Trace directory; empty = run_dir/trace."""
+
+
+@dataclass
+class RunConfig:
+    run_name: str = "run"
+    """Name of the run; the default run directory is runs/<run_name>."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """Prompts, ground truth and reward."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Rollout servers and sampling."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantages, policy loss, KL and rollout correction."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Optimisation, ranks and the step loop."""
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    """Trainer -> rollout weight transfer."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpoint cadence and retention."""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """Metric sinks."""
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    """Span tracing."""
+
+    def __post_init__(self) -> None:
+        if self.trainer.micro_batch_size > self.trainer.prompts_per_step * self.rollout.n:
+            self.trainer.micro_batch_size = self.trainer.prompts_per_step * self.rollout.n
+        if self.rollout.host not in ("127.0.0.1", "localhost", "::1") and not self.rollout.auth_token:
+            raise ConfigError(
+                f"rollout.host={self.rollout.host!r} is not loopback; set rollout.auth_token to a shared secret "
+                "(every request must carry it) or bind 127.0.0.1")
+
+    @property
+    def correction(self) -> str:
+        """The rollout correction in force once 'auto' is resolved."""
+        if self.algorithm.rollout_correction != "auto":
+            return self.algorithm.rollout_correction
+        return "tis" if self.trainer.mode == "one_step_off" else "none"
+

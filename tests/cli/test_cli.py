@@ -1,0 +1,31 @@
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from rlx import __version__
+from rlx.cli import app
+
+runner = CliRunner()
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"rlx {__version__}"
+
+
+def test_help_lists_only_registered_commands():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    registered = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
+    for name in registered:
+        assert name in result.output
+    assert "config" in registered
+
+
+def test_cli_import_stays_light():
+    code = ("import sys, rlx.cli; heavy = [m for m in ('vllm', 'megatron', 'textual', 'torch') "
+            "if m in sys.modules]; print(','.join(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"importing rlx.cli pulled in: {out.stdout.strip()}"
