@@ -1,0 +1,1 @@
+"""Training side: model loading, FSDP2, logprobs, algorithms, optimizer, checkpoints."""
