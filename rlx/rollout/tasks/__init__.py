@@ -1,0 +1,29 @@
+"""Tasks: datasets of prompts with ground truth, and their rewards.
+
+``build_task(cfg.task)`` returns a ``Task`` (``base.Task``): train and eval lists of
+``Problem`` plus ``reward`` and ``is_correct``. Built in: ``tiny_math`` (synthetic
+arithmetic) and ``gsm8k`` (math from a local JSONL/Parquet file). ``task.reward`` swaps in a
+user function ``module:function`` (completion, answer) -> float. The order in which train
+problems are used is ``base.DataStream``'s job.
+"""
+
+from __future__ import annotations
+
+from rlx.rollout.tasks.base import DataStream, Problem, Task
+from rlx.rollout.tasks.reward_fn import load_reward_fn
+
+__all__ = ["DataStream", "Problem", "Task", "build_task", "load_reward_fn"]
+
+
+def build_task(cfg) -> Task:
+    """The task named by ``cfg.name`` (a ``rlx.config.schema.TaskConfig``), with the user reward if set."""
+    reward_fn = load_reward_fn(cfg.reward, "task.reward") if cfg.reward else None
+    if cfg.name == "tiny_math":
+        from rlx.rollout.tasks.tiny_math import TinyMath
+
+        return TinyMath.from_config(cfg, reward_fn)
+    if cfg.name == "gsm8k":
+        from rlx.rollout.tasks.gsm8k import Gsm8k
+
+        return Gsm8k.from_config(cfg, reward_fn)
+    raise ValueError(f"task.name={cfg.name!r} is unknown; use tiny_math or gsm8k")

@@ -1,0 +1,97 @@
+"""What every task shares: the ``Problem`` record, the ``Task`` protocol and ``DataStream``.
+
+A task is a train and an eval list of problems plus a reward. ``DataStream`` hands out the
+train problems in a seeded order that is reshuffled every epoch and can be saved and resumed
+(its state is JSON). Batching into samples (rollout.n per prompt) and tokenisation are left
+to the rollout client.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from numbers import Real
+from typing import Callable, Protocol
+
+RewardFn = Callable[[str, str], float]
+"""A user reward: (completion, ground-truth answer) -> float."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    id: int
+    """Position of the problem in its task (unique across train and eval)."""
+    prompt: str
+    """Text given to the model."""
+    answer: str
+    """Ground truth the reward compares against."""
+
+
+class Task(Protocol):
+    name: str
+    train: list[Problem]
+    eval: list[Problem]
+
+    def reward(self, completion: str, problem: Problem) -> float:
+        """The user's reward (task.reward) if set, else 1.0 for a correct answer and 0.0 otherwise."""
+
+    def is_correct(self, completion: str, problem: Problem) -> bool:
+        """The task's own check of the completion against the ground truth (used for accuracy)."""
+
+
+def task_reward(reward_fn: RewardFn | None, correct: Callable[[], bool], completion: str,
+                problem: Problem) -> float:
+    """The shared body of ``Task.reward``: the user's function, or 1.0/0.0 from ``correct()``."""
+    if reward_fn is None:
+        return 1.0 if correct() else 0.0
+    value = reward_fn(completion, problem.answer)
+    if not isinstance(value, Real):
+        name = getattr(reward_fn, "__qualname__", repr(reward_fn))
+        raise ValueError(f"reward function {name} (task.reward) returned {type(value).__name__} {value!r}; "
+                         "it must return a float")
+    return float(value)
+
+
+class DataStream:
+    """A resumable, seeded, epoch-shuffled order over a list of problems."""
+
+    def __init__(self, problems: list[Problem], seed: int) -> None:
+        if not problems:
+            raise ValueError("the task has no training problems; check task.path / task.num_eval")
+        self.problems = list(problems)
+        self.seed = seed
+        self.epoch = 0
+        self.index = 0
+        self._order = self._shuffled(0)
+
+    def _shuffled(self, epoch: int) -> list[int]:
+        order = list(range(len(self.problems)))
+        random.Random(f"rlx-data-{self.seed}-{epoch}").shuffle(order)
+        return order
+
+    def next_batch(self, k: int) -> list[Problem]:
+        """The next ``k`` problems; crosses into a freshly shuffled epoch when this one runs out."""
+        if k < 1:
+            raise ValueError(f"batch size k={k} must be >= 1")
+        batch = []
+        while len(batch) < k:
+            if self.index == len(self._order):
+                self.epoch, self.index = self.epoch + 1, 0
+                self._order = self._shuffled(self.epoch)
+            batch.append(self.problems[self._order[self.index]])
+            self.index += 1
+        return batch
+
+    def state(self) -> dict:
+        return {"seed": self.seed, "epoch": self.epoch, "index": self.index, "num_problems": len(self.problems)}
+
+    def load_state(self, state: dict) -> None:
+        """Continue from ``state``; it must come from a stream over the same problems and seed."""
+        saved = (state.get("seed"), state.get("num_problems"))
+        if saved != (self.seed, len(self.problems)):
+            raise ValueError(f"data position was saved with seed={saved[0]} over {saved[1]} problems, but this run "
+                             f"has seed={self.seed} over {len(self.problems)}; resume with the same task config")
+        if not 0 <= state["index"] <= len(self.problems) or state["epoch"] < 0:
+            raise ValueError(f"data position {state} is out of range for {len(self.problems)} problems")
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+        self._order = self._shuffled(self.epoch)
