@@ -8,7 +8,9 @@ PPO: "Proximal Policy Optimization Algorithms" (Schulman et al., 2017). Separate
 clip ("clip-higher"): "DAPO: An Open-Source LLM Reinforcement Learning System at Scale" (Yu et
 al., 2025). Dual clip: "Mastering Complex Control in MOBA Games with Deep Reinforcement
 Learning" (Ye et al., 2020) -- it bounds the loss of a negative-advantage token whose ratio
-has run far above 1. Aggregation over tokens is ``LossAgg``'s job; value losses are left out.
+has run far above 1. The log-ratio is clamped to +-20 before exp (as in verl) so a diverged
+token cannot overflow. Metrics are means over this micro-batch's real tokens. Aggregation over
+tokens is ``LossAgg``'s job; value losses are left out.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import torch
 from torch import Tensor
 
 from rlx.engine.algorithms.aggregation import masked_mean
+
+MAX_LOG_RATIO = 20.0
 
 
 def clipped_surrogate(ratio: Tensor, advantages: Tensor, mask: Tensor, clip_low: float, clip_high: float,
@@ -46,5 +50,5 @@ def clipped_surrogate(ratio: Tensor, advantages: Tensor, mask: Tensor, clip_low:
 def ppo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, clip_low: float,
              clip_high: float, dual_clip: float = 0.0) -> tuple[Tensor, dict[str, float]]:
     """Per-token PPO-clip loss [B, T]; ``advantages`` broadcast to [B, T] already."""
-    ratio = torch.exp(logp - old_logp)
+    ratio = torch.exp((logp - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
     return clipped_surrogate(ratio, advantages, mask, clip_low, clip_high, dual_clip)
