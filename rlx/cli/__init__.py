@@ -23,6 +23,9 @@ app = typer.Typer(
 # (module, attribute): a typer.Typer is added as a group, a function as a command.
 _COMMANDS = [
     ("rlx.cli.config_cmd", "config_app", "config"),
+    ("rlx.cli.train", "train", "train"),
+    ("rlx.cli.rollout_serve", "rollout_serve", "rollout-serve"),
+    ("rlx.cli.bench_sync", "bench_sync", "bench-sync"),
 ]
 
 

@@ -1,0 +1,26 @@
+"""`rlx train`: a whole RL run from one YAML config."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from rlx.cli.common import user_errors
+
+
+def train(
+    config: str = typer.Argument(..., help="YAML run config, e.g. configs/quickstart.yaml."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. trainer.total_steps=5."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint "
+                                                          "(same as trainer.resume=true)."),
+) -> None:
+    """Launch rollout servers and trainer ranks, train, sync weights, checkpoint and log."""
+    from rlx.config import load_config
+    from rlx.launch.launcher import run_train
+
+    overrides = list(overrides or []) + (["trainer.resume=true"] if resume else [])
+    with user_errors():
+        cfg = load_config(config, overrides)
+        code = run_train(cfg)
+    raise typer.Exit(code)

@@ -1,0 +1,109 @@
+"""The training batch: prompt + completion token ids laid out for one forward pass.
+
+Prompts are left-padded and completions right-padded, so completion token ``j`` of every
+row sits at column ``P + j`` and one ``logits_to_keep`` slice scores them all. Position ids
+restart at 0 at each prompt's first real token, as the rollout engine saw them. Batches cross
+ranks as tensors (``broadcast_batch``), never pickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+TENSOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "completion_ids", "mask", "rollout_logp",
+                 "rewards")
+
+
+@dataclass
+class TrainBatch:
+    input_ids: torch.Tensor       # [B, P + T] long
+    attention_mask: torch.Tensor  # [B, P + T] long
+    position_ids: torch.Tensor    # [B, P + T] long
+    completion_ids: torch.Tensor  # [B, T] long
+    mask: torch.Tensor            # [B, T] float, 1 on real completion tokens
+    rollout_logp: torch.Tensor    # [B, T] float, the rollout engine's logprobs of the sampled tokens
+    rewards: torch.Tensor         # [B] float
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    def rows(self, index: slice | torch.Tensor) -> "TrainBatch":
+        return TrainBatch(**{f.name: (v[index] if isinstance(v, torch.Tensor) else v)
+                             for f in dataclasses.fields(self) for v in [getattr(self, f.name)]})
+
+    def to(self, device: torch.device) -> "TrainBatch":
+        return TrainBatch(**{f.name: (v.to(device) if isinstance(v, torch.Tensor) else v)
+                             for f in dataclasses.fields(self) for v in [getattr(self, f.name)]})
+
+
+def build_batch(prompt_ids: list[list[int]], completion_ids: list[list[int]], rollout_logps: list[list[float]],
+                rewards: list[float], pad_id: int) -> TrainBatch:
+    """One row per sample; ``prompt_ids[i]`` is the prompt of sample ``i``."""
+    rows = len(prompt_ids)
+    prompt_len = max(len(p) for p in prompt_ids)
+    completion_len = max(1, max(len(c) for c in completion_ids))
+    input_ids = torch.full((rows, prompt_len + completion_len), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(input_ids)
+    completions = torch.full((rows, completion_len), pad_id, dtype=torch.long)
+    mask = torch.zeros(rows, completion_len)
+    rollout_logp = torch.zeros(rows, completion_len)
+    for i, (prompt, completion, logps) in enumerate(zip(prompt_ids, completion_ids, rollout_logps)):
+        start = prompt_len - len(prompt)
+        input_ids[i, start:prompt_len] = torch.tensor(prompt)
+        input_ids[i, prompt_len:prompt_len + len(completion)] = torch.tensor(completion, dtype=torch.long)
+        attention[i, start:prompt_len + len(completion)] = 1
+        completions[i, :len(completion)] = torch.tensor(completion, dtype=torch.long)
+        mask[i, :len(completion)] = 1.0
+        rollout_logp[i, :len(logps)] = torch.tensor(logps)
+    position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)
+    return TrainBatch(input_ids, attention, position_ids, completions, mask, rollout_logp,
+                      torch.tensor(rewards, dtype=torch.float32))
+
+
+def pad_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
+    """Append empty rows (mask 0, reward 0) so the row count divides by ``multiple``."""
+    extra = (-batch.size) % multiple
+    if extra == 0:
+        return batch
+    padded = {}
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, torch.Tensor):
+            filler = value[:1].expand(extra, *value.shape[1:]).clone()
+            if f.name in ("mask", "rewards", "attention_mask"):
+                filler.zero_()
+            if f.name == "attention_mask":
+                filler[:, 0] = 1  # one attended token keeps attention well defined
+            value = torch.cat([value, filler])
+        padded[f.name] = value
+    return TrainBatch(**padded)
+
+
+def broadcast_batch(batch: TrainBatch | None, device: torch.device, src: int = 0) -> TrainBatch:
+    """Send rank ``src``'s batch to every rank: a shape header, then each tensor (on ``device``)."""
+    header = torch.zeros(3, dtype=torch.long, device=device)
+    if dist.get_rank() == src:
+        header[:] = torch.tensor([batch.size, batch.input_ids.shape[1], batch.completion_ids.shape[1]], device=device)
+    dist.broadcast(header, src)
+    rows, total_len, completion_len = header.tolist()
+    shapes = {"input_ids": (rows, total_len), "attention_mask": (rows, total_len), "position_ids": (rows, total_len),
+              "completion_ids": (rows, completion_len), "mask": (rows, completion_len),
+              "rollout_logp": (rows, completion_len), "rewards": (rows,)}
+    dtypes = {"mask": torch.float32, "rollout_logp": torch.float32, "rewards": torch.float32}
+    tensors = {}
+    for name in TENSOR_FIELDS:
+        if dist.get_rank() == src:
+            tensor = getattr(batch, name).to(device).contiguous()
+        else:
+            tensor = torch.empty(shapes[name], dtype=dtypes.get(name, torch.long), device=device)
+        dist.broadcast(tensor, src)
+        tensors[name] = tensor
+    return TrainBatch(**tensors)

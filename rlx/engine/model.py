@@ -1,0 +1,71 @@
+"""Load the policy (and reference) model and tokenizer from a local path; shard with FSDP2.
+
+One rank trains the plain module (no wrapping overhead); several ranks shard every decoder
+layer and then the root with ``fully_shard`` over a 1-D device mesh (gloo on CPU, NCCL on
+GPU). Nothing is downloaded: a path that is not a local directory is an error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def resolve_device(want: str) -> torch.device:
+    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+        index = dist.get_rank() % torch.cuda.device_count() if dist.is_initialized() else 0
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def check_model_dir(path: str) -> Path:
+    model_dir = Path(path)
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"model.path={path!r} is not a Hugging Face model directory (no config.json); "
+                                "set model.path to a local directory with config.json, tokenizer and safetensors")
+    return model_dir
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(cfg, device: torch.device, trainable: bool = True):
+    from transformers import AutoModelForCausalLM
+
+    check_model_dir(cfg.model.path)
+    model = AutoModelForCausalLM.from_pretrained(
+        cfg.model.path, dtype=getattr(torch, cfg.model.dtype), attn_implementation=cfg.model.attn_implementation)
+    model.config.use_cache = False
+    if trainable and cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.to(device)
+    if not trainable:
+        model.eval().requires_grad_(False)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        shard(model, device)
+    return model
+
+
+def shard(model, device: torch.device) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def full_named_parameters(model):
+    """(name, full tensor) per parameter in a fixed order; a collective when sharded (all ranks call it)."""
+    for name, param in model.named_parameters():
+        tensor = param.full_tensor() if hasattr(param, "full_tensor") else param
+        yield name, tensor.detach()

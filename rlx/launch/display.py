@@ -1,0 +1,52 @@
+"""The live console of `rlx train`: a progress bar over steps, one line of key metrics per
+step, and the children's log lines (prefixed with their name) printed above the bar."""
+
+from __future__ import annotations
+
+import math
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+KEY_METRICS = (("reward_mean", "reward", "{:.3f}"), ("accuracy", "acc", "{:.2f}"),
+               ("eval_accuracy", "eval_acc", "{:.3f}"), ("response_len_mean", "len", "{:.1f}"),
+               ("kl", "kl", "{:.4f}"), ("entropy", "ent", "{:.3f}"), ("grad_norm", "gnorm", "{:.2f}"),
+               ("logprob_diff_mean", "|dlogp|", "{:.4f}"), ("tokens_per_s", "tok/s", "{:.0f}"),
+               ("time_step", "s/step", "{:.1f}"))
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    parts = []
+    for key, label, fmt in KEY_METRICS:
+        value = metrics.get(key)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            parts.append(f"{label}={fmt.format(value)}")
+    return " ".join(parts)
+
+
+class Display:
+    def __init__(self, total_steps: int, enabled: bool = True, console: Console | None = None) -> None:
+        self.console = console or Console(soft_wrap=True)
+        self.enabled = enabled
+        self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("{task.description}"), console=self.console,
+                                 transient=False, disable=not enabled)
+        self.task = self.progress.add_task("", total=total_steps)
+
+    def __enter__(self) -> "Display":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def step(self, step: int, metrics: dict[str, float]) -> None:
+        line = format_metrics(metrics)
+        self.progress.update(self.task, completed=step, description=line[:60])
+        self.console.print(f"[cyan]step {step:>4}[/] {line}", highlight=False)
+
+    def note(self, text: str) -> None:
+        self.console.print(f"[bold]rlx:[/] {text}", highlight=False)
+
+    def log_line(self, line: str) -> None:
+        self.console.print(line, markup=False, highlight=False)

@@ -1,0 +1,171 @@
+"""`rlx train`: check everything, start the rollout servers and trainer ranks, run the
+controller as rank 0, and tear every child down on success, error, Ctrl-C or a child's death.
+
+All checks that can fail on user input (config, model path, task data, reward function)
+run before any process starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import threading
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from rlx.launch.display import Display
+from rlx.launch.processes import ProcessSet, python_argv
+
+
+class ChildDied(RuntimeError):
+    """A rollout server or trainer rank exited while the run needed it."""
+
+
+def preflight(cfg, display: Display) -> None:
+    """Fail before any process starts: model directory, task data and reward function."""
+    from rlx.engine.model import check_model_dir
+    from rlx.rollout.tasks import build_task
+
+    if cfg.model.build_if_missing and not Path(cfg.model.path, "config.json").is_file():
+        build_model(cfg, display)
+    check_model_dir(cfg.model.path)
+    build_task(cfg.task)
+
+
+def build_model(cfg, display: Display) -> None:
+    from rich.progress import Progress
+
+    from rlx.engine.warmstart import build_tiny_math_warmstart
+
+    display.note(f"building the warm-started tiny model into {cfg.model.path} (first run only)")
+    with Progress(console=display.console, transient=True) as progress:
+        task = progress.add_task("warm start", total=1)
+        build_tiny_math_warmstart(cfg.model.path, cfg.task, seed=cfg.trainer.seed,
+                                  progress=lambda s, n, loss: progress.update(task, completed=s, total=n))
+
+
+def run_train(cfg) -> int:
+    run_dir = Path(cfg.trainer.output_dir).resolve()
+    display = Display(cfg.trainer.total_steps, enabled=cfg.logging.console)
+    preflight(cfg, display)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_file = run_dir / "config.yaml"
+    config_file.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    procs = ProcessSet(run_dir / "logs", emit=display.log_line)
+    env = _trace_env(cfg, run_dir)
+    died: list[str] = []
+    _install_child_death_handler(died)
+    try:
+        with display:
+            addresses = cfg.rollout.servers or _start_servers(cfg, procs, config_file, env)
+            _start_ranks(cfg, procs, config_file, env)
+            procs.watch(lambda msg: _report_death(died, msg))
+            return _run_rank0(cfg, run_dir, addresses, procs, display)
+    except ChildDied:
+        display.note(f"[red]stopping: {died[0]}[/]")
+        return 1
+    except KeyboardInterrupt:
+        display.note("interrupted: stopping every child process")
+        return 130
+    finally:
+        procs.stop_all()
+        _close_distributed()
+
+
+def _run_rank0(cfg, run_dir: Path, addresses: list[str], procs: ProcessSet, display: Display) -> int:
+    from rlx.engine.trainer import Trainer
+    from rlx.launch.controller import Controller
+    from rlx.launch.ranks import init_distributed
+    from rlx.rollout.client import RolloutClient
+    from rlx.trace import tracer
+
+    if cfg.trace.enabled:
+        tracer.configure(_trace_dir(cfg, run_dir), role="trainer", name="trainer0")
+    init_distributed(_device_type(cfg))
+    trainer = Trainer(cfg)
+
+    async def main() -> dict:
+        client = RolloutClient(addresses, token=cfg.rollout.auth_token, timeout_s=cfg.rollout.request_timeout_s)
+        controller = None
+        try:
+            alive = lambda: all(c.alive() for c in procs.children)
+            await client.wait_ready(cfg.rollout.startup_timeout_s, is_alive=alive)
+            display.note(f"rollout servers ready: {', '.join(addresses)}")
+            controller = Controller(cfg, run_dir, client, trainer, display)
+            return await controller.run()
+        finally:
+            if controller is not None:
+                controller.close()
+            client.close()
+
+    last = asyncio.run(main())
+    tracer.close()
+    display.note(f"done: run directory {run_dir}; eval_accuracy={last.get('eval_accuracy', float('nan')):.3f}")
+    return 0
+
+
+def _start_servers(cfg, procs: ProcessSet, config_file: Path, env: dict) -> list[str]:
+    from rlx.rollout.addresses import server_address
+
+    addresses = []
+    for index in range(cfg.rollout.num_servers):
+        address = server_address(cfg, index)
+        argv = python_argv("rlx", "rollout-serve", str(config_file), "--address", address, "--index", str(index))
+        procs.start(f"rollout{index}", argv, dict(env, VLLM_LOGGING_LEVEL="WARNING"))
+        addresses.append(address)
+    return addresses
+
+
+def _start_ranks(cfg, procs: ProcessSet, config_file: Path, env: dict) -> None:
+    world = cfg.trainer.num_ranks
+    if world <= 1:
+        return
+    port = _free_port()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK="0")
+    for rank in range(1, world):
+        rank_env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank))
+        procs.start(f"trainer{rank}", python_argv("rlx.launch.ranks", str(config_file)), rank_env)
+
+
+def _trace_dir(cfg, run_dir: Path) -> Path:
+    return Path(cfg.trace.dir) if cfg.trace.dir else run_dir / "trace"
+
+
+def _trace_env(cfg, run_dir: Path) -> dict:
+    from rlx.trace import ENV_TRACE_DIR
+
+    return {ENV_TRACE_DIR: str(_trace_dir(cfg, run_dir))} if cfg.trace.enabled else {}
+
+
+def _device_type(cfg) -> str:
+    from rlx.engine.model import resolve_device
+
+    return resolve_device(cfg.trainer.device).type
+
+
+def _install_child_death_handler(died: list[str]) -> None:
+    def handler(signum, frame):
+        raise ChildDied(died[0] if died else "a child process died")
+
+    signal.signal(signal.SIGUSR1, handler)
+
+
+def _report_death(died: list[str], message: str) -> None:
+    died.append(message)
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+
+
+def _close_distributed() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,167 @@
+"""transformers backend: batched ``generate`` for machines without vLLM (e.g. a torch-only GPU box).
+
+Requests queue up; a batcher takes up to ``MAX_BATCH_PROMPTS`` prompts with the same sampling
+parameters, left-pads them and runs one ``generate`` call in a worker thread. Logprobs are
+those of the processed distribution (temperature, top-k/top-p applied), like vLLM's
+``processed_logprobs``. Pause lets the running batch finish and holds the queue. It leaves
+out continuous batching and paged KV caches: that is what the vllm backend is for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from rlx.rollout.backends.base import Backend
+from rlx.rollout.protocol import PromptResult, Sample, SamplingSpec
+from rlx.sync.messages import BucketAck, SyncBegin, SyncBucket, SyncEnd
+
+MAX_BATCH_PROMPTS = 64
+
+
+class HfBackend(Backend):
+    name = "hf"
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self.model_path = cfg.model.path
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._running = asyncio.Event()
+        self._running.set()
+        self._model_lock = asyncio.Lock()
+        self._batcher: asyncio.Task | None = None
+        self._receiver = None
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._load)
+        self._batcher = asyncio.create_task(self._batch_loop())
+
+    def _load(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        want = self.cfg.rollout.device
+        self.device = "cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu"
+        dtype = getattr(torch, self.cfg.model.engine_dtype)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device).eval()
+        torch.manual_seed(self.cfg.trainer.seed)
+
+    async def generate(self, prompt: str | list[int], sampling: SamplingSpec) -> PromptResult:
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put((prompt, sampling, future, time.perf_counter()))
+        return await future
+
+    async def _batch_loop(self) -> None:
+        pending = []
+        while True:
+            await self._running.wait()
+            if not pending:
+                pending.append(await self._queue.get())
+            while not self._queue.empty():
+                pending.append(self._queue.get_nowait())
+            spec = pending[0][1]
+            batch = [item for item in pending if item[1] == spec][:MAX_BATCH_PROMPTS]
+            pending = [item for item in pending if item not in batch]
+            async with self._model_lock:
+                try:
+                    results = await asyncio.to_thread(self._generate_batch, [b[0] for b in batch], spec)
+                except Exception as exc:  # fail these requests, keep serving
+                    for *_, future, _ in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+            now = time.perf_counter()
+            for (_, _, future, queued_at), result in zip(batch, results):
+                result.queued_s = max(0.0, now - queued_at - result.generate_s)
+                if not future.done():
+                    future.set_result(result)
+
+    def _generate_batch(self, prompts: list[str | list[int]], spec: SamplingSpec) -> list[PromptResult]:
+        import torch
+
+        start = time.perf_counter()
+        ids = [p if isinstance(p, list) else self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        inputs = self.tokenizer.pad({"input_ids": ids}, return_tensors="pt").to(self.device)
+        if spec.seed is not None:
+            torch.manual_seed(spec.seed)
+        with torch.no_grad():
+            out = self.model.generate(
+                **inputs, do_sample=spec.temperature > 0, temperature=spec.temperature or None,
+                top_p=spec.top_p, top_k=spec.top_k if spec.top_k > 0 else None, max_new_tokens=spec.max_tokens,
+                num_return_sequences=spec.n, stop_strings=list(spec.stop) or None, tokenizer=self.tokenizer,
+                output_scores=True, return_dict_in_generate=True, pad_token_id=self.tokenizer.pad_token_id)
+        new_tokens = out.sequences[:, inputs["input_ids"].shape[1]:]
+        steps = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [B*n, T, V]
+        token_logprobs = steps.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        elapsed = time.perf_counter() - start
+        results = []
+        for i, prompt_ids in enumerate(ids):
+            samples = [self._sample(new_tokens[i * spec.n + j], token_logprobs[i * spec.n + j], spec)
+                       for j in range(spec.n)]
+            results.append(PromptResult(prompt_token_ids=list(prompt_ids), samples=samples, generate_s=elapsed))
+        return results
+
+    def _sample(self, tokens, logprobs, spec: SamplingSpec) -> Sample:
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        token_list = tokens.tolist()
+        length, finish = len(token_list), "length"
+        for pos, tok in enumerate(token_list):
+            if tok == eos:
+                length, finish = pos + 1, "stop"
+                break
+            if tok == pad:
+                length, finish = pos, "stop"
+                break
+        kept = token_list[:length]
+        text = self.tokenizer.decode(kept, skip_special_tokens=True)
+        return Sample(token_ids=kept, logprobs=[float(x) for x in logprobs[:length]], text=text, finish_reason=finish)
+
+    async def pause(self) -> None:
+        self._running.clear()
+
+    async def resume(self) -> None:
+        self._running.set()
+
+    async def update_begin(self, req: SyncBegin) -> None:
+        from rlx.sync.receiver import WeightReceiver
+
+        await self._model_lock.acquire()  # released by update_end: no generate during the update
+        self._receiver = self._receiver or WeightReceiver()
+        self._receiver.begin(req)
+
+    async def update_bucket(self, req: SyncBucket) -> BucketAck:
+        return await asyncio.to_thread(self._load_bucket, req)
+
+    def _load_bucket(self, req: SyncBucket) -> BucketAck:
+        import torch
+
+        meta = req.meta
+        try:
+            named = dict(self.model.named_parameters())
+            named.update(self.model.named_buffers())
+            tensors = self._receiver.tensors(meta)
+            with torch.no_grad():
+                for name, tensor in tensors:
+                    if name not in named:
+                        raise KeyError(f"the model has no parameter {name!r}")
+                    named[name].copy_(tensor.view(named[name].shape))
+            del tensors
+            return self._receiver.ack(meta)
+        except Exception as exc:
+            return BucketAck(sync_id=meta.sync_id, bucket_id=meta.bucket_id, ok=False,
+                             error=f"{type(exc).__name__}: {exc}")
+
+    async def update_end(self, req: SyncEnd) -> BucketAck:
+        try:
+            return self._receiver.end(req)
+        finally:
+            if self._model_lock.locked():
+                self._model_lock.release()
+
+    async def close(self) -> None:
+        if self._batcher is not None:
+            self._batcher.cancel()

@@ -1,0 +1,96 @@
+"""vLLM backend: an ``AsyncLLM`` engine (continuous batching) with the rlx weight-sync extension.
+
+Generation is one vLLM request per prompt with ``n`` samples; logprobs are vLLM's
+``processed_logprobs`` (the distribution actually sampled from, temperature included).
+Weight updates run inside the engine's workers (``vllm_worker.WeightSyncExtension``);
+this class only forwards the sync messages and resets the prefix cache afterwards.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import msgspec
+
+from rlx.rollout.backends.base import Backend
+from rlx.rollout.protocol import PromptResult, Sample, SamplingSpec
+from rlx.sync.messages import BucketAck, SyncBegin, SyncBucket, SyncEnd
+
+EXTENSION = "rlx.rollout.backends.vllm_worker.WeightSyncExtension"
+
+
+class VllmBackend(Backend):
+    name = "vllm"
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self.model_path = cfg.model.path
+        self.engine = None
+        self._ids = itertools.count()
+        self._ack_decoder = msgspec.msgpack.Decoder(BucketAck)
+
+    async def start(self) -> None:
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        r = self.cfg.rollout
+        args = AsyncEngineArgs(
+            model=self.model_path, dtype=self.cfg.model.engine_dtype, seed=self.cfg.trainer.seed,
+            gpu_memory_utilization=r.gpu_memory_utilization, max_model_len=r.max_model_len,
+            enforce_eager=r.enforce_eager, worker_extension_cls=EXTENSION,
+            logprobs_mode="processed_logprobs", disable_log_stats=True)
+        self.engine = AsyncLLM.from_engine_args(args)
+
+    async def generate(self, prompt: str | list[int], sampling: SamplingSpec) -> PromptResult:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
+            top_k=max(sampling.top_k, 0), max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None,
+            seed=sampling.seed, logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY)
+        engine_prompt = {"prompt_token_ids": prompt} if isinstance(prompt, list) else prompt
+        start = time.perf_counter()
+        final = None
+        async for output in self.engine.generate(engine_prompt, params, request_id=f"rlx-{next(self._ids)}"):
+            final = output
+        samples = [Sample(token_ids=list(c.token_ids), text=c.text, finish_reason=str(c.finish_reason),
+                          logprobs=[_sampled_logprob(step, tok) for step, tok in zip(c.logprobs, c.token_ids)])
+                   for c in final.outputs]
+        return PromptResult(prompt_token_ids=list(final.prompt_token_ids), samples=samples,
+                            generate_s=time.perf_counter() - start)
+
+    async def pause(self) -> None:
+        await self.engine.pause_generation(mode="keep", clear_cache=False)
+
+    async def resume(self) -> None:
+        await self.engine.resume_generation()
+
+    async def update_begin(self, req: SyncBegin) -> None:
+        await self.engine.collective_rpc("rlx_sync_begin", args=(msgspec.msgpack.encode(req),))
+
+    async def update_bucket(self, req: SyncBucket) -> BucketAck:
+        replies = await self.engine.collective_rpc("rlx_sync_bucket", args=(msgspec.msgpack.encode(req),))
+        return _merge_acks([self._ack_decoder.decode(r) for r in replies])
+
+    async def update_end(self, req: SyncEnd) -> BucketAck:
+        replies = await self.engine.collective_rpc("rlx_sync_end", args=(msgspec.msgpack.encode(req),))
+        ack = _merge_acks([self._ack_decoder.decode(r) for r in replies])
+        await self.engine.reset_prefix_cache()
+        return ack
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+
+
+def _sampled_logprob(step: dict, token_id: int) -> float:
+    return float(step[token_id].logprob)
+
+
+def _merge_acks(acks: list[BucketAck]) -> BucketAck:
+    """Tensor-parallel workers each load the bucket; it is done only if all of them are."""
+    failed = [a for a in acks if not a.ok]
+    return failed[0] if failed else acks[0]

@@ -1,0 +1,82 @@
+"""Worker extension that vLLM mixes into each engine worker to receive weights from rlx.
+
+Per sync: ``rlx_sync_begin`` maps the transport buffer and starts vLLM's layerwise reload
+(which restores the checkpoint-format parameters that post-processing replaced, e.g. the CPU
+backend's packed GEMM weights); ``rlx_sync_bucket`` hands the bucket's tensors to
+``model.load_weights`` and acknowledges only after that returns (process-then-ack);
+``rlx_sync_end`` runs post-processing once and releases every mapping. Errors come back as
+a failed ack instead of an exception, so a bad bucket never takes the engine down.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from rlx.sync.messages import BucketAck, SyncBegin, SyncBucket, SyncEnd
+
+
+class WeightSyncExtension:
+    def _rlx_receiver(self):
+        if getattr(self, "_rlx_recv", None) is None:
+            from rlx.sync.receiver import WeightReceiver
+
+            self._rlx_recv = WeightReceiver()
+        return self._rlx_recv
+
+    def _rlx_model(self):
+        return self.model_runner.get_model()
+
+    def rlx_sync_begin(self, payload: bytes) -> bytes:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        req = msgspec.msgpack.decode(payload, type=SyncBegin)
+        self._rlx_receiver().begin(req)
+        with set_current_vllm_config(self.vllm_config):
+            initialize_layerwise_reload(self._rlx_model())
+        return b""
+
+    def rlx_sync_bucket(self, payload: bytes) -> bytes:
+        from vllm.config import set_current_vllm_config
+
+        meta = msgspec.msgpack.decode(payload, type=SyncBucket).meta
+        receiver = self._rlx_receiver()
+        try:
+            tensors = receiver.tensors(meta)
+            with set_current_vllm_config(self.vllm_config):
+                self._rlx_model().load_weights(weights=tensors)
+            del tensors
+            ack = receiver.ack(meta)
+        except Exception as exc:  # reported to the sender, which names the server
+            ack = BucketAck(sync_id=meta.sync_id, bucket_id=meta.bucket_id, ok=False,
+                            error=f"{type(exc).__name__}: {exc}")
+        return msgspec.msgpack.encode(ack)
+
+    def rlx_sync_end(self, payload: bytes) -> bytes:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        req = msgspec.msgpack.decode(payload, type=SyncEnd)
+        try:
+            with set_current_vllm_config(self.vllm_config):
+                finalize_layerwise_reload(self._rlx_model(), self.model_config)
+                _retie_lm_head(self._rlx_model())
+            ack = self._rlx_receiver().end(req)
+        except Exception as exc:
+            ack = BucketAck(sync_id=req.sync_id, bucket_id=-1, ok=False, error=f"{type(exc).__name__}: {exc}")
+        return msgspec.msgpack.encode(ack)
+
+
+def _retie_lm_head(model) -> None:
+    """With tied embeddings the checkpoint has no lm_head.weight, so layerwise reload puts the
+    old head back; point it at the new embedding again and redo its post-processing (on CPU
+    that re-packs the GEMM weights the sampler uses)."""
+    config = getattr(model, "config", None)
+    lm_head = getattr(model, "lm_head", None)
+    if not getattr(config, "tie_word_embeddings", False) or lm_head is None:
+        return
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else model.model.embed_tokens
+    lm_head.tie_weights(embed)
+    quant_method = getattr(lm_head, "quant_method", None)
+    if quant_method is not None:
+        quant_method.process_weights_after_loading(lm_head)

@@ -1,0 +1,84 @@
+"""Turn prompts into a scored training batch, and measure held-out accuracy.
+
+``Collector.collect`` sends a step's prompts to the rollout servers (``n`` samples each),
+scores every completion with the task's reward, and builds the ``TrainBatch`` with the
+engine's own logprobs. ``Collector.evaluate`` generates greedily on the held-out split.
+It leaves out advantages and anything that needs the trainer's model.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+from rlx.engine.batch import TrainBatch, build_batch
+from rlx.rollout.client import RolloutClient
+from rlx.rollout.protocol import SamplingSpec
+from rlx.rollout.tasks import Problem, Task
+from rlx.trace import tracer
+
+
+@dataclass
+class Collected:
+    batch: TrainBatch
+    metrics: dict[str, float]
+    completions: list[str]
+
+
+class Collector:
+    def __init__(self, cfg, client: RolloutClient, task: Task, pad_id: int) -> None:
+        self.cfg = cfg
+        self.client = client
+        self.task = task
+        self.pad_id = pad_id
+        r = cfg.rollout
+        self.sampling = SamplingSpec(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                     max_tokens=r.max_tokens, stop=list(r.stop))
+
+    async def collect(self, problems: list[Problem], seed: int) -> Collected:
+        start = time.perf_counter()
+        sampling = SamplingSpec(**{**_fields(self.sampling), "seed": seed})
+        results = await self.client.generate([p.prompt for p in problems], sampling,
+                                             timeout_s=self.cfg.rollout.request_timeout_s)
+        time_generate = time.perf_counter() - start
+        start = time.perf_counter()
+        prompt_ids, completion_ids, logps, rewards, texts, correct = [], [], [], [], [], []
+        with tracer.span("reward", samples=len(problems) * sampling.n):
+            for problem, result in zip(problems, results):
+                for sample in result.samples:
+                    prompt_ids.append(result.prompt_token_ids)
+                    completion_ids.append(sample.token_ids)
+                    logps.append(sample.logprobs)
+                    texts.append(sample.text)
+                    rewards.append(float(self.task.reward(sample.text, problem)))
+                    correct.append(bool(self.task.is_correct(sample.text, problem)))
+        time_reward = time.perf_counter() - start
+        lengths = [len(c) for c in completion_ids]
+        metrics = {
+            "reward_mean": statistics.fmean(rewards),
+            "reward_std": statistics.pstdev(rewards),
+            "accuracy": sum(correct) / len(correct),
+            "response_len_mean": statistics.fmean(lengths),
+            "tokens_per_s": sum(lengths) / max(time_generate, 1e-9),
+            "time_generate": time_generate,
+            "time_reward": time_reward,
+        }
+        batch = build_batch(prompt_ids, completion_ids, logps, rewards, self.pad_id)
+        return Collected(batch, metrics, texts)
+
+    async def evaluate(self, problems: list[Problem]) -> float:
+        """Greedy accuracy on ``problems`` (the held-out split)."""
+        if not problems:
+            return float("nan")
+        greedy = SamplingSpec(n=1, temperature=0.0, max_tokens=self.cfg.rollout.max_tokens,
+                              stop=list(self.cfg.rollout.stop))
+        with tracer.span("eval", prompts=len(problems)):
+            results = await self.client.generate([p.prompt for p in problems], greedy,
+                                                 timeout_s=self.cfg.rollout.request_timeout_s)
+        hits = [self.task.is_correct(r.samples[0].text, p) for p, r in zip(problems, results)]
+        return sum(hits) / len(hits)
+
+
+def _fields(spec: SamplingSpec) -> dict:
+    return {name: getattr(spec, name) for name in spec.__struct_fields__}

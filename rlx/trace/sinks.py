@@ -1,0 +1,102 @@
+"""Metric sinks of a run: JSON lines (always readable by `rlx trace-view` and `rlx plot`),
+TensorBoard and Weights & Biases when asked for. One ``log(step, metrics)`` feeds them all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class JsonlSink:
+    def __init__(self, path: Path, resume_from_step: int | None) -> None:
+        if resume_from_step is not None and path.exists():
+            _truncate_after(path, resume_from_step)
+        self._file = open(path, "a", buffering=1)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, "time": time.time(), **{k: _finite(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(row) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class TensorBoardSink:
+    def __init__(self, log_dir: Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            raise ImportError("logging.tensorboard=true needs the tensorboard package: pip install tensorboard") from exc
+        self._writer = SummaryWriter(str(log_dir))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self._writer.add_scalar(key, value, step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class WandbSink:
+    def __init__(self, project: str, run_name: str, config: dict) -> None:
+        try:
+            import wandb
+        except ImportError as exc:
+            raise ImportError("logging.wandb=true needs the wandb package: pip install wandb") from exc
+        self._run = wandb.init(project=project, name=run_name, config=config)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+class MetricsLogger:
+    def __init__(self, cfg, run_dir: Path, resume_from_step: int | None, config_dict: dict) -> None:
+        self.sinks = []
+        if cfg.logging.jsonl:
+            self.sinks.append(JsonlSink(run_dir / METRICS_FILE, resume_from_step))
+        if cfg.logging.tensorboard:
+            self.sinks.append(TensorBoardSink(run_dir / "tb"))
+        if cfg.logging.wandb:
+            self.sinks.append(WandbSink(cfg.logging.wandb_project, cfg.run_name, config_dict))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.log(step, metrics)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """Rows of a metrics file; malformed lines (a crash mid-write) are skipped."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and "step" in row:
+            rows.append(row)
+    return rows
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    """On resume, drop rows logged after the checkpoint so the curve has no duplicate steps."""
+    keep = [json.dumps(row) for row in read_metrics(path) if row["step"] <= step]
+    path.write_text("".join(line + "\n" for line in keep))
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
