@@ -27,3 +27,20 @@ def tiny_model_dir(tmp_path_factory):
     from rlx.engine.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_dir, tmp_path_factory):
+    """One real `rlx rollout-serve` process (vLLM backend) shared by every test that needs vLLM."""
+    from tests.helpers import start_rlx, stop_group, wait_ready, write_config
+
+    work = tmp_path_factory.mktemp("vllm_server")
+    config = write_config(work / "serve.yaml", tiny_model_dir, rollout={"backend": "vllm"})
+    address = f"ipc://{work}/rollout.sock"
+    log = work / "server.log"
+    proc = start_rlx(["rollout-serve", str(config), "--address", address], log)
+    try:
+        wait_ready(address, proc, log)
+        yield address
+    finally:
+        stop_group(proc)

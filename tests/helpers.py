@@ -1,0 +1,76 @@
+"""Test helpers: start real rlx processes in their own process group and end them by pgid."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def write_config(path: Path, model_dir: Path, **sections) -> Path:
+    """A run config with model.path set and any ``section={key: value}`` overrides."""
+    import yaml
+
+    data = {"model": {"path": str(model_dir)}, "logging": {"console": False}}
+    for section, values in sections.items():
+        if isinstance(values, dict):
+            data.setdefault(section, {}).update(values)
+        else:
+            data[section] = values
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def start_rlx(args: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
+    log = open(log_path, "w")
+    return subprocess.Popen([sys.executable, "-m", "rlx", *args], stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
+
+
+def stop_group(proc: subprocess.Popen, timeout_s: float = 15.0) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(10)
+
+
+def wait_ready(address: str, proc: subprocess.Popen, log_path: Path, timeout_s: float = 240.0) -> None:
+    from rlx.rollout.client import RolloutClient, RolloutServerError
+
+    async def poll() -> None:
+        client = RolloutClient([address])
+        try:
+            deadline = time.time() + timeout_s
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+                try:
+                    await client.health(timeout_s=2.0)
+                    return
+                except RolloutServerError:
+                    if time.time() > deadline:
+                        raise
+        finally:
+            client.close()
+
+    asyncio.run(poll())
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
