@@ -1,0 +1,22 @@
+"""Trainer -> rollout weight transfer.
+
+A ``WeightSender`` (trainer side) streams named tensors into buckets of a shared buffer and
+sends one ``BucketMeta`` per bucket over a ``SyncChannel``; a ``WeightReceiver`` (inside the
+rollout engine) maps the same buffer, hands out the tensors of each bucket and acknowledges
+it only after they were consumed. Two slots let the sender fill bucket k+1 while the receiver
+loads bucket k.
+
+    messages.py         wire structs (msgspec), versioned; no pickle anywhere
+    layout.py           bucket layout: aligned offsets, tensors larger than a slot are split
+    transports/         where the slots live: shm (POSIX shared memory), cuda_ipc (one GPU host)
+    channel.py          the SyncChannel protocol the sender talks through
+    zmq_channel.py      a ZeroMQ DEALER implementation of it
+    sender.py           WeightSender
+    receiver.py         WeightReceiver
+    receiver_process.py a ROUTER loop serving a WeightReceiver (bench, tests, reusable handler)
+    checksum.py         per-tensor checksums for end-to-end verification
+    bench.py            measurements behind ``rlx bench-sync``
+
+Nothing is imported here so that ``import rlx.sync`` stays free of torch; import the modules.
+Cross-machine transfer (NCCL broadcast) is left out of this package for now.
+"""

@@ -1,0 +1,49 @@
+"""Transports by name: ``shm`` (POSIX shared memory, CPU) and ``cuda_ipc`` (one GPU host).
+
+Each implementation is imported inside its factory branch, so using ``shm`` never touches CUDA.
+NCCL (across machines) is left out for now.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.sync.messages import TransportHandle
+    from rlx.sync.transports.base import ReceiverMapping, SenderBuffer
+
+TRANSPORTS = ("shm", "cuda_ipc")
+
+
+def resolve_transport(kind: str, device: str) -> str:
+    """``auto`` -> ``cuda_ipc`` for a CUDA device, else ``shm``; other names are checked."""
+    if kind == "auto":
+        return "cuda_ipc" if device.startswith("cuda") else "shm"
+    if kind not in TRANSPORTS:
+        raise ValueError(f"unknown weight transport {kind!r}; choose one of auto, {', '.join(TRANSPORTS)}")
+    return kind
+
+
+def create_buffer(kind: str, slot_bytes: int, num_slots: int, device: str = "cpu") -> "SenderBuffer":
+    if kind == "shm":
+        from rlx.sync.transports.shm import ShmBuffer
+
+        return ShmBuffer(slot_bytes, num_slots)
+    if kind == "cuda_ipc":
+        from rlx.sync.transports.cuda_ipc import CudaIpcBuffer
+
+        return CudaIpcBuffer(slot_bytes, num_slots, device)
+    raise ValueError(f"unknown weight transport {kind!r}; choose one of {', '.join(TRANSPORTS)}")
+
+
+def map_buffer(handle: "TransportHandle") -> "ReceiverMapping":
+    if handle.kind == "shm":
+        from rlx.sync.transports.shm import ShmMapping
+
+        return ShmMapping(handle)
+    if handle.kind == "cuda_ipc":
+        from rlx.sync.transports.cuda_ipc import CudaIpcMapping
+
+        return CudaIpcMapping(handle)
+    raise ValueError(f"unknown weight transport {handle.kind!r} in a sync handle; "
+                     f"this receiver speaks {', '.join(TRANSPORTS)}")

@@ -1,0 +1,223 @@
+"""Measurements behind ``rlx bench-sync``: ceiling, lock-step baseline and double buffering.
+
+For each model and transport, in one run: the ceiling is a plain copy of the same tensors into
+preallocated destinations on one thread (a device-to-device copy for ``cuda_ipc``), timed before
+and after the transfers; then, per bucket size, a lock-step sender (one slot: fill, send, wait)
+and a double-buffered one (two slots) send the same tensors to the target, interleaved repeat by
+repeat so drift on a shared machine hits both alike. Every figure is the median of ``repeats``
+timed runs after one warm-up. Torch runs one intra-op thread in every process, so each copy uses
+one core and the comparison with the one-thread ceiling is fair. With ``verify``, each sender
+then does one more sync with checksums, untimed. The table and JSON live in ``rlx.cli.bench_sync``.
+
+A target is a small async context manager yielding the channels to send to (``TARGETS``):
+``process`` starts a local receiver process that copies each tensor into its own destination.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import AsyncContextManager, AsyncIterator, Callable
+
+import msgspec
+import torch
+
+from rlx.sync.bench_models import ModelTensors, hf_model, preset_model
+from rlx.sync.channel import SyncChannel
+from rlx.sync.errors import SyncError
+from rlx.sync.sender import MiB, WeightSender
+
+
+class BenchOptions(msgspec.Struct):
+    presets: list[str] = msgspec.field(default_factory=lambda: ["0.5b", "1.5b", "7b"])
+    model: str | None = None  # a Hugging Face directory; replaces the presets
+    transports: list[str] = msgspec.field(default_factory=lambda: ["shm"])
+    bucket_mb: list[int] = msgspec.field(default_factory=lambda: [32, 128, 512])
+    repeats: int = 3
+    dtype: str = "bfloat16"
+    verify: bool = False
+    target: str = "process"
+    memory_gb: float | None = None  # total budget for tensors + buffers; default 40% of what is free
+    timeout_s: float = 120.0
+    assemble_in_place: bool = True
+
+
+class BenchRow(msgspec.Struct):
+    model: str
+    transport: str
+    mode: str  # "ceiling", "lock-step" (one slot), "double" (two slots)
+    bucket_mb: int | None
+    num_buffers: int | None
+    bytes: int
+    seconds: float  # median
+    gb_per_s: float
+    vs_ceiling: float
+    vs_lockstep: float | None
+    verified: bool | None  # None: not checked
+    all_seconds: list[float]
+
+
+class BenchResult(msgspec.Struct):
+    rows: list[BenchRow]
+    notes: list[str]
+    failures: list[str]
+    environment: dict
+
+
+Target = Callable[[BenchOptions, str], AsyncContextManager[list[SyncChannel]]]
+
+
+@contextlib.asynccontextmanager
+async def process_target(opts: BenchOptions, device: str) -> AsyncIterator[list[SyncChannel]]:
+    from rlx.sync.local_receiver import local_receiver
+
+    args = ["--torch-threads", "1"] + ([] if opts.assemble_in_place else ["--no-assemble-in-place"])
+    async with local_receiver(*args, name="bench receiver") as (channel, _proc):
+        yield [channel]
+
+
+TARGETS: dict[str, Target] = {"process": process_target}
+
+
+async def run_bench(opts: BenchOptions, on_row: Callable[[BenchRow], None] = lambda row: None) -> BenchResult:
+    _check(opts)
+    torch.set_num_threads(1)
+    result = BenchResult([], [], [], _environment())
+    for transport in opts.transports:
+        device = "cuda" if transport == "cuda_ipc" else "cpu"
+        for model in _models(opts, device):
+            if model.note:
+                result.notes.append(model.note)
+            await _bench_model(opts, model, transport, device, result, on_row)
+            del model
+    return result
+
+
+async def _bench_model(opts: BenchOptions, model: ModelTensors, transport: str, device: str,
+                       result: BenchResult, on_row) -> None:
+    ceiling = time_ceiling(model.tensors, opts.repeats, device)
+    rows = []
+    async with TARGETS[opts.target](opts, device) as channels:
+        for bucket_mb in opts.bucket_mb:
+            rows += await _bench_bucket(opts, model, transport, device, bucket_mb, channels, result.failures)
+    ceiling += time_ceiling(model.tensors, opts.repeats, device)
+    ceiling_s = statistics.median(ceiling)
+    nbytes = model.nbytes
+    ceiling_row = BenchRow(model.label, transport, "ceiling", None, None, nbytes, ceiling_s, nbytes / ceiling_s / 1e9,
+                           1.0, None, None, ceiling)
+    for row in [ceiling_row] + rows:
+        row.vs_ceiling = ceiling_s / row.seconds
+        result.rows.append(row)
+        on_row(row)
+
+
+async def _bench_bucket(opts: BenchOptions, model: ModelTensors, transport: str, device: str, bucket_mb: int,
+                        channels: list[SyncChannel], failures: list[str]) -> list[BenchRow]:
+    senders = {mode: WeightSender(transport, bucket_mb, num_buffers, opts.timeout_s, device=device)
+               for mode, num_buffers in (("lock-step", 1), ("double", 2))}
+    times: dict[str, list[float]] = {mode: [] for mode in senders}
+    try:
+        for repeat in range(opts.repeats + 1):  # the first round is the warm-up
+            for mode, sender in senders.items():
+                report = await sender.send(model.tensors, channels)
+                if repeat:
+                    times[mode].append(report.seconds)
+        verified = {mode: await _verify(sender, model, channels, failures) if opts.verify else None
+                    for mode, sender in senders.items()}
+    finally:
+        for sender in senders.values():
+            sender.close()
+    lock_s = statistics.median(times["lock-step"])
+    return [BenchRow(model.label, transport, mode, bucket_mb, senders[mode].num_buffers, model.nbytes,
+                     statistics.median(times[mode]), model.nbytes / statistics.median(times[mode]) / 1e9, 0.0,
+                     lock_s / statistics.median(times[mode]), verified[mode], times[mode]) for mode in senders]
+
+
+async def _verify(sender: WeightSender, model: ModelTensors, channels: list[SyncChannel], failures: list[str]) -> bool:
+    sender.verify = True
+    try:
+        await sender.send(model.tensors, channels)
+        return True
+    except SyncError as exc:
+        failures.append(f"{model.label} {sender.transport} bucket {sender.bucket_bytes // MiB} MiB "
+                        f"x{sender.num_buffers}: {exc}")
+        return False
+    finally:
+        sender.verify = False
+
+
+def time_ceiling(tensors: list[tuple[str, torch.Tensor]], repeats: int, device: str) -> list[float]:
+    """Seconds per plain copy of every tensor into a preallocated destination (one thread)."""
+    destinations = [torch.zeros_like(t) for _, t in tensors]
+    times = []
+    for repeat in range(repeats + 1):
+        _synchronize(device)
+        start = time.perf_counter()
+        for dst, (_, src) in zip(destinations, tensors):
+            dst.copy_(src)
+        _synchronize(device)
+        if repeat:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def memory_budget(opts: BenchOptions, device: str) -> int:
+    """Bytes allowed per copy of the model: at any time the bench holds the source tensors and one
+    set of destinations (the ceiling's or the receiver's), plus the buffers of two senders."""
+    total = opts.memory_gb * 1e9 if opts.memory_gb else 0.4 * _free_bytes(device)
+    buffers = 3 * max(opts.bucket_mb) * MiB
+    return int(max(total - buffers, 0) / 2)
+
+
+def _models(opts: BenchOptions, device: str):
+    budget = memory_budget(opts, device)
+    dtype = getattr(torch, opts.dtype)
+    if opts.model:
+        yield hf_model(Path(opts.model), budget, device)
+        return
+    for preset in opts.presets:
+        yield preset_model(preset, budget, dtype, device)
+
+
+def _check(opts: BenchOptions) -> None:
+    from rlx.sync.bench_models import PRESETS
+    from rlx.sync.transports import TRANSPORTS
+
+    for name, values, allowed in (("--transport", opts.transports, TRANSPORTS), ("--preset", opts.presets, PRESETS),
+                                  ("--target", [opts.target], TARGETS)):
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            raise ValueError(f"{name} {', '.join(bad)} is not one of {', '.join(allowed)}")
+    if opts.repeats < 1 or min(opts.bucket_mb) < 1:
+        raise ValueError("--repeats and --bucket-mb must be >= 1")
+    if "cuda_ipc" in opts.transports and not torch.cuda.is_available():
+        raise ValueError("--transport cuda_ipc needs a CUDA GPU; this machine has none (use --transport shm)")
+    if not isinstance(getattr(torch, opts.dtype, None), torch.dtype):
+        raise ValueError(f"--dtype {opts.dtype} is not a torch dtype (e.g. bfloat16, float16, float32)")
+
+
+def _synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _free_bytes(device: str) -> int:
+    if device.startswith("cuda"):
+        return torch.cuda.mem_get_info()[0]
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def _environment() -> dict:
+    env = {"torch": str(torch.__version__), "torch_threads": 1, "cpu_count": os.cpu_count(),
+           "machine": platform.machine(), "python": platform.python_version()}
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+    return env

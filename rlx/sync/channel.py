@@ -1,0 +1,26 @@
+"""The control channel a ``WeightSender`` talks through: one request in, one ``BucketAck`` out.
+
+The sender only needs ``call``; how requests travel is the implementation's business
+(``zmq_channel.ZmqSyncChannel`` here, the rollout client's socket in a real run). Several calls
+may be in flight on one channel at once (one per buffer slot), so an implementation must match
+replies to requests.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from rlx.sync.errors import SyncTimeout
+from rlx.sync.messages import BucketAck, SyncBegin, SyncBucket, SyncEnd, SyncPing
+
+__all__ = ["SyncChannel", "SyncTimeout"]
+
+
+class SyncChannel(Protocol):
+    name: str
+    """The peer, as error messages should name it (e.g. "rollout server 0 (tcp://10.0.0.2:5557)")."""
+
+    async def call(self, request: SyncBegin | SyncBucket | SyncEnd | SyncPing, timeout_s: float) -> BucketAck:
+        """Send one request and return its reply; raise ``SyncTimeout`` naming the peer when no
+        reply arrives within ``timeout_s``."""
+        ...

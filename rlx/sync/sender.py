@@ -1,0 +1,231 @@
+"""Sender side of weight sync: streams named tensors through a double-buffered shared buffer.
+
+Per sync: ``SyncBegin`` (the buffer's handle) to every receiver, then for bucket k: wait until
+every receiver acknowledged the last bucket that used slot k % num_buffers, copy bucket k into
+that slot (in a worker thread, so the event loop keeps sending and collecting acks), send its
+``BucketMeta`` to all receivers at once; finally ``SyncEnd``, whose acks say every receiver has
+released its mapping. With two slots the copy of bucket k+1 overlaps the receivers' loading of
+bucket k; with one it is lock-step.
+
+Correct by construction: a slot is written only after all acks of its previous bucket; every ack
+is awaited with a deadline naming the peer; a failed sync frees the buffer, so a receiver still
+reading a stale bucket never sees it overwritten (the next sync maps a new buffer). The buffer
+is kept between syncs and reused while its slots are large enough. This module leaves out the
+wire (``SyncChannel``) and the bytes' home (``transports``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections.abc
+import time
+from typing import Iterable, Iterator, NamedTuple
+
+import msgspec
+import torch
+
+from rlx.sync.channel import SyncChannel
+from rlx.sync.checksum import tensor_checksum
+from rlx.sync.dtypes import dtype_name
+from rlx.sync.errors import SyncError
+from rlx.sync.layout import ALIGN_BYTES, Bucket, TensorSpec, align_up, pack_buckets
+from rlx.sync.messages import NO_ID, BucketAck, BucketMeta, SyncBegin, SyncBucket, SyncEnd, request_label
+from rlx.sync.transports import create_buffer, resolve_transport
+from rlx.sync.transports.base import SenderBuffer
+
+MiB = 1 << 20
+
+
+class SyncReport(msgspec.Struct):
+    sync_id: int
+    transport: str
+    num_buffers: int
+    slot_bytes: int
+    num_receivers: int
+    num_tensors: int
+    num_buckets: int
+    total_bytes: int
+    seconds: float
+    verified: bool  # every tensor's checksum matched on every receiver
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.total_bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
+class _Source(NamedTuple):
+    tensor: torch.Tensor
+    flat: torch.Tensor  # uint8 view of the contiguous tensor
+
+
+class WeightSender:
+    def __init__(self, transport: str = "shm", bucket_mb: int = 64, num_buffers: int = 2,
+                 timeout_s: float = 120.0, verify: bool = False, device: str = "cpu"):
+        if bucket_mb < 1:
+            raise ValueError(f"bucket_mb={bucket_mb} must be >= 1; set sync.bucket_mb to the transfer bucket size in MiB")
+        if num_buffers < 1:
+            raise ValueError(f"num_buffers={num_buffers} must be >= 1 (2 = double buffering, 1 = lock-step)")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s={timeout_s} must be > 0; set sync.timeout_s to the per-bucket ack deadline")
+        self.transport = resolve_transport(transport, device)
+        self.bucket_bytes = bucket_mb * MiB
+        self.num_buffers, self.timeout_s, self.verify, self.device = num_buffers, timeout_s, verify, device
+        self._buffer: SenderBuffer | None = None
+        self._sync_id = 0
+        self._busy = False
+
+    async def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                   channels: list[SyncChannel]) -> SyncReport:
+        """Transfer ``named_tensors`` to every channel's receiver; raises ``SyncError`` /
+        ``SyncTimeout`` naming the peer (and tensor) when any receiver fails or falls silent."""
+        if not channels:
+            raise ValueError("send() needs at least one SyncChannel to a receiver")
+        if self._busy:
+            raise RuntimeError("WeightSender.send() is already running; await it before the next sync")
+        self._busy = True
+        try:
+            return await self._send(named_tensors, list(channels))
+        finally:
+            self._busy = False
+
+    def close(self) -> None:
+        if self._buffer is not None:
+            self._buffer.close()
+            self._buffer = None
+
+    def __enter__(self) -> "WeightSender":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    async def _send(self, named_tensors, channels: list[SyncChannel]) -> SyncReport:
+        self._sync_id += 1
+        sync_id, start = self._sync_id, time.perf_counter()
+        named_tensors, num_tensors, total_bytes, packed_bytes = _announce(named_tensors)
+        slot_bytes = self.bucket_bytes if packed_bytes < 0 else min(self.bucket_bytes, max(packed_bytes, ALIGN_BYTES))
+        buffer = self._ensure_buffer(slot_bytes)
+        await self._broadcast(SyncBegin(sync_id, buffer.handle(), num_tensors, total_bytes, self.verify), channels)
+        pending: dict[str, _Source] = {}
+        counts: collections.Counter = collections.Counter()
+        try:
+            await self._stream(sync_id, buffer, self._sources(named_tensors, pending, counts), pending, channels, counts)
+        except BaseException:
+            self.close()  # never overwrite bytes a slow receiver might still be reading
+            raise
+        await self._broadcast(SyncEnd(sync_id), channels)
+        return SyncReport(sync_id, self.transport, self.num_buffers, buffer.slot_bytes, len(channels),
+                          counts["tensors"], counts["buckets"], counts["bytes"], time.perf_counter() - start,
+                          verified=self.verify)
+
+    async def _stream(self, sync_id: int, buffer: SenderBuffer, specs: Iterator[TensorSpec],
+                      pending: dict[str, "_Source"], channels: list[SyncChannel],
+                      counts: collections.Counter) -> None:
+        inflight: list[list[asyncio.Task]] = [[] for _ in range(buffer.num_slots)]
+        try:
+            for bucket_id, bucket in enumerate(pack_buckets(specs, buffer.slot_bytes)):
+                slot = bucket_id % buffer.num_slots
+                await self._wait_for_slot(inflight[slot])
+                checksums = await asyncio.to_thread(self._fill, buffer, slot, bucket, pending)
+                _forget_finished(bucket, pending)
+                meta = BucketMeta(sync_id, bucket_id, slot, bucket.chunks, bucket.is_last, checksums)
+                inflight[slot] += [asyncio.create_task(self._call(ch, SyncBucket(meta), checksums)) for ch in channels]
+                counts["buckets"] += 1
+            for tasks in inflight:
+                await _settle(tasks)
+        finally:
+            for task in (t for tasks in inflight for t in tasks if not t.done()):
+                task.cancel()
+            await asyncio.gather(*(t for tasks in inflight for t in tasks), return_exceptions=True)
+
+    async def _wait_for_slot(self, tasks: list[asyncio.Task]) -> None:
+        """Block until every receiver acknowledged the last bucket in this slot (the invariant
+        that makes reuse safe); raises its first failure."""
+        await _settle(tasks)
+
+    async def _broadcast(self, request, channels: list[SyncChannel]) -> None:
+        await _settle([asyncio.create_task(self._call(ch, request, None)) for ch in channels])
+
+    def _sources(self, named_tensors, pending: dict[str, "_Source"],
+                 counts: collections.Counter) -> Iterator[TensorSpec]:
+        seen: set[str] = set()
+        for name, tensor in named_tensors:
+            if name in seen:
+                raise ValueError(f"tensor {name!r} appears twice in one sync; names must be unique")
+            seen.add(name)
+            t = tensor.detach()
+            t = t if t.is_contiguous() else t.contiguous()
+            flat = t.reshape(-1).view(torch.uint8)
+            pending[name] = _Source(t, flat)
+            counts["tensors"] += 1
+            counts["bytes"] += flat.numel()
+            yield TensorSpec(name, dtype_name(t.dtype), list(t.shape), flat.numel())
+
+    def _fill(self, buffer: SenderBuffer, slot: int, bucket: Bucket, pending: dict[str, _Source]) -> dict | None:
+        """Copy one bucket into ``slot`` (runs in a worker thread); return checksums of the
+        tensors it completes when verifying."""
+        dst = buffer.slot(slot)
+        checksums = {} if self.verify else None
+        for c in bucket.chunks:
+            source = pending[c.name]
+            dst[c.offset:c.offset + c.nbytes].copy_(source.flat[c.chunk_start:c.chunk_start + c.nbytes])
+            if self.verify and c.chunk_start + c.nbytes == c.total_nbytes:
+                checksums[c.name] = tensor_checksum(source.tensor)
+        buffer.ready(slot)
+        return checksums
+
+    async def _call(self, channel: SyncChannel, request, expected: dict[str, int] | None) -> BucketAck:
+        ack = await channel.call(request, self.timeout_s)
+        label = request_label(request)
+        if not ack.ok:
+            raise SyncError(f"{channel.name} failed {label}: {ack.error or 'no reason given'}")
+        bucket_id = request.meta.bucket_id if isinstance(request, SyncBucket) else NO_ID
+        sync_id = request.meta.sync_id if isinstance(request, SyncBucket) else request.sync_id
+        if (ack.sync_id, ack.bucket_id) != (sync_id, bucket_id):
+            raise SyncError(f"{channel.name} answered {label} with an ack for sync {ack.sync_id} bucket {ack.bucket_id}")
+        if expected:
+            _compare_checksums(channel.name, label, expected, ack.checksums or {})
+        return ack
+
+    def _ensure_buffer(self, slot_bytes: int) -> SenderBuffer:
+        buffer = self._buffer
+        if buffer is not None and buffer.slot_bytes >= slot_bytes and buffer.num_slots == self.num_buffers:
+            return buffer
+        self.close()
+        self._buffer = create_buffer(self.transport, align_up(slot_bytes), self.num_buffers, self.device)
+        return self._buffer
+
+
+def _announce(named_tensors) -> tuple[Iterable, int, int, int]:
+    """Counts for SyncBegin: (tensors, num_tensors, total_bytes, packed_bytes); -1 when streamed."""
+    if not isinstance(named_tensors, collections.abc.Sized) or isinstance(named_tensors, collections.abc.Iterator):
+        return named_tensors, -1, -1, -1
+    items = list(named_tensors)
+    sizes = [t.numel() * t.element_size() for _, t in items]
+    return items, len(items), sum(sizes), sum(align_up(n) for n in sizes)
+
+
+async def _settle(tasks: list[asyncio.Task]) -> None:
+    """Wait for every receiver's ack of one bucket; raise the first failure."""
+    if not tasks:
+        return
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    tasks.clear()
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+
+
+def _forget_finished(bucket: Bucket, pending: dict[str, _Source]) -> None:
+    for c in bucket.chunks:
+        if c.chunk_start + c.nbytes == c.total_nbytes:
+            del pending[c.name]
+
+
+def _compare_checksums(peer: str, label: str, expected: dict[str, int], got: dict[str, int]) -> None:
+    for name, value in expected.items():
+        if name not in got:
+            raise SyncError(f"{peer} reported no checksum for tensor {name!r} in {label}")
+        if got[name] != value:
+            raise SyncError(f"checksum mismatch for tensor {name!r} on {peer} ({label}): "
+                            f"sender {value:#010x}, receiver {got[name]:#010x}")

@@ -1,0 +1,55 @@
+"""The transport interface: a buffer of equal slots, written by the sender, mapped by receivers.
+
+A transport only places bytes; ordering (which slot may be written when) belongs to the sender
+and the acknowledgements. Each implementation lives in its own module and is chosen by name in
+``rlx.sync.transports.create_buffer`` / ``map_buffer``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from rlx.sync.messages import TransportHandle
+
+
+class SenderBuffer(ABC):
+    """The sender's side: owns the memory; ``close`` frees it."""
+
+    slot_bytes: int
+    num_slots: int
+
+    @abstractmethod
+    def slot(self, index: int) -> torch.Tensor:
+        """A 1-D uint8 tensor over slot ``index``."""
+
+    @abstractmethod
+    def ready(self, index: int) -> None:
+        """Make the writes to slot ``index`` visible to receivers before its meta is sent."""
+
+    @abstractmethod
+    def handle(self) -> TransportHandle:
+        """What a receiver needs to map this buffer."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Free the buffer; idempotent."""
+
+
+class ReceiverMapping(ABC):
+    """A receiver's view of a sender's buffer; ``close`` unmaps it."""
+
+    handle: TransportHandle
+
+    @abstractmethod
+    def slot(self, index: int) -> torch.Tensor:
+        """A 1-D uint8 tensor over slot ``index`` (valid until ``close``)."""
+
+    @abstractmethod
+    def done_reading(self, index: int) -> None:
+        """Block until every read of slot ``index`` issued so far has finished (before an ack)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Unmap; raises ``BufferError`` when tensors over the mapping are still referenced."""

@@ -1,0 +1,140 @@
+"""POSIX shared memory transport (CPU): one file in /dev/shm, mapped by sender and receivers.
+
+The sender creates ``/dev/shm/rlx-sync-<pid>-<random>`` (mode 0600, space reserved up front with
+``posix_fallocate`` so a full /dev/shm is an error here, not a SIGBUS later), maps it and unlinks
+it on ``close`` or, failing that, at interpreter exit. A sender killed with SIGKILL leaves the file
+behind; ``rm /dev/shm/rlx-sync-*`` removes it. Receivers map the file by name; a name that is not
+an rlx segment is refused, so a message cannot make a receiver open another file.
+
+Tensors over a mapping are built through numpy so that the mapping cannot be closed while any of
+them is alive (``close`` raises ``BufferError`` instead of unmapping memory still in use).
+The ordering of writes and reads is given by the acknowledgements (socket round trips), so
+``ready`` and ``done_reading`` have nothing to do here.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import secrets
+import weakref
+
+import numpy as np
+import torch
+
+from rlx.sync.messages import TransportHandle
+from rlx.sync.transports.base import ReceiverMapping, SenderBuffer
+
+SHM_DIR = "/dev/shm"
+_NAME = re.compile(r"^rlx-sync-\d+-[0-9a-f]+$")
+
+
+class ShmBuffer(SenderBuffer):
+    def __init__(self, slot_bytes: int, num_slots: int):
+        self.slot_bytes, self.num_slots = slot_bytes, num_slots
+        self.size = slot_bytes * num_slots
+        self.name = f"rlx-sync-{os.getpid()}-{secrets.token_hex(6)}"
+        self.path = os.path.join(SHM_DIR, self.name)
+        self._mm = _create(self.path, self.size)
+        self._finalizer = weakref.finalize(self, _unlink, self.path)
+        self._tensor = _tensor_over(self._mm)
+
+    def slot(self, index: int) -> torch.Tensor:
+        return self._tensor[index * self.slot_bytes:(index + 1) * self.slot_bytes]
+
+    def ready(self, index: int) -> None:
+        pass
+
+    def handle(self) -> TransportHandle:
+        return TransportHandle("shm", self.slot_bytes, self.num_slots, {"name": self.name, "size": self.size})
+
+    def close(self) -> None:
+        self._finalizer()  # unlink the name first: existing mappings stay valid
+        self._tensor = None
+        if self._mm is not None:
+            _close_mapping(self._mm, self.path)
+            self._mm = None
+
+
+class ShmMapping(ReceiverMapping):
+    def __init__(self, handle: TransportHandle):
+        self.handle = handle
+        name, size = handle.payload.get("name"), handle.payload.get("size")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(f"shm handle names {name!r}, which is not an rlx sync segment")
+        if size != handle.slot_bytes * handle.num_slots:
+            raise ValueError(f"shm handle size {size} != slot_bytes {handle.slot_bytes} x num_slots {handle.num_slots}")
+        self.path = os.path.join(SHM_DIR, name)
+        self._mm = _open(self.path, size)
+        self._tensor = _tensor_over(self._mm)
+
+    def slot(self, index: int) -> torch.Tensor:
+        return self._tensor[index * self.handle.slot_bytes:(index + 1) * self.handle.slot_bytes]
+
+    def done_reading(self, index: int) -> None:
+        pass
+
+    def close(self) -> None:
+        self._tensor = None
+        if self._mm is not None:
+            _close_mapping(self._mm, self.path)
+            self._mm = None
+
+
+def _create(path: str, size: int) -> mmap.mmap:
+    if not os.path.isdir(SHM_DIR):
+        raise RuntimeError(f"the shm weight transport needs POSIX shared memory at {SHM_DIR}; "
+                           "use transport=cuda_ipc on a GPU host")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return _map(fd, size)
+    except OSError as exc:
+        _unlink(path)
+        free = os.statvfs(SHM_DIR).f_bavail * os.statvfs(SHM_DIR).f_frsize
+        raise RuntimeError(f"cannot reserve {size / 2**20:.0f} MiB in {SHM_DIR} ({free / 2**20:.0f} MiB free): {exc}; "
+                           "lower sync.bucket_mb or sync.num_buffers, or give the container more shared "
+                           "memory (docker run --shm-size=...)") from None
+    finally:
+        os.close(fd)
+
+
+def _open(path: str, size: int) -> mmap.mmap:
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"shared-memory segment {path} does not exist: the sender closed it, or the "
+                                "receiver runs in another container / IPC namespace than the sender") from None
+    try:
+        actual = os.fstat(fd).st_size
+        if actual < size:
+            raise ValueError(f"shared-memory segment {path} holds {actual} bytes, the handle says {size}")
+        return _map(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _map(fd: int, size: int) -> mmap.mmap:
+    return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                     prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def _tensor_over(mm: mmap.mmap) -> torch.Tensor:
+    # numpy holds a buffer export, so mm.close() refuses while any tensor view is alive
+    return torch.from_numpy(np.frombuffer(mm, dtype=np.uint8))
+
+
+def _close_mapping(mm: mmap.mmap, path: str) -> None:
+    try:
+        mm.close()
+    except BufferError:
+        raise BufferError(f"tensors over the shared buffer {path} are still referenced; drop every view "
+                          "returned by WeightReceiver.tensors() before the bucket's ack") from None
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,39 @@
+"""Fixtures for weight-sync tests: real receiver processes on ipc:// sockets, ended by pid."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+
+from rlx.sync.local_receiver import start_receiver, stop_receiver
+
+
+@pytest.fixture(scope="module")
+def receiver_address():
+    """A receiver process shared by the tests of one module (each test opens its own channel)."""
+    proc, address = start_receiver("--torch-threads", "1", name="test receiver")
+    yield address
+    stop_receiver(proc)
+
+
+@pytest.fixture
+def spawn_receiver():
+    """Start extra receiver processes with custom flags; all are ended after the test."""
+    procs = []
+
+    def spawn(*args: str, name: str = "test receiver"):
+        proc, address = start_receiver(*args, name=name)
+        procs.append(proc)
+        return proc, address
+
+    yield spawn
+    for proc in procs:
+        stop_receiver(proc)
+
+
+@pytest.fixture
+def our_segments():
+    """Lists this process's shared-memory segments in /dev/shm."""
+    return lambda: sorted(glob.glob(f"/dev/shm/rlx-sync-{os.getpid()}-*"))
