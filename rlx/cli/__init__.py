@@ -26,6 +26,8 @@ _COMMANDS = [
     ("rlx.cli.train", "train", "train"),
     ("rlx.cli.rollout_serve", "rollout_serve", "rollout-serve"),
     ("rlx.cli.bench_sync", "bench_sync", "bench-sync"),
+    ("rlx.cli.convert_ckpt", "convert_ckpt", "convert-ckpt"),
+    ("rlx.cli.fp8_convert", "fp8_convert", "fp8-convert"),
 ]
 
 

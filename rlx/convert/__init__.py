@@ -1,0 +1,21 @@
+"""Checkpoint conversion: trainer checkpoint -> Hugging Face, Hugging Face <-> Megatron
+``torch_dist``, and Hugging Face -> FP8.
+
+Every conversion streams: tensors are read from the source with ``pread`` one tensor (or one
+block of rows) at a time and written straight into the destination's safetensors shards, whose
+headers are planned before any tensor is read. The destination is built in a temporary sibling
+directory and renamed into place only when complete; the source is opened read-only.
+
+Modules:
+    safetensors_io     read and validate safetensors files / HF directories (no mmap, no pickle)
+    safetensors_writer plan shards and write them tensor by tensor, with a byte-exact index
+    destination        destination checks (--overwrite) and the atomic temporary directory
+    trainer_ckpt       find and verify an rlx trainer checkpoint
+    hf_write           write an HF directory (weights + config + tokenizer) from a tensor stream
+    plan               the --dry-run plan: tensors, bytes, mapping
+    megatron/          Llama / Qwen2 / Qwen3 <-> megatron-core GPTModel torch_dist
+    fp8/               FP8 quantization (block / channel / tensor) in the formats vLLM loads
+
+Left out: LoRA adapters, pickle-based ``.bin`` / ``.pt`` weights (refused), MoE models for the
+Megatron mapping.
+"""

@@ -1,0 +1,76 @@
+"""`rlx convert-ckpt SRC DST`: trainer checkpoint -> Hugging Face, Hugging Face <-> Megatron torch_dist."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Iterator, Optional
+
+import typer
+
+from rlx.cli.common import UserError, console, err_console, user_errors
+
+
+@contextlib.contextmanager
+def convert_errors() -> Iterator[None]:
+    """ConvertError (bad input, named with its fix) -> one red line and exit status 2."""
+    from rlx.convert.errors import ConvertError
+
+    with user_errors():
+        try:
+            yield
+        except ConvertError as exc:
+            raise UserError(str(exc)) from None
+
+
+def convert_ckpt(
+    src: Path = typer.Argument(..., help="Trainer checkpoint (step dir, checkpoints/ or run dir), Hugging "
+                                         "Face directory, or Megatron torch_dist checkpoint."),
+    dst: Path = typer.Argument(..., help="Output directory (must not exist unless --overwrite)."),
+    to: Optional[str] = typer.Option(None, "--to", help="Target format: hf | torch_dist. Default: hf, "
+                                                        "except from a Hugging Face source (required)."),
+    dtype: str = typer.Option("auto", "--dtype", help="Output dtype of floating tensors: auto (keep) | "
+                                                      "float32 | bfloat16 | float16."),
+    shard_size: str = typer.Option("5GB", "--shard-size", help="Largest safetensors shard (e.g. 5GB, 500MB)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (tensors, bytes, mapping) and exit."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace DST if it exists."),
+    hf_config: Optional[Path] = typer.Option(None, "--hf-config", help="torch_dist -> hf: HF directory with "
+                                             "config + tokenizer (default: SRC/hf/)."),
+    iteration: Optional[int] = typer.Option(None, "--iteration", help="torch_dist: iteration to read "
+                                            "(default: latest) or to write (default: 0)."),
+    vocab_multiple: int = typer.Option(128, "--vocab-multiple", help="-> torch_dist: pad the vocabulary to a "
+                                       "multiple of this (Megatron's make-vocab-size-divisible-by x TP)."),
+    workers: int = typer.Option(2, "--workers", help="Shards written in parallel."),
+) -> None:
+    """Convert a checkpoint between rlx trainer, Hugging Face and Megatron torch_dist formats."""
+    with convert_errors():
+        from rlx.convert.convert_ckpt import ConvertOptions, build_job
+        from rlx.convert.destination import check_destination
+        from rlx.convert.units import parse_size
+
+        options = ConvertOptions(to, dtype, parse_size(shard_size), workers, hf_config, iteration, vocab_multiple)
+        job = build_job(src, options)
+        destination = check_destination(dst, src, overwrite)
+        if dry_run:
+            from rlx.convert.plan import render_plan
+
+            render_plan(job.plan(destination), console)
+            return
+        summary = _run(job, destination)
+    _print_summary(summary)
+
+
+def _run(job, destination: Path):
+    for note in job.notes:
+        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+    return job.run(destination, err_console)
+
+
+def _print_summary(summary) -> None:
+    from rlx.convert.units import format_bytes
+
+    rate = summary.bytes_in / summary.seconds / 1e9 if summary.seconds else 0.0
+    console.print(f"[green]wrote[/] {summary.destination} ({len(summary.files)} entries: "
+                  f"{', '.join(summary.files[:6])}{', …' if len(summary.files) > 6 else ''}); read "
+                  f"{format_bytes(summary.bytes_in)}, wrote {format_bytes(summary.bytes_out)} in "
+                  f"{summary.seconds:.1f} s ({rate:.2f} GB/s)", highlight=False)

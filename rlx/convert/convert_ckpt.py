@@ -1,0 +1,85 @@
+"""``convert-ckpt`` as a library call: detect what the source is and build the conversion job.
+
+Sources: an rlx trainer checkpoint (step dir, checkpoints/ dir or run dir), a Hugging Face
+directory, or a Megatron torch_dist checkpoint. Targets: ``hf`` or ``torch_dist``. Every job has
+``plan(dst)`` (for --dry-run) and ``run(dst)``; the CLI checks the destination first.
+
+Left out: printing (``rlx.cli.convert_ckpt``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlx.convert.errors import ConvertError
+from rlx.convert.hf_job import hf_to_hf_job, trainer_to_hf_job
+from rlx.convert.hf_write import parse_dtype
+from rlx.convert.megatron.layout import is_torch_dist
+from rlx.convert.safetensors_io import INDEX_NAME, SafetensorsDir
+from rlx.convert.trainer_ckpt import is_trainer_checkpoint, resolve_trainer_checkpoint
+
+TARGETS = ("hf", "torch_dist")
+
+
+@dataclass
+class ConvertOptions:
+    to: str | None = None
+    dtype: str = "auto"
+    shard_bytes: int = 5 * 10**9
+    workers: int = 2
+    hf_config: Path | None = None
+    iteration: int | None = None
+    vocab_multiple: int = 128
+
+
+def detect_source(src: Path) -> str:
+    if not src.exists():
+        raise ConvertError(f"source {src} does not exist")
+    if is_torch_dist(src):
+        return "torch_dist"
+    if (src / "manifest.json").is_file() or (not (src / "config.json").is_file() and is_trainer_checkpoint(src)):
+        return "trainer"
+    if (src / "config.json").is_file() and ((src / INDEX_NAME).is_file() or any(src.glob("*.safetensors"))):
+        return "hf"
+    if (src / "config.json").is_file():
+        SafetensorsDir(src)  # raises with the reason (no weights, pickle weights...)
+    raise ConvertError(f"cannot tell what {src} is: expected an rlx trainer checkpoint (manifest.json or "
+                       "step_* directories), a Hugging Face directory (config.json + *.safetensors) or a "
+                       "Megatron torch_dist checkpoint (latest_checkpointed_iteration.txt or iter_*/metadata.json)")
+
+
+def build_job(src: Path, options: ConvertOptions):
+    kind = detect_source(src)
+    to = options.to or ("hf" if kind != "hf" else None)
+    if to is None:
+        raise ConvertError(f"{src} is already a Hugging Face directory: pass --to torch_dist to convert it for "
+                           "Megatron, or --to hf to re-shard / cast it")
+    if to not in TARGETS:
+        raise ConvertError(f"--to {to} is not a target; use one of {', '.join(TARGETS)}")
+    dtype = parse_dtype(options.dtype)
+    if kind == "torch_dist":
+        return _from_torch_dist(src, to, dtype, options)
+    if kind == "trainer":
+        ckpt = resolve_trainer_checkpoint(src)
+        if to == "hf":
+            return trainer_to_hf_job(ckpt, dtype, options.shard_bytes, options.workers)
+        source, template, notes = SafetensorsDir(ckpt.path, files=ckpt.model_files), ckpt.hf_dir, ckpt.skipped
+    else:
+        if to == "hf":
+            return hf_to_hf_job(src, dtype, options.shard_bytes, options.workers)
+        source, template, notes = SafetensorsDir(src), src, []
+    from rlx.convert.megatron.to_torch_dist import hf_to_torch_dist_job
+
+    job = hf_to_torch_dist_job(source, template, dtype, options.vocab_multiple, options.iteration or 0)
+    job.notes += [f"skipped: {reason}" for reason in notes]
+    return job
+
+
+def _from_torch_dist(src: Path, to: str, dtype, options: ConvertOptions):
+    if to != "hf":
+        raise ConvertError(f"{src} is already a torch_dist checkpoint; convert it with --to hf")
+    from rlx.convert.megatron.from_torch_dist import torch_dist_to_hf_job
+
+    hf_config = Path(options.hf_config) if options.hf_config else None
+    return torch_dist_to_hf_job(src, hf_config, options.iteration, dtype, options.shard_bytes, 1)

@@ -1,0 +1,69 @@
+"""Where a conversion writes: the checks before it starts, and the atomic temporary directory.
+
+A conversion writes into ``.<name>.tmp-<pid>`` beside the destination and renames it into place
+only when every file is written and fsynced, so an interrupted run never leaves a directory that
+looks complete. An existing destination is refused unless ``--overwrite``, and a destination
+that is, contains or lies inside the source is always refused: the source is never modified.
+
+Left out: what is written (the converters).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+from rlx.convert.errors import ConvertError
+
+
+def check_destination(dst: str | Path, source: str | Path, overwrite: bool) -> Path:
+    """Validate ``dst`` before any work; return it as a resolved Path."""
+    dst, source = Path(dst).resolve(), Path(source).resolve()
+    if dst == source or dst in source.parents or source in dst.parents:
+        raise ConvertError(f"destination {dst} overlaps the source {source}; choose a destination "
+                           "outside the source (the source is never modified)")
+    if not dst.parent.is_dir():
+        raise ConvertError(f"the parent directory {dst.parent} of the destination does not exist; "
+                           f"create it (mkdir -p {dst.parent}) or choose another destination")
+    if dst.exists() and not overwrite:
+        raise ConvertError(f"destination {dst} already exists; pass --overwrite to replace it, "
+                           "or choose a new destination")
+    return dst
+
+
+@contextlib.contextmanager
+def staged_directory(dst: Path) -> Iterator[Path]:
+    """Yield an empty temporary directory; on success it replaces ``dst``, on failure it is removed."""
+    tmp = dst.parent / f".{dst.name}.tmp-{os.getpid()}"
+    _remove(tmp)
+    tmp.mkdir()
+    try:
+        yield tmp
+        _fsync_dir(tmp)
+    except BaseException:
+        _remove(tmp)
+        raise
+    old = dst.parent / f".{dst.name}.old-{os.getpid()}"
+    if dst.exists() or dst.is_symlink():
+        dst.rename(old)
+    tmp.rename(dst)
+    _fsync_dir(dst.parent)
+    _remove(old)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,11 @@
+"""Hugging Face checkpoint -> FP8 checkpoint that vLLM loads (``rlx fp8-convert``).
+
+    quantize   the arithmetic: block / channel / tensor scales, dequantization, the e4m3 error bound
+    policy     which tensors stay in high precision (norms, embeddings, lm_head, routers, vision, --skip)
+    tp_check   whether each quantized layer splits into whole blocks under tensor parallelism
+    qconfig    the ``quantization_config`` written into config.json
+    job        the streaming, parallel conversion and its report
+    dequantize FP8 directory -> high-precision directory (to compare models)
+
+Left out: FP8 activations with static scales, KV-cache quantization, MoE expert fusion.
+"""

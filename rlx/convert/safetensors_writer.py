@@ -1,0 +1,129 @@
+"""Write safetensors shards tensor by tensor, and the index that names them.
+
+The safetensors library writes a file from a dict of tensors that are all in memory; a
+conversion instead knows every output tensor's name, dtype and shape before it reads any data,
+so it writes the header first and then streams each tensor's bytes (in row chunks) behind it.
+Peak memory is one chunk, whatever the shard size. The files are byte-compatible with the
+library's (tests read them back with ``safetensors.safe_open``).
+
+``model.safetensors.index.json`` is written only for more than one shard (as transformers does);
+its ``total_size`` is the sum of the tensors' bytes.
+
+Left out: reading (``safetensors_io``) and choosing names or dtypes (the callers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+from rlx.convert.safetensors_io import DTYPE_CODES, INDEX_NAME
+
+ChunkSource = Callable[[], Iterable[torch.Tensor]]
+
+
+@dataclass
+class OutTensor:
+    """One output tensor: its layout, and a function that yields its data as row chunks in order."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    chunks: ChunkSource
+    sources: tuple[str, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        numel = 1
+        for dim in self.shape:
+            numel *= dim
+        return numel * self.dtype.itemsize
+
+
+@dataclass
+class Shard:
+    file_name: str
+    tensors: list[OutTensor] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+
+def plan_shards(tensors: list[OutTensor], shard_bytes: int, prefix: str = "model") -> list[Shard]:
+    """Greedy: fill a shard up to ``shard_bytes``; a tensor larger than that gets a shard of its own."""
+    groups: list[list[OutTensor]] = [[]]
+    size = 0
+    for tensor in tensors:
+        if groups[-1] and size + tensor.nbytes > shard_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(tensor)
+        size += tensor.nbytes
+    if len(groups) == 1:
+        return [Shard(f"{prefix}.safetensors", groups[0])]
+    total = len(groups)
+    return [Shard(f"{prefix}-{i + 1:05d}-of-{total:05d}.safetensors", g) for i, g in enumerate(groups)]
+
+
+def header_bytes(tensors: list[OutTensor], metadata: dict[str, str] | None = None) -> bytes:
+    header: dict = {"__metadata__": metadata or {"format": "pt"}}
+    offset = 0
+    for tensor in tensors:
+        header[tensor.name] = {"dtype": DTYPE_CODES[tensor.dtype], "shape": list(tensor.shape),
+                               "data_offsets": [offset, offset + tensor.nbytes]}
+        offset += tensor.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw
+
+
+def write_shard(path: Path, shard: Shard, on_bytes: Callable[[int], None] | None = None,
+                metadata: dict[str, str] | None = None) -> None:
+    """Write one shard: header, then each tensor's chunks; fsync before returning."""
+    with open(path, "wb") as f:
+        f.write(header_bytes(shard.tensors, metadata))
+        for tensor in shard.tensors:
+            written = 0
+            for chunk in tensor.chunks():
+                written += _write_chunk(f, tensor, chunk)
+                if on_bytes:
+                    on_bytes(chunk.numel() * chunk.element_size())
+            if written != tensor.nbytes:
+                raise RuntimeError(f"{tensor.name}: produced {written} bytes, its header says {tensor.nbytes}")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_chunk(f, tensor: OutTensor, chunk: torch.Tensor) -> int:
+    if chunk.dtype != tensor.dtype:
+        raise RuntimeError(f"{tensor.name}: chunk dtype {chunk.dtype} != planned {tensor.dtype}")
+    raw = chunk.detach().contiguous().reshape(-1).view(torch.uint8)
+    f.write(memoryview(raw.numpy()))
+    return raw.numel()
+
+
+def write_index(out_dir: Path, shards: list[Shard], metadata: dict | None = None, force: bool = False) -> None:
+    """Write model.safetensors.index.json when there is more than one shard (or ``force``)."""
+    if len(shards) < 2 and not force:
+        return
+    weight_map = {t.name: s.file_name for s in shards for t in s.tensors}
+    index = {"metadata": {**(metadata or {}), "total_size": sum(s.nbytes for s in shards)},
+             "weight_map": dict(sorted(weight_map.items(), key=lambda kv: natural_key(kv[0])))}
+    (out_dir / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def natural_key(name: str) -> list:
+    """Sort 'layers.10' after 'layers.9'."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def whole(tensor_fn: Callable[[], torch.Tensor]) -> ChunkSource:
+    """A chunk source that produces the whole tensor in one chunk."""
+    return lambda: [tensor_fn()]
