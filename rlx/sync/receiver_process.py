@@ -27,7 +27,7 @@ import torch
 import zmq
 
 from rlx.sync.checksum import tensor_checksum
-from rlx.sync.messages import (NO_ID, BucketAck, SyncBegin, SyncBucket, SyncEnd, SyncPing, decode_request,
+from rlx.sync.messages import (NO_ID, PROTOCOL_VERSION, BucketAck, SyncBegin, SyncBucket, SyncEnd, SyncPing, decode_request,
                                encode)
 from rlx.sync.receiver import WeightReceiver
 
@@ -53,6 +53,10 @@ class SyncRequestHandler:
         return encode(self.handle(request))
 
     def handle(self, request: SyncBegin | SyncBucket | SyncEnd | SyncPing) -> BucketAck:
+        if request.version != PROTOCOL_VERSION:
+            return BucketAck(getattr(request, "sync_id", NO_ID), NO_ID, ok=False,
+                             error=f"{self.receiver.name}: sync protocol version {request.version} from the sender, "
+                                   f"this receiver speaks {PROTOCOL_VERSION}; run the same rlx version on both sides")
         if isinstance(request, SyncBucket):
             return self._bucket(request)
         sync_id = getattr(request, "sync_id", NO_ID)

@@ -7,6 +7,9 @@ import os
 
 import pytest
 
+from rlx.sync.sender import WeightSender
+from rlx.sync.zmq_channel import ZmqSyncChannel
+
 from rlx.sync.local_receiver import start_receiver, stop_receiver
 
 
@@ -37,3 +40,19 @@ def spawn_receiver():
 def our_segments():
     """Lists this process's shared-memory segments in /dev/shm."""
     return lambda: sorted(glob.glob(f"/dev/shm/rlx-sync-{os.getpid()}-*"))
+
+
+async def send_twice(tensors, addresses, **sender_kw):
+    """Two syncs of ``tensors`` to the receivers at ``addresses`` (the second reuses the buffer)."""
+    channels = [ZmqSyncChannel(a, name=f"receiver {i}") for i, a in enumerate(addresses)]
+    try:
+        with WeightSender(**sender_kw) as sender:
+            return [await sender.send(tensors, channels) for _ in range(2)]
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+@pytest.fixture
+def sync_send():
+    return send_twice

@@ -10,7 +10,6 @@ import torch
 
 from rlx.sync.errors import SyncError, SyncTimeout
 from rlx.sync.sender import WeightSender
-from rlx.sync.zmq_channel import ZmqSyncChannel
 
 
 def tiny_state_dict(model_dir) -> list[tuple[str, torch.Tensor]]:
@@ -25,20 +24,10 @@ def tiny_state_dict(model_dir) -> list[tuple[str, torch.Tensor]]:
     return tensors
 
 
-async def send(tensors, addresses, **sender_kw):
-    channels = [ZmqSyncChannel(a, name=f"receiver {i}") for i, a in enumerate(addresses)]
-    try:
-        with WeightSender(**sender_kw) as sender:
-            return [await sender.send(tensors, channels) for _ in range(2)]  # the second sync reuses the buffer
-    finally:
-        for channel in channels:
-            channel.close()
-
-
 @pytest.mark.parametrize("num_buffers", [1, 2], ids=["lock-step", "double-buffered"])
-def test_tiny_model_round_trip_with_checksums(tiny_model_dir, receiver_address, num_buffers, our_segments):
+def test_tiny_model_round_trip_with_checksums(tiny_model_dir, receiver_address, num_buffers, our_segments, sync_send):
     tensors = tiny_state_dict(tiny_model_dir)
-    reports = asyncio.run(send(tensors, [receiver_address], bucket_mb=1, num_buffers=num_buffers, verify=True,
+    reports = asyncio.run(sync_send(tensors, [receiver_address], bucket_mb=1, num_buffers=num_buffers, verify=True,
                                timeout_s=30))
     total = sum(t.numel() * t.element_size() for _, t in tensors)
     for report in reports:
@@ -47,23 +36,23 @@ def test_tiny_model_round_trip_with_checksums(tiny_model_dir, receiver_address, 
     assert our_segments() == []
 
 
-def test_streamed_tensors_and_two_receivers_get_the_same_bytes(tiny_model_dir, receiver_address, spawn_receiver):
+def test_streamed_tensors_and_two_receivers_get_the_same_bytes(tiny_model_dir, receiver_address, spawn_receiver, sync_send):
     tensors = tiny_state_dict(tiny_model_dir)
     _, second = spawn_receiver(name="second receiver")
-    reports = asyncio.run(send(iter(tensors), [receiver_address, second], bucket_mb=1, verify=True, timeout_s=60))
+    reports = asyncio.run(sync_send(iter(tensors), [receiver_address, second], bucket_mb=1, verify=True, timeout_s=60))
     assert reports[0].num_receivers == 2 and reports[0].verified
     assert reports[0].num_tensors == len(tensors)
 
 
-def test_slot_is_never_overwritten_before_its_ack(spawn_receiver):
+def test_slot_is_never_overwritten_before_its_ack(spawn_receiver, sync_send):
     # the receiver holds every bucket 50 ms, then checks the slot bytes it was handed are unchanged
     _, address = spawn_receiver("--hold-s", "0.05", "--check-intact")
     tensors = [(f"w{i}", torch.full((200_000,), float(i))) for i in range(12)]  # 0.8 MB each, 1 MiB slots
-    reports = asyncio.run(send(tensors, [address], bucket_mb=1, num_buffers=2, verify=True, timeout_s=30))
+    reports = asyncio.run(sync_send(tensors, [address], bucket_mb=1, num_buffers=2, verify=True, timeout_s=30))
     assert reports[-1].num_buckets == 12 and reports[-1].verified
 
 
-def test_intact_check_catches_a_sender_that_does_not_wait(spawn_receiver, monkeypatch):
+def test_intact_check_catches_a_sender_that_does_not_wait(spawn_receiver, monkeypatch, sync_send):
     # the same check against a sender whose slot wait is removed: the overwrite must be reported
     async def no_wait(self, tasks):
         return None
@@ -72,22 +61,22 @@ def test_intact_check_catches_a_sender_that_does_not_wait(spawn_receiver, monkey
     _, address = spawn_receiver("--hold-s", "0.1", "--check-intact")
     tensors = [(f"w{i}", torch.full((200_000,), float(i))) for i in range(8)]
     with pytest.raises(SyncError, match="changed before the ack|checksum mismatch"):
-        asyncio.run(send(tensors, [address], bucket_mb=1, num_buffers=2, verify=True, timeout_s=30))
+        asyncio.run(sync_send(tensors, [address], bucket_mb=1, num_buffers=2, verify=True, timeout_s=30))
 
 
-def test_dead_receiver_times_out_naming_the_peer(spawn_receiver, our_segments):
+def test_dead_receiver_times_out_naming_the_peer(spawn_receiver, our_segments, sync_send):
     proc, address = spawn_receiver()
-    asyncio.run(send([("w", torch.ones(10))], [address], timeout_s=30))  # alive and serving
+    asyncio.run(sync_send([("w", torch.ones(10))], [address], timeout_s=30))  # alive and serving
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
     start = time.monotonic()
     with pytest.raises(SyncTimeout, match=r"no reply from receiver 0 within 1\.5 s"):
-        asyncio.run(send([("w", torch.ones(10))], [address], timeout_s=1.5))
+        asyncio.run(sync_send([("w", torch.ones(10))], [address], timeout_s=1.5))
     assert time.monotonic() - start < 10, "the deadline was not kept"
     assert our_segments() == []
 
 
-def test_receiver_dying_mid_sync_fails_within_the_deadline(spawn_receiver, our_segments):
+def test_receiver_dying_mid_sync_fails_within_the_deadline(spawn_receiver, our_segments, sync_send):
     proc, address = spawn_receiver("--hold-s", "0.5")
     tensors = [(f"w{i}", torch.ones(200_000)) for i in range(6)]
 
@@ -98,7 +87,7 @@ def test_receiver_dying_mid_sync_fails_within_the_deadline(spawn_receiver, our_s
     async def run():
         killer = asyncio.create_task(kill_soon())
         try:
-            await send(tensors, [address], bucket_mb=1, timeout_s=2)
+            await sync_send(tensors, [address], bucket_mb=1, timeout_s=2)
         finally:
             await killer
 

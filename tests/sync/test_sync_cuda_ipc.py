@@ -1,0 +1,38 @@
+"""CUDA IPC transport: sender and receiver process share one GPU buffer (skipped without CUDA)."""
+
+import asyncio
+
+import pytest
+import torch
+
+
+def gpu_tensors():
+    g = torch.Generator(device="cuda").manual_seed(0)
+    tensors = [(f"layer{i}.w", torch.randn(300, 257, device="cuda", generator=g).to(torch.bfloat16)) for i in range(10)]
+    tensors += [("embed", torch.randn(700_000, device="cuda", generator=g)),  # 2.8 MB: split over 1 MiB slots
+                ("scalar", torch.tensor(1.5, device="cuda")), ("empty", torch.empty(0, 4, device="cuda"))]
+    return tensors
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_buffers", [1, 2], ids=["lock-step", "double-buffered"])
+def test_cuda_ipc_round_trip_with_checksums(spawn_receiver, sync_send, num_buffers):
+    _, address = spawn_receiver()
+    tensors = gpu_tensors()
+    before = torch.cuda.memory_allocated()
+    reports = asyncio.run(sync_send(tensors, [address], transport="cuda_ipc", device="cuda", bucket_mb=1,
+                                    num_buffers=num_buffers, verify=True, timeout_s=60))
+    for report in reports:
+        assert report.transport == "cuda_ipc" and report.verified and report.num_tensors == len(tensors)
+        assert report.num_buckets >= 3
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() <= before, "the closed sender must free its IPC buffer"
+
+
+@pytest.mark.gpu
+def test_cuda_ipc_slot_is_never_overwritten_before_its_ack(spawn_receiver, sync_send):
+    _, address = spawn_receiver("--hold-s", "0.05", "--check-intact")
+    tensors = [(f"w{i}", torch.full((200_000,), float(i), device="cuda")) for i in range(8)]
+    reports = asyncio.run(sync_send(tensors, [address], transport="cuda_ipc", device="cuda", bucket_mb=1,
+                                    num_buffers=2, verify=True, timeout_s=60))
+    assert reports[-1].verified and reports[-1].num_buckets == 8
