@@ -111,7 +111,7 @@ class Trainer:
                     (loss * self.world).backward()  # FSDP2 averages gradients over ranks; the loss is a global sum
                 mb_tokens = float(mb.mask.sum())
                 tokens += mb_tokens
-                sums["loss"] += float(loss) * self.world
+                sums["loss"] += loss.item()
                 for key, value in stats.items():
                     sums[key] += value * mb_tokens
         with tracer.span("optimizer_step"):

@@ -20,11 +20,11 @@ import torch
 
 from rlx.engine.tiny import build_tiny_model
 
-DEFAULT_STEPS = 300
+DEFAULT_STEPS = 400
 
 
 def build_tiny_math_warmstart(out_dir: str | Path, task_cfg, steps: int = DEFAULT_STEPS, seed: int = 0,
-                              batch_size: int = 64, lr: float = 3e-3, progress=None) -> Path:
+                              batch_size: int = 64, lr: float = 1e-3, progress=None) -> Path:
     """Write the warm-started model to ``out_dir`` atomically (build in a sibling, then rename)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -8,6 +8,7 @@ that exits while the run still needs it and calls ``on_death`` with a message na
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -26,7 +27,8 @@ class Child:
         self.expected_exit = False
         self._log: TextIO = open(log_path, "a", buffering=1)
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1)
+                                     stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1,
+                                     preexec_fn=_term_when_parent_dies)
         self._pump = threading.Thread(target=self._stream, args=(emit,), daemon=True, name=f"log-{name}")
         self._pump.start()
 
@@ -82,7 +84,13 @@ class ProcessSet:
         full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         child = Child(name, argv, full_env, self.log_dir / f"{name}.log", self.emit)
         self.children.append(child)
+        self._write_pids()
         return child
+
+    def _write_pids(self) -> None:
+        """logs/pids.json: each child's pid (= its process group id), for users and tests."""
+        pids = {child.name: child.pid for child in self.children}
+        (self.log_dir / "pids.json").write_text(json.dumps(pids, indent=2) + "\n")
 
     def watch(self, on_death: Callable[[str], None], interval_s: float = 0.5) -> None:
         self._watching = True
@@ -106,6 +114,16 @@ class ProcessSet:
             child.expected_exit = True
         for child in reversed(self.children):
             child.stop(timeout_s)
+
+
+def _term_when_parent_dies() -> None:
+    """Linux: SIGTERM this child if the launcher dies without cleaning up (e.g. SIGKILL)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def python_argv(*args: str) -> list[str]:

@@ -1,0 +1,43 @@
+"""Two trainer ranks (FSDP2 over gloo) give the same step as one rank on the same batch."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+SCRIPT = Path(__file__).with_name("ranks_step.py")
+
+
+def run_world(world: int, model_dir) -> dict:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, str(SCRIPT), str(model_dir)], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        outputs.append(out)
+    line = next(l for l in outputs[0].splitlines() if l.startswith("RESULT"))
+    return json.loads(line[len("RESULT"):])
+
+
+def test_two_ranks_match_one_rank(tiny_model_dir):
+    one = run_world(1, tiny_model_dir)
+    two = run_world(2, tiny_model_dir)
+    assert one["loss"] == pytest.approx(two["loss"], rel=1e-4, abs=1e-6)
+    assert one["grad_norm"] == pytest.approx(two["grad_norm"], rel=1e-3)
+    assert one["entropy"] == pytest.approx(two["entropy"], rel=1e-4)
+    assert one["params"].keys() == two["params"].keys()
+    for name in one["params"]:
+        assert one["params"][name] == pytest.approx(two["params"][name], rel=1e-4, abs=1e-4), name
