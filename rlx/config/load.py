@@ -22,6 +22,20 @@ from rlx.config.errors import ConfigError
 from rlx.config.schema import RunConfig
 
 SCHEMA_NAME = "rlx_schema"
+# Names users bring from other RL frameworks (TRL, verl, OpenRLHF) -> the rlx key.
+ALIASES = {
+    "learning_rate": "trainer.lr", "lr_warmup_steps": "trainer.warmup_steps", "max_steps": "trainer.total_steps",
+    "num_steps": "trainer.total_steps", "total_training_steps": "trainer.total_steps",
+    "grad_clip": "trainer.max_grad_norm", "clip_grad": "trainer.max_grad_norm",
+    "ppo_epochs": "trainer.epochs_per_step", "ppo_micro_batch_size": "trainer.micro_batch_size",
+    "train_batch_size": "trainer.prompts_per_step", "batch_size": "trainer.prompts_per_step",
+    "num_generations": "rollout.n", "group_size": "rollout.n", "n_samples_per_prompt": "rollout.n",
+    "max_new_tokens": "rollout.max_tokens", "max_response_length": "rollout.max_tokens",
+    "max_completion_length": "rollout.max_tokens", "beta": "algorithm.kl_coef", "kl_loss_coef": "algorithm.kl_coef",
+    "clip_ratio": "algorithm.clip_low", "clip_ratio_high": "algorithm.clip_high", "epsilon": "algorithm.clip_low",
+    "epsilon_high": "algorithm.clip_high", "entropy_coeff": "algorithm.entropy_coef",
+    "model_name_or_path": "model.path", "model_path": "model.path",
+}
 _USER_NAME = "rlx_user_config"
 
 
@@ -142,7 +156,9 @@ def _unknown_key_message(full_key: str, schema: type, source: str) -> str:
     section = full_key.rsplit(".", 1)[0] + "." if "." in full_key else ""
     local = [f.name for f in dataclasses.fields(schema)]
     close = difflib.get_close_matches(leaf, local, n=1, cutoff=0.6)
-    if close:
+    if leaf in ALIASES:
+        hint = f"did you mean '{ALIASES[leaf]}'?"
+    elif close:
         hint = f"did you mean '{section}{close[0]}'?"
     else:
         elsewhere = [p for p in all_key_paths() if p.rsplit(".", 1)[-1] == leaf]

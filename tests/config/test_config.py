@@ -126,3 +126,11 @@ def test_cli_show_prints_resolved_yaml():
     assert result.exit_code == 0, result.output
     assert "'n': 3" in result.output
     assert "bucket_mb:" in result.output
+
+
+def test_names_from_other_frameworks_point_to_the_rlx_key(tmp_path):
+    path = write(tmp_path, "model:\n  path: /m\n")
+    with pytest.raises(ConfigError, match=r"did you mean 'trainer\.lr'"):
+        load_config(path, ["trainer.learning_rate=1e-3"])
+    with pytest.raises(ConfigError, match=r"did you mean 'rollout\.n'"):
+        load_config(path, ["trainer.num_generations=8"])
