@@ -25,6 +25,7 @@ _COMMANDS = [
     ("rlx.cli.config_cmd", "config_app", "config"),
     ("rlx.cli.train", "train", "train"),
     ("rlx.cli.rollout_serve", "rollout_serve", "rollout-serve"),
+    ("rlx.cli.plot", "plot", "plot"),
     ("rlx.cli.bench_sync", "bench_sync", "bench-sync"),
     ("rlx.cli.convert_ckpt", "convert_ckpt", "convert-ckpt"),
     ("rlx.cli.fp8_convert", "fp8_convert", "fp8-convert"),

@@ -1,0 +1,25 @@
+import json
+
+from typer.testing import CliRunner
+
+from rlx.cli import app
+
+runner = CliRunner()
+
+
+def test_plot_writes_an_image_from_a_metrics_file(tmp_path):
+    rows = [{"step": 0, "eval_accuracy": 0.2}] + [{"step": s, "reward_mean": 0.1 * s} for s in range(1, 6)]
+    rows.append({"step": 5, "eval_accuracy": 0.5})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 6, "rew')
+    out = tmp_path / "curve.png"
+    result = runner.invoke(app, ["plot", str(tmp_path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+
+
+def test_plot_names_missing_metrics_and_files(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.3}) + "\n")
+    result = runner.invoke(app, ["plot", str(tmp_path), "-m", "kl"])
+    assert result.exit_code == 2 and "no values for kl" in result.output and "reward_mean" in result.output
+    result = runner.invoke(app, ["plot", str(tmp_path / "nope")])
+    assert result.exit_code == 2 and "no metrics file" in result.output
