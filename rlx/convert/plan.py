@@ -57,24 +57,29 @@ def render_plan(plan: Plan, console: Console) -> None:
                        ("peak memory (est.)", format_bytes(plan.peak_memory_bytes))):
         summary.add_row(key, value)
     console.print(summary)
-    console.print(_mapping_table(plan))
+    console.print("[bold]mapping[/] (one entry per name pattern; {i} = layer index)")
+    for line in mapping_lines(plan):
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
     for note in plan.notes:
-        console.print(f"[yellow]note:[/] {note}", highlight=False)
+        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
 
 
-def _mapping_table(plan: Plan) -> Table:
-    table = Table(title="mapping (one row per name pattern; {i} = layer)")
-    for column in ("output tensor", "from", "shape", "dtype", "bytes", "count", "file"):
-        table.add_column(column, overflow="fold")
-    seen: dict[str, list] = {}
+def mapping_lines(plan: Plan) -> list[str]:
+    """Two lines per distinct name pattern: 'output <- sources' and its shape, dtype, bytes, count, file."""
+    groups: dict[str, list] = {}
     for row in plan.rows:
         key = _pattern(row.name)
-        if key in seen:
-            seen[key][5] += 1
-            seen[key][4] += row.nbytes
-            continue
-        seen[key] = [key, ", ".join(_pattern(s) for s in row.sources), str(list(row.shape)), row.dtype,
-                     row.nbytes, 1, row.file]
-    for name, sources, shape, dtype, nbytes, count, file in seen.values():
-        table.add_row(name, sources, shape, dtype, format_bytes(nbytes), str(count), file if count == 1 else "…")
-    return table
+        if key not in groups:
+            groups[key] = [row, 0, 0, set()]
+        groups[key][1] += 1
+        groups[key][2] += row.nbytes
+        groups[key][3].add(row.file)
+    lines = []
+    for key, (row, count, nbytes, files) in groups.items():
+        sources = ", ".join(_pattern(s) for s in row.sources)
+        arrow = f"  <-  {sources}" if sources and sources != key else ""
+        where = next(iter(files)) if len(files) == 1 else f"{len(files)} files"
+        lines.append(f"  {key}{arrow}")
+        lines.append(f"      {list(row.shape)} {row.dtype}, {format_bytes(nbytes)} in {count} tensor"
+                     f"{'s' if count > 1 else ''}, {where}")
+    return lines

@@ -2,7 +2,7 @@
 
 - ``single_process_group()``: torch.distributed (gloo, world size 1, in-process HashStore, no
   port) and megatron's parallel state with TP = PP = 1, torn down afterwards if we set it up.
-- ``build_gpt_skeleton(spec)``: megatron-core's GPTModel (local layer spec) on the meta device,
+- ``build_gpt_model(spec)``: megatron-core's GPTModel (local layer spec) on the meta device,
   so its ``sharded_state_dict()`` gives the exact keys, shapes and layer offsets a torch_dist
   checkpoint of this model has, without allocating any weights.
 - ``save_torch_dist``: megatron's torch_dist save with a writer that stays on the CPU (the stock
@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import enum
 import pickle
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -45,24 +46,27 @@ _SAFE_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("co
 
 @contextlib.contextmanager
 def single_process_group() -> Iterator[None]:
-    import torch.distributed as dist
-    from megatron.core import parallel_state
+    """Also silences megatron's warnings about missing GPU-only packages (Transformer Engine, Apex)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import torch.distributed as dist
+        from megatron.core import parallel_state
 
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1, 1)
-    try:
-        yield
-    finally:
+        created = not dist.is_initialized()
         if created:
-            parallel_state.destroy_model_parallel()
-            dist.destroy_process_group()
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        if not parallel_state.model_parallel_is_initialized():
+            parallel_state.initialize_model_parallel(1, 1)
+        try:
+            yield
+        finally:
+            if created:
+                parallel_state.destroy_model_parallel()
+                dist.destroy_process_group()
 
 
-def build_gpt_skeleton(spec: ModelSpec, dtype: torch.dtype):
-    """megatron-core GPTModel for ``spec`` with every parameter on the meta device."""
+def build_gpt_model(spec: ModelSpec, dtype: torch.dtype, device: str = "meta"):
+    """megatron-core GPTModel for ``spec``; on the meta device (the default) it allocates nothing."""
     import torch.nn.functional as F
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -76,7 +80,7 @@ def build_gpt_skeleton(spec: ModelSpec, dtype: torch.dtype):
         use_cpu_initialization=True, perform_initialization=False, params_dtype=dtype,
         hidden_dropout=0.0, attention_dropout=0.0, bias_activation_fusion=False)
     layer_spec = get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm")
-    with torch.device("meta"):
+    with torch.device(device):
         return GPTModel(config, layer_spec, vocab_size=spec.padded_vocab_size,
                         max_sequence_length=spec.max_position_embeddings, position_embedding_type="rope",
                         rotary_base=int(spec.rope_theta), share_embeddings_and_output_weights=spec.tie_word_embeddings)
@@ -125,10 +129,12 @@ def load_tensors(sharded_tensors: dict, iter_dir: Path) -> dict[str, torch.Tenso
 
 def tensors_metadata(iter_dir: Path) -> dict:
     """{key: ShardedTensor without data} for every tensor of the checkpoint (global shapes, dtypes)."""
-    from megatron.core import dist_checkpointing
-
     check_metadata_file(iter_dir)
-    return dist_checkpointing.load_tensors_metadata(str(iter_dir))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core import dist_checkpointing
+
+        return dist_checkpointing.load_tensors_metadata(str(iter_dir))
 
 
 def _no_common_strategy():

@@ -72,7 +72,7 @@ class TorchDistJob:
         start = time.perf_counter()
         with staged_directory(destination) as tmp, runtime.single_process_group():
             state = self._mapped_state(console, show_progress)
-            model = runtime.build_gpt_skeleton(self.spec, torch.float32)
+            model = runtime.build_gpt_model(self.spec, torch.float32)
             _assign(model, state)
             iter_dir = tmp / iter_dir_name(self.iteration)
             iter_dir.mkdir()

@@ -1,0 +1,156 @@
+"""FP8 quantization: the e4m3 error bound, finite scales, vLLM's formats, skips, TP checks, logits."""
+
+import json
+
+import pytest
+import torch
+from convert_helpers import build_family_model, read_hf_weights, tree_digest
+from rich.console import Console
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+from rlx.convert.convert_ckpt import ConvertOptions, build_job
+from rlx.convert.errors import ConvertError
+from rlx.convert.fp8 import quantize as fq
+from rlx.convert.fp8.dequantize import dequantize_dir
+from rlx.convert.fp8.job import Fp8Options, fp8_job
+
+BLOCK = (128, 128)
+
+
+def _weights(rows=300, cols=200):
+    torch.manual_seed(0)
+    w = torch.randn(rows, cols) * 0.02
+    w[5, 7] = 3.0  # an outlier: its block gets a large scale, the others must not care
+    w[128:256, 128:] = 0.0  # an all-zero block
+    w[260:, :] *= 1e-6  # tiny values that land in e4m3 subnormals
+    return w
+
+
+@pytest.mark.parametrize("strategy", fq.STRATEGIES)
+def test_dequantization_error_within_the_e4m3_bound(strategy):
+    w = _weights()
+    if strategy == "block":
+        q, scale = fq.quantize_block(w, BLOCK)
+    elif strategy == "channel":
+        q, scale = fq.quantize_channel(w)
+    else:
+        q, scale = fq.quantize_tensor(w, float(w.abs().max()))
+    assert q.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32
+    assert tuple(scale.shape) == fq.scale_shape(strategy, tuple(w.shape), BLOCK)
+    assert torch.isfinite(scale).all() and (scale > 0).all()
+    deq = fq.dequantize(q, scale, strategy, BLOCK)
+    bound = fq.error_bound(w, fq.expand_scale(scale, strategy, tuple(w.shape), BLOCK))
+    excess = (deq - w).abs() - bound * (1 + 1e-6)
+    assert excess.max() <= 0, f"{int((excess > 0).sum())} elements beyond the e4m3 bound"
+    assert ((deq - w).abs().max() / w.abs().max()) <= 2.0**-4
+
+
+def test_block_scale_shape_rounds_up_and_zero_blocks_stay_zero():
+    w = _weights()
+    q, scale = fq.quantize_block(w, BLOCK)
+    assert scale.shape == (3, 2)
+    assert scale[1, 1] == fq.MIN_AMAX / fq.FP8_MAX
+    zero_block = fq.dequantize(q, scale, "block", BLOCK)[128:256, 128:]
+    assert torch.equal(zero_block, torch.zeros_like(zero_block))
+    assert not torch.isnan(q.float()).any()
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fp8")
+    return build_family_model(root / "llama", "llama", hidden_size=256, dtype="bfloat16")
+
+
+def _with_extra_tensors(src, dst):
+    """A copy of ``src`` in two shards plus a MoE router, a vision tower tensor and a 2-D norm-free bias."""
+    build_job(src, ConvertOptions(to="hf", shard_bytes=1_500_000)).run(dst, Console(quiet=True), show_progress=False)
+    extra = {"model.layers.0.mlp.gate.weight": torch.randn(8, 256, dtype=torch.bfloat16),
+             "model.visual.blocks.0.attn.qkv.weight": torch.randn(384, 128, dtype=torch.bfloat16)}
+    save_file(extra, dst / "extra.safetensors", metadata={"format": "pt"})
+    index = json.loads((dst / "model.safetensors.index.json").read_text())
+    index["weight_map"].update({name: "extra.safetensors" for name in extra})
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index))
+    return dst
+
+
+def test_block_conversion_writes_what_vllm_reads(llama, tmp_path):
+    src = _with_extra_tensors(llama, tmp_path / "src")
+    before = tree_digest(src)
+    job = fp8_job(src, Fp8Options(skip=["model.layers.1.mlp.down_proj"], workers=2))
+    report = job.run(tmp_path / "fp8", Console(quiet=True), show_progress=False)
+    out = tmp_path / "fp8"
+    assert tree_digest(src) == before
+    weights, original = read_hf_weights(out), read_hf_weights(src)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in weights.values())
+    assert sorted(set(index["weight_map"].values())) == sorted(set(json.loads(
+        (src / "model.safetensors.index.json").read_text())["weight_map"].values()))
+    q = weights["model.layers.0.self_attn.q_proj.weight"]
+    scale = weights["model.layers.0.self_attn.q_proj.weight_scale_inv"]
+    assert q.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32 and scale.shape == (2, 2)
+    kept = {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight", "model.layers.0.mlp.gate.weight",
+            "model.visual.blocks.0.attn.qkv.weight", "model.layers.1.mlp.down_proj.weight"}
+    for name in kept:
+        assert torch.equal(weights[name], original[name]), name
+    reasons = dict(report.kept)
+    assert reasons["model.layers.0.mlp.gate.weight"] == "MoE router / gate"
+    assert reasons["model.visual.blocks.0.attn.qkv.weight"] == "vision tower"
+    assert reasons["model.layers.1.mlp.down_proj.weight"] == "--skip model.layers.1.mlp.down_proj"
+    qconfig = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qconfig["quant_method"] == "fp8" and qconfig["fmt"] == "e4m3"
+    assert qconfig["activation_scheme"] == "dynamic" and qconfig["weight_block_size"] == [128, 128]
+    assert qconfig["ignored_layers"] == qconfig["modules_to_not_convert"]
+    assert {"lm_head", "model.embed_tokens", "model.layers.0.mlp.gate", "model.visual.blocks.0.attn.qkv",
+            "model.layers.1.mlp.down_proj"} <= set(qconfig["ignored_layers"])
+    assert len(report.quantized) == 13 and all(s.max_rel <= 2.0**-4 for s in report.quantized)
+    assert report.bytes_out < report.bytes_in
+
+
+@pytest.mark.parametrize("strategy,scale_shape", [("channel", (256, 1)), ("tensor", (1,))])
+def test_channel_and_tensor_use_compressed_tensors(llama, tmp_path, strategy, scale_shape):
+    fp8_job(llama, Fp8Options(strategy=strategy)).run(tmp_path / "out", Console(quiet=True), show_progress=False)
+    weights = load_file(tmp_path / "out" / "model.safetensors")
+    assert weights["model.layers.0.self_attn.o_proj.weight_scale"].shape == scale_shape
+    qconfig = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    assert qconfig["quant_method"] == "compressed-tensors" and "lm_head" in qconfig["ignore"]
+    assert qconfig["config_groups"]["group_0"]["weights"]["strategy"] == strategy
+
+
+def test_fp8_model_dequantized_gives_logits_close_to_the_original(llama, tmp_path):
+    fp8_job(llama, Fp8Options()).run(tmp_path / "fp8", Console(quiet=True), show_progress=False)
+    dequantize_dir(tmp_path / "fp8", tmp_path / "deq")
+    ids = torch.tensor([[5, 17, 3, 40, 41, 12, 9, 33, 60, 2, 44, 45]])
+    with torch.no_grad():
+        original = AutoModelForCausalLM.from_pretrained(llama, dtype=torch.float32)(ids).logits
+        restored = AutoModelForCausalLM.from_pretrained(tmp_path / "deq", dtype=torch.float32)(ids).logits
+        other_seed = build_family_model(tmp_path / "other", "llama", hidden_size=256, dtype="bfloat16", seed=1)
+        unrelated = AutoModelForCausalLM.from_pretrained(other_seed, dtype=torch.float32)(ids).logits
+    error = (restored - original).norm() / original.norm()
+    assert error < 0.1, f"relative logit error {error:.3f}"
+    assert error < 0.2 * (unrelated - original).norm() / original.norm()
+
+
+def test_fp8_input_is_refused(llama, tmp_path):
+    fp8_job(llama, Fp8Options()).run(tmp_path / "fp8", Console(quiet=True), show_progress=False)
+    with pytest.raises(ConvertError, match="already quantized .* convert from the bf16"):
+        fp8_job(tmp_path / "fp8", Fp8Options())
+    config = json.loads((tmp_path / "fp8" / "config.json").read_text())
+    del config["quantization_config"]
+    (tmp_path / "fp8" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConvertError, match="already holds FP8 tensors"):
+        fp8_job(tmp_path / "fp8", Fp8Options())
+
+
+def test_tp_check_names_every_tensor_vllm_would_refuse(llama, tiny_model_dir):
+    with pytest.raises(ConvertError) as small:
+        fp8_job(tiny_model_dir, Fp8Options())
+    assert "model.layers.0.self_attn.k_proj.weight: 64 output rows per rank" in str(small.value)
+    assert "model.layers.1.self_attn.k_proj.weight" in str(small.value)
+    with pytest.raises(ConvertError) as tp4:
+        fp8_job(llama, Fp8Options(tp=4))
+    message = str(tp4.value)
+    assert "--tp 4" in message and "model.layers.0.self_attn.o_proj.weight: 64 input columns per rank" in message
+    assert "model.layers.1.self_attn.v_proj.weight: 64 output rows per rank" in message
+    assert "smaller --block-size" in message
+    assert fp8_job(llama, Fp8Options(tp=2, block=(32, 32))).weights
