@@ -43,13 +43,13 @@ class ModelConfig:
     attn_implementation: str = "sdpa"
     """transformers attention implementation for training: sdpa or eager."""
     build_if_missing: str = ""
-    """If set and model.path does not exist, build it with this rlx builder ('tiny_math_warmstart')."""
+    """If set and model.path does not exist, build it: tiny_math_warmstart or qwen2_0p5b_random."""
 
     def __post_init__(self) -> None:
         check_choice("model.dtype", self.dtype, DTYPE_CHOICES)
         check_choice("model.rollout_dtype", self.rollout_dtype, ("auto",) + DTYPE_CHOICES)
         check_choice("model.attn_implementation", self.attn_implementation, ("sdpa", "eager"))
-        check_choice("model.build_if_missing", self.build_if_missing, ("", "tiny_math_warmstart"))
+        check_choice("model.build_if_missing", self.build_if_missing, ("", "tiny_math_warmstart", "qwen2_0p5b_random"))
 
     @property
     def engine_dtype(self) -> str:

@@ -69,7 +69,8 @@ def tiny_qwen2_config(vocab_size: int, hidden_size: int = 128, num_layers: int =
 
 def build_tiny_model(out_dir: str | Path, *, hidden_size: int = 128, num_layers: int = 2,
                      num_heads: int = 4, num_kv_heads: int = 2, seed: int = 0,
-                     tie_word_embeddings: bool = True, dtype: str = "float32") -> Path:
+                     tie_word_embeddings: bool = True, dtype: str = "float32",
+                     intermediate_size: int | None = None, vocab_size: int | None = None) -> Path:
     """Build a randomly initialised tiny Qwen2 model + tokenizer in ``out_dir`` and return it."""
     import torch
     from transformers import GenerationConfig, Qwen2ForCausalLM
@@ -77,15 +78,22 @@ def build_tiny_model(out_dir: str | Path, *, hidden_size: int = 128, num_layers:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out_dir)
-    vocab_size = _round_up(len(tokenizer), 64)
+    vocab_size = vocab_size or _round_up(len(tokenizer), 64)
     config = tiny_qwen2_config(vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
-                               tie_word_embeddings=tie_word_embeddings)
+                               intermediate_size=intermediate_size, tie_word_embeddings=tie_word_embeddings)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model.save_pretrained(str(out_dir), safe_serialization=True)
     _pin_dtype(out_dir / "config.json", dtype)
     return out_dir
+
+
+def build_qwen2_0p5b_random(out_dir: str | Path, seed: int = 0) -> Path:
+    """A randomly initialised model of Qwen2.5-0.5B's shape (494M parameters, bfloat16) with the
+    character tokenizer: for GPU throughput runs where a real checkpoint is not at hand."""
+    return build_tiny_model(out_dir, hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, seed=seed,
+                            intermediate_size=4864, vocab_size=151936, dtype="bfloat16")
 
 
 def _pin_dtype(config_path: Path, dtype: str) -> None:

@@ -102,7 +102,7 @@ class Trainer:
         a, t = self.cfg.algorithm, self.cfg.trainer
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
-        tokens = 0.0
+        tokens = seen = 0.0
         for _ in range(t.epochs_per_step):
             for index, mb in self._micro_batches(batch, with_index=True):
                 mb_weights = weights[index] if weights is not None else None
@@ -111,13 +111,16 @@ class Trainer:
                     (loss * self.world).backward()  # FSDP2 averages gradients over ranks; the loss is a global sum
                 mb_tokens = float(mb.mask.sum())
                 tokens += mb_tokens
+                seen += float(mb.attention_mask.sum())
                 sums["loss"] += loss.item()
                 for key, value in stats.items():
                     sums[key] += value * mb_tokens
         with tracer.span("optimizer_step"):
             grad_norm = self._optimizer_step()
         metrics = self._reduce({k: v for k, v in sums.items() if k != "loss"}, tokens)
-        metrics["loss"] = self._reduce({"loss": sums["loss"]}, 1.0 if self.rank == 0 else 0.0)["loss"] / t.epochs_per_step
+        totals = self._reduce({"loss": sums["loss"], "update_tokens": seen}, 1.0 if self.rank == 0 else 0.0)
+        metrics["loss"] = totals["loss"] / t.epochs_per_step
+        metrics["update_tokens"] = totals["update_tokens"]  # prompt + completion tokens through forward+backward
         metrics["grad_norm"] = grad_norm
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         return metrics

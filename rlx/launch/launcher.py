@@ -40,6 +40,12 @@ def build_model(cfg, display: Display) -> None:
 
     from rlx.engine.warmstart import build_tiny_math_warmstart
 
+    if cfg.model.build_if_missing == "qwen2_0p5b_random":
+        from rlx.engine.tiny import build_qwen2_0p5b_random
+
+        display.note(f"building a random Qwen2-0.5B-shaped model into {cfg.model.path}")
+        build_qwen2_0p5b_random(cfg.model.path, seed=cfg.trainer.seed)
+        return
     display.note(f"building the warm-started tiny model into {cfg.model.path} (first run only)")
     with Progress(console=display.console, transient=True) as progress:
         task = progress.add_task("warm start", total=1)
@@ -63,7 +69,10 @@ def run_train(cfg) -> int:
             addresses = cfg.rollout.servers or _start_servers(cfg, procs, config_file, env)
             _start_ranks(cfg, procs, config_file, env)
             procs.watch(lambda msg: _report_death(died, msg))
-            return _run_rank0(cfg, run_dir, addresses, procs, display)
+            code = _run_rank0(cfg, run_dir, addresses, procs, display)
+        if code == 0 and cfg.checkpoint.export_hf:
+            code = _export_hf(run_dir, display)
+        return code
     except ChildDied:
         display.note(f"[red]stopping: {died[0]}[/]")
         return 1
@@ -104,6 +113,20 @@ def _run_rank0(cfg, run_dir: Path, addresses: list[str], procs: ProcessSet, disp
     last = asyncio.run(main())
     tracer.close()
     display.note(f"done: run directory {run_dir}; eval_accuracy={last.get('eval_accuracy', float('nan')):.3f}")
+    return 0
+
+
+def _export_hf(run_dir: Path, display: Display) -> int:
+    """Convert the newest checkpoint to run_dir/hf with `rlx convert-ckpt` (its own process)."""
+    import subprocess
+
+    target = run_dir / "hf"
+    argv = python_argv("rlx", "convert-ckpt", str(run_dir / "checkpoints"), str(target), "--overwrite")
+    result = subprocess.run(argv, capture_output=True, text=True)
+    if result.returncode != 0:
+        display.note(f"[red]export to Hugging Face failed:[/] {result.stderr.strip() or result.stdout.strip()}")
+        return 1
+    display.note(f"exported the final checkpoint to {target} (loads in transformers and vLLM)")
     return 0
 
 

@@ -122,7 +122,7 @@ class RolloutServer:
             log.log(level, "rejected request %d: %s", request.id, problem)
             return p.Reply(id=request.id, ok=False, error=problem)
         try:
-            body = await self._dispatch(request.body)
+            body = await self._dispatch(request.body, request.id)
         except Exception as exc:  # the request fails, the server stays up
             log.exception("request %d (%s) failed", request.id, type(request.body).__name__)
             return p.Reply(id=request.id, ok=False, error=f"{type(exc).__name__}: {exc}")
@@ -137,9 +137,9 @@ class RolloutServer:
             return "deadline already passed when the request arrived"
         return ""
 
-    async def _dispatch(self, body):
+    async def _dispatch(self, body, request_id: int = 0):
         if isinstance(body, p.Generate):
-            return await self._generate(body)
+            return await self._generate(body, request_id)
         if isinstance(body, p.Health):
             return p.HealthResult(backend=self.backend.name, model=self.backend.model_path, paused=self.paused,
                                   weight_version=self.weight_version)
@@ -160,20 +160,24 @@ class RolloutServer:
             return p.Ok()
         return p.AckResult(ack=await self._update(body))
 
-    async def _generate(self, body: p.Generate) -> p.GenerateResult:
+    async def _generate(self, body: p.Generate, request_id: int) -> p.GenerateResult:
         prompts = list(body.prompt_token_ids) or list(body.prompts)
         if not prompts:
             raise ValueError("generate request has no prompts; set prompts or prompt_token_ids")
         self.in_flight += len(prompts)
+        ids = [f"{request_id}.{i}" for i in range(len(prompts))]
+        for rid in ids:
+            tracer.event("queued", request_id=rid, paused=self.paused)
         try:
-            results = await asyncio.gather(*(self._generate_one(prompt, body.sampling) for prompt in prompts))
+            results = await asyncio.gather(*(self._generate_one(prompt, body.sampling, rid)
+                                             for prompt, rid in zip(prompts, ids)))
         finally:
             self.in_flight -= len(prompts)
         self.completed += len(prompts)
         return p.GenerateResult(results=list(results))
 
-    async def _generate_one(self, prompt, sampling: p.SamplingSpec) -> p.PromptResult:
-        with tracer.span("generate", n=sampling.n) as span:
+    async def _generate_one(self, prompt, sampling: p.SamplingSpec, request_id: str) -> p.PromptResult:
+        with tracer.span("generate", request_id=request_id, n=sampling.n) as span:
             result = await self.backend.generate(prompt, sampling)
             tokens = sum(len(s.token_ids) for s in result.samples)
             span.set(prompt_tokens=len(result.prompt_token_ids), completion_tokens=tokens,
