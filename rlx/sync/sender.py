@@ -1,6 +1,7 @@
 """Sender side of weight sync: streams named tensors through a double-buffered shared buffer.
 
-Per sync: ``SyncBegin`` (the buffer's handle) to every receiver, then for bucket k: wait until
+Per sync: ``SyncBegin`` (the buffer's handle) to every receiver -- they map the buffer while the
+first bucket is filled, and its meta goes out once all of them have -- then for bucket k: wait until
 every receiver acknowledged the last bucket that used slot k % num_buffers, copy bucket k into
 that slot (in a worker thread, so the event loop keeps sending and collecting acks), send its
 ``BucketMeta`` to all receivers at once; finally ``SyncEnd``, whose acks say every receiver has
@@ -105,22 +106,27 @@ class WeightSender:
         named_tensors, num_tensors, total_bytes, packed_bytes = _announce(named_tensors)
         slot_bytes = self.bucket_bytes if packed_bytes < 0 else min(self.bucket_bytes, max(packed_bytes, ALIGN_BYTES))
         buffer = self._ensure_buffer(slot_bytes)
-        await self._broadcast(SyncBegin(sync_id, buffer.handle(), num_tensors, total_bytes, self.verify), channels)
+        buffer.receivers_released = False
+        begin = SyncBegin(sync_id, buffer.handle(), num_tensors, total_bytes, self.verify)
+        # receivers map the buffer while the first bucket is being filled; its meta waits for them
+        begun = [asyncio.create_task(self._call(ch, begin, None)) for ch in channels]
         pending: dict[str, _Source] = {}
         counts: collections.Counter = collections.Counter()
         try:
-            await self._stream(sync_id, buffer, self._sources(named_tensors, pending, counts), pending, channels, counts)
+            await self._stream(sync_id, buffer, self._sources(named_tensors, pending, counts), pending, channels,
+                               counts, begun)
         except BaseException:
             self.close()  # never overwrite bytes a slow receiver might still be reading
             raise
         await self._broadcast(SyncEnd(sync_id), channels)
+        buffer.receivers_released = True
         return SyncReport(sync_id, self.transport, self.num_buffers, buffer.slot_bytes, len(channels),
                           counts["tensors"], counts["buckets"], counts["bytes"], time.perf_counter() - start,
                           verified=self.verify)
 
     async def _stream(self, sync_id: int, buffer: SenderBuffer, specs: Iterator[TensorSpec],
                       pending: dict[str, "_Source"], channels: list[SyncChannel],
-                      counts: collections.Counter) -> None:
+                      counts: collections.Counter, begun: list[asyncio.Task]) -> None:
         inflight: list[list[asyncio.Task]] = [[] for _ in range(buffer.num_slots)]
         try:
             for bucket_id, bucket in enumerate(pack_buckets(specs, buffer.slot_bytes)):
@@ -128,15 +134,19 @@ class WeightSender:
                 await self._wait_for_slot(inflight[slot])
                 checksums = await asyncio.to_thread(self._fill, buffer, slot, bucket, pending)
                 _forget_finished(bucket, pending)
+                await _settle(begun)  # every receiver has mapped the buffer
                 meta = BucketMeta(sync_id, bucket_id, slot, bucket.chunks, bucket.is_last, checksums)
                 inflight[slot] += [asyncio.create_task(self._call(ch, SyncBucket(meta), checksums)) for ch in channels]
                 counts["buckets"] += 1
+            await _settle(begun)
             for tasks in inflight:
                 await _settle(tasks)
         finally:
-            for task in (t for tasks in inflight for t in tasks if not t.done()):
-                task.cancel()
-            await asyncio.gather(*(t for tasks in inflight for t in tasks), return_exceptions=True)
+            tasks = begun + [t for slot_tasks in inflight for t in slot_tasks]
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _wait_for_slot(self, tasks: list[asyncio.Task]) -> None:
         """Block until every receiver acknowledged the last bucket in this slot (the invariant
