@@ -20,7 +20,9 @@ _CLASSES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwe
 
 def build_family_model(out_dir: Path, family: str, *, hidden_size: int = 128, num_layers: int = 2,
                        num_heads: int = 4, num_kv_heads: int = 2, head_dim: int | None = None,
-                       tie_word_embeddings: bool = False, dtype: str = "float32", seed: int = 0) -> Path:
+                       tie_word_embeddings: bool = False, dtype: str = "float32", seed: int = 0,
+                       lm_head_scale: float = 1.0) -> Path:
+    """``lm_head_scale`` > 1 makes the next-token distributions peaked (random models are near uniform)."""
     if family == "qwen2":
         return build_tiny_model(out_dir, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
                                 num_kv_heads=num_kv_heads, tie_word_embeddings=tie_word_embeddings,
@@ -38,6 +40,8 @@ def build_family_model(out_dir: Path, family: str, *, hidden_size: int = 128, nu
     torch.manual_seed(seed)
     model = model_cls(config).to(getattr(torch, dtype))
     _randomize_norms(model)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(lm_head_scale)
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model.save_pretrained(str(out_dir), safe_serialization=True)
     config_path = out_dir / "config.json"
