@@ -46,6 +46,7 @@ class Controller:
         self.metrics = MetricsLogger(cfg, run_dir, self.start_step if cfg.trainer.resume else None, {})
         self._prefetch: asyncio.Task | None = None
         self._state_before_prefetch = self.stream.state()
+        self.first_eval = float("nan")
 
     async def run(self) -> dict[str, float]:
         t = self.cfg.trainer
@@ -53,7 +54,7 @@ class Controller:
             await self.sync_weights()  # servers start from model.path; bring them to the checkpoint
         last = {}
         if t.eval_every and self.start_step == 0:
-            last["eval_accuracy"] = await self.collector.evaluate(self.task.eval)
+            last["eval_accuracy"] = self.first_eval = await self.collector.evaluate(self.task.eval)
             self.metrics.log(0, dict(last))
             self.display.step(0, last)
         for step in range(self.start_step + 1, t.total_steps + 1):

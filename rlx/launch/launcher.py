@@ -104,7 +104,8 @@ def _run_rank0(cfg, run_dir: Path, addresses: list[str], procs: ProcessSet, disp
             await client.wait_ready(cfg.rollout.startup_timeout_s, is_alive=alive)
             display.note(f"rollout servers ready: {', '.join(addresses)}")
             controller = Controller(cfg, run_dir, client, trainer, display)
-            return await controller.run()
+            last = await controller.run()
+            return dict(last, first_eval=controller.first_eval)
         finally:
             if controller is not None:
                 controller.close()
@@ -112,7 +113,9 @@ def _run_rank0(cfg, run_dir: Path, addresses: list[str], procs: ProcessSet, disp
 
     last = asyncio.run(main())
     tracer.close()
-    display.note(f"done: run directory {run_dir}; eval_accuracy={last.get('eval_accuracy', float('nan')):.3f}")
+    display.note(f"done: run directory {run_dir}; held-out accuracy {last.get('first_eval', float('nan')):.3f} "
+                 f"-> {last.get('eval_accuracy', float('nan')):.3f}; `rlx plot {run_dir}` draws the curves, "
+                 f"`rlx trace-view {run_dir / 'trace'}` shows the timeline")
     return 0
 
 
