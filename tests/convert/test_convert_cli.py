@@ -102,3 +102,24 @@ def test_hf_reshard_keeps_every_tensor(model, tmp_path):
     assert code == 0, text
     out, src = read_hf_weights(tmp_path / "out"), read_hf_weights(model)
     assert out.keys() == src.keys() and all((out[k] == src[k]).all() for k in src)
+
+
+def test_broken_sources_exit_2_and_stay_untouched(model, tmp_path):
+    import shutil
+
+    from convert_helpers import write_trainer_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    src = tmp_path / "src"
+    shutil.copytree(model, src)
+    shard = src / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-100])
+    before = tree_digest(src)
+    for command in (["fp8-convert", src, tmp_path / "a"], ["convert-ckpt", src, tmp_path / "b", "--to", "torch_dist"]):
+        code, text = _run(*command)
+        assert code == 2 and "model.safetensors is truncated" in text and "re-copy" in text
+    ckpt = write_trainer_checkpoint(tmp_path / "run", AutoModelForCausalLM.from_pretrained(model), model, step=4)
+    (ckpt / "model-00001.safetensors").unlink()
+    code, text = _run("convert-ckpt", ckpt, tmp_path / "c")
+    assert code == 2 and "model-00001.safetensors is listed in the manifest but missing" in text
+    assert tree_digest(src) == before and not any((tmp_path / n).exists() for n in "abc")

@@ -30,25 +30,27 @@ def _weights(rows=300, cols=200):
 @pytest.mark.parametrize("strategy", fq.STRATEGIES)
 def test_dequantization_error_within_the_e4m3_bound(strategy):
     w = _weights()
-    if strategy == "block":
-        q, scale = fq.quantize_block(w, BLOCK)
-    elif strategy == "channel":
-        q, scale = fq.quantize_channel(w)
-    else:
-        q, scale = fq.quantize_tensor(w, float(w.abs().max()))
-    assert q.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32
+    amax = float(w.abs().max()) if strategy == "tensor" else None
+    result = fq.quantize(w, strategy, BLOCK, amax)
+    q, scale = result.q, result.scale
+    assert q.dtype == torch.float8_e4m3fn and q.shape == w.shape and scale.dtype == torch.float32
     assert tuple(scale.shape) == fq.scale_shape(strategy, tuple(w.shape), BLOCK)
     assert torch.isfinite(scale).all() and (scale > 0).all()
     deq = fq.dequantize(q, scale, strategy, BLOCK)
+    torch.testing.assert_close(deq, q.float() * fq.expand_scale(scale, strategy, tuple(w.shape), BLOCK))
     bound = fq.error_bound(w, fq.expand_scale(scale, strategy, tuple(w.shape), BLOCK))
     excess = (deq - w).abs() - bound * (1 + 1e-6)
     assert excess.max() <= 0, f"{int((excess > 0).sum())} elements beyond the e4m3 bound"
     assert ((deq - w).abs().max() / w.abs().max()) <= 2.0**-4
+    # The error the report carries is the error of the dequantized weights.
+    assert result.max_abs_err == pytest.approx(float((deq - w).abs().max()), rel=1e-4)
+    assert result.sum_abs_err == pytest.approx(float((deq - w).abs().double().sum()), rel=1e-3)
 
 
 def test_block_scale_shape_rounds_up_and_zero_blocks_stay_zero():
     w = _weights()
-    q, scale = fq.quantize_block(w, BLOCK)
+    result = fq.quantize(w, "block", BLOCK)
+    q, scale = result.q, result.scale
     assert scale.shape == (3, 2)
     assert scale[1, 1] == fq.MIN_AMAX / fq.FP8_MAX
     zero_block = fq.dequantize(q, scale, "block", BLOCK)[128:256, 128:]

@@ -67,18 +67,13 @@ class QuantizedWeight:
 
     def weight_chunks(self):
         strategy, block = self.options.strategy, self.options.block
-        amax = max((float(w.abs().max()) for w in self._blocks()), default=0.0) if strategy == "tensor" else 0.0
+        amax = max((float(w.abs().max()) for w in self._blocks()), default=0.0) if strategy == "tensor" else None
         self._scales = []
         for w in self._blocks():
-            if strategy == "block":
-                q, scale = fq.quantize_block(w, block)
-            elif strategy == "channel":
-                q, scale = fq.quantize_channel(w)
-            else:
-                q, scale = fq.quantize_tensor(w, amax)
-            self.stats.update(w, fq.dequantize(q, scale, strategy, block))
-            self._scales.append(scale)
-            yield q
+            result = fq.quantize(w, strategy, block, amax)
+            self.stats.add(result, w.numel())
+            self._scales.append(result.scale)
+            yield result.q
 
     def scale_chunks(self):
         if not self._scales:

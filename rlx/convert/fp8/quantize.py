@@ -17,6 +17,7 @@ Left out: activation scales (all strategies here quantize activations dynamicall
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -35,32 +36,63 @@ def scale_shape(strategy: str, shape: tuple[int, int], block: tuple[int, int]) -
     return (1,)
 
 
-def _to_fp8(w: torch.Tensor, scale_full: torch.Tensor) -> torch.Tensor:
-    return (w / scale_full).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+@dataclass
+class Quantized:
+    """FP8 values, their scale, and the dequantization error (absolute, in weight units) they carry."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    max_abs_err: float
+    sum_abs_err: float
+    sum_abs: float
+    amax: float
 
 
-def quantize_block(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """w: [rows, cols] float32 -> (fp8 [rows, cols], float32 scale_inv [ceil(rows/bn), ceil(cols/bk)])."""
-    bn, bk = block
+def _grouped(w: torch.Tensor, strategy: str, block: tuple[int, int]) -> torch.Tensor:
+    """View w [rows, cols] as [G0, a, G1, b]: one scale per (G0, G1) group, zero-padded to whole blocks."""
     rows, cols = w.shape
-    padded = torch.nn.functional.pad(w, (0, -cols % bk, 0, -rows % bn))
-    blocks = padded.reshape(padded.shape[0] // bn, bn, padded.shape[1] // bk, bk)
-    amax = blocks.abs().amax(dim=(1, 3)).clamp_(min=MIN_AMAX)
-    scale = amax / FP8_MAX
-    q = _to_fp8(blocks, scale[:, None, :, None]).reshape(padded.shape)[:rows, :cols].contiguous()
-    return q, scale
+    if strategy == "channel":
+        return w.reshape(rows, 1, 1, cols)
+    if strategy == "tensor":
+        return w.reshape(1, rows, 1, cols)
+    bn, bk = block
+    if rows % bn or cols % bk:
+        w = torch.nn.functional.pad(w, (0, -cols % bk, 0, -rows % bn))
+    return w.reshape(w.shape[0] // bn, bn, w.shape[1] // bk, bk)
 
 
-def quantize_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w: [rows, cols] -> (fp8, float32 scale [rows, 1])."""
-    scale = w.abs().amax(dim=1, keepdim=True).clamp_(min=MIN_AMAX) / FP8_MAX
-    return _to_fp8(w, scale), scale
+def _ungrouped(g: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    rows, cols = shape
+    flat = g.reshape(g.shape[0] * g.shape[1], g.shape[2] * g.shape[3])
+    return flat if flat.shape == (rows, cols) else flat[:rows, :cols].contiguous()
 
 
-def quantize_tensor(w: torch.Tensor, amax: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """w: [rows, cols] (a row block of the tensor) with the whole tensor's ``amax`` -> (fp8, scale [1])."""
-    scale = torch.tensor([max(amax, MIN_AMAX) / FP8_MAX], dtype=torch.float32)
-    return _to_fp8(w, scale), scale
+_FP8_VALUES = torch.arange(256, dtype=torch.uint8).view(FP8_DTYPE).to(torch.float32)
+
+
+def fp8_to_float32(q: torch.Tensor) -> torch.Tensor:
+    """A 256-entry table lookup: about twice as fast as ``q.float()`` on CPUs."""
+    codes = q.contiguous().view(torch.uint8).reshape(-1).to(torch.int32)
+    return torch.index_select(_FP8_VALUES, 0, codes).reshape(q.shape)
+
+
+def quantize(w: torch.Tensor, strategy: str, block: tuple[int, int], amax: float | None = None) -> Quantized:
+    """w: [rows, cols] float32. ``amax``: the whole tensor's max |w| (strategy "tensor", w a row block)."""
+    g = _grouped(w, strategy, block)
+    abs_w = g.abs()
+    group_amax = abs_w.amax(dim=(1, 3))
+    chunk_amax = float(group_amax.max()) if group_amax.numel() else 0.0
+    if amax is not None:
+        group_amax = torch.full_like(group_amax, float(amax))
+    scale = group_amax.clamp_(min=MIN_AMAX) / FP8_MAX
+    scaled = g / scale[:, None, :, None]
+    q = scaled.clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    err = fp8_to_float32(q).sub_(scaled).abs_()  # |q - w/s|; times s it is |deq - w|
+    max_err = float((err.amax(dim=(1, 3)) * scale).max()) if err.numel() else 0.0
+    sum_err = float((err.sum(dim=(1, 3)) * scale).sum())
+    scale = scale.reshape(scale_shape(strategy, tuple(w.shape), block))
+    return Quantized(_ungrouped(q, tuple(w.shape)), scale, max_err, sum_err, float(abs_w.sum()),
+                     chunk_amax)
 
 
 def expand_scale(scale: torch.Tensor, strategy: str, shape: tuple[int, int], block: tuple[int, int]) -> torch.Tensor:
@@ -73,7 +105,8 @@ def expand_scale(scale: torch.Tensor, strategy: str, shape: tuple[int, int], blo
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, strategy: str, block: tuple[int, int]) -> torch.Tensor:
-    return q.to(torch.float32) * expand_scale(scale, strategy, tuple(q.shape), block)
+    g = _grouped(fp8_to_float32(q), strategy, block)
+    return _ungrouped(g * scale.reshape(g.shape[0], 1, g.shape[2], 1), tuple(q.shape))
 
 
 def error_bound(w: torch.Tensor, scale_full: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,6 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -30,14 +29,14 @@ class TensorStats:
     numel: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def update(self, w: torch.Tensor, deq: torch.Tensor) -> None:
-        err = (deq - w).abs_()
+    def add(self, part, numel: int) -> None:
+        """Fold in the error of one quantized row block (an ``rlx.convert.fp8.quantize.Quantized``)."""
         with self._lock:
-            self.max_abs_err = max(self.max_abs_err, float(err.max()) if err.numel() else 0.0)
-            self.sum_abs_err += float(err.sum(dtype=torch.float64))
-            self.sum_abs += float(w.abs().sum(dtype=torch.float64))
-            self.amax = max(self.amax, float(w.abs().max()) if w.numel() else 0.0)
-            self.numel += w.numel()
+            self.max_abs_err = max(self.max_abs_err, part.max_abs_err)
+            self.sum_abs_err += part.sum_abs_err
+            self.sum_abs += part.sum_abs
+            self.amax = max(self.amax, part.amax)
+            self.numel += numel
 
     @property
     def max_rel(self) -> float:

@@ -6,7 +6,8 @@ checks every shape) and saved with megatron's own ``dist_checkpointing.save`` fr
 GPTModel loads, under any TP / PP (torch_dist stores global tensors).
 
 Memory: PyTorch's distributed-checkpoint writer takes the whole state dict in one call, so this
-direction holds one copy of the weights (in the output dtype); ``--dry-run`` prints how much.
+direction holds one copy of the weights (in the output dtype) plus megatron's copy of the fused
+gate/up weights, about 1.6x the model; ``--dry-run`` prints the estimate.
 Left out: optimizer state and RNG (load with ``--finetune --no-load-optim --no-load-rng``).
 """
 
@@ -62,7 +63,8 @@ class TorchDistJob:
                 numel *= dim
             rows.append(PlanRow(rule.mcore, rule.hf, shape, str(dtype).removeprefix("torch."),
                                 numel * dtype.itemsize, file))
-        peak = sum(r.nbytes for r in rows)
+        # The whole state dict, plus megatron's copy of linear_fc1 (its SwiGLU halves are views it clones).
+        peak = sum(r.nbytes for r in rows) + sum(r.nbytes for r in rows if r.name.endswith("linear_fc1.weight"))
         return Plan("Hugging Face -> Megatron torch_dist", str(self.src), str(destination), rows,
                     self.source.total_bytes, peak, list(self.notes))
 
