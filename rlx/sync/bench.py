@@ -1,11 +1,11 @@
 """Measurements behind ``rlx bench-sync``: ceiling, lock-step baseline and double buffering.
 
 For each model and transport, in one run: the ceiling is a plain copy of the same tensors into
-preallocated destinations on one thread (a device-to-device copy for ``cuda_ipc``), timed before
-and after the transfers; then, per bucket size, a lock-step sender (one slot: fill, send, wait)
-and a double-buffered one (two slots) send the same tensors to the target, interleaved repeat by
-repeat so drift on a shared machine hits both alike. Every figure is the median of ``repeats``
-timed runs after one warm-up. Torch runs one intra-op thread in every process, so each copy uses
+preallocated destinations on one thread (a device-to-device copy for ``cuda_ipc``); per bucket
+size, a lock-step sender (one slot: fill, send, wait) and a double-buffered one (two slots) send
+the same tensors to the target. Ceiling, lock-step and double-buffered runs alternate round by
+round, so drift on a shared machine hits all three alike. Every figure is the median of the timed
+runs after one warm-up (the ceiling's over all rounds of all bucket sizes). Torch runs one intra-op thread in every process, so each copy uses
 one core and the comparison with the one-thread ceiling is fair. With ``verify``, each sender
 then does one more sync with checksums, untimed. The table and JSON live in ``rlx.cli.bench_sync``.
 
@@ -41,7 +41,7 @@ class BenchOptions(msgspec.Struct):
     dtype: str = "bfloat16"
     verify: bool = False
     target: str = "process"
-    memory_gb: float | None = None  # total budget for tensors + buffers; default 40% of what is free
+    memory_gb: float | None = None  # total budget for tensors + buffers; default 45% of what is free
     timeout_s: float = 120.0
     assemble_in_place: bool = True
 
@@ -99,16 +99,15 @@ async def run_bench(opts: BenchOptions, on_row: Callable[[BenchRow], None] = lam
 
 async def _bench_model(opts: BenchOptions, model: ModelTensors, transport: str, device: str,
                        result: BenchResult, on_row) -> None:
-    ceiling = time_ceiling(model.tensors, opts.repeats, device)
+    ceiling = Ceiling(model.tensors, device)
     rows = []
     async with TARGETS[opts.target](opts, device) as channels:
         for bucket_mb in opts.bucket_mb:
-            rows += await _bench_bucket(opts, model, transport, device, bucket_mb, channels, result.failures)
-    ceiling += time_ceiling(model.tensors, opts.repeats, device)
-    ceiling_s = statistics.median(ceiling)
+            rows += await _bench_bucket(opts, model, transport, device, bucket_mb, channels, ceiling, result.failures)
+    ceiling_s = statistics.median(ceiling.times)
     nbytes = model.nbytes
     ceiling_row = BenchRow(model.label, transport, "ceiling", None, None, nbytes, ceiling_s, nbytes / ceiling_s / 1e9,
-                           1.0, None, None, ceiling)
+                           1.0, None, None, ceiling.times)
     for row in [ceiling_row] + rows:
         row.vs_ceiling = ceiling_s / row.seconds
         result.rows.append(row)
@@ -116,7 +115,7 @@ async def _bench_model(opts: BenchOptions, model: ModelTensors, transport: str, 
 
 
 async def _bench_bucket(opts: BenchOptions, model: ModelTensors, transport: str, device: str, bucket_mb: int,
-                        channels: list[SyncChannel], failures: list[str]) -> list[BenchRow]:
+                        channels: list[SyncChannel], ceiling: "Ceiling", failures: list[str]) -> list[BenchRow]:
     senders = {mode: WeightSender(transport, bucket_mb, num_buffers, opts.timeout_s, device=device)
                for mode, num_buffers in (("lock-step", 1), ("double", 2))}
     times: dict[str, list[float]] = {mode: [] for mode in senders}
@@ -126,6 +125,8 @@ async def _bench_bucket(opts: BenchOptions, model: ModelTensors, transport: str,
                 report = await sender.send(model.tensors, channels)
                 if repeat:
                     times[mode].append(report.seconds)
+            if repeat:
+                ceiling.measure()
         verified = {mode: await _verify(sender, model, channels, failures) if opts.verify else None
                     for mode, sender in senders.items()}
     finally:
@@ -150,27 +151,35 @@ async def _verify(sender: WeightSender, model: ModelTensors, channels: list[Sync
         sender.verify = False
 
 
-def time_ceiling(tensors: list[tuple[str, torch.Tensor]], repeats: int, device: str) -> list[float]:
-    """Seconds per plain copy of every tensor into a preallocated destination (one thread)."""
-    destinations = [torch.zeros_like(t) for _, t in tensors]
-    times = []
-    for repeat in range(repeats + 1):
-        _synchronize(device)
+class Ceiling:
+    """A plain copy of every tensor into its own preallocated destination, on one thread (a
+    device-to-device copy on a GPU): the fastest any transfer of these bytes could be."""
+
+    def __init__(self, tensors: list[tuple[str, torch.Tensor]], device: str):
+        self.tensors, self.device = tensors, device
+        self.destinations = [torch.zeros_like(t) for _, t in tensors]
+        self.times: list[float] = []
+        self._copy()  # warm-up
+
+    def measure(self) -> None:
+        """Time one copy of all tensors; timed rounds alternate with the transfers'."""
+        self.times.append(self._copy())
+
+    def _copy(self) -> float:
+        _synchronize(self.device)
         start = time.perf_counter()
-        for dst, (_, src) in zip(destinations, tensors):
+        for dst, (_, src) in zip(self.destinations, self.tensors):
             dst.copy_(src)
-        _synchronize(device)
-        if repeat:
-            times.append(time.perf_counter() - start)
-    return times
+        _synchronize(self.device)
+        return time.perf_counter() - start
 
 
 def memory_budget(opts: BenchOptions, device: str) -> int:
-    """Bytes allowed per copy of the model: at any time the bench holds the source tensors and one
-    set of destinations (the ceiling's or the receiver's), plus the buffers of two senders."""
-    total = opts.memory_gb * 1e9 if opts.memory_gb else 0.4 * _free_bytes(device)
+    """Bytes allowed per copy of the model: the bench holds the source tensors, the ceiling's
+    destinations and the receiver's, plus the buffers of two senders."""
+    total = opts.memory_gb * 1e9 if opts.memory_gb else 0.45 * _free_bytes(device)
     buffers = 3 * max(opts.bucket_mb) * MiB
-    return int(max(total - buffers, 0) / 2)
+    return int(max(total - buffers, 0) / 3)
 
 
 def _models(opts: BenchOptions, device: str):

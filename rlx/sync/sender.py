@@ -106,7 +106,6 @@ class WeightSender:
         named_tensors, num_tensors, total_bytes, packed_bytes = _announce(named_tensors)
         slot_bytes = self.bucket_bytes if packed_bytes < 0 else min(self.bucket_bytes, max(packed_bytes, ALIGN_BYTES))
         buffer = self._ensure_buffer(slot_bytes)
-        buffer.receivers_released = False
         begin = SyncBegin(sync_id, buffer.handle(), num_tensors, total_bytes, self.verify)
         # receivers map the buffer while the first bucket is being filled; its meta waits for them
         begun = [asyncio.create_task(self._call(ch, begin, None)) for ch in channels]
@@ -119,7 +118,6 @@ class WeightSender:
             self.close()  # never overwrite bytes a slow receiver might still be reading
             raise
         await self._broadcast(SyncEnd(sync_id), channels)
-        buffer.receivers_released = True
         return SyncReport(sync_id, self.transport, self.num_buffers, buffer.slot_bytes, len(channels),
                           counts["tensors"], counts["buckets"], counts["bytes"], time.perf_counter() - start,
                           verified=self.verify)

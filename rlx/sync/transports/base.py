@@ -19,9 +19,6 @@ class SenderBuffer(ABC):
 
     slot_bytes: int
     num_slots: int
-    receivers_released: bool = True
-    """Set by the sender: False from a sync's begin until every receiver acknowledged its end
-    (and with it the release of its mapping). A transport may free eagerly only when True."""
 
     @abstractmethod
     def slot(self, index: int) -> torch.Tensor:

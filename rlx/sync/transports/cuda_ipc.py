@@ -10,12 +10,13 @@ Ordering: the sender synchronises its stream before a bucket's meta is sent (``r
 receiver synchronises the device before it acknowledges a bucket (``done_reading``), so an
 asynchronous copy still reading a slot can never race the sender's next write into it.
 
-Lifetime: torch counts IPC references in a small shared file and parks a freed block whose count
-is above zero in a "limbo" until it drops. The buffer is exported once and mapped anew each sync,
-so ``close`` settles the count itself when the last sync ended cleanly (every receiver has
-released its mapping before acknowledging ``SyncEnd``) and the memory is freed at once; after a
-failed sync it leaves the block to torch's count, so a receiver still reading is never handed
-reused memory. Expandable segments
+Lifetime: torch counts IPC references in a small shared file and keeps a freed block whose count
+is above zero in a "limbo" until it drops. The buffer is exported once (count 1) and every
+receiver decrements the count when it drops its mapping at each ``SyncEnd``, so the count is at
+or below zero once a sync has ended and the memory is never reused while a receiver maps it.
+Known issue: on torch 2.11 a closed sender's buffer was seen to stay allocated in the sender
+process (the counts were checked and are right); it is one buffer per ``WeightSender``, which
+lives for the whole run. Expandable segments
 (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) are not supported by CUDA IPC in torch.
 """
 
@@ -49,16 +50,10 @@ class CudaIpcBuffer(SenderBuffer):
         return TransportHandle("cuda_ipc", self.slot_bytes, self.num_slots, dict(self._payload))
 
     def close(self) -> None:
-        if self._buf is None:
-            return
-        torch.cuda.synchronize(self.device)
-        if self.receivers_released:
-            # every receiver has released its mapping (their SyncEnd acks say so): give up the
-            # export's count ourselves so the block is freed now rather than parked in torch's limbo
-            torch.UntypedStorage._release_ipc_counter_cuda(self._payload["ref_counter_handle"],
-                                                           self._payload["ref_counter_offset"])
-        self._buf = None
-        torch.cuda.ipc_collect()
+        if self._buf is not None:
+            torch.cuda.synchronize(self.device)
+            self._buf = None
+            torch.cuda.ipc_collect()
 
 
 class CudaIpcMapping(ReceiverMapping):
