@@ -20,6 +20,7 @@ from rich.console import Console
 
 from rlx.convert.destination import staged_directory
 from rlx.convert.hf_write import copy_model_files, target_dtype, write_shards
+from rlx.convert.memory import release_freed_buffers
 from rlx.convert.plan import Plan, PlanRow
 from rlx.convert.progress import byte_progress
 from rlx.convert.safetensors_io import SafetensorsDir
@@ -65,6 +66,7 @@ class HFJob:
 
     def run(self, destination: Path, console: Console | None = None, show_progress: bool = True) -> RunSummary:
         start = time.perf_counter()
+        release_freed_buffers()
         bytes_out = sum(s.nbytes for s in self.shards)
         with staged_directory(destination) as tmp, self.context():
             copy_model_files(self.template, tmp, self.dtype)

@@ -29,6 +29,7 @@ from rlx.convert.fp8.report import Fp8Report, TensorStats
 from rlx.convert.fp8.tp_check import check_all
 from rlx.convert.hf_job import row_chunks
 from rlx.convert.hf_write import copy_model_files, write_shards
+from rlx.convert.memory import release_freed_buffers
 from rlx.convert.plan import Plan, PlanRow
 from rlx.convert.progress import byte_progress
 from rlx.convert.safetensors_io import INDEX_NAME, SafetensorsDir, TensorInfo
@@ -107,6 +108,7 @@ class Fp8Job:
 
     def run(self, destination: Path, console: Console | None = None, show_progress: bool = True) -> Fp8Report:
         start = time.perf_counter()
+        release_freed_buffers()
         bytes_out = sum(s.nbytes for s in self.shards)
         with staged_directory(destination) as tmp:
             copy_model_files(self.src, tmp, None)
