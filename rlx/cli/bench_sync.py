@@ -20,13 +20,13 @@ def bench_sync(
     preset: list[str] = typer.Option(_PRESETS, "--preset", help="Synthetic Qwen2-shaped model: 0.5b, 1.5b, 7b (repeatable)."),
     model: Optional[Path] = typer.Option(None, "--model", help="A Hugging Face model directory to send instead of presets."),
     transport: list[str] = typer.Option(["shm"], "--transport", help="shm (CPU) or cuda_ipc (GPU) (repeatable)."),
-    bucket_mb: list[int] = typer.Option([32, 128, 512], "--bucket-mb", help="Bucket (slot) size in MiB (repeatable)."),
+    bucket_mb: Optional[list[int]] = typer.Option(None, "--bucket-mb", help="Bucket (slot) size in MiB (repeatable); default 16, 32, 64 for shm and 64, 256, 1024 for cuda_ipc."),
     repeats: int = typer.Option(3, "--repeats", help="Timed runs per measurement, after one warm-up; the median is shown."),
     dtype: str = typer.Option("bfloat16", "--dtype", help="dtype of synthetic weights."),
     verify: bool = typer.Option(False, "--verify", help="One more sync per sender with per-tensor checksums; exit 1 on a mismatch."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write all results (every timing) to this JSON file."),
     target: str = typer.Option("process", "--target", help="Where the receivers run: process (a local receiver process)."),
-    memory_gb: Optional[float] = typer.Option(None, "--memory-gb", help="Memory budget in GB (default: 40% of what is free); presets that do not fit lose layers."),
+    memory_gb: Optional[float] = typer.Option(None, "--memory-gb", help="Memory budget in GB (default: 45% of what is free); presets that do not fit lose layers."),
     timeout_s: float = typer.Option(120.0, "--timeout-s", help="Deadline for each acknowledgement, in seconds."),
     assemble_in_place: bool = typer.Option(True, "--assemble-in-place/--no-assemble-in-place", help="The receiver assembles split tensors straight into its destination (one copy fewer)."),
 ) -> None:
@@ -38,7 +38,7 @@ def bench_sync(
     from rlx.sync.bench import BenchOptions, run_bench
 
     opts = BenchOptions(presets=list(preset), model=str(model) if model else None, transports=list(transport),
-                        bucket_mb=list(bucket_mb), repeats=repeats, dtype=dtype, verify=verify, target=target,
+                        bucket_mb=list(bucket_mb) if bucket_mb else None, repeats=repeats, dtype=dtype, verify=verify, target=target,
                         memory_gb=memory_gb, timeout_s=timeout_s, assemble_in_place=assemble_in_place)
     with user_errors():
         if model is not None and not model.is_dir():
@@ -79,7 +79,8 @@ def _table(result):
 
 
 def _footer(opts, result) -> list[str]:
-    lines = [f"median of {opts.repeats} timed runs after one warm-up; torch pinned to 1 thread in the bench and "
+    lines = [f"median of {opts.repeats} timed runs after one warm-up (ceiling: of all rounds, which alternate with "
+             "the transfers'); torch pinned to 1 thread in the bench and "
              "the receiver process, so every copy uses one core. ceiling = one-thread copy of the same tensors "
              "(device-to-device for cuda_ipc); lock-step = one slot (fill, send, wait for the ack); double = two slots. x ceil / x lock = throughput over the "
              "ceiling's / the lock-step sender's at the same bucket size; ok = checksums matched (--verify)."]

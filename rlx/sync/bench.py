@@ -36,7 +36,7 @@ class BenchOptions(msgspec.Struct):
     presets: list[str] = msgspec.field(default_factory=lambda: ["0.5b", "1.5b", "7b"])
     model: str | None = None  # a Hugging Face directory; replaces the presets
     transports: list[str] = msgspec.field(default_factory=lambda: ["shm"])
-    bucket_mb: list[int] = msgspec.field(default_factory=lambda: [32, 128, 512])
+    bucket_mb: list[int] | None = None  # None: DEFAULT_BUCKET_MB of each transport
     repeats: int = 3
     dtype: str = "bfloat16"
     verify: bool = False
@@ -44,6 +44,11 @@ class BenchOptions(msgspec.Struct):
     memory_gb: float | None = None  # total budget for tensors + buffers; default 45% of what is free
     timeout_s: float = 120.0
     assemble_in_place: bool = True
+
+
+# shm pays for mapping the slots at every sync and wants short pipeline fills: small buckets;
+# cuda_ipc pays a fixed cost per bucket (round trip, stream syncs): large ones
+DEFAULT_BUCKET_MB = {"shm": [16, 32, 64], "cuda_ipc": [64, 256, 1024]}
 
 
 class BenchRow(msgspec.Struct):
@@ -102,7 +107,7 @@ async def _bench_model(opts: BenchOptions, model: ModelTensors, transport: str, 
     ceiling = Ceiling(model.tensors, device)
     rows = []
     async with TARGETS[opts.target](opts, device) as channels:
-        for bucket_mb in opts.bucket_mb:
+        for bucket_mb in _bucket_sizes(opts, transport):
             rows += await _bench_bucket(opts, model, transport, device, bucket_mb, channels, ceiling, result.failures)
     ceiling_s = statistics.median(ceiling.times)
     nbytes = model.nbytes
@@ -178,8 +183,12 @@ def memory_budget(opts: BenchOptions, device: str) -> int:
     """Bytes allowed per copy of the model: the bench holds the source tensors, the ceiling's
     destinations and the receiver's, plus the buffers of two senders."""
     total = opts.memory_gb * 1e9 if opts.memory_gb else 0.45 * _free_bytes(device)
-    buffers = 3 * max(opts.bucket_mb) * MiB
+    buffers = 3 * max(max(_bucket_sizes(opts, t)) for t in opts.transports) * MiB
     return int(max(total - buffers, 0) / 3)
+
+
+def _bucket_sizes(opts: BenchOptions, transport: str) -> list[int]:
+    return opts.bucket_mb or DEFAULT_BUCKET_MB[transport]
 
 
 def _models(opts: BenchOptions, device: str):
@@ -201,7 +210,7 @@ def _check(opts: BenchOptions) -> None:
         bad = [v for v in values if v not in allowed]
         if bad:
             raise ValueError(f"{name} {', '.join(bad)} is not one of {', '.join(allowed)}")
-    if opts.repeats < 1 or min(opts.bucket_mb) < 1:
+    if opts.repeats < 1 or min(opts.bucket_mb or [1]) < 1:
         raise ValueError("--repeats and --bucket-mb must be >= 1")
     if "cuda_ipc" in opts.transports and not torch.cuda.is_available():
         raise ValueError("--transport cuda_ipc needs a CUDA GPU; this machine has none (use --transport shm)")

@@ -14,6 +14,7 @@ parent (``--parent-pid``) is gone, so a crashed bench never leaves it behind.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -141,6 +142,9 @@ def serve(address: str, handler: SyncRequestHandler, parent_pid: int | None = No
         handler.receiver.close()
         socket.close(linger=0)
         context.term()
+        if address.startswith("ipc://"):
+            with contextlib.suppress(OSError):
+                os.unlink(address.removeprefix("ipc://"))
 
 
 def frames_reply(frames: list[bytes], handler: SyncRequestHandler) -> list[bytes]:

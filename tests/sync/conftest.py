@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 
 import pytest
 
+from rlx.sync.local_receiver import start_receiver, stop_receiver
 from rlx.sync.sender import WeightSender
 from rlx.sync.zmq_channel import ZmqSyncChannel
-
-from rlx.sync.local_receiver import start_receiver, stop_receiver
 
 
 @pytest.fixture(scope="module")
@@ -19,6 +19,7 @@ def receiver_address():
     proc, address = start_receiver("--torch-threads", "1", name="test receiver")
     yield address
     stop_receiver(proc)
+    _remove_socket(address)
 
 
 @pytest.fixture
@@ -28,12 +29,18 @@ def spawn_receiver():
 
     def spawn(*args: str, name: str = "test receiver"):
         proc, address = start_receiver(*args, name=name)
-        procs.append(proc)
+        procs.append((proc, address))
         return proc, address
 
     yield spawn
-    for proc in procs:
+    for proc, address in procs:
         stop_receiver(proc)
+        _remove_socket(address)  # a receiver killed by a test cannot remove it itself
+
+
+def _remove_socket(address: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(address.removeprefix("ipc://"))
 
 
 @pytest.fixture
