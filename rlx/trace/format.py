@@ -1,0 +1,109 @@
+"""The trace file format: one JSON object per line, one file per process.
+
+A file is ``<trace_dir>/<name>.<pid>.jsonl``. Its first line is a header; every later line is a
+span begin, a span end or an instant event, tagged by the ``k`` field:
+
+- ``H`` header: ``format="rlx-trace"``, ``version``, process ``name``, ``role``, ``pid``,
+  ``host``, and the clocks read together at start: ``wall_ns`` (Unix time) and ``mono_ns``
+  (CLOCK_MONOTONIC). All later timestamps ``t`` are nanoseconds of the monotonic clock since
+  ``mono_ns``, so a process's events never jump with NTP, and ``wall_ns + t`` places them on one
+  timeline with every other process (exact on one host, as good as NTP across hosts).
+- ``B`` span begin: span id ``i`` (unique in the file), parent span id ``p`` (0 = none), name
+  ``n``, time ``t``, request id ``r`` (hoisted out of the attributes so that the viewer can put
+  the span on a per-request lane without decoding them), attributes ``a``.
+- ``E`` span end: ``i``, ``t``, ``r`` (if set only at the end), attributes added with ``span.set(...)`` in ``a``, and ``err``
+  (``"ExcType: message"``) when the span exited with an exception.
+- ``I`` instant event: ``n``, ``t``, enclosing span ``p``, ``r``, ``a``.
+
+A span is written at begin and at end, so a process that dies or hangs leaves its open spans in
+the file (the viewer draws them as unfinished). Absent optional fields are omitted. Record structs are ``gc=False`` (they hold no cycles), which
+halves the time to decode a million of them. This module
+holds only the record types and their codecs; writing is in ``tracer.py``, reading in
+``loader.py``. No pickle: records are plain JSON, safe to read from anyone.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+FORMAT_NAME = "rlx-trace"
+FORMAT_VERSION = 1
+REQUEST_KEY = "request_id"
+
+
+NO_ATTRS = msgspec.Raw()
+"""The ``a`` of a record without attributes (omitted when written). Writers put a dict in ``a``;
+readers get the attributes as undecoded JSON (``msgspec.Raw``), decoded only when shown."""
+
+
+class Header(msgspec.Struct, tag="H", tag_field="k", kw_only=True):
+    format: str
+    version: int
+    name: str
+    role: str
+    pid: int
+    host: str
+    wall_ns: int
+    mono_ns: int
+
+
+class Begin(msgspec.Struct, tag="B", tag_field="k", kw_only=True, omit_defaults=True,
+             gc=False):
+    i: int
+    n: str
+    t: int
+    p: int = 0
+    r: Union[str, int, None] = None
+    a: msgspec.Raw = NO_ATTRS
+
+
+class End(msgspec.Struct, tag="E", tag_field="k", kw_only=True, omit_defaults=True,
+             gc=False):
+    i: int
+    t: int
+    r: Union[str, int, None] = None
+    a: msgspec.Raw = NO_ATTRS
+    err: Union[str, None] = None
+
+
+class Instant(msgspec.Struct, tag="I", tag_field="k", kw_only=True, omit_defaults=True,
+             gc=False):
+    n: str
+    t: int
+    p: int = 0
+    r: Union[str, int, None] = None
+    a: msgspec.Raw = NO_ATTRS
+
+
+Record = Union[Begin, End, Instant]
+
+
+def _to_json_safe(obj: object) -> object:
+    """Encode what JSON cannot (numpy scalars, tensors, paths) as a number or its str()."""
+    item = getattr(obj, "item", None)
+    if callable(item):
+        try:
+            return item()
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    return str(obj)
+
+
+encoder = msgspec.json.Encoder(enc_hook=_to_json_safe)
+header_decoder = msgspec.json.Decoder(Header)
+record_decoder = msgspec.json.Decoder(Record)
+records_decoder = msgspec.json.Decoder(list[Record])
+attrs_decoder = msgspec.json.Decoder(dict)
+
+
+def decode_attrs(raw: msgspec.Raw | bytes | None) -> dict:
+    """The attribute dict of a record (empty when it had none or they do not decode)."""
+    if raw is None or raw is NO_ATTRS:
+        return {}
+    try:
+        value = attrs_decoder.decode(raw)
+    except msgspec.DecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}

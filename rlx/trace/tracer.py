@@ -1,0 +1,302 @@
+"""The process-wide tracer: spans and instant events written as JSON lines, off by default.
+
+    from rlx.trace import tracer
+    tracer.configure("runs/x/trace", role="rollout", name="rollout0")   # or configure_from_env
+    with tracer.span("generate", request_id=rid, prompt_tokens=n) as span:
+        ...
+        span.set(completion_tokens=k, finish_reason="stop")
+    tracer.event("request_queued", request_id=rid)
+
+Guarantees, in order of importance:
+
+- Tracing never breaks the traced code. An exception inside a span is recorded and re-raised
+  unchanged; an error of the tracer itself (disk full, an attribute JSON cannot hold) disables
+  or degrades tracing with one warning on stderr, never an exception in the caller.
+- Off costs a function call: ``span()`` returns a shared no-op object, ``event()`` returns.
+- Nesting follows ``contextvars``, so the parent of a span is right in threads and across
+  ``await`` (each asyncio task sees the span it was created under).
+- Every line goes to the operating system as one ``write`` when it happens (the file is opened
+  unbuffered, ``O_APPEND``): a crash, even SIGKILL, loses nothing already written, and threads
+  never interleave partial lines. ``flush()`` therefore has nothing to push; it exists so that
+  callers need not know that (and ``os.fsync`` is deliberately not called: power loss is out of
+  scope, the page cache is enough).
+
+Left out: sampling, remote collectors and log rotation. A process that forks keeps tracing into
+a new file named with the child's pid; spans the parent opened are not ended in the child's file.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import itertools
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from rlx.trace.format import (FORMAT_NAME, FORMAT_VERSION, NO_ATTRS, REQUEST_KEY, Begin, End,
+                              Header, Instant, encoder)
+
+ENV_TRACE_DIR = "RLX_TRACE_DIR"
+_MAX_ERROR_CHARS = 500
+
+_current_span: contextvars.ContextVar[int] = contextvars.ContextVar("rlx_trace_span", default=0)
+
+
+class _NoopSpan:
+    """What ``span()`` returns when tracing is off: every method does nothing."""
+
+    __slots__ = ()
+    id = 0
+
+    def __enter__(self) -> "_NoopSpan":
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        return False
+
+    async def __aenter__(self) -> "_NoopSpan":
+        return self
+
+    async def __aexit__(self, *exc: object) -> bool:
+        return False
+
+    def set(self, **attrs: Any) -> None:
+        pass
+
+
+NOOP_SPAN = _NoopSpan()
+
+
+class Span:
+    """A live span: written at ``__enter__`` (begin) and ``__exit__`` (end, with ``set`` attrs)."""
+
+    __slots__ = ("_tracer", "_generation", "name", "attrs", "id", "parent", "_token", "_extra")
+
+    def __init__(self, tracer: "Tracer", name: str, attrs: dict) -> None:
+        self._tracer = tracer
+        self._generation = tracer._generation
+        self.name = name
+        self.attrs = attrs
+        self.id = 0
+        self.parent = 0
+        self._token: contextvars.Token | None = None
+        self._extra: dict | None = None
+
+    def set(self, **attrs: Any) -> None:
+        """Add attributes; they are written with the span's end."""
+        if self._extra is None:
+            self._extra = attrs
+        else:
+            self._extra.update(attrs)
+
+    def __enter__(self) -> "Span":
+        self.id = next(self._tracer._ids)
+        self.parent = _current_span.get()
+        self._token = _current_span.set(self.id)
+        self._tracer._write_begin(self)
+        return self
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> bool:
+        self._restore_parent()
+        if self._generation == self._tracer._generation:
+            self._tracer._write_end(self, _describe(exc_type, exc))
+        return False
+
+    async def __aenter__(self) -> "Span":
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> bool:
+        return self.__exit__(exc_type, exc, tb)
+
+    def _restore_parent(self) -> None:
+        try:
+            _current_span.reset(self._token)
+        except ValueError:  # exited in another context (e.g. a generator resumed elsewhere)
+            _current_span.set(self.parent)
+
+
+def _describe(exc_type: type | None, exc: BaseException | None) -> str | None:
+    if exc_type is None:
+        return None
+    text = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
+    return text[:_MAX_ERROR_CHARS]
+
+
+class Tracer:
+    """Writes this process's spans and events to ``<trace_dir>/<name>.<pid>.jsonl`` once configured."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._ids = itertools.count(1)
+        self._generation = 0
+        self._mono0 = 0
+        self._dir: Path | None = None
+        self._role = ""
+        self._name = ""
+        self.path: Path | None = None
+
+    # -- switching on and off -------------------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        return self._fd is not None
+
+    def configure(self, trace_dir: str | Path, role: str, name: str) -> Path:
+        """Start writing this process's trace into ``trace_dir``; returns the file path."""
+        _check_name("role", role)
+        _check_name("name", name)
+        self.close()
+        self._dir, self._role, self._name = Path(trace_dir), role, name
+        self._open()
+        return self.path
+
+    def configure_from_env(self, role: str, name: str) -> bool:
+        """Enable tracing iff ``RLX_TRACE_DIR`` is set (how child processes inherit it)."""
+        trace_dir = os.environ.get(ENV_TRACE_DIR, "")
+        if not trace_dir:
+            return False
+        self.configure(trace_dir, role, name)
+        return True
+
+    def flush(self) -> None:
+        """Nothing to do: each line is written to the OS when it happens (see module docstring)."""
+
+    def close(self) -> None:
+        """Stop tracing; spans still open are left unfinished in the file."""
+        fd, self._fd = self._fd, None
+        self._generation += 1
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    # -- recording ------------------------------------------------------------------------
+
+    def span(self, name: str, /, **attrs: Any) -> Span | _NoopSpan:
+        """A context manager (sync or async) timing its body; ``as s`` gives ``s.set(...)``."""
+        if self._fd is None:
+            return NOOP_SPAN
+        return Span(self, name, attrs)
+
+    def event(self, name: str, /, **attrs: Any) -> None:
+        """An instant event, attached to the enclosing span."""
+        if self._fd is None:
+            return
+        rid = attrs.pop(REQUEST_KEY, None)
+        self._write(Instant(n=name, t=self._now(), p=_current_span.get(), r=rid, a=attrs or NO_ATTRS))
+
+    def traced(self, name: str | Callable | None = None, /, **attrs: Any) -> Callable:
+        """Decorator: run each call of a sync or async function inside a span."""
+        if callable(name):
+            return self.traced(None)(name)
+
+        def decorate(fn: Callable) -> Callable:
+            return _wrap(self, fn, name or fn.__qualname__, attrs)
+
+        return decorate
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _now(self) -> int:
+        return time.monotonic_ns() - self._mono0
+
+    def _write_begin(self, span: Span) -> None:
+        attrs = span.attrs
+        rid = attrs.pop(REQUEST_KEY, None) if REQUEST_KEY in attrs else None
+        self._write(Begin(i=span.id, n=span.name, t=self._now(), p=span.parent, r=rid, a=attrs or NO_ATTRS))
+
+    def _write_end(self, span: Span, err: str | None) -> None:
+        extra = span._extra
+        rid = extra.pop(REQUEST_KEY, None) if extra and REQUEST_KEY in extra else None
+        self._write(End(i=span.id, t=self._now(), r=rid, a=extra or NO_ATTRS, err=err))
+
+    def _write(self, record: object) -> None:
+        fd = self._fd
+        if fd is None:
+            return
+        try:
+            data = encoder.encode(record)
+        except (TypeError, ValueError, OverflowError) as exc:
+            data = encoder.encode(_without_attrs(record, exc))
+        try:
+            os.write(fd, data + b"\n")
+        except OSError as exc:
+            _warn(f"tracing to {self.path} stopped: {exc}; the traced program goes on without it")
+            self.close()
+
+    def _open(self) -> None:
+        pid = os.getpid()
+        try:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            self.path = self._dir / f"{self._name}.{pid}.jsonl"
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:
+            raise ValueError(f"cannot write the trace into {self._dir}: {exc}; set trace.dir "
+                             f"(or {ENV_TRACE_DIR}) to a writable directory") from None
+        self._mono0 = time.monotonic_ns()
+        header = Header(format=FORMAT_NAME, version=FORMAT_VERSION, name=self._name, role=self._role,
+                        pid=pid, host=socket.gethostname(), wall_ns=time.time_ns(), mono_ns=self._mono0)
+        self._fd = fd
+        self._generation += 1
+        self._write(header)
+
+    def _after_fork_in_child(self) -> None:
+        if self._fd is None:
+            return
+        os.close(self._fd)
+        self._fd = None
+        self._generation += 1
+        try:
+            self._open()
+        except ValueError as exc:
+            _warn(f"tracing stopped in forked child {os.getpid()}: {exc}")
+
+
+def _wrap(tracer: Tracer, fn: Callable, name: str, attrs: dict) -> Callable:
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            if tracer._fd is None:
+                return await fn(*args, **kwargs)
+            with tracer.span(name, **attrs):
+                return await fn(*args, **kwargs)
+
+        return async_wrapper
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if tracer._fd is None:
+            return fn(*args, **kwargs)
+        with tracer.span(name, **attrs):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _without_attrs(record: Any, exc: Exception) -> Any:
+    """The record with its attributes replaced by the reason they could not be written."""
+    record.a = {"trace_error": f"attributes not JSON-serialisable: {exc}"[:_MAX_ERROR_CHARS]}
+    return record
+
+
+def _check_name(what: str, value: str) -> None:
+    if not value or "/" in value or "\\" in value or value.startswith("."):
+        raise ValueError(f"trace {what}={value!r} must be a non-empty file-name part without '/' "
+                         f"or a leading '.', e.g. 'trainer0'")
+
+
+def _warn(message: str) -> None:
+    try:
+        print(f"rlx trace: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+tracer = Tracer()
+os.register_at_fork(after_in_child=tracer._after_fork_in_child)
