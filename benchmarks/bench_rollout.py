@@ -1,0 +1,149 @@
+"""Rollout throughput: tokens/s through `rlx rollout-serve` versus vLLM called in process.
+
+Both sides run the same engine (vLLM's AsyncLLM, same model, dtype, memory fraction and seed)
+on the same prompts with the same sampling, all requests in flight at once; the server adds
+ZeroMQ, msgpack and the server's bookkeeping. With ``--trace`` a third row runs the server
+with tracing on (the cost of tracing). All engines stay up and take timed rounds in turn (after one
+warm-up round each), so load and drift hit every path alike; a row is the median of ``--repeats``. Prints a table and writes JSON (``--json``).
+
+    python benchmarks/bench_rollout.py [--model DIR] [--prompts 256] [--n 4] [--max-tokens 64] [--trace]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def prompts_for(count: int) -> list[str]:
+    return [f"{i % 97}+{(i * 7) % 89}=" for i in range(count)]
+
+
+class InProcess:
+    """vLLM's AsyncLLM in this process: the baseline."""
+
+    def __init__(self, model: str, args) -> None:
+        from vllm import AsyncEngineArgs, SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
+            model=model, dtype="float32", seed=0, gpu_memory_utilization=0.2, max_model_len=512,
+            enforce_eager=True, logprobs_mode="processed_logprobs", disable_log_stats=True))
+        self.params = SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens, seed=1, logprobs=0,
+                                     output_kind=RequestOutputKind.FINAL_ONLY)
+
+    async def _one(self, i: int, prompt: str) -> int:
+        final = None
+        async for out in self.engine.generate(prompt, self.params, request_id=f"b{time.time_ns()}-{i}"):
+            final = out
+        return sum(len(c.token_ids) for c in final.outputs)
+
+    async def round(self, prompts: list[str]) -> float:
+        start = time.perf_counter()
+        tokens = sum(await asyncio.gather(*(self._one(i, p) for i, p in enumerate(prompts))))
+        return tokens / (time.perf_counter() - start)
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+
+class Server:
+    """A real `rlx rollout-serve` process and a client: the path rlx train uses."""
+
+    def __init__(self, model: str, args, trace_dir: str | None) -> None:
+        from rlx.rollout.client import RolloutClient
+        from rlx.rollout.protocol import SamplingSpec
+        from tests.helpers import start_rlx, wait_ready, write_config
+
+        work = Path(tempfile.mkdtemp(prefix="rlx-bench-rollout-"))
+        config = write_config(work / "serve.yaml", Path(model), rollout={"backend": "vllm", "max_model_len": 512})
+        address = f"ipc://{work}/rollout.sock"
+        env = {"RLX_TRACE_DIR": trace_dir} if trace_dir else {}
+        self.proc = start_rlx(["rollout-serve", str(config), "--address", address], work / "server.log", env)
+        wait_ready(address, self.proc, work / "server.log")
+        self.client = RolloutClient([address])
+        self.sampling = SamplingSpec(n=args.n, temperature=1.0, max_tokens=args.max_tokens, seed=1)
+
+    async def round(self, prompts: list[str]) -> float:
+        start = time.perf_counter()
+        results = await self.client.generate(prompts, self.sampling)
+        tokens = sum(len(s.token_ids) for r in results for s in r.samples)
+        return tokens / (time.perf_counter() - start)
+
+    def close(self) -> None:
+        from tests.helpers import stop_group
+
+        self.client.close()
+        stop_group(self.proc)
+
+
+async def alternate(paths: dict, prompts: list[str], repeats: int) -> dict[str, list[float]]:
+    """One warm-up round each, then rounds in turn, so drift and load hit every path alike."""
+    for path in paths.values():
+        await path.round(prompts)
+    rates: dict[str, list[float]] = {name: [] for name in paths}
+    for _ in range(repeats):
+        for name, path in paths.items():
+            rates[name].append(await path.round(prompts))
+    return rates
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", help="HF model directory (default: a fresh kit-built tiny model)")
+    parser.add_argument("--prompts", type=int, default=256)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--trace", action="store_true", help="also measure the server with tracing on")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    from rich.console import Console
+    from rich.table import Table
+
+    from rlx.engine.tiny import build_tiny_model
+
+    model = args.model or str(build_tiny_model(Path(tempfile.mkdtemp(prefix="rlx-bench-model-")) / "tiny"))
+    prompts = prompts_for(args.prompts)
+    paths = {"rlx rollout-serve": Server(model, args, None)}
+    if args.trace:
+        paths["rlx rollout-serve, tracing on"] = Server(model, args, tempfile.mkdtemp(prefix="rlx-trace-"))
+    paths["vLLM in process"] = InProcess(model, args)
+
+    async def measure():
+        try:
+            return await alternate(paths, prompts, args.repeats)
+        finally:
+            for path in paths.values():
+                path.close()
+
+    rows = asyncio.run(measure())
+    baseline = statistics.median(rows["vLLM in process"])
+    table = Table(title=f"rollout throughput: {args.prompts} prompts x n={args.n}, max_tokens={args.max_tokens}, "
+                        f"median of {args.repeats}")
+    for column in ("path", "tokens/s (median)", "rounds", "ratio to in-process"):
+        table.add_column(column, justify="right" if column != "path" else "left")
+    result = {"prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens, "rows": {}}
+    for name, values in rows.items():
+        median = statistics.median(values)
+        table.add_row(name, f"{median:,.0f}", " ".join(f"{v:,.0f}" for v in values), f"{median / baseline:.3f}")
+        result["rows"][name] = {"tokens_per_s": median, "rounds": values, "ratio": median / baseline}
+    Console(width=140).print(table)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    main()
