@@ -44,8 +44,6 @@ from rlx.trace.format import (FORMAT_NAME, FORMAT_VERSION, NO_ATTRS, REQUEST_KEY
 ENV_TRACE_DIR = "RLX_TRACE_DIR"
 _MAX_ERROR_CHARS = 500
 
-_current_span: contextvars.ContextVar[int] = contextvars.ContextVar("rlx_trace_span", default=0)
-
 
 class _NoopSpan:
     """What ``span()`` returns when tracing is off: every method does nothing."""
@@ -96,8 +94,8 @@ class Span:
 
     def __enter__(self) -> "Span":
         self.id = next(self._tracer._ids)
-        self.parent = _current_span.get()
-        self._token = _current_span.set(self.id)
+        self.parent = self._tracer._current.get()
+        self._token = self._tracer._current.set(self.id)
         self._tracer._write_begin(self)
         return self
 
@@ -115,9 +113,9 @@ class Span:
 
     def _restore_parent(self) -> None:
         try:
-            _current_span.reset(self._token)
+            self._tracer._current.reset(self._token)
         except ValueError:  # exited in another context (e.g. a generator resumed elsewhere)
-            _current_span.set(self.parent)
+            self._tracer._current.set(self.parent)
 
 
 def _describe(exc_type: type | None, exc: BaseException | None) -> str | None:
@@ -133,6 +131,8 @@ class Tracer:
     def __init__(self) -> None:
         self._fd: int | None = None
         self._ids = itertools.count(1)
+        # The enclosing span's id; one variable per tracer so that two tracers never mix ids.
+        self._current: contextvars.ContextVar[int] = contextvars.ContextVar(f"rlx_span_{id(self)}", default=0)
         self._generation = 0
         self._mono0 = 0
         self._dir: Path | None = None
@@ -189,7 +189,7 @@ class Tracer:
         if self._fd is None:
             return
         rid = attrs.pop(REQUEST_KEY, None)
-        self._write(Instant(n=name, t=self._now(), p=_current_span.get(), r=rid, a=attrs or NO_ATTRS))
+        self._write(Instant(n=name, t=self._now(), p=self._current.get(), r=rid, a=attrs or NO_ATTRS))
 
     def traced(self, name: str | Callable | None = None, /, **attrs: Any) -> Callable:
         """Decorator: run each call of a sync or async function inside a span."""
@@ -222,7 +222,7 @@ class Tracer:
             return
         try:
             data = encoder.encode(record)
-        except (TypeError, ValueError, OverflowError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a bad attribute must never reach the caller
             data = encoder.encode(_without_attrs(record, exc))
         try:
             os.write(fd, data + b"\n")

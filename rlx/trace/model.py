@@ -1,0 +1,125 @@
+"""The in-memory form of a loaded trace: numpy columns, one row per span and per instant event.
+
+Columns rather than one object per span keep a million-span trace in tens of megabytes and let
+the viewer, the summary and the exporter work with vectorised numpy. Times are nanoseconds since
+the trace origin (the earliest process start), so every process sits on one timeline.
+Attributes stay as undecoded JSON (``msgspec.Raw``) until someone asks for them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from rlx.trace.format import decode_attrs
+
+STATUS_OK, STATUS_ERROR, STATUS_UNFINISHED = 0, 1, 2
+
+
+@dataclass
+class Process:
+    """One traced process (one trace file)."""
+
+    index: int
+    name: str
+    role: str
+    pid: int
+    host: str
+    path: Path
+    offset_ns: int = 0
+    """Added to the file's times to get nanoseconds since the trace origin."""
+    end_ns: int = 0
+    """Last time seen in the file (trace-origin nanoseconds): where unfinished spans stop."""
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name.startswith(self.role) else f"{self.role}:{self.name}"
+
+
+@dataclass
+class Spans:
+    """Span columns; index i describes one span."""
+
+    proc: np.ndarray        # int32, index into Trace.processes
+    name: np.ndarray        # int32, index into Trace.names
+    start: np.ndarray       # int64 ns since origin
+    end: np.ndarray         # int64 ns since origin (process end for unfinished spans)
+    parent: np.ndarray      # int32 span index, -1 = none (or not in the file)
+    depth: np.ndarray       # int16 nesting depth, 0 = top level
+    request: np.ndarray     # int32 index into Trace.request_ids (own or inherited), -1 = none
+    status: np.ndarray      # int8 STATUS_*
+    begin_attrs: list       # msgspec.Raw per span (format.NO_ATTRS if none): given at begin
+    end_index: np.ndarray   # int32 index into end_attrs, -1 = the span has no end
+    end_attrs: list         # msgspec.Raw per end record: attributes from span.set(...)
+    errors: dict = field(default_factory=dict)      # span index -> "ExcType: message"
+
+    def attrs_set_later(self, i: int):
+        j = int(self.end_index[i])
+        return self.end_attrs[j] if j >= 0 else None
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    @property
+    def duration(self) -> np.ndarray:
+        return self.end - self.start
+
+
+@dataclass
+class Events:
+    """Instant-event columns."""
+
+    proc: np.ndarray
+    name: np.ndarray
+    time: np.ndarray
+    parent: np.ndarray
+    request: np.ndarray
+    attrs: list
+
+    def __len__(self) -> int:
+        return len(self.time)
+
+
+@dataclass
+class Trace:
+    processes: list[Process]
+    names: list[str]
+    request_ids: list
+    spans: Spans
+    events: Events
+    origin_wall_ns: int
+    skipped: Counter = field(default_factory=Counter)
+    """Lines that could not be used, by reason (malformed, truncated, end without begin...)."""
+    skipped_examples: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def num_skipped(self) -> int:
+        return sum(self.skipped.values())
+
+    @property
+    def end_ns(self) -> int:
+        return max((p.end_ns for p in self.processes), default=0)
+
+    def span_attrs(self, i: int) -> dict:
+        """All attributes of span i: given at begin, set later, and its (own or inherited) request_id."""
+        attrs = decode_attrs(self.spans.begin_attrs[i])
+        attrs.update(decode_attrs(self.spans.attrs_set_later(i)))
+        if self.spans.request[i] >= 0:
+            attrs.setdefault("request_id", self.request_ids[int(self.spans.request[i])])
+        return attrs
+
+    def event_attrs(self, i: int) -> dict:
+        attrs = decode_attrs(self.events.attrs[i])
+        if self.events.request[i] >= 0:
+            attrs.setdefault("request_id", self.request_ids[int(self.events.request[i])])
+        return attrs
+
+    def name_index(self, name: str) -> int:
+        try:
+            return self.names.index(name)
+        except ValueError:
+            return -1
