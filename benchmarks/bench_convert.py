@@ -212,7 +212,8 @@ def render(report: dict, console: Console) -> None:
     baseline = results["baseline"]["peak_rss_bytes"]
     ceiling = results["ceiling"]
     table = Table(title=f"checkpoint conversion: {report['source_bytes'] / 1e9:.2f} GB bf16 in "
-                        f"{report['source_files']} shards, {report['machine']['cpus']} CPUs")
+                        f"{report['source_files']} shards, {report['machine']['cpus']} CPUs "
+                        f"(load average {report['machine']['load_average_1m']:.1f} at the end)")
     for column in ("operation", "seconds", "GB/s", "ceiling GB/s", "of ceiling", "peak RSS", "above imports"):
         table.add_column(column, justify="right" if column != "operation" else "left")
     for op in report["ops"]:
@@ -224,7 +225,7 @@ def render(report: dict, console: Console) -> None:
     console.print(f"GB/s = source bytes / seconds of the conversion. Ceiling = the same shards copied with "
                   f"plain 16 MiB reads and writes by --workers threads (page cache evicted, fsync), measured "
                   f"right before each operation, best of two (range {ceiling['worst_gb_per_s']:.2f}-{ceiling['best_gb_per_s']:.2f}"
-                  f" GB/s). Peak RSS from wait4; '- imports' subtracts a process that only imports the same "
+                  f" GB/s). Peak RSS from wait4; 'above imports' subtracts a process that only imports the same "
                   f"modules ({baseline / 1e9:.2f} GB). Work dir on {report['work_dir']}.", highlight=False)
     for op in report["ops"]:
         console.print(f"  {op}: {OPS[op]}", highlight=False)
@@ -251,7 +252,8 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report.update(ops=args.ops, work_dir=str(Path(args.dir).resolve()), size_gb=args.size_gb,
-                  machine={"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__})
+                  machine={"cpus": os.cpu_count(), "load_average_1m": os.getloadavg()[0],
+                           "platform": platform.platform(), "torch": torch.__version__})
     render(report, console)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

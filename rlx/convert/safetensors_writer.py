@@ -123,7 +123,3 @@ def natural_key(name: str) -> list:
     """Sort 'layers.10' after 'layers.9'."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
-
-def whole(tensor_fn: Callable[[], torch.Tensor]) -> ChunkSource:
-    """A chunk source that produces the whole tensor in one chunk."""
-    return lambda: [tensor_fn()]

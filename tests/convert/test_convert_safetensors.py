@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from rlx.convert.errors import ConvertError
 from rlx.convert.safetensors_io import SafetensorsDir, read_header
-from rlx.convert.safetensors_writer import OutTensor, plan_shards, whole, write_index, write_shard
+from rlx.convert.safetensors_writer import OutTensor, plan_shards, write_index, write_shard
 
 
 def _bytes(t):

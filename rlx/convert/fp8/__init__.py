@@ -4,7 +4,8 @@
     policy     which tensors stay in high precision (norms, embeddings, lm_head, routers, vision, --skip)
     tp_check   whether each quantized layer splits into whole blocks under tensor parallelism
     qconfig    the ``quantization_config`` written into config.json
-    job        the streaming, parallel conversion and its report
+    job        the streaming, parallel conversion
+    report     per-tensor dequantization error, kept tensors, bytes in and out
     dequantize FP8 directory -> high-precision directory (to compare models)
 
 Left out: FP8 activations with static scales, KV-cache quantization, MoE expert fusion.

@@ -94,8 +94,9 @@ class Fp8Job:
 
     @property
     def ignored_modules(self) -> list[str]:
-        two_d = [name for name, _ in self.kept if len(self.source.tensors[name].shape) == 2]
-        return sorted({"lm_head", *(module_name(n) for n in two_d)})
+        """Modules whose weight stays in high precision (matrices only; norms are not linear layers)."""
+        kept = [n for n, _ in self.kept if n.endswith(".weight") and len(self.source.tensors[n].shape) >= 2]
+        return sorted({"lm_head", *(module_name(n) for n in kept)})
 
     def plan(self, destination: Path) -> Plan:
         rows = [PlanRow(t.name, t.sources, t.shape, str(t.dtype).removeprefix("torch."), t.nbytes, s.file_name)

@@ -32,6 +32,8 @@ def keep_reason(info: TensorInfo, skip_patterns: list[str]) -> str | None:
     """None when the tensor is quantized, else why it stays in its dtype."""
     if not info.name.endswith(".weight") or len(info.shape) != 2:
         return "not a 2-D weight"
+    if 0 in info.shape:
+        return "empty"
     if not info.torch_dtype.is_floating_point:
         return "not floating point"
     for pattern in skip_patterns:
