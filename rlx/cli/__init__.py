@@ -29,6 +29,7 @@ _COMMANDS = [
     ("rlx.cli.bench_sync", "bench_sync", "bench-sync"),
     ("rlx.cli.convert_ckpt", "convert_ckpt", "convert-ckpt"),
     ("rlx.cli.fp8_convert", "fp8_convert", "fp8-convert"),
+    ("rlx.cli.trace_view", "trace_view", "trace-view"),
 ]
 
 

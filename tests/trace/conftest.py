@@ -15,21 +15,21 @@ def write_small_run(trace_dir, num_requests: int = 6) -> None:
     rollout.configure(trace_dir, role="rollout", name="rollout0")
     trainer.configure(trace_dir, role="trainer", name="trainer0")
 
-    async def request(i: int) -> None:
-        with rollout.span("queued", request_id=f"req-{i}"):
+    async def request(step: int, i: int) -> None:
+        with rollout.span("queued", request_id=f"req-{step}-{i}"):
             await asyncio.sleep(0.001 * (i % 3))
-        with rollout.span("generate", request_id=f"req-{i}", prompt_tokens=10 + i) as span:
+        with rollout.span("generate", request_id=f"req-{step}-{i}", prompt_tokens=10 + i) as span:
             await asyncio.sleep(0.002)
             rollout.event("token_budget_checked", budget=8)
             span.set(completion_tokens=5 + i, finish_reason="length" if i == 0 else "stop")
 
-    async def serve() -> None:
-        await asyncio.gather(*(request(i) for i in range(num_requests)))
+    async def serve(step: int) -> None:
+        await asyncio.gather(*(request(step, i) for i in range(num_requests)))
 
     for step in range(2):
         with trainer.span("step", step=step):
             with trainer.span("rollout"):
-                asyncio.run(serve())
+                asyncio.run(serve(step))
             with trainer.span("reward"):
                 pass
             for micro in range(2):

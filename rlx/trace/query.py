@@ -1,0 +1,165 @@
+"""Filters over a loaded trace: which spans and events match a short text query.
+
+A query is whitespace-separated terms, all of which must hold:
+
+- ``gen`` - the name contains ``gen`` (case-insensitive);
+- ``name=generate`` - the name is exactly ``generate``;
+- ``finish_reason=length``, ``bucket_id=3`` - an attribute equals the value (numbers compare as
+  numbers); ``completion_tokens>=200`` - ``> < >= <=`` compare numerically;
+- special keys: ``dur>10ms`` (duration, any unit of ``units.parse_duration_ns``), ``proc=rollout0``
+  (process name), ``role=trainer``, ``request_id=req-7`` (own or inherited request),
+  ``status=error|unfinished|ok``.
+
+Names, durations and processes are vectorised numpy; attributes are decoded only for records
+whose raw JSON contains the key. Events match name, process, request and attribute terms; a
+duration or status term matches no event.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlx.trace.format import NO_ATTRS, decode_attrs
+from rlx.trace.model import STATUS_ERROR, STATUS_OK, STATUS_UNFINISHED, Trace
+from rlx.trace.units import parse_duration_ns
+
+_TERM = re.compile(r"^([A-Za-z_][\w.\-]*)\s*(>=|<=|!=|=|>|<)\s*(.+)$")
+_OPS = {"=": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt,
+        ">=": operator.ge, "<=": operator.le}
+_STATUS = {"ok": STATUS_OK, "error": STATUS_ERROR, "unfinished": STATUS_UNFINISHED}
+
+
+@dataclass
+class Term:
+    key: str
+    op: str
+    value: str
+
+
+def parse_query(text: str) -> list[Term]:
+    """Terms of a query; a bare word is ``Term('', 'contains', word)``. ValueError on bad terms."""
+    terms = []
+    for word in text.split():
+        match = _TERM.match(word)
+        if match:
+            terms.append(Term(*match.groups()))
+        elif any(op in word for op in "=<>"):
+            raise ValueError(f"cannot read filter term {word!r}; write key=value, key>number or a name")
+        else:
+            terms.append(Term("", "contains", word))
+    for term in terms:
+        _check(term)
+    return terms
+
+
+def _check(term: Term) -> None:
+    if term.key == "dur":
+        if term.op in ("=", "!="):
+            raise ValueError(f"dur{term.op}{term.value}: compare durations with > < >= <=, e.g. dur>10ms")
+        parse_duration_ns(term.value)
+    if term.key == "status" and term.value not in _STATUS:
+        raise ValueError(f"status={term.value!r}: use one of {', '.join(_STATUS)}")
+
+
+def match_spans(trace: Trace, text: str) -> np.ndarray:
+    """Boolean mask over trace.spans of the spans matching every term of the query."""
+    spans = trace.spans
+    mask = np.ones(len(spans), bool)
+    for term in parse_query(text):
+        if term.key == "dur":
+            mask &= _OPS[term.op](spans.duration, parse_duration_ns(term.value))
+        elif term.key == "status":
+            mask &= _OPS[term.op](spans.status, _STATUS[term.value])
+        else:
+            mask &= _common(trace, term, spans.name, spans.proc, spans.request,
+                            [(spans.begin_attrs, None), (spans.end_attrs, _span_of_end(trace))], len(spans))
+    return mask
+
+
+def match_events(trace: Trace, text: str) -> np.ndarray:
+    """Boolean mask over trace.events of the instant events matching every term."""
+    events = trace.events
+    mask = np.ones(len(events), bool)
+    for term in parse_query(text):
+        if term.key in ("dur", "status"):
+            mask[:] = False
+        else:
+            mask &= _common(trace, term, events.name, events.proc, events.request,
+                            [(events.attrs, None)], len(events))
+    return mask
+
+
+def _common(trace: Trace, term: Term, names: np.ndarray, procs: np.ndarray, requests: np.ndarray,
+            raw_lists: list, n: int) -> np.ndarray:
+    if term.op == "contains":
+        wanted = [k for k, name in enumerate(trace.names) if term.value.lower() in name.lower()]
+        return np.isin(names, wanted)
+    if term.key == "name":
+        return _by_label(names, trace.names, term)
+    if term.key in ("proc", "process"):
+        return _by_label(procs, [p.name for p in trace.processes], term)
+    if term.key == "role":
+        return _by_label(procs, [p.role for p in trace.processes], term)
+    if term.key == "request_id":
+        return _by_label(requests, [str(r) for r in trace.request_ids], term, missing=-1)
+    return _by_attribute(term, raw_lists, n)
+
+
+def _by_label(column: np.ndarray, labels: list[str], term: Term, missing: int | None = None) -> np.ndarray:
+    wanted = [k for k, label in enumerate(labels) if _compare(label, term.op, term.value)]
+    if missing is not None and term.op == "!=":
+        wanted.append(missing)
+    return np.isin(column, wanted)
+
+
+def _by_attribute(term: Term, raw_lists: list, n: int) -> np.ndarray:
+    """Records whose attribute ``term.key`` compares true; ``raw_lists`` are (raws, owner map)."""
+    needle = f'"{term.key}":'.encode()
+    plain = term.op == "=" and _as_number(term.value) is None
+    value = term.value.encode() if plain else b""  # an equal string appears in the JSON text
+    mask = np.zeros(n, bool)
+    for raws, owner in raw_lists:
+        candidates = [k for k, raw in enumerate(raws)
+                      if raw is not NO_ATTRS and needle in (text := bytes(raw)) and value in text]
+        for k in candidates:
+            attrs = decode_attrs(raws[k])
+            if term.key in attrs and _compare(attrs[term.key], term.op, term.value):
+                i = k if owner is None else int(owner[k])
+                if i >= 0:
+                    mask[i] = True
+    return mask
+
+
+def _span_of_end(trace: Trace) -> np.ndarray:
+    """For each end record, the span it ends (-1 if none)."""
+    end_index = trace.spans.end_index
+    owner = np.full(len(trace.spans.end_attrs), -1, np.int64)
+    has_end = end_index >= 0
+    owner[end_index[has_end]] = np.nonzero(has_end)[0]
+    return owner
+
+
+def _compare(actual: object, op: str, wanted: str) -> bool:
+    number = _as_number(wanted)
+    if number is not None and isinstance(actual, (int, float)) and not isinstance(actual, bool):
+        return _OPS[op](actual, number)
+    if op in ("=", "!="):
+        return _OPS[op](_as_text(actual), wanted)
+    return False
+
+
+def _as_number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _as_text(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)

@@ -1,0 +1,163 @@
+"""The ``rlx trace-view`` Textual app: Timeline, Summary and Metrics tabs over one trace.
+
+The trace is loaded before the app starts (``loader.py``), so the app only draws. A filter line
+at the top narrows the timeline and the summary; the status bar at the bottom counts processes,
+spans, events and skipped lines, and says how many requests were running and queued at the time
+cursor. Nothing here writes files except ``save_screenshot`` (used by ``--screenshot``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.markup import escape
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import Footer, Input, Static, TabbedContent, TabPane
+
+from rlx.trace.concurrency import OpenCount
+from rlx.trace.metrics import Metrics
+from rlx.trace.model import Trace
+from rlx.trace.query import match_events, match_spans
+from rlx.trace.summary import summarize
+from rlx.trace.units import format_ns
+from rlx.trace.viewer.details import SpanDetails
+from rlx.trace.viewer.metrics_view import MetricsView, no_metrics
+from rlx.trace.viewer.summary_view import SummaryTable
+from rlx.trace.viewer.timeline import Timeline
+
+FILTER_HELP = "filter: name, name=generate, finish_reason=length, dur>10ms, proc=rollout0 (Enter applies, Esc clears)"
+
+
+class TraceViewerApp(App):
+    TITLE = "rlx trace-view"
+    CSS = """
+    #status { height: 1; background: $panel; color: $text; padding: 0 1; }
+    TabbedContent { height: 1fr; }
+    TabPane { height: 1fr; padding: 0; }
+    #no-metrics { padding: 1 2; }
+    """
+    BINDINGS = [
+        Binding("q", "quit", "quit"),
+        Binding("slash", "focus_filter", "filter"),
+        Binding("1", "show_tab('timeline')", "timeline", show=False),
+        Binding("2", "show_tab('summary')", "summary", show=False),
+        Binding("3", "show_tab('metrics')", "metrics", show=False),
+    ]
+
+    def __init__(self, trace: Trace, source: str, metrics: Metrics | None = None,
+                 metrics_note: str = "", started_at: float | None = None, initial_filter: str = "",
+                 initial_window: tuple[float, float] | None = None) -> None:
+        super().__init__()
+        self.initial_filter, self.initial_window = initial_filter, initial_window
+        self.trace, self.source = trace, source
+        self.metrics, self.metrics_note = metrics, metrics_note
+        self.started_at = time.perf_counter() if started_at is None else started_at
+        self.first_frame_s: float | None = None
+        self.filter_text, self.filter_note = "", ""
+        self._generating, self._waiting = OpenCount(trace, "generate"), OpenCount(trace, "queued")
+
+    def compose(self) -> ComposeResult:
+        yield Input(placeholder=FILTER_HELP, id="filter", compact=True)
+        with TabbedContent(initial="timeline"):
+            with TabPane("Timeline", id="timeline"):
+                with Vertical():
+                    yield Timeline(self.trace, id="timeline-view")
+                    yield SpanDetails(id="details")
+            with TabPane("Summary", id="summary"):
+                yield SummaryTable(id="summary-table")
+            with TabPane("Metrics", id="metrics"):
+                yield MetricsView(self.metrics) if self.metrics else no_metrics(self.metrics_note)
+        yield Static(id="status")
+        yield Footer()
+
+    @property
+    def timeline(self) -> Timeline:
+        return self.query_one(Timeline)
+
+    def on_mount(self) -> None:
+        self.query_one(SummaryTable).show(summarize(self.trace))
+        if self.initial_window:
+            self.timeline.set_window(*self.initial_window)
+            self.timeline.cursor_ns = sum(self.initial_window) / 2
+        if self.initial_filter:
+            self.query_one("#filter", Input).value = self.initial_filter
+            self.apply_filter(self.initial_filter)
+        self.timeline.focus()
+        self.update_status()
+        self.call_after_refresh(self._first_frame)
+
+    def _first_frame(self) -> None:
+        self.first_frame_s = time.perf_counter() - self.started_at
+
+    # -- status ---------------------------------------------------------------------------
+
+    def update_status(self) -> None:
+        self.query_one("#status", Static).update(self.status_text())
+
+    def status_text(self) -> str:
+        trace, tl = self.trace, self.timeline
+        parts = [f"{escape(self.source)}: {len(trace.processes)} processes, {len(trace.spans):,} spans, "
+                 f"{len(trace.events):,} events"]
+        if trace.num_skipped:
+            parts.append(f"[b red]skipped {trace.num_skipped:,} bad lines[/]")
+        if self.metrics and self.metrics.skipped:
+            parts.append(f"[b red]metrics: skipped {self.metrics.skipped} bad lines[/]")
+        t = tl.cursor_ns
+        parts.append(f"cursor {format_ns(t)}: running {self._generating.at(t)}, queued {self._waiting.at(t)}")
+        if self.filter_note:
+            parts.append(self.filter_note)
+        return " │ ".join(parts)
+
+    # -- filter ---------------------------------------------------------------------------
+
+    def action_focus_filter(self) -> None:
+        self.query_one("#filter", Input).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.apply_filter(event.value)
+        self.timeline.focus()
+
+    def on_key(self, event) -> None:
+        filter_box = self.query_one("#filter", Input)
+        if event.key == "escape" and self.focused is filter_box:
+            filter_box.value = ""
+            self.apply_filter("")
+            self.timeline.focus()
+
+    def apply_filter(self, text: str) -> None:
+        """Show only spans and events matching ``text`` (see rlx.trace.query); '' shows all."""
+        text = text.strip()
+        try:
+            spans = match_spans(self.trace, text) if text else None
+            events = match_events(self.trace, text) if text else None
+        except ValueError as exc:
+            self.filter_note = f"[b red]filter error: {escape(str(exc))}[/]"
+            self.update_status()
+            return
+        self.filter_text = text
+        self.filter_note = f"filter '{escape(text)}': {int(spans.sum()):,} spans" if text else ""
+        self.timeline.apply_filter(spans, events)
+        self.query_one(SummaryTable).show(summarize(self.trace, spans))
+        self.update_status()
+
+    # -- messages from the widgets ----------------------------------------------------------
+
+    def on_timeline_cursor_moved(self, message: Timeline.CursorMoved) -> None:
+        self.update_status()
+
+    def on_timeline_span_selected(self, message: Timeline.SpanSelected) -> None:
+        self.query_one(SpanDetails).show_span(self.trace, message.span)
+
+    def on_summary_table_name_chosen(self, message: SummaryTable.NameChosen) -> None:
+        self.query_one("#filter", Input).value = f"name={message.name}"
+        self.apply_filter(f"name={message.name}")
+        self.action_show_tab("timeline")
+
+    def action_show_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+        if tab == "timeline":
+            self.timeline.focus()
+        elif tab == "summary":
+            self.query_one(SummaryTable).focus()

@@ -1,0 +1,54 @@
+"""The Metrics tab: reward, accuracy, KL, response length, tokens/s and entropy over steps,
+plotted in the terminal (textual-plotext) from the run's ``metrics.jsonl``."""
+
+from __future__ import annotations
+
+from textual.containers import Grid
+from textual.widgets import Static
+from textual_plotext import PlotextPlot
+
+from rlx.trace.metrics import Metrics
+
+PLOTS = (
+    ("reward", ("reward_mean",)),
+    ("accuracy", ("accuracy", "eval_accuracy")),
+    ("KL", ("kl",)),
+    ("response length (tokens)", ("response_len_mean",)),
+    ("tokens/s", ("tokens_per_s",)),
+    ("entropy", ("entropy",)),
+)
+
+
+class MetricPlot(PlotextPlot):
+    def __init__(self, metrics: Metrics, title: str, keys: tuple[str, ...]) -> None:
+        super().__init__()
+        self.metrics, self.title, self.keys = metrics, title, keys
+
+    def on_mount(self) -> None:
+        plt = self.plt
+        plt.title(self.title)
+        plt.xlabel("step")
+        plotted = False
+        for key in self.keys:
+            steps, values = self.metrics.series(key)
+            if steps:
+                plt.plot(steps, values, label=key, marker="braille")
+                plotted = True
+        if not plotted:
+            plt.title(f"{self.title}: no data ({', '.join(self.keys)} not in the metrics file)")
+
+
+class MetricsView(Grid):
+    DEFAULT_CSS = "MetricsView { grid-size: 3 2; grid-gutter: 0 1; }"
+
+    def __init__(self, metrics: Metrics, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.metrics = metrics
+
+    def compose(self):
+        for title, keys in PLOTS:
+            yield MetricPlot(self.metrics, title, keys)
+
+
+def no_metrics(note: str) -> Static:
+    return Static(note, id="no-metrics")
