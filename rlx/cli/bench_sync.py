@@ -37,6 +37,7 @@ def bench_sync(
 
     from rlx.sync.bench import BenchOptions, run_bench
 
+
     opts = BenchOptions(presets=list(preset), model=str(model) if model else None, transports=list(transport),
                         bucket_mb=list(bucket_mb) if bucket_mb else None, repeats=repeats, dtype=dtype, verify=verify, target=target,
                         memory_gb=memory_gb, timeout_s=timeout_s, assemble_in_place=assemble_in_place)
@@ -45,10 +46,13 @@ def bench_sync(
             raise UserError(f"--model {model} is not a directory; pass a Hugging Face model directory")
         try:
             with console.status("measuring...") as status:
-                result = asyncio.run(run_bench(opts, lambda row: status.update(
-                    f"measuring... done: {row.model} {row.transport} {row.mode} {row.bucket_mb or ''}")))
+                result = asyncio.run(_run_cancellable(run_bench(opts, lambda row: status.update(
+                    f"measuring... done: {row.model} {row.transport} {row.mode} {row.bucket_mb or ''}"))))
         except ValueError as exc:
             raise UserError(str(exc)) from None
+        except asyncio.CancelledError:
+            err_console.print("[bold red]stopped by SIGTERM[/]; buffers freed and the receiver ended")
+            raise typer.Exit(143) from None
     console.print(_table(result))
     for line in _footer(opts, result):
         console.print(line, highlight=False)
@@ -61,6 +65,20 @@ def bench_sync(
         for failure in result.failures:
             err_console.print(f"[bold red]verification failed:[/] {failure}", highlight=False)
         raise typer.Exit(1)
+
+
+async def _run_cancellable(coro):
+    """Run ``coro`` so that SIGTERM cancels it: every ``finally`` runs, so senders free their
+    shared memory and the receiver process is stopped (a plain SIGTERM would leave both)."""
+    import asyncio
+    import signal
+
+    task = asyncio.ensure_future(coro)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await task
+    finally:
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
 
 
 def _table(result):

@@ -126,11 +126,13 @@ class WeightSender:
                       pending: dict[str, "_Source"], channels: list[SyncChannel],
                       counts: collections.Counter, begun: list[asyncio.Task]) -> None:
         inflight: list[list[asyncio.Task]] = [[] for _ in range(buffer.num_slots)]
+        fill: asyncio.Future | None = None
         try:
             for bucket_id, bucket in enumerate(pack_buckets(specs, buffer.slot_bytes)):
                 slot = bucket_id % buffer.num_slots
                 await self._wait_for_slot(inflight[slot])
-                checksums = await asyncio.to_thread(self._fill, buffer, slot, bucket, pending)
+                fill = asyncio.ensure_future(asyncio.to_thread(self._fill, buffer, slot, bucket, pending))
+                checksums = await asyncio.shield(fill)  # a cancelled sync still lets the copy finish
                 _forget_finished(bucket, pending)
                 await _settle(begun)  # every receiver has mapped the buffer
                 meta = BucketMeta(sync_id, bucket_id, slot, bucket.chunks, bucket.is_last, checksums)
@@ -140,6 +142,8 @@ class WeightSender:
             for tasks in inflight:
                 await _settle(tasks)
         finally:
+            if fill is not None and not fill.done():
+                await asyncio.wait([fill])  # the buffer must not be freed under a running copy
             tasks = begun + [t for slot_tasks in inflight for t in slot_tasks]
             for task in tasks:
                 if not task.done():

@@ -129,8 +129,8 @@ def _close_mapping(mm: mmap.mmap, path: str) -> None:
     try:
         mm.close()
     except BufferError:
-        raise BufferError(f"tensors over the shared buffer {path} are still referenced; drop every view "
-                          "returned by WeightReceiver.tensors() before the bucket's ack") from None
+        raise BufferError(f"tensors over the shared buffer {path} are still referenced; a receiver must drop "
+                          "the views from WeightReceiver.tensors() before acknowledging their bucket") from None
 
 
 def _unlink(path: str) -> None:
