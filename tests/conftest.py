@@ -32,15 +32,7 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir, tmp_path_factory):
     """One real `rlx rollout-serve` process (vLLM backend) shared by every test that needs vLLM."""
-    from tests.helpers import start_rlx, stop_group, wait_ready, write_config
+    from tests.helpers import serve
 
-    work = tmp_path_factory.mktemp("vllm_server")
-    config = write_config(work / "serve.yaml", tiny_model_dir, rollout={"backend": "vllm"})
-    address = f"ipc://{work}/rollout.sock"
-    log = work / "server.log"
-    proc = start_rlx(["rollout-serve", str(config), "--address", address], log)
-    try:
-        wait_ready(address, proc, log)
+    with serve(tiny_model_dir, "vllm", tmp_path_factory.mktemp("vllm_server")) as (address, _):
         yield address
-    finally:
-        stop_group(proc)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 from rlx.convert.errors import ConvertError
+from rlx.engine.checkpoint_format import fsync_dir
 
 
 def check_destination(dst: str | Path, source: str | Path, overwrite: bool) -> Path:
@@ -42,7 +43,7 @@ def staged_directory(dst: Path) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
     except BaseException:
         _remove(tmp)
         raise
@@ -50,7 +51,7 @@ def staged_directory(dst: Path) -> Iterator[Path]:
     if dst.exists() or dst.is_symlink():
         dst.rename(old)
     tmp.rename(dst)
-    _fsync_dir(dst.parent)
+    fsync_dir(dst.parent)
     _remove(old)
 
 
@@ -60,10 +61,3 @@ def _remove(path: Path) -> None:
     elif path.exists() or path.is_symlink():
         path.unlink()
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

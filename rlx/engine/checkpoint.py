@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from rlx.engine.checkpoint_format import (CorruptCheckpoint, list_checkpoints, step_dir_name, verify_checkpoint,
-                                          write_manifest)
+from rlx.engine.checkpoint_format import (CorruptCheckpoint, fsync_dir, list_checkpoints, step_dir_name,
+                                          verify_checkpoint, write_manifest)
 
 log = logging.getLogger("rlx.checkpoint")
 HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -57,11 +57,11 @@ def save_checkpoint(root: Path, step: int, model, optimizer, scheduler, model_pa
     _write_json(tmp / "trainer_state.json", state)
     _copy_hf_files(Path(model_path), tmp / "hf")
     write_manifest(tmp, step, ["model.safetensors"], {"model_dtype": str(next(iter(model_sd.values())).dtype)})
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     _prune(root, keep)
     return final
 
@@ -138,14 +138,6 @@ def _copy_hf_files(src: Path, dst: Path) -> None:
     for name in HF_FILES:
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _prune(root: Path, keep: int) -> None:

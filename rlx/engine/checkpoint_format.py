@@ -59,6 +59,15 @@ def write_manifest(ckpt_dir: Path, step: int, model_files: list[str], extra: dic
         os.fsync(f.fileno())
 
 
+def fsync_dir(path: Path) -> None:
+    """Make a rename or new entry in ``path`` durable (the directory's own metadata)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def read_manifest(ckpt_dir: Path) -> dict[str, Any]:
     path = Path(ckpt_dir) / MANIFEST
     if not path.is_file():

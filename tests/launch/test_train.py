@@ -122,13 +122,23 @@ def test_resume_after_kill_continues_at_the_right_step(tiny_model_dir, tmp_path)
     assert state["data"]["epoch"] * state["data"]["num_problems"] + state["data"]["index"] == 4 * 4
 
 
-def test_killed_rollout_server_stops_the_run_with_a_clear_error(tiny_model_dir, tmp_path):
-    config = small_config(tmp_path, tiny_model_dir, "hf")
-    run_dir = tmp_path / "run"
+def start_long_run(tmp_path: Path, model_dir: Path):
+    """A 200-step run (hf backend), returned once its first step is logged."""
+    config = small_config(tmp_path, model_dir, "hf")
     log = tmp_path / "train.log"
     proc = start_rlx(["train", str(config), "trainer.total_steps=200", "trainer.eval_every=0"], log)
+    run_dir = tmp_path / "run"
     try:
         wait_for(lambda: (run_dir / "metrics.jsonl").exists() and read_metrics(run_dir), 300, proc, log)
+    except BaseException:
+        stop_group(proc)
+        raise
+    return proc, run_dir, log
+
+
+def test_killed_rollout_server_stops_the_run_with_a_clear_error(tiny_model_dir, tmp_path):
+    proc, run_dir, log = start_long_run(tmp_path, tiny_model_dir)
+    try:
         os.killpg(child_pids(run_dir)["rollout0"], signal.SIGKILL)
         proc.wait(60)
     finally:
@@ -139,12 +149,8 @@ def test_killed_rollout_server_stops_the_run_with_a_clear_error(tiny_model_dir, 
 
 
 def test_ctrl_c_leaves_no_child_alive(tiny_model_dir, tmp_path):
-    config = small_config(tmp_path, tiny_model_dir, "hf")
-    run_dir = tmp_path / "run"
-    log = tmp_path / "train.log"
-    proc = start_rlx(["train", str(config), "trainer.total_steps=200", "trainer.eval_every=0"], log)
+    proc, run_dir, log = start_long_run(tmp_path, tiny_model_dir)
     try:
-        wait_for(lambda: (run_dir / "metrics.jsonl").exists() and read_metrics(run_dir), 300, proc, log)
         os.kill(proc.pid, signal.SIGINT)
         proc.wait(60)
     finally:

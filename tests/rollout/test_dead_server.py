@@ -9,20 +9,13 @@ import pytest
 
 from rlx.rollout import protocol as p
 from rlx.rollout.client import RolloutClient, RolloutServerError
-from tests.helpers import start_rlx, stop_group, wait_ready, write_config
+from tests.helpers import serve, write_config
 
 
 @pytest.fixture
 def hf_server(tiny_model_dir, tmp_path):
-    config = write_config(tmp_path / "serve.yaml", tiny_model_dir, rollout={"backend": "hf"})
-    address = f"ipc://{tmp_path}/hf.sock"
-    log = tmp_path / "server.log"
-    proc = start_rlx(["rollout-serve", str(config), "--address", address], log)
-    try:
-        wait_ready(address, proc, log)
-        yield address, proc
-    finally:
-        stop_group(proc)
+    with serve(tiny_model_dir, "hf", tmp_path) as running:
+        yield running
 
 
 def test_hf_backend_generates_with_logprobs(hf_server):
