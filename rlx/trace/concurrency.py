@@ -1,5 +1,10 @@
-"""How many spans of one name are open at a moment: requests running (``generate``) or
-waiting (``queued``) under the viewer's time cursor. Two sorted arrays and two binary searches."""
+"""How many requests are running or queued at a moment (the viewer's time cursor).
+
+Running = ``generate`` spans open at t. Queued = ``queued`` spans open at t, plus requests whose
+``queued`` instant event is at or before t and whose first ``generate`` span (same process and
+request id) has not started yet; a server may record queueing either way. Each count is two
+sorted arrays and two binary searches per query.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +14,46 @@ from rlx.trace.model import Trace
 
 
 class OpenCount:
-    def __init__(self, trace: Trace, name: str) -> None:
-        k = trace.name_index(name)
-        mine = trace.spans.name == k if k >= 0 else np.zeros(len(trace.spans), bool)
-        self.starts = np.sort(trace.spans.start[mine])
-        self.ends = np.sort(trace.spans.end[mine])
+    def __init__(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.starts, self.ends = np.sort(starts), np.sort(ends)
 
     def at(self, t: float) -> int:
-        """Spans started at or before t and not yet ended."""
+        """Intervals started at or before t and not yet ended."""
         return int(np.searchsorted(self.starts, t, side="right") - np.searchsorted(self.ends, t, side="right"))
+
+
+def running(trace: Trace) -> OpenCount:
+    mine = _named(trace.spans.name, trace, "generate")
+    return OpenCount(trace.spans.start[mine], trace.spans.end[mine])
+
+
+def queued(trace: Trace) -> OpenCount:
+    spans, events = trace.spans, trace.events
+    mine = _named(spans.name, trace, "queued")
+    marks = np.flatnonzero(_named(events.name, trace, "queued") & (events.request >= 0))
+    proc_end = np.array([p.end_ns for p in trace.processes], np.int64)
+    ends = _first_generate(trace, events.proc[marks], events.request[marks], proc_end[events.proc[marks]])
+    ends = np.maximum(ends, events.time[marks])
+    return OpenCount(np.r_[spans.start[mine], events.time[marks]], np.r_[spans.end[mine], ends])
+
+
+def _first_generate(trace: Trace, procs: np.ndarray, requests: np.ndarray, default: np.ndarray) -> np.ndarray:
+    """Start of the first generate span of each (process, request), else ``default``."""
+    spans, width = trace.spans, max(len(trace.request_ids), 1)
+    if not len(procs):
+        return default
+    gen = np.flatnonzero(_named(spans.name, trace, "generate") & (spans.request >= 0))
+    keys = spans.proc[gen].astype(np.int64) * width + spans.request[gen]
+    order = np.lexsort((spans.start[gen], keys))
+    keys, starts = keys[order], spans.start[gen][order]
+    first = np.r_[True, keys[1:] != keys[:-1]] if len(keys) else np.zeros(0, bool)
+    keys, starts = keys[first], starts[first]
+    wanted = procs.astype(np.int64) * width + requests
+    pos = np.minimum(np.searchsorted(keys, wanted), max(len(keys) - 1, 0))
+    found = (keys[pos] == wanted) if len(keys) else np.zeros(len(wanted), bool)
+    return np.where(found, starts[pos] if len(keys) else default, default)
+
+
+def _named(column: np.ndarray, trace: Trace, name: str) -> np.ndarray:
+    k = trace.name_index(name)
+    return column == k if k >= 0 else np.zeros(len(column), bool)

@@ -1,25 +1,30 @@
 """The trace file format: one JSON object per line, one file per process.
 
 A file is ``<trace_dir>/<name>.<pid>.jsonl``. Its first line is a header; every later line is a
-span begin, a span end or an instant event, tagged by the ``k`` field:
+span, a span begin or end, or an instant event, tagged by the ``k`` field:
 
 - ``H`` header: ``format="rlx-trace"``, ``version``, process ``name``, ``role``, ``pid``,
   ``host``, and the clocks read together at start: ``wall_ns`` (Unix time) and ``mono_ns``
   (CLOCK_MONOTONIC). All later timestamps ``t`` are nanoseconds of the monotonic clock since
   ``mono_ns``, so a process's events never jump with NTP, and ``wall_ns + t`` places them on one
   timeline with every other process (exact on one host, as good as NTP across hosts).
-- ``B`` span begin: span id ``i`` (unique in the file), parent span id ``p`` (0 = none), name
-  ``n``, time ``t``, request id ``r`` (hoisted out of the attributes so that the viewer can put
-  the span on a per-request lane without decoding them), attributes ``a``.
-- ``E`` span end: ``i``, ``t``, ``r`` (if set only at the end), attributes added with ``span.set(...)`` in ``a``, and ``err``
-  (``"ExcType: message"``) when the span exited with an exception.
+- ``X`` complete span, written when a span ends: span id ``i`` (unique in the file), name
+  ``n``, start ``t``, duration ``d`` (ns), parent span id ``p`` (0 = none), request id ``r``
+  (hoisted out of the attributes so that the viewer can put the span on a per-request lane
+  without decoding them), attributes ``a`` (given at start and added by ``span.set``), and
+  ``err`` (``"ExcType: message"``) when it exited with an exception.
+- ``B`` span begin, written only for a span still open after the tracer's
+  ``open_span_flush_s``: ``i``, ``n``, ``t``, ``p``, ``r``, ``a``. Such a span ends with
+- ``E`` span end: ``i``, ``t``, ``r`` (if set only at the end), the attributes added by
+  ``span.set`` in ``a``, and ``err``. A ``B`` without an end is a span that never ended (a
+  crash, a hang): the viewer draws it as unfinished. A ``B`` and an ``X`` with one id (the
+  begin line raced with the end) are one finished span.
 - ``I`` instant event: ``n``, ``t``, enclosing span ``p``, ``r``, ``a``.
 
-A span is written at begin and at end, so a process that dies or hangs leaves its open spans in
-the file (the viewer draws them as unfinished). Absent optional fields are omitted. Record structs are ``gc=False`` (they hold no cycles), which
-halves the time to decode a million of them. This module
-holds only the record types and their codecs; writing is in ``tracer.py``, reading in
-``loader.py``. No pickle: records are plain JSON, safe to read from anyone.
+Absent optional fields are omitted. Record structs are ``gc=False`` (they hold no cycles), which
+halves the time to decode a million of them. This module holds only the record types and their
+codecs; writing is in ``tracer.py``, reading in ``reader.py`` and ``loader.py``. No pickle:
+records are plain JSON, safe to read from anyone.
 """
 
 from __future__ import annotations
@@ -59,6 +64,18 @@ class Begin(msgspec.Struct, tag="B", tag_field="k", kw_only=True, omit_defaults=
     a: msgspec.Raw = NO_ATTRS
 
 
+class Complete(msgspec.Struct, tag="X", tag_field="k", kw_only=True, omit_defaults=True,
+               gc=False):
+    i: int
+    n: str
+    t: int
+    d: int
+    p: int = 0
+    r: Union[str, int, None] = None
+    a: msgspec.Raw = NO_ATTRS
+    err: Union[str, None] = None
+
+
 class End(msgspec.Struct, tag="E", tag_field="k", kw_only=True, omit_defaults=True,
              gc=False):
     i: int
@@ -77,7 +94,7 @@ class Instant(msgspec.Struct, tag="I", tag_field="k", kw_only=True, omit_default
     a: msgspec.Raw = NO_ATTRS
 
 
-Record = Union[Begin, End, Instant]
+Record = Union[Complete, Begin, End, Instant]
 
 
 def _to_json_safe(obj: object) -> object:

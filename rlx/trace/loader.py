@@ -14,11 +14,12 @@ marked unfinished, and drawn up to the last time its process wrote.
 from __future__ import annotations
 
 import gc
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from pathlib import Path
 
 import numpy as np
 
+from rlx.trace.format import NO_ATTRS
 from rlx.trace.model import STATUS_ERROR, STATUS_OK, STATUS_UNFINISHED, Events, Process, Spans, Trace
 from rlx.trace.reader import FileRecords, TraceError, is_trace_file, read_trace_file
 
@@ -58,21 +59,46 @@ def load_trace(path: str | Path) -> Trace:
 class _Interner:
     """Maps names (or request ids) to small ints in first-seen order; None maps to -1.
 
-    Built from ``dict.fromkeys``, comprehensions and ``map`` over a bound method: no Python
-    function call per item, which matters for a million spans.
+    Values are told apart by ``hash()`` (computed in C by ``map``) and grouped with
+    ``np.unique``: no Python call per item, which matters for a million spans with half a
+    million distinct request ids. Two distinct values with one 64-bit hash would share an id;
+    with string ids that does not happen in practice (CPython's ints -1 and -2 do collide).
     """
 
     def __init__(self) -> None:
-        self._index: dict = {None: -1}
+        self._hashes = np.array([hash(None)], np.int64)  # sorted
+        self._ids = np.array([-1], np.int64)
+        self._values: list = []
 
-    def ids(self, items: list) -> np.ndarray:
-        index = self._index
-        fresh = [k for k in dict.fromkeys(items) if k not in index]
-        index.update(zip(fresh, range(len(index) - 1, len(index) - 1 + len(fresh))))
-        return np.fromiter(map(index.__getitem__, items), np.int32, len(items))
+    def ids(self, records: list, attr: str) -> np.ndarray:
+        """The id of ``getattr(record, attr)`` for each record."""
+        hashes = np.fromiter(map(hash, map(attrgetter(attr), records)), np.int64, len(records))
+        unique, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+        pos = np.minimum(np.searchsorted(self._hashes, unique), len(self._hashes) - 1)
+        known = self._hashes[pos] == unique
+        ids = np.where(known, self._ids[pos], 0)
+        fresh = np.flatnonzero(~known)[np.argsort(first[~known], kind="stable")]
+        ids[fresh] = np.arange(len(self._values), len(self._values) + len(fresh))
+        self._values += _pick(records, first[fresh].tolist(), attr)
+        self._remember(unique[fresh], ids[fresh])
+        return ids[inverse.reshape(-1)].astype(np.int32)
+
+    def _remember(self, hashes: np.ndarray, ids: np.ndarray) -> None:
+        if len(hashes):
+            all_hashes, all_ids = np.r_[self._hashes, hashes], np.r_[self._ids, ids]
+            order = np.argsort(all_hashes, kind="stable")
+            self._hashes, self._ids = all_hashes[order], all_ids[order]
 
     def values(self) -> list:
-        return [k for k in self._index if k is not None]
+        return self._values
+
+
+def _pick(records: list, indices: list[int], attr: str) -> list:
+    """``[getattr(records[i], attr) for i in indices]`` without a Python call per item."""
+    if not indices:
+        return []
+    chosen = itemgetter(*indices)(records)
+    return list(map(attrgetter(attr), chosen if len(indices) > 1 else (chosen,)))
 
 
 def _column(records: list, attr: str, dtype: type = np.int64) -> np.ndarray:
@@ -101,44 +127,53 @@ class _FileColumns:
         self.end = np.where(self.status == STATUS_UNFINISHED, self.last_t, self.end_known)
 
     def _spans(self, rec: FileRecords, names: _Interner, requests: _Interner) -> None:
-        begins, ends = rec.begins, rec.ends
-        ids = _column(begins, "i")
+        """Complete spans (one ``X`` line each) first, then the long ones (``B`` [+ ``E``])."""
+        done, begins = rec.completes, rec.begins
+        done_ids = _column(done, "i")
+        if begins:  # a begin line that raced with its complete line describes the same span
+            begins = [b for b, keep in zip(begins, (~np.isin(_column(begins, "i"), done_ids)).tolist()) if keep]
+        ids = np.r_[done_ids, _column(begins, "i")]
         self._order = np.argsort(ids, kind="stable")
         self._sorted_ids = ids[self._order]
-        self.start = _column(begins, "t")
-        self.name = names.ids([b.n for b in begins])
-        self.request = requests.ids([b.r for b in begins])
-        self.begin_attrs = [b.a for b in begins]
-        self.parent = _lookup(self._sorted_ids, self._order, _column(begins, "p"))
-        end_ids = _column(ends, "i")
-        self.end_index = _lookup(*_sorted(end_ids), ids)
-        end_times = np.append(_column(ends, "t"), 0)  # index -1 (no end) reads the 0
-        self.end_known = end_times[self.end_index]
-        self.status = np.where(self.end_index >= 0, STATUS_OK, STATUS_UNFINISHED).astype(np.int8)
-        self.end_attrs = [e.a for e in ends]
-        self._end_details(ends, _lookup(self._sorted_ids, self._order, end_ids), requests)
+        self.start = np.r_[_column(done, "t"), _column(begins, "t")]
+        self.name = np.r_[names.ids(done, "n"), names.ids(begins, "n")]
+        # A file in which no line has a request id or an error skips those passes (a byte search).
+        self.request = (np.r_[requests.ids(done, "r"), requests.ids(begins, "r")] if rec.has_requests
+                        else np.full(len(ids), -1, np.int32))
+        self.begin_attrs = list(map(attrgetter("a"), done)) + list(map(attrgetter("a"), begins))
+        self.parent = _lookup(self._sorted_ids, self._order, np.r_[_column(done, "p"), _column(begins, "p")])
+        self.errors = {k: x.err for k, x in enumerate(done) if x.err is not None} if rec.has_errors else {}
+        self.end_attrs: dict = {}
+        end_of_begin = _lookup(*_sorted(_column(rec.ends, "i")), ids[len(done):])
+        end_times = np.append(_column(rec.ends, "t"), 0)  # index -1 (no end) reads the 0
+        self.end_known = np.r_[self.start[:len(done)] + _column(done, "d"), end_times[end_of_begin]]
+        self.status = np.r_[np.full(len(done), STATUS_OK), np.where(end_of_begin >= 0, STATUS_OK, STATUS_UNFINISHED)]
+        self.status = self.status.astype(np.int8)
+        self._long_span_ends(rec.ends, end_of_begin, len(done), requests)
+        self.status[list(self.errors)] = STATUS_ERROR
 
-    def _end_details(self, ends: list, span_of_end: np.ndarray, requests: _Interner) -> None:
-        """Errors and late request ids (rare, so a loop over just those), and orphan ends."""
-        missing = int((span_of_end < 0).sum())
-        if missing:
-            self.skipped["span end without its begin"] += missing
-        self.errors = {}
-        for k, e in [(k, e) for k, e in enumerate(ends) if e.err is not None or e.r is not None]:
-            s = int(span_of_end[k])
-            if s >= 0 and e.err is not None:
+    def _long_span_ends(self, ends: list, end_of_begin: np.ndarray, base: int, requests: _Interner) -> None:
+        """Attributes, errors and late request ids from the end lines of long spans; orphans counted."""
+        matched = end_of_begin >= 0
+        orphans = len(ends) - int(matched.sum())
+        if orphans:
+            self.skipped["span end without its begin"] += orphans
+        for k in np.flatnonzero(matched).tolist():
+            e, s = ends[end_of_begin[k]], base + k
+            if e.a is not NO_ATTRS:
+                self.end_attrs[s] = e.a
+            if e.err is not None:
                 self.errors[s] = e.err
-                self.status[s] = STATUS_ERROR
-            if s >= 0 and e.r is not None and self.request[s] < 0:
-                self.request[s] = requests.ids([e.r])[0]
+            if e.r is not None and self.request[s] < 0:
+                self.request[s] = requests.ids([e], "r")[0]
 
     def _events(self, rec: FileRecords, names: _Interner, requests: _Interner) -> None:
         instants = rec.instants
         self.time = _column(instants, "t")
-        self.event_name = names.ids([e.n for e in instants])
-        self.event_request = requests.ids([e.r for e in instants])
+        self.event_name = names.ids(instants, "n")
+        self.event_request = requests.ids(instants, "r")
         self.event_parent = _lookup(self._sorted_ids, self._order, _column(instants, "p"))
-        self.event_attrs = [e.a for e in instants]
+        self.event_attrs = list(map(attrgetter("a"), instants))
 
 
 def _sorted(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -175,7 +210,6 @@ def _shift(index: np.ndarray, base: int) -> np.ndarray:
 
 def _concat_spans(parts: list[_FileColumns]) -> Spans:
     bases = _bases([len(p.start) for p in parts])
-    end_bases = _bases([len(p.end_attrs) for p in parts])
     cat = np.concatenate
     spans = Spans(
         proc=cat([np.full(len(p.start), p.process.index, np.int32) for p in parts]),
@@ -186,11 +220,10 @@ def _concat_spans(parts: list[_FileColumns]) -> Spans:
         depth=np.zeros(sum(len(p.start) for p in parts), np.int16),
         request=cat([p.request for p in parts]).astype(np.int32),
         status=cat([p.status for p in parts]).astype(np.int8),
-        begin_attrs=[a for p in parts for a in p.begin_attrs],
-        end_index=cat([_shift(p.end_index, b) for p, b in zip(parts, end_bases)]).astype(np.int32),
-        end_attrs=[a for p in parts for a in p.end_attrs])
+        begin_attrs=[a for p in parts for a in p.begin_attrs])
     for p, b in zip(parts, bases):
         spans.errors.update({s + b: e for s, e in p.errors.items()})
+        spans.end_attrs.update({s + b: a for s, a in p.end_attrs.items()})
     return spans
 
 

@@ -51,14 +51,13 @@ class Spans:
     depth: np.ndarray       # int16 nesting depth, 0 = top level
     request: np.ndarray     # int32 index into Trace.request_ids (own or inherited), -1 = none
     status: np.ndarray      # int8 STATUS_*
-    begin_attrs: list       # msgspec.Raw per span (format.NO_ATTRS if none): given at begin
-    end_index: np.ndarray   # int32 index into end_attrs, -1 = the span has no end
-    end_attrs: list         # msgspec.Raw per end record: attributes from span.set(...)
+    begin_attrs: list       # msgspec.Raw per span (format.NO_ATTRS if none): all attributes of
+                            # a complete span, those given at begin for a long one
+    end_attrs: dict = field(default_factory=dict)   # span index -> Raw from a long span's end line
     errors: dict = field(default_factory=dict)      # span index -> "ExcType: message"
 
     def attrs_set_later(self, i: int):
-        j = int(self.end_index[i])
-        return self.end_attrs[j] if j >= 0 else None
+        return self.end_attrs.get(i)
 
     def __len__(self) -> int:
         return len(self.start)

@@ -76,7 +76,7 @@ def match_spans(trace: Trace, text: str) -> np.ndarray:
             mask &= _OPS[term.op](spans.status, _STATUS[term.value])
         else:
             mask &= _common(trace, term, spans.name, spans.proc, spans.request,
-                            [(spans.begin_attrs, None), (spans.end_attrs, _span_of_end(trace))], len(spans))
+                            [(spans.begin_attrs, None), (list(spans.end_attrs.values()), list(spans.end_attrs))], len(spans))
     return mask
 
 
@@ -132,15 +132,6 @@ def _by_attribute(term: Term, raw_lists: list, n: int) -> np.ndarray:
                 if i >= 0:
                     mask[i] = True
     return mask
-
-
-def _span_of_end(trace: Trace) -> np.ndarray:
-    """For each end record, the span it ends (-1 if none)."""
-    end_index = trace.spans.end_index
-    owner = np.full(len(trace.spans.end_attrs), -1, np.int64)
-    has_end = end_index >= 0
-    owner[end_index[has_end]] = np.nonzero(has_end)[0]
-    return owner
 
 
 def _compare(actual: object, op: str, wanted: str) -> bool:

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import msgspec
 
-from rlx.trace.format import (FORMAT_NAME, FORMAT_VERSION, Begin, End, Header, Instant,
+from rlx.trace.format import (FORMAT_NAME, FORMAT_VERSION, Begin, Complete, End, Header, Instant,
                               header_decoder, record_decoder, records_decoder)
 
 MAX_EXAMPLES = 5
-_HEADER_PREFIX = b'{"k":"H"'
 
 
 class TraceError(ValueError):
@@ -30,11 +29,15 @@ class TraceError(ValueError):
 class FileRecords:
     path: Path
     header: Header
+    completes: list = field(default_factory=list)
     begins: list = field(default_factory=list)
     ends: list = field(default_factory=list)
     instants: list = field(default_factory=list)
     skipped: Counter = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
+    has_requests: bool = True
+    """False only when no line holds a request id (then the loader skips that column)."""
+    has_errors: bool = True
 
     def skip(self, line_no: int, reason: str) -> None:
         self.skipped[reason] += 1
@@ -46,24 +49,26 @@ def is_trace_file(path: Path) -> bool:
     """True when the file starts with an rlx trace header line."""
     try:
         with open(path, "rb") as f:
-            return f.read(len(_HEADER_PREFIX)) == _HEADER_PREFIX
-    except OSError:
+            first = f.readline(1 << 16)
+        header_decoder.decode(first)
+    except (OSError, msgspec.DecodeError):
         return False
+    return True
 
 
 def read_trace_file(path: Path) -> FileRecords:
     """All usable records of one file; raises TraceError if it is not an rlx trace at all."""
     data = Path(path).read_bytes()
-    first, _, body = data.partition(b"\n")
-    records = FileRecords(path=Path(path), header=_decode_header(path, first))
-    tail = b""
-    if body and not body.endswith(b"\n"):
-        body, _, tail = body.rpartition(b"\n")
-        body += b"\n" if body else b""
-    if body:
-        _read_body(records, body)
-    if tail:
-        _read_last_line(records, tail, 2 + body.count(b"\n"))
+    first_end = data.find(b"\n")
+    header = _decode_header(path, data if first_end < 0 else data[:first_end])
+    records = FileRecords(path=Path(path), header=header)
+    if first_end < 0:
+        return records
+    body_end = data.rfind(b"\n") + 1  # lines after the last newline were cut by a crash
+    if body_end > first_end + 1:
+        _read_body(records, data, first_end + 1, body_end)
+    if body_end < len(data):
+        _read_last_line(records, data[body_end:], 2 + data.count(b"\n", first_end + 1, body_end))
     return records
 
 
@@ -89,15 +94,24 @@ def _read_last_line(records: FileRecords, line: bytes, line_no: int) -> None:
         records.skip(line_no, "truncated last line")
 
 
-def _read_body(records: FileRecords, body: bytes) -> None:
+def _read_body(records: FileRecords, data: bytes, start: int, end: int) -> None:
+    """Lines data[start:end] (ending in a newline) decoded as one JSON array: two copies, one call."""
+    array = bytearray(b"[")
+    array += memoryview(data)[start:end - 1]
+    array += b"]"
     try:
-        decoded = records_decoder.decode(b"[" + body[:-1].replace(b"\n", b",") + b"]")
+        decoded = records_decoder.decode(array.replace(b"\n", b","))
     except msgspec.DecodeError:
-        _read_lines(records, body)
+        _read_lines(records, data[start:end])
         return
-    records.begins = [r for r in decoded if r.__class__ is Begin]
-    records.ends = [r for r in decoded if r.__class__ is End]
-    records.instants = [r for r in decoded if r.__class__ is Instant]
+    records.has_requests, records.has_errors = b'"r":' in data, b'"err":' in data
+    records.completes = [r for r in decoded if r.__class__ is Complete]
+    if len(records.completes) == len(decoded):
+        return
+    rest = [r for r in decoded if r.__class__ is not Complete]  # few: long spans and events
+    records.begins = [r for r in rest if r.__class__ is Begin]
+    records.ends = [r for r in rest if r.__class__ is End]
+    records.instants = [r for r in rest if r.__class__ is Instant]
 
 
 def _read_lines(records: FileRecords, body: bytes) -> None:
@@ -115,7 +129,9 @@ def _read_lines(records: FileRecords, body: bytes) -> None:
 
 def _add(records: FileRecords, record: object) -> None:
     kind = record.__class__
-    if kind is Begin:
+    if kind is Complete:
+        records.completes.append(record)
+    elif kind is Begin:
         records.begins.append(record)
     elif kind is End:
         records.ends.append(record)

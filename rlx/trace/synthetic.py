@@ -15,7 +15,9 @@ import heapq
 import random
 from pathlib import Path
 
-from rlx.trace.format import FORMAT_NAME, FORMAT_VERSION, NO_ATTRS, Begin, End, Header, Instant, encoder
+from rlx.trace.format import (FORMAT_NAME, FORMAT_VERSION, NO_ATTRS, Begin, Complete, End, Header, Instant,
+                              encoder)
+from rlx.trace.tracer import OPEN_SPAN_FLUSH_S
 
 _MS = 1_000_000
 _START_WALL_NS = 1_750_000_000 * 1_000_000_000
@@ -26,17 +28,33 @@ class _ProcessWriter:
 
     def __init__(self, name: str, role: str, pid: int, start_ns: int) -> None:
         self.name, self.start_ns, self._next_id = name, start_ns, 1
+        self._open: dict[int, tuple] = {}
         header = Header(format=FORMAT_NAME, version=FORMAT_VERSION, name=name, role=role, pid=pid,
                         host="synthetic", wall_ns=_START_WALL_NS + start_ns, mono_ns=10**12 + start_ns)
         self.lines = [encoder.encode(header)]
 
+    def begin(self, name: str, t0: int, parent: int = 0, request=None, attrs=None) -> int:
+        """A span whose end comes later (``end``); returns its id."""
+        span_id, self._next_id = self._next_id, self._next_id + 1
+        self._open[span_id] = (name, t0, parent, request, attrs)
+        return span_id
+
+    def end(self, span_id: int, t1: int, end_attrs=None, err=None) -> None:
+        """Written as the tracer would: one complete line, or begin + end lines if it was long."""
+        name, t0, parent, request, attrs = self._open.pop(span_id)
+        if t1 - t0 < OPEN_SPAN_FLUSH_S * 1e9:
+            merged = {**(attrs or {}), **(end_attrs or {})}
+            self.lines.append(encoder.encode(Complete(i=span_id, n=name, t=t0 - self.start_ns, d=t1 - t0,
+                                                      p=parent, r=request, a=merged or NO_ATTRS, err=err)))
+            return
+        self.lines.append(encoder.encode(Begin(i=span_id, n=name, t=t0 - self.start_ns, p=parent, r=request,
+                                               a=attrs or NO_ATTRS)))
+        self.lines.append(encoder.encode(End(i=span_id, t=t1 - self.start_ns, a=end_attrs or NO_ATTRS, err=err)))
+
     def span(self, name: str, t0: int, t1: int, parent: int = 0, request=None, attrs=None,
              end_attrs=None, err=None) -> int:
-        span_id, self._next_id = self._next_id, self._next_id + 1
-        self.lines.append(encoder.encode(Begin(i=span_id, n=name, t=t0 - self.start_ns, p=parent,
-                                               r=request, a=attrs or NO_ATTRS)))
-        if t1 is not None:
-            self.lines.append(encoder.encode(End(i=span_id, t=t1 - self.start_ns, a=end_attrs or NO_ATTRS, err=err)))
+        span_id = self.begin(name, t0, parent, request, attrs)
+        self.end(span_id, t1, end_attrs, err)
         return span_id
 
     def instant(self, name: str, t: int, parent: int = 0, request=None, attrs=None) -> None:
@@ -62,7 +80,7 @@ class _Run:
 
     def step(self, step: int, t: int) -> int:
         lead = self.trainers[0]
-        step_id = lead.span("step", t, None, attrs={"step": step})
+        step_id = lead.begin("step", t, attrs={"step": step})
         t_gen = self.generate(t + 2 * _MS, lead, step_id)
         t_reward = t_gen + self.rng.randint(5, 20) * _MS
         lead.span("reward", t_gen, t_reward, step_id, attrs={"num_samples": self.requests_per_step})
@@ -70,7 +88,7 @@ class _Run:
         t_end = self.sync(t_end, step, step_id)
         if step % 10 == 9:
             t_end = self.checkpoint(t_end, step, step_id)
-        lead.lines.append(encoder.encode(End(i=step_id, t=t_end - lead.start_ns)))
+        lead.end(step_id, t_end)
         return t_end + _MS
 
     def generate(self, t: int, lead: _ProcessWriter, step_id: int) -> int:
@@ -102,7 +120,7 @@ class _Run:
     def train(self, t: int, step: int, step_id: int) -> int:
         t_end = t
         for rank, trainer in enumerate(self.trainers):
-            parent = step_id if rank == 0 else trainer.span("step", t, None, attrs={"step": step})
+            parent = step_id if rank == 0 else trainer.begin("step", t, attrs={"step": step})
             t_r = t + self.rng.randint(30, 60) * _MS
             trainer.span("logprob", t, t_r, parent)
             for micro in range(4):
@@ -112,13 +130,13 @@ class _Run:
             t_opt = t_r + self.rng.randint(5, 15) * _MS
             trainer.span("optimizer_step", t_r, t_opt, parent, end_attrs={"grad_norm": round(self.rng.random(), 3)})
             if rank:
-                trainer.lines.append(encoder.encode(End(i=parent, t=t_opt - trainer.start_ns)))
+                trainer.end(parent, t_opt)
             t_end = max(t_end, t_opt)
         return t_end
 
     def sync(self, t: int, step: int, step_id: int, num_buckets: int = 4) -> int:
         lead = self.trainers[0]
-        sync_id = lead.span("sync", t, None, step_id, attrs={"step": step})
+        sync_id = lead.begin("sync", t, step_id, attrs={"step": step})
         for bucket in range(num_buckets):
             attrs = {"bucket_id": bucket, "bytes": 64 << 20}
             t_pack = t + self.rng.randint(2, 6) * _MS
@@ -131,7 +149,7 @@ class _Run:
                 receiver.span("sync.load", t_sent, t_load, attrs=attrs)
                 receiver.span("sync.ack", t_load, t_load + 200_000, attrs=attrs)
                 t = max(t, t_load + 200_000)
-        lead.lines.append(encoder.encode(End(i=sync_id, t=t - lead.start_ns)))
+        lead.end(sync_id, t)
         return t
 
     def checkpoint(self, t: int, step: int, step_id: int) -> int:

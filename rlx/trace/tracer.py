@@ -15,11 +15,15 @@ Guarantees, in order of importance:
 - Off costs a function call: ``span()`` returns a shared no-op object, ``event()`` returns.
 - Nesting follows ``contextvars``, so the parent of a span is right in threads and across
   ``await`` (each asyncio task sees the span it was created under).
+- A span is one line, written when it ends (a complete record: start, duration, attributes).
+  A span still open after ``open_span_flush_s`` (1 s) also gets a begin line, written by a
+  small daemon thread, and then ends with an end line: a hang or a crash leaves every
+  long-running span in the file, drawn as unfinished. A crash loses only spans younger than
+  that. One line per short span halves the writes and the reading time of a busy trace.
 - Every line goes to the operating system as one ``write`` when it happens (the file is opened
   unbuffered, ``O_APPEND``): a crash, even SIGKILL, loses nothing already written, and threads
-  never interleave partial lines. ``flush()`` therefore has nothing to push; it exists so that
-  callers need not know that (and ``os.fsync`` is deliberately not called: power loss is out of
-  scope, the page cache is enough).
+  never interleave partial lines. ``flush()`` writes the begin lines of all open spans now;
+  ``os.fsync`` is deliberately never called (power loss is out of scope).
 
 Left out: sampling, remote collectors and log rotation. A process that forks keeps tracing into
 a new file named with the child's pid; spans the parent opened are not ended in the child's file.
@@ -27,6 +31,7 @@ a new file named with the child's pid; spans the parent opened are not ended in 
 
 from __future__ import annotations
 
+import atexit
 import contextvars
 import functools
 import inspect
@@ -34,14 +39,16 @@ import itertools
 import os
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from rlx.trace.format import (FORMAT_NAME, FORMAT_VERSION, NO_ATTRS, REQUEST_KEY, Begin, End,
-                              Header, Instant, encoder)
+from rlx.trace.format import (FORMAT_NAME, FORMAT_VERSION, NO_ATTRS, REQUEST_KEY, Begin, Complete,
+                              End, Header, Instant, encoder)
 
 ENV_TRACE_DIR = "RLX_TRACE_DIR"
+OPEN_SPAN_FLUSH_S = 1.0
 _MAX_ERROR_CHARS = 500
 
 
@@ -71,9 +78,11 @@ NOOP_SPAN = _NoopSpan()
 
 
 class Span:
-    """A live span: written at ``__enter__`` (begin) and ``__exit__`` (end, with ``set`` attrs)."""
+    """A live span. Written once at exit as a complete record, unless it stayed open long enough
+    for the tracer's watcher to write its begin line (then the exit writes an end line)."""
 
-    __slots__ = ("_tracer", "_generation", "name", "attrs", "id", "parent", "_token", "_extra")
+    __slots__ = ("_tracer", "_generation", "name", "attrs", "id", "parent", "start", "begun",
+                 "_token", "_extra")
 
     def __init__(self, tracer: "Tracer", name: str, attrs: dict) -> None:
         self._tracer = tracer
@@ -82,6 +91,8 @@ class Span:
         self.attrs = attrs
         self.id = 0
         self.parent = 0
+        self.start = 0
+        self.begun = False
         self._token: contextvars.Token | None = None
         self._extra: dict | None = None
 
@@ -93,16 +104,20 @@ class Span:
             self._extra.update(attrs)
 
     def __enter__(self) -> "Span":
-        self.id = next(self._tracer._ids)
-        self.parent = self._tracer._current.get()
-        self._token = self._tracer._current.set(self.id)
-        self._tracer._write_begin(self)
+        tracer = self._tracer
+        self.id = next(tracer._ids)
+        self.parent = tracer._current.get()
+        self._token = tracer._current.set(self.id)
+        self.start = tracer._now()
+        tracer._open_spans[self.id] = self
         return self
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> bool:
         self._restore_parent()
-        if self._generation == self._tracer._generation:
-            self._tracer._write_end(self, _describe(exc_type, exc))
+        tracer = self._tracer
+        tracer._open_spans.pop(self.id, None)
+        if self._generation == tracer._generation:
+            tracer._write_end(self, _describe(exc_type, exc))
         return False
 
     async def __aenter__(self) -> "Span":
@@ -125,6 +140,12 @@ def _describe(exc_type: type | None, exc: BaseException | None) -> str | None:
     return text[:_MAX_ERROR_CHARS]
 
 
+def _split_request(attrs: dict | None) -> tuple[Any, dict | None]:
+    if attrs and REQUEST_KEY in attrs:
+        return attrs.pop(REQUEST_KEY), attrs
+    return None, attrs
+
+
 class Tracer:
     """Writes this process's spans and events to ``<trace_dir>/<name>.<pid>.jsonl`` once configured."""
 
@@ -133,11 +154,14 @@ class Tracer:
         self._ids = itertools.count(1)
         # The enclosing span's id; one variable per tracer so that two tracers never mix ids.
         self._current: contextvars.ContextVar[int] = contextvars.ContextVar(f"rlx_span_{id(self)}", default=0)
+        self._open_spans: dict[int, Span] = {}
+        self._watcher: threading.Event | None = None
         self._generation = 0
         self._mono0 = 0
         self._dir: Path | None = None
         self._role = ""
         self._name = ""
+        self.open_span_flush_s = OPEN_SPAN_FLUSH_S
         self.path: Path | None = None
 
     # -- switching on and off -------------------------------------------------------------
@@ -146,13 +170,20 @@ class Tracer:
     def enabled(self) -> bool:
         return self._fd is not None
 
-    def configure(self, trace_dir: str | Path, role: str, name: str) -> Path:
-        """Start writing this process's trace into ``trace_dir``; returns the file path."""
+    def configure(self, trace_dir: str | Path, role: str, name: str, *,
+                  open_span_flush_s: float = OPEN_SPAN_FLUSH_S) -> Path:
+        """Start writing this process's trace into ``trace_dir``; returns the file path.
+
+        ``open_span_flush_s``: a span still open after this many seconds gets its begin line
+        written, so that a crash or hang leaves it in the file."""
         _check_name("role", role)
         _check_name("name", name)
+        if open_span_flush_s <= 0:
+            raise ValueError(f"open_span_flush_s={open_span_flush_s} must be > 0 (seconds)")
         self.close()
         self._dir, self._role, self._name = Path(trace_dir), role, name
-        self._open()
+        self.open_span_flush_s = open_span_flush_s
+        self._start_file()
         return self.path
 
     def configure_from_env(self, role: str, name: str) -> bool:
@@ -163,13 +194,26 @@ class Tracer:
         self.configure(trace_dir, role, name)
         return True
 
-    def flush(self) -> None:
-        """Nothing to do: each line is written to the OS when it happens (see module docstring)."""
+    def flush(self, min_age_s: float = 0.0) -> None:
+        """Write the begin line of every span open for at least ``min_age_s`` (all by default),
+        so that the file describes everything open now. Finished spans are always written."""
+        if self._fd is None:
+            return
+        oldest = self._now() - int(min_age_s * 1e9)
+        for span in list(self._open_spans.values()):
+            if not span.begun and span.start <= oldest and span._generation == self._generation:
+                span.begun = True
+                self._write_begin(span)
 
     def close(self) -> None:
-        """Stop tracing; spans still open are left unfinished in the file."""
+        """Stop tracing; spans still open are written as begun and stay unfinished in the file."""
+        self.flush()
+        if self._watcher is not None:
+            self._watcher.set()
+            self._watcher = None
         fd, self._fd = self._fd, None
         self._generation += 1
+        self._open_spans.clear()
         if fd is not None:
             try:
                 os.close(fd)
@@ -207,14 +251,19 @@ class Tracer:
         return time.monotonic_ns() - self._mono0
 
     def _write_begin(self, span: Span) -> None:
-        attrs = span.attrs
-        rid = attrs.pop(REQUEST_KEY, None) if REQUEST_KEY in attrs else None
-        self._write(Begin(i=span.id, n=span.name, t=self._now(), p=span.parent, r=rid, a=attrs or NO_ATTRS))
+        rid, attrs = _split_request(dict(span.attrs))
+        self._write(Begin(i=span.id, n=span.name, t=span.start, p=span.parent, r=rid, a=attrs or NO_ATTRS))
 
     def _write_end(self, span: Span, err: str | None) -> None:
-        extra = span._extra
-        rid = extra.pop(REQUEST_KEY, None) if extra and REQUEST_KEY in extra else None
-        self._write(End(i=span.id, t=self._now(), r=rid, a=extra or NO_ATTRS, err=err))
+        now = self._now()
+        if span.begun:
+            rid, extra = _split_request(span._extra)
+            self._write(End(i=span.id, t=now, r=rid, a=extra or NO_ATTRS, err=err))
+            return
+        attrs = span.attrs if span._extra is None else {**span.attrs, **span._extra}
+        rid, attrs = _split_request(attrs)
+        self._write(Complete(i=span.id, n=span.name, t=span.start, d=now - span.start, p=span.parent,
+                             r=rid, a=attrs or NO_ATTRS, err=err))
 
     def _write(self, record: object) -> None:
         fd = self._fd
@@ -228,9 +277,10 @@ class Tracer:
             os.write(fd, data + b"\n")
         except OSError as exc:
             _warn(f"tracing to {self.path} stopped: {exc}; the traced program goes on without it")
+            self._fd = None
             self.close()
 
-    def _open(self) -> None:
+    def _start_file(self) -> None:
         pid = os.getpid()
         try:
             self._dir.mkdir(parents=True, exist_ok=True)
@@ -245,17 +295,36 @@ class Tracer:
         self._fd = fd
         self._generation += 1
         self._write(header)
+        self._watcher = _watch_open_spans(self)
 
     def _after_fork_in_child(self) -> None:
+        """The parent's file, watcher thread and open spans are the parent's; start afresh."""
         if self._fd is None:
             return
         os.close(self._fd)
-        self._fd = None
+        self._fd, self._watcher = None, None
         self._generation += 1
+        self._open_spans.clear()
         try:
-            self._open()
+            self._start_file()
         except ValueError as exc:
             _warn(f"tracing stopped in forked child {os.getpid()}: {exc}")
+
+
+def _watch_open_spans(tracer: Tracer) -> threading.Event:
+    """A daemon thread writing begin lines of spans open longer than ``open_span_flush_s``."""
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(tracer.open_span_flush_s / 2):
+            try:
+                tracer.flush(min_age_s=tracer.open_span_flush_s)
+            except Exception as exc:  # noqa: BLE001 - never let the watcher die loudly mid-run
+                _warn(f"open-span watcher stopped: {exc}")
+                return
+
+    threading.Thread(target=run, name="rlx-trace-open-spans", daemon=True).start()
+    return stop
 
 
 def _wrap(tracer: Tracer, fn: Callable, name: str, attrs: dict) -> Callable:
@@ -300,3 +369,4 @@ def _warn(message: str) -> None:
 
 tracer = Tracer()
 os.register_at_fork(after_in_child=tracer._after_fork_in_child)
+atexit.register(tracer.close)

@@ -132,3 +132,20 @@ def test_durations_format_and_parse():
     assert parse_duration_ns("10ms") == 10_000_000 and parse_duration_ns("1.5") == 1_500_000_000
     with pytest.raises(ValueError, match="250us"):
         parse_duration_ns("soon")
+
+
+def test_queued_counts_queued_spans_and_queued_events_until_generation(tmp_path):
+    from rlx.trace.concurrency import queued, running
+
+    header = {"k": "H", "format": "rlx-trace", "version": 1, "name": "rollout0", "role": "rollout", "pid": 1,
+              "host": "h", "wall_ns": 10**18, "mono_ns": 0}
+    lines = [header,
+             {"k": "B", "i": 1, "n": "queued", "t": 0, "r": "a"}, {"k": "E", "i": 1, "t": 10},
+             {"k": "B", "i": 2, "n": "generate", "t": 10, "r": "a"}, {"k": "E", "i": 2, "t": 50},
+             {"k": "I", "n": "queued", "t": 5, "r": "b"},
+             {"k": "B", "i": 3, "n": "generate", "t": 30, "r": "b"}, {"k": "E", "i": 3, "t": 60}]
+    (tmp_path / "rollout0.1.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    trace = load_trace(tmp_path)
+    q, r = queued(trace), running(trace)
+    assert [q.at(t) for t in (0, 7, 20, 40)] == [1, 2, 1, 0]
+    assert [r.at(t) for t in (0, 20, 40, 55, 70)] == [0, 1, 2, 1, 0]

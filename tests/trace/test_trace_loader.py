@@ -81,7 +81,7 @@ def test_truncated_last_line_is_skipped_and_counted(small_trace):
     path = [p for p in find_trace_files(small_trace) if p.name.startswith("trainer0")][0]
     before = len(load_trace(path).spans)
     data = path.read_bytes()
-    path.write_bytes(data + b'{"k":"B","i":999,"n":"step","t":12')  # a crash mid-write
+    path.write_bytes(data + b'{"k":"X","i":999,"n":"step","t":12')  # a crash mid-write
     trace = load_trace(path)
     assert trace.skipped == {"truncated last line": 1}
     assert len(trace.spans) == before
@@ -91,7 +91,7 @@ def test_malformed_lines_in_the_middle_are_skipped_with_reasons(small_trace):
     path = [p for p in find_trace_files(small_trace) if p.name.startswith("rollout0")][0]
     good = load_trace(path)
     lines = path.read_text().splitlines()
-    lines[3:3] = ["not json at all", "", '{"k":"Z","x":1}', '{"k":"B","i":"seven"}']
+    lines[3:3] = ["not json at all", "", '{"k":"Z","x":1}', '{"k":"X","i":"seven"}']
     path.write_text("\n".join(lines) + "\n")
     trace = load_trace(path)
     assert trace.num_skipped == 4
@@ -112,11 +112,14 @@ def test_a_killed_process_leaves_unfinished_spans(tmp_path):
     code = textwrap.dedent(f"""
         import os
         from rlx.trace import tracer
-        tracer.configure({str(tmp_path)!r}, role="trainer", name="trainer0")
+        import time
+        from rlx.trace import tracer
+        tracer.configure({str(tmp_path)!r}, role="trainer", name="trainer0", open_span_flush_s=0.05)
         with tracer.span("step", step=0):
             with tracer.span("sync"):
                 with tracer.span("sync.pack", bucket_id=0):
                     pass
+                time.sleep(0.5)  # open long enough for the begin lines to be written
                 os._exit(1)
     """)
     subprocess.run([sys.executable, "-c", code], check=False)
@@ -125,3 +128,18 @@ def test_a_killed_process_leaves_unfinished_spans(tmp_path):
     assert status == {"step": STATUS_UNFINISHED, "sync": STATUS_UNFINISHED, "sync.pack": STATUS_OK}
     assert trace.spans.end.max() == trace.processes[0].end_ns  # drawn up to the last line written
     assert trace.num_skipped == 0
+
+
+def test_a_begin_line_that_raced_with_the_complete_line_is_one_span(tmp_path):
+    header = {"k": "H", "format": "rlx-trace", "version": 1, "name": "t", "role": "trainer", "pid": 1,
+              "host": "h", "wall_ns": 10**18, "mono_ns": 0}
+    lines = [header, {"k": "X", "i": 1, "n": "sync", "t": 0, "d": 40, "a": {"bucket_id": 3}},
+             {"k": "B", "i": 1, "n": "sync", "t": 0, "a": {"bucket_id": 3}},
+             {"k": "B", "i": 2, "n": "checkpoint", "t": 10, "a": {"step": 1}},
+             {"k": "E", "i": 2, "t": 90, "a": {"bytes": 5}, "err": "OSError: disk full"}]
+    (tmp_path / "t.1.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    trace = load_trace(tmp_path)
+    assert names_of(trace) == ["sync", "checkpoint"]
+    assert trace.spans.duration.tolist() == [40, 80]
+    assert trace.spans.status.tolist() == [STATUS_OK, STATUS_ERROR]
+    assert trace.span_attrs(1) == {"step": 1, "bytes": 5}

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import threading
+import time
 
 import pytest
 
@@ -38,12 +39,12 @@ def test_nested_spans_record_parent_attributes_and_request_id(local):
         with local.span("generate", request_id="r1", prompt_tokens=7) as span:
             span.set(completion_tokens=12, finish_reason="stop")
         local.event("queued", request_id="r2", depth=4)
-    begin_step, begin_gen, end_gen, event, end_step = read_lines(local.path)[1:]
-    assert begin_step == {"k": "B", "i": 1, "n": "step", "t": begin_step["t"], "a": {"step": 3}}
-    assert begin_gen["p"] == 1 and begin_gen["r"] == "r1" and begin_gen["a"] == {"prompt_tokens": 7}
-    assert end_gen["i"] == 2 and end_gen["a"] == {"completion_tokens": 12, "finish_reason": "stop"}
+    gen, event, step = read_lines(local.path)[1:]  # one complete line per span, at its end
+    assert step == {"k": "X", "i": 1, "n": "step", "t": step["t"], "d": step["d"], "a": {"step": 3}}
+    assert gen["k"] == "X" and gen["i"] == 2 and gen["p"] == 1 and gen["r"] == "r1"
+    assert gen["a"] == {"prompt_tokens": 7, "completion_tokens": 12, "finish_reason": "stop"}
     assert event == {"k": "I", "n": "queued", "t": event["t"], "p": 1, "r": "r2", "a": {"depth": 4}}
-    assert end_step["i"] == 1 and end_step["t"] >= end_gen["t"] >= begin_gen["t"] >= begin_step["t"]
+    assert step["t"] <= gen["t"] <= gen["t"] + gen["d"] <= event["t"] <= step["t"] + step["d"]
 
 
 def test_parents_follow_each_task_across_await(local):
@@ -58,15 +59,31 @@ def test_parents_follow_each_task_across_await(local):
             await asyncio.gather(*(request(i) for i in range(3)))
 
     asyncio.run(main())
-    lines = read_lines(local.path)[1:]
-    begins = {line["i"]: line for line in lines if line["k"] == "B"}
-    request_ids = {b["r"]: i for i, b in begins.items() if b["n"] == "request"}
-    for b in begins.values():
+    spans = {line["i"]: line for line in read_lines(local.path)[1:]}
+    assert len(spans) == 7 and all(line["k"] == "X" for line in spans.values())
+    request_ids = {b["r"]: i for i, b in spans.items() if b["n"] == "request"}
+    for b in spans.values():
         if b["n"] == "request":
             assert b["p"] == 1  # the outer span
         if b["n"] == "inner":
             assert b["p"] == request_ids[b["a"]["i"]]
-    assert sum(1 for line in lines if line["k"] == "E") == 7
+
+
+def test_long_spans_get_a_begin_line_while_still_open(tmp_path):
+    t = Tracer()
+    t.configure(tmp_path, role="trainer", name="trainer0", open_span_flush_s=0.05)
+    with t.span("checkpoint", step=1, request_id="r") as span:
+        deadline = time.monotonic() + 5
+        while len(read_lines(t.path)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the watcher thread writes the begin line meanwhile
+        span.set(bytes=10)
+    with t.span("short"):
+        pass
+    t.close()
+    header, begin, end, short = read_lines(t.path)
+    assert begin == {"k": "B", "i": 1, "n": "checkpoint", "t": begin["t"], "r": "r", "a": {"step": 1}}
+    assert end == {"k": "E", "i": 1, "t": end["t"], "a": {"bytes": 10}}
+    assert short["k"] == "X" and short["n"] == "short"
 
 
 def test_exception_is_recorded_and_reraised_unchanged(local):
@@ -76,10 +93,10 @@ def test_exception_is_recorded_and_reraised_unchanged(local):
             raise error
     assert caught.value is error
     end = read_lines(local.path)[-1]
-    assert end["k"] == "E" and end["err"] == "KeyError: 'missing'"
+    assert end["k"] == "X" and end["err"] == "KeyError: 'missing'"
     with local.span("after"):
         pass
-    assert "p" not in read_lines(local.path)[-2]  # top level again: the failed span is no parent
+    assert "p" not in read_lines(local.path)[-1]  # top level again: the failed span is no parent
 
 
 def test_traced_decorator_wraps_sync_and_async_functions(local):
@@ -94,7 +111,7 @@ def test_traced_decorator_wraps_sync_and_async_functions(local):
 
     assert score(4) == 8
     assert asyncio.run(fetch(1)) == 2
-    names = [line["n"] for line in read_lines(local.path) if line["k"] == "B"]
+    names = [line["n"] for line in read_lines(local.path) if line["k"] == "X"]
     assert names == ["reward", fetch.__wrapped__.__qualname__]
 
 
@@ -119,7 +136,7 @@ def test_attributes_json_cannot_hold_are_replaced_by_the_reason(local):
         pass
     with local.span("y", loop=loop):
         pass
-    x, y = [line for line in read_lines(local.path) if line["k"] == "B"]
+    x, y = [line for line in read_lines(local.path) if line["k"] == "X"]
     assert x["a"] == {"nested": {"(1, 2)": "tuple key"}}  # keys JSON cannot hold become str()
     assert y["n"] == "y" and "not JSON-serialisable" in y["a"]["trace_error"]
 
@@ -163,8 +180,8 @@ def test_threads_write_whole_lines(local):
     for t in threads:
         t.join()
     lines = read_lines(local.path)
-    assert len(lines) == 1 + 4 * 200 * 2
-    assert len({line["i"] for line in lines if line["k"] == "B"}) == 800
+    assert len(lines) == 1 + 4 * 200
+    assert len({line["i"] for line in lines if line["k"] == "X"}) == 800
 
 
 def test_configure_from_env_enables_only_when_the_variable_is_set(tmp_path, monkeypatch):
@@ -206,10 +223,10 @@ def test_a_forked_child_writes_its_own_file(tmp_path):
     finally:
         tracer.close()
     child = read_lines(tmp_path / f"rollout0.{pid}.jsonl")
-    assert [line["k"] for line in child] == ["H", "B", "E"]  # no end for the parent's open span
+    assert [line["k"] for line in child] == ["H", "X"]  # nothing of the parent's open span
     assert child[0]["pid"] == pid and child[1]["n"] == "in_child"
     parent = read_lines(tmp_path / f"rollout0.{os.getpid()}.jsonl")
-    assert [line.get("n") for line in parent] == [None, "before_fork", None]
+    assert [line.get("n") for line in parent] == [None, "before_fork"]
 
 
 def test_importing_the_tracer_stays_light():

@@ -146,10 +146,11 @@ async def test_filter_by_name_and_attribute_then_clear(small_trace):
         assert "filter 'finish_reason=length': 2 spans" in status(app)
         assert int(tl.lanes.span_mask.sum()) == 2
         rollout_requests = tl.lanes.rows[row_of(tl, REQUESTS, "rollout0")]
-        assert len(tl.lanes.requests_of[rollout_requests.proc]) == 2  # only the two matching requests
+        assert len(tl.lanes.requests_of(rollout_requests.proc)) == 2  # only the two matching requests
+        await pilot.press("2")  # the summary follows the filter
         table = app.query_one(DataTable)
         assert table.row_count == 1 and table.get_row_at(0)[0] == "generate"
-        await pilot.press("slash", "escape")
+        await pilot.press("1", "slash", "escape")
         assert int(tl.lanes.span_mask.sum()) == len(app.trace.spans)
         await pilot.press("slash", *"dur=1", "enter")
         assert "filter error" in status(app)

@@ -16,7 +16,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import Footer, Input, Static, TabbedContent, TabPane
 
-from rlx.trace.concurrency import OpenCount
+from rlx.trace.concurrency import queued, running
 from rlx.trace.metrics import Metrics
 from rlx.trace.model import Trace
 from rlx.trace.query import match_events, match_spans
@@ -56,7 +56,8 @@ class TraceViewerApp(App):
         self.started_at = time.perf_counter() if started_at is None else started_at
         self.first_frame_s: float | None = None
         self.filter_text, self.filter_note = "", ""
-        self._generating, self._waiting = OpenCount(trace, "generate"), OpenCount(trace, "queued")
+        self._summary_mask, self._summary_shown = None, False
+        self._generating, self._waiting = running(trace), queued(trace)
 
     def compose(self) -> ComposeResult:
         yield Input(placeholder=FILTER_HELP, id="filter", compact=True)
@@ -77,7 +78,6 @@ class TraceViewerApp(App):
         return self.query_one(Timeline)
 
     def on_mount(self) -> None:
-        self.query_one(SummaryTable).show(summarize(self.trace))
         if self.initial_window:
             self.timeline.set_window(*self.initial_window)
             self.timeline.cursor_ns = sum(self.initial_window) / 2
@@ -139,8 +139,20 @@ class TraceViewerApp(App):
         self.filter_text = text
         self.filter_note = f"filter '{escape(text)}': {int(spans.sum()):,} spans" if text else ""
         self.timeline.apply_filter(spans, events)
-        self.query_one(SummaryTable).show(summarize(self.trace, spans))
+        self._summary_mask, self._summary_shown = spans, False
+        if self.query_one(TabbedContent).active == "summary":
+            self._show_summary()
         self.update_status()
+
+    def _show_summary(self) -> None:
+        """Fill the Summary tab (first shown, or after a filter): a sort over all spans, so lazily."""
+        if not self._summary_shown:
+            self.query_one(SummaryTable).show(summarize(self.trace, self._summary_mask))
+            self._summary_shown = True
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.pane.id == "summary":
+            self._show_summary()
 
     # -- messages from the widgets ----------------------------------------------------------
 
@@ -160,4 +172,5 @@ class TraceViewerApp(App):
         if tab == "timeline":
             self.timeline.focus()
         elif tab == "summary":
+            self._show_summary()
             self.query_one(SummaryTable).focus()

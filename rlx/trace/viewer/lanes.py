@@ -8,7 +8,9 @@ events). A filter hides spans and events; request rows left empty are hidden wit
 
 Rows hold indices into the trace's columns, sorted by start, plus a running maximum of the ends,
 so that the spans visible in a window are found with two binary searches whatever the zoom.
-Request rows are built on first use: a trace can have hundreds of thousands of requests.
+Rows are built when first drawn, per-request rows on first expansion: a trace can have hundreds
+of thousands of requests. The ``requests`` row counts each request's root spans (``queued``,
+``generate``...) that overlap a cell, so a request that changes phase inside one cell counts twice.
 """
 
 from __future__ import annotations
@@ -68,7 +70,13 @@ def _natural(text: str) -> list:
 
 
 class Lanes:
-    """The rows for a trace under a filter, with per-process request rows expandable."""
+    """The rows for a trace under a filter, with per-process request rows expandable.
+
+    Opening a trace computes only what the first frame shows: the depths of each process, how
+    many requests each served, and the ``requests`` rows (each request's root spans, which
+    overlap exactly while it is in flight). Grouping spans per request waits for the first
+    expansion.
+    """
 
     def __init__(self, trace: Trace, span_mask: np.ndarray | None = None,
                  event_mask: np.ndarray | None = None) -> None:
@@ -79,7 +87,10 @@ class Lanes:
         self.order = sorted(range(len(trace.processes)), key=self._process_key)
         self.expanded: set[int] = set()
         self._cache: dict[RowKey, RowData] = {}
-        self._group_requests()
+        self._width = max(len(trace.request_ids), 1)
+        self._grouped = False
+        self._count_requests()
+        self._find_depths()
         self.rows: list[RowKey] = []
         self.rebuild()
 
@@ -87,69 +98,72 @@ class Lanes:
         p = self.trace.processes[proc]
         return role_rank(p.role), _natural(p.name), proc
 
-    def _group_requests(self) -> None:
-        """Request spans and events sorted by (process, request, time); the requests of each process."""
-        spans, events = self.trace.spans, self.trace.events
-        self._num_requests = max(len(self.trace.request_ids), 1)
-        req_spans = np.flatnonzero(self.span_mask & (spans.request >= 0))
-        span_keys = self._key(spans.proc[req_spans], spans.request[req_spans])
-        order = np.lexsort((spans.start[req_spans], span_keys))
-        self._req_spans, self._req_span_keys = req_spans[order], span_keys[order]
-        req_events = np.flatnonzero(self.event_mask & (events.request >= 0))
-        event_keys = self._key(events.proc[req_events], events.request[req_events])
-        order = np.lexsort((events.time[req_events], event_keys))
-        self._req_events, self._req_event_keys = req_events[order], event_keys[order]
-        self.requests_of: dict[int, np.ndarray] = {}
-        self._in_flight: dict[int, RowData] = {}
-        keys = np.unique(np.r_[self._req_span_keys, self._req_event_keys])
-        for proc in np.unique(keys // self._num_requests).tolist():
-            self.requests_of[proc] = keys[(keys // self._num_requests) == proc] % self._num_requests
-        self._order_requests_by_start()
-
     def _key(self, procs: np.ndarray, requests: np.ndarray) -> np.ndarray:
-        return procs.astype(np.int64) * self._num_requests + requests
+        return procs.astype(np.int64) * self._width + requests
 
-    def _slice(self, keys: np.ndarray, lo_key: int, hi_key: int) -> slice:
-        lo, hi = np.searchsorted(keys, [lo_key, hi_key])
-        return slice(int(lo), int(hi))
+    def _count_requests(self) -> None:
+        spans, events = self.trace.spans, self.trace.events
+        self._req_spans = np.flatnonzero(self.span_mask & (spans.request >= 0))
+        self._req_events = np.flatnonzero(self.event_mask & (events.request >= 0))
+        keys = np.unique(np.r_[self._key(spans.proc[self._req_spans], spans.request[self._req_spans]),
+                               self._key(events.proc[self._req_events], events.request[self._req_events])])
+        counts = np.bincount(keys // self._width, minlength=len(self.trace.processes))
+        self.num_requests = {p: int(c) for p, c in enumerate(counts.tolist()) if c}
 
-    def _order_requests_by_start(self) -> None:
-        """Sort each process's requests by their first span start; build the in-flight intervals."""
+    def _find_depths(self) -> None:
         spans = self.trace.spans
-        keys = self._req_span_keys
-        if not len(keys):
+        own = np.flatnonzero(self.span_mask & (spans.request < 0))
+        pairs = np.unique(spans.proc[own].astype(np.int64) * 65536 + spans.depth[own])
+        self._depths = {p: [] for p in range(len(self.trace.processes))}
+        for pair in pairs.tolist():
+            self._depths[pair // 65536].append(pair % 65536)
+
+    def requests_of(self, proc: int) -> np.ndarray:
+        """The process's request indices (into trace.request_ids) that pass the filter, by first start."""
+        self._group_requests()
+        return self._requests_of.get(proc, np.arange(0))
+
+    def _group_requests(self) -> None:
+        """Request spans and events sorted by (process, request, time), for per-request rows."""
+        if self._grouped:
             return
-        first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-        starts = spans.start[self._req_spans[first]]
-        ends = np.maximum.reduceat(spans.end[self._req_spans], first)
-        group_keys = keys[first]
-        for proc in list(self.requests_of):
-            mine = (group_keys // self._num_requests) == proc
-            order = np.argsort(starts[mine], kind="stable")
-            with_spans = group_keys[mine][order] % self._num_requests
-            only_events = np.setdiff1d(self.requests_of[proc], with_spans)
-            self.requests_of[proc] = np.r_[with_spans, only_events].astype(np.int64)
-            s, e = starts[mine][order], ends[mine][order]
-            self._in_flight[proc] = RowData(np.arange(0), s, e, np.maximum.accumulate(e), np.arange(0), np.arange(0))
+        spans, events = self.trace.spans, self.trace.events
+        keys = self._key(spans.proc[self._req_spans], spans.request[self._req_spans])
+        order = np.lexsort((spans.start[self._req_spans], keys))
+        self._req_spans, self._req_span_keys = self._req_spans[order], keys[order]
+        keys = self._key(events.proc[self._req_events], events.request[self._req_events])
+        order = np.lexsort((events.time[self._req_events], keys))
+        self._req_events, self._req_event_keys = self._req_events[order], keys[order]
+        first = np.r_[True, self._req_span_keys[1:] != self._req_span_keys[:-1]][:len(self._req_span_keys)]
+        group_keys, starts = self._req_span_keys[first], spans.start[self._req_spans[first]]
+        only_events = np.setdiff1d(self._req_event_keys, group_keys)
+        self._requests_of = {}
+        for proc in self.num_requests:
+            mine = (group_keys // self._width) == proc
+            by_start = group_keys[mine][np.argsort(starts[mine], kind="stable")]
+            extra = only_events[(only_events // self._width) == proc]
+            self._requests_of[proc] = np.r_[by_start, extra] % self._width
+        self._grouped = True
+
+    def _slice(self, keys: np.ndarray, key: int) -> slice:
+        lo, hi = np.searchsorted(keys, [key, key + 1])
+        return slice(int(lo), int(hi))
 
     def rebuild(self) -> None:
         """Recompute the visible rows (after expanding or collapsing requests)."""
-        spans = self.trace.spans
         rows, self._first_rows = [], set()
         for proc in self.order:
-            own = self.span_mask & (spans.proc == proc) & (spans.request < 0)
-            depths = np.unique(spans.depth[own])
-            rows += [RowKey(SPANS, proc, int(d)) for d in (depths if len(depths) else [0])]
-            self._first_rows.add(RowKey(SPANS, proc, int(depths[0]) if len(depths) else 0))
-            requests = self.requests_of.get(proc)
-            if requests is not None and len(requests):
+            depths = self._depths[proc] or [0]
+            rows += [RowKey(SPANS, proc, d) for d in depths]
+            self._first_rows.add(RowKey(SPANS, proc, depths[0]))
+            if self.num_requests.get(proc):
                 rows.append(RowKey(REQUESTS, proc))
                 if proc in self.expanded:
-                    rows += [RowKey(REQUEST, proc, request=int(r)) for r in requests]
+                    rows += [RowKey(REQUEST, proc, request=r) for r in self.requests_of(proc).tolist()]
         self.rows = rows
 
     def toggle(self, proc: int) -> None:
-        if proc in self.requests_of:
+        if self.num_requests.get(proc):
             self.expanded ^= {proc}
             self.rebuild()
 
@@ -159,7 +173,7 @@ class Lanes:
             return p.label if key in self._first_rows else f"  {'·' * min(key.depth, 4)}"
         if key.kind == REQUESTS:
             arrow = "▾" if key.proc in self.expanded else "▸"
-            return f" {arrow} requests ({len(self.requests_of[key.proc])})"
+            return f" {arrow} requests ({self.num_requests[key.proc]})"
         return f"   {self.trace.request_ids[key.request]}"
 
     def data(self, key: RowKey) -> RowData:
@@ -177,12 +191,17 @@ class Lanes:
                 if key in self._first_rows else np.arange(0)
             return _row_data(self.trace, span_idx, event_idx)
         if key.kind == REQUESTS:
-            return self._in_flight.get(key.proc) or _row_data(self.trace, np.arange(0), np.arange(0))
-        k = key.proc * self._num_requests + key.request
-        mine = self._req_spans[self._slice(self._req_span_keys, k, k + 1)]
-        ev = self._req_events[self._slice(self._req_event_keys, k, k + 1)]
+            return self._in_flight(key.proc)
+        self._group_requests()
+        k = key.proc * self._width + key.request
+        mine = self._req_spans[self._slice(self._req_span_keys, k)]
+        ev = self._req_events[self._slice(self._req_event_keys, k)]
         return _row_data(self.trace, mine, ev)
 
-    def in_flight(self, proc: int) -> RowData | None:
-        """One interval per request of the process (first start to last end), for the summary row."""
-        return self._in_flight.get(proc)
+    def _in_flight(self, proc: int) -> RowData:
+        """The root spans of each request (parent outside the request): they overlap while it runs."""
+        spans = self.trace.spans
+        mine = self._req_spans[spans.proc[self._req_spans] == proc]
+        parents = spans.parent[mine]
+        root = (parents < 0) | (spans.request[np.maximum(parents, 0)] != spans.request[mine])
+        return _row_data(self.trace, mine[root], np.arange(0))
