@@ -237,3 +237,18 @@ async def test_metrics_tab_without_a_file_says_how_to_add_one(small_trace):
         await pilot.press("3")
         await pilot.pause()
         assert "--metrics" in str(app.query_one("#no-metrics").content)
+
+
+async def test_expanded_requests_follow_the_time_window(small_trace):
+    app = make_app(small_trace)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        tl, spans = app.timeline, app.trace.spans
+        tl.set_row(row_of(tl, REQUESTS, "rollout0"))
+        await pilot.press("space")
+        assert len([r for r in tl.lanes.rows if r.kind == REQUEST]) == 12
+        rollouts = np.flatnonzero(spans.name == app.trace.names.index("rollout"))
+        tl.set_window(spans.start[rollouts[1]], spans.end[rollouts[1]])  # zoom onto step 1's rollout
+        rows = [r for r in tl.lanes.rows if r.kind == REQUEST]
+        assert sorted(app.trace.request_ids[r.request] for r in rows) == [f"req-1-{i}" for i in range(6)]
+        assert "requests 6/12 in view" in tl.lanes.label(tl.lanes.rows[row_of(tl, REQUESTS, "rollout0")])

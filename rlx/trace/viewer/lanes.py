@@ -3,8 +3,9 @@
 Lanes go by process, ordered launcher, rollout servers, trainer ranks, sync (then anything
 else), by name within a role. A process has one row per nesting depth for its spans without a
 request id, then, if it served requests, a ``requests`` row (how many requests were in flight)
-that expands into one row per request (its ``queued``, ``generate``, ``reward``... spans and
-events). A filter hides spans and events; request rows left empty are hidden with them.
+that expands into one row per request in flight in the time window (its ``queued``,
+``generate``, ``reward``... spans and events), so that zooming onto a step lists that step's
+requests. A filter hides spans and events; request rows left empty are hidden with them.
 
 Rows hold indices into the trace's columns, sorted by start, plus a running maximum of the ends,
 so that the spans visible in a window are found with two binary searches whatever the zoom.
@@ -89,6 +90,7 @@ class Lanes:
         self._cache: dict[RowKey, RowData] = {}
         self._width = max(len(trace.request_ids), 1)
         self._grouped = False
+        self.window: tuple[float, float] | None = None
         self._count_requests()
         self._find_depths()
         self.rows: list[RowKey] = []
@@ -136,14 +138,34 @@ class Lanes:
         self._req_events, self._req_event_keys = self._req_events[order], keys[order]
         first = np.r_[True, self._req_span_keys[1:] != self._req_span_keys[:-1]][:len(self._req_span_keys)]
         group_keys, starts = self._req_span_keys[first], spans.start[self._req_spans[first]]
+        ends = np.maximum.reduceat(spans.end[self._req_spans], np.flatnonzero(first)) if len(first) else starts
         only_events = np.setdiff1d(self._req_event_keys, group_keys)
-        self._requests_of = {}
+        self._requests_of, self._spans_of = {}, {}
         for proc in self.num_requests:
             mine = (group_keys // self._width) == proc
-            by_start = group_keys[mine][np.argsort(starts[mine], kind="stable")]
+            order = np.argsort(starts[mine], kind="stable")
             extra = only_events[(only_events // self._width) == proc]
-            self._requests_of[proc] = np.r_[by_start, extra] % self._width
+            self._requests_of[proc] = np.r_[group_keys[mine][order], extra] % self._width
+            # first start and last end of each request with spans; event-only requests always show
+            inf = np.full(len(extra), np.inf)
+            self._spans_of[proc] = (np.r_[starts[mine][order], -inf], np.r_[ends[mine][order], inf])
         self._grouped = True
+
+    def set_window(self, t0: float, t1: float) -> bool:
+        """Expanded processes list only requests in flight in [t0, t1]; True if the rows changed."""
+        self.window = (t0, t1)
+        if not self.expanded:
+            return False
+        before = self.rows
+        self.rebuild()
+        return self.rows != before
+
+    def requests_in_view(self, proc: int) -> np.ndarray:
+        requests = self.requests_of(proc)
+        if self.window is None:
+            return requests
+        first, last = self._spans_of[proc]
+        return requests[(first <= self.window[1]) & (last >= self.window[0])]
 
     def _slice(self, keys: np.ndarray, key: int) -> slice:
         lo, hi = np.searchsorted(keys, [key, key + 1])
@@ -159,7 +181,7 @@ class Lanes:
             if self.num_requests.get(proc):
                 rows.append(RowKey(REQUESTS, proc))
                 if proc in self.expanded:
-                    rows += [RowKey(REQUEST, proc, request=r) for r in self.requests_of(proc).tolist()]
+                    rows += [RowKey(REQUEST, proc, request=r) for r in self.requests_in_view(proc).tolist()]
         self.rows = rows
 
     def toggle(self, proc: int) -> None:
@@ -172,8 +194,9 @@ class Lanes:
         if key.kind == SPANS:
             return p.label if key in self._first_rows else f"  {'·' * min(key.depth, 4)}"
         if key.kind == REQUESTS:
-            arrow = "▾" if key.proc in self.expanded else "▸"
-            return f" {arrow} requests ({self.num_requests[key.proc]})"
+            if key.proc not in self.expanded:
+                return f" ▸ requests ({self.num_requests[key.proc]})"
+            return f" ▾ requests {len(self.requests_in_view(key.proc))}/{self.num_requests[key.proc]} in view"
         return f"   {self.trace.request_ids[key.request]}"
 
     def data(self, key: RowKey) -> RowData:

@@ -96,8 +96,11 @@ def _draw_bars(chars, styles, trace, palette, data, pos, t0, t1, width, selected
 
 
 def _label(chars: list[str], a: int, b: int, name: str, unfinished: bool) -> None:
+    """The name inside its bar; cut with '…' so that neighbouring bars stay apart."""
     room = b - a + 1
-    text = (name + (" …" if unfinished else ""))[:room] if room >= 3 else ("…" if unfinished else "")
+    text = name + (" …" if unfinished else "")
+    if len(text) >= room:
+        text = text[:room - 1] + "…" if room >= 3 else ""
     chars[a:b + 1] = list(text.ljust(room))
 
 

@@ -74,6 +74,7 @@ class Timeline(Widget, can_focus=True):
         self.palette = Palette(trace)
         self.lanes = Lanes(trace)
         self.t0, self.t1 = self._extent()
+        self.lanes.set_window(self.t0, self.t1)
         self.cursor_ns = (self.t0 + self.t1) / 2
         self.row = 0
         self.top = 0
@@ -136,8 +137,7 @@ class Timeline(Widget, can_focus=True):
         lo, hi = self._extent()
         width = min(max(t1 - t0, MIN_WINDOW_NS), (hi - lo) * 2)
         center = (t0 + t1) / 2
-        self.t0, self.t1 = center - width / 2, center + width / 2
-        self.refresh()
+        self._view(center - width / 2, center + width / 2)
 
     def action_zoom(self, factor: float, anchor: float | None = None) -> None:
         """Scale the window by ``factor`` (< 1 zooms in) keeping ``anchor`` (or the cursor) in place."""
@@ -150,16 +150,23 @@ class Timeline(Widget, can_focus=True):
             return
         if t1 - t0 > (hi - lo) * 2:
             t0, t1 = lo, hi
-        self.t0, self.t1 = t0, t1
-        self.refresh()
+        self._view(t0, t1)
 
     def action_pan(self, fraction: float) -> None:
         shift = (self.t1 - self.t0) * fraction
-        self.t0, self.t1 = self.t0 + shift, self.t1 + shift
-        self.refresh()
+        self._view(self.t0 + shift, self.t1 + shift)
 
     def action_fit(self) -> None:
-        self.t0, self.t1 = self._extent()
+        self._view(*self._extent())
+
+    def _view(self, t0: float, t1: float) -> None:
+        """Show [t0, t1]; expanded request rows follow the window (the requests in flight in it)."""
+        self.t0, self.t1 = t0, t1
+        key = self.lanes.rows[self.row] if self.lanes.rows else None
+        if self.lanes.set_window(t0, t1) and key is not None:
+            rows = self.lanes.rows
+            self.set_row(rows.index(key) if key in rows else rows.index(RowKey(REQUESTS, key.proc))
+                         if key.kind == REQUEST else 0)
         self.refresh()
 
     def action_move_cursor(self, columns: int) -> None:
@@ -211,6 +218,7 @@ class Timeline(Widget, can_focus=True):
     def apply_filter(self, span_mask: np.ndarray | None, event_mask: np.ndarray | None) -> None:
         expanded = self.lanes.expanded
         self.lanes = Lanes(self.trace, span_mask, event_mask)
+        self.lanes.set_window(self.t0, self.t1)
         for proc in expanded:
             self.lanes.toggle(proc)
         self.top = 0
@@ -269,8 +277,8 @@ class Timeline(Widget, can_focus=True):
         x0, t0, t1 = self._drag
         if event.x != x0:
             shift = (x0 - event.x) * (t1 - t0) / self.plot_width
-            self.t0, self.t1, self._dragged = t0 + shift, t1 + shift, True
-            self.refresh()
+            self._dragged = True
+            self._view(t0 + shift, t1 + shift)
 
     def on_mouse_up(self, event: MouseUp) -> None:
         if self._drag is not None:
