@@ -108,7 +108,7 @@ class Span:
         self.id = next(tracer._ids)
         self.parent = tracer._current.get()
         self._token = tracer._current.set(self.id)
-        self.start = tracer._now()
+        self.start = time.monotonic_ns() - tracer._mono0
         tracer._open_spans[self.id] = self
         return self
 
@@ -138,12 +138,6 @@ def _describe(exc_type: type | None, exc: BaseException | None) -> str | None:
         return None
     text = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
     return text[:_MAX_ERROR_CHARS]
-
-
-def _split_request(attrs: dict | None) -> tuple[Any, dict | None]:
-    if attrs and REQUEST_KEY in attrs:
-        return attrs.pop(REQUEST_KEY), attrs
-    return None, attrs
 
 
 class Tracer:
@@ -251,17 +245,18 @@ class Tracer:
         return time.monotonic_ns() - self._mono0
 
     def _write_begin(self, span: Span) -> None:
-        rid, attrs = _split_request(dict(span.attrs))
+        attrs = dict(span.attrs)
+        rid = attrs.pop(REQUEST_KEY, None)
         self._write(Begin(i=span.id, n=span.name, t=span.start, p=span.parent, r=rid, a=attrs or NO_ATTRS))
 
     def _write_end(self, span: Span, err: str | None) -> None:
-        now = self._now()
+        now = time.monotonic_ns() - self._mono0
         if span.begun:
-            rid, extra = _split_request(span._extra)
-            self._write(End(i=span.id, t=now, r=rid, a=extra or NO_ATTRS, err=err))
+            extra = span._extra or {}
+            self._write(End(i=span.id, t=now, r=extra.pop(REQUEST_KEY, None), a=extra or NO_ATTRS, err=err))
             return
         attrs = span.attrs if span._extra is None else {**span.attrs, **span._extra}
-        rid, attrs = _split_request(attrs)
+        rid = attrs.pop(REQUEST_KEY, None)  # the span is over: its attrs dict is ours to change
         self._write(Complete(i=span.id, n=span.name, t=span.start, d=now - span.start, p=span.parent,
                              r=rid, a=attrs or NO_ATTRS, err=err))
 

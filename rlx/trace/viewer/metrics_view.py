@@ -1,5 +1,7 @@
 """The Metrics tab: reward, accuracy, KL, response length, tokens/s and entropy over steps,
-plotted in the terminal (textual-plotext) from the run's ``metrics.jsonl``."""
+plotted in the terminal (textual-plotext) from the run's ``metrics.jsonl``. KL is the policy's
+KL to the reference model (``kl``, logged when algorithm.kl_coef > 0) and the k3 estimate between
+trainer and rollout-engine logprobs (``logprob_k3``), whichever the run logged."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from rlx.trace.metrics import Metrics
 PLOTS = (
     ("reward", ("reward_mean",)),
     ("accuracy", ("accuracy", "eval_accuracy")),
-    ("KL", ("kl",)),
+    ("KL (to reference; k3 trainer vs rollout)", ("kl", "logprob_k3")),
     ("response length (tokens)", ("response_len_mean",)),
     ("tokens/s", ("tokens_per_s",)),
     ("entropy", ("entropy",)),
@@ -35,7 +37,7 @@ class MetricPlot(PlotextPlot):
                 plt.plot(steps, values, label=key, marker="braille")
                 plotted = True
         if not plotted:
-            plt.title(f"{self.title}: no data ({', '.join(self.keys)} not in the metrics file)")
+            plt.title(f"{self.title}: not in this run's metrics ({', '.join(self.keys)})")
 
 
 class MetricsView(Grid):
