@@ -49,7 +49,7 @@ def load_trace(path: str | Path) -> Trace:
     gc_was_enabled = gc.isenabled()
     gc.disable()  # millions of new objects and no cycles: collections would only cost time
     try:
-        parts = [_FileColumns(read_trace_file(f), k, names, requests) for k, f in enumerate(files)]
+        parts = [_FileColumns(f, k, names, requests) for k, f in enumerate(files)]
         return _assemble(parts, names.values(), requests.values())
     finally:
         if gc_was_enabled:
@@ -113,43 +113,69 @@ def _lookup(sorted_ids: np.ndarray, order: np.ndarray, wanted: np.ndarray) -> np
     return np.where(sorted_ids[pos] == wanted, order[pos], -1)
 
 
+class _Completes:
+    """Columns of complete-span records, built chunk by chunk while the reader decodes them."""
+
+    def __init__(self, names: _Interner, requests: _Interner) -> None:
+        self.names, self.requests = names, requests
+        self.chunks: list[dict] = []
+        self.attrs: list = []
+        self.errors: dict[int, str] = {}
+        self.count = 0
+
+    def __call__(self, done: list, has_requests: bool, has_errors: bool) -> None:
+        self.chunks.append({
+            "i": _column(done, "i"), "t": _column(done, "t"), "d": _column(done, "d"), "p": _column(done, "p"),
+            "n": self.names.ids(done, "n"),
+            # no request id or error in the chunk's bytes: skip that pass
+            "r": self.requests.ids(done, "r") if has_requests else np.full(len(done), -1, np.int32)})
+        self.attrs += map(attrgetter("a"), done)
+        if has_errors:
+            self.errors.update({self.count + k: x.err for k, x in enumerate(done) if x.err is not None})
+        self.count += len(done)
+
+    def column(self, key: str) -> np.ndarray:
+        if not self.chunks:
+            return np.zeros(0, np.int32 if key in "nr" else np.int64)
+        return np.concatenate([c[key] for c in self.chunks])
+
+
 class _FileColumns:
     """One file's spans and events as columns in the file's own time (ns since its start)."""
 
-    def __init__(self, rec: FileRecords, index: int, names: _Interner, requests: _Interner) -> None:
+    def __init__(self, path: Path, index: int, names: _Interner, requests: _Interner) -> None:
+        done = _Completes(names, requests)
+        rec = read_trace_file(path, done)
         self.header, self.skipped, self.examples = rec.header, rec.skipped, rec.examples
         self.process = Process(index=index, name=rec.header.name, role=rec.header.role,
                                pid=rec.header.pid, host=rec.header.host, path=rec.path)
-        self._spans(rec, names, requests)
+        self._spans(rec, done, names, requests)
         self._events(rec, names, requests)
         times = [a.max() for a in (self.start, self.end_known, self.time) if len(a)]
         self.last_t = int(max(times, default=0))
         self.end = np.where(self.status == STATUS_UNFINISHED, self.last_t, self.end_known)
 
-    def _spans(self, rec: FileRecords, names: _Interner, requests: _Interner) -> None:
+    def _spans(self, rec: FileRecords, done: _Completes, names: _Interner, requests: _Interner) -> None:
         """Complete spans (one ``X`` line each) first, then the long ones (``B`` [+ ``E``])."""
-        done, begins = rec.completes, rec.begins
-        done_ids = _column(done, "i")
+        begins, done_ids = rec.begins, done.column("i")
         if begins:  # a begin line that raced with its complete line describes the same span
             begins = [b for b, keep in zip(begins, (~np.isin(_column(begins, "i"), done_ids)).tolist()) if keep]
         ids = np.r_[done_ids, _column(begins, "i")]
         self._order = np.argsort(ids, kind="stable")
         self._sorted_ids = ids[self._order]
-        self.start = np.r_[_column(done, "t"), _column(begins, "t")]
-        self.name = np.r_[names.ids(done, "n"), names.ids(begins, "n")]
-        # A file in which no line has a request id or an error skips those passes (a byte search).
-        self.request = (np.r_[requests.ids(done, "r"), requests.ids(begins, "r")] if rec.has_requests
-                        else np.full(len(ids), -1, np.int32))
-        self.begin_attrs = list(map(attrgetter("a"), done)) + list(map(attrgetter("a"), begins))
-        self.parent = _lookup(self._sorted_ids, self._order, np.r_[_column(done, "p"), _column(begins, "p")])
-        self.errors = {k: x.err for k, x in enumerate(done) if x.err is not None} if rec.has_errors else {}
+        self.start = np.r_[done.column("t"), _column(begins, "t")]
+        self.name = np.r_[done.column("n"), names.ids(begins, "n")].astype(np.int32)
+        self.request = np.r_[done.column("r"), requests.ids(begins, "r")].astype(np.int32)
+        self.begin_attrs = done.attrs + list(map(attrgetter("a"), begins))
+        self.parent = _lookup(self._sorted_ids, self._order, np.r_[done.column("p"), _column(begins, "p")])
+        self.errors = done.errors
         self.end_attrs: dict = {}
-        end_of_begin = _lookup(*_sorted(_column(rec.ends, "i")), ids[len(done):])
+        end_of_begin = _lookup(*_sorted(_column(rec.ends, "i")), ids[done.count:])
         end_times = np.append(_column(rec.ends, "t"), 0)  # index -1 (no end) reads the 0
-        self.end_known = np.r_[self.start[:len(done)] + _column(done, "d"), end_times[end_of_begin]]
-        self.status = np.r_[np.full(len(done), STATUS_OK), np.where(end_of_begin >= 0, STATUS_OK, STATUS_UNFINISHED)]
-        self.status = self.status.astype(np.int8)
-        self._long_span_ends(rec.ends, end_of_begin, len(done), requests)
+        self.end_known = np.r_[self.start[:done.count] + done.column("d"), end_times[end_of_begin]]
+        self.status = np.r_[np.full(done.count, STATUS_OK),
+                            np.where(end_of_begin >= 0, STATUS_OK, STATUS_UNFINISHED)].astype(np.int8)
+        self._long_span_ends(rec.ends, end_of_begin, done.count, requests)
         self.status[list(self.errors)] = STATUS_ERROR
 
     def _long_span_ends(self, ends: list, end_of_begin: np.ndarray, base: int, requests: _Interner) -> None:

@@ -1,9 +1,9 @@
 """Reading one trace file into records, skipping and counting every line that cannot be used.
 
 A trace may be cut short by a crash, written by a newer rlx, or edited by hand; none of that is
-fatal. The whole body is first decoded in one msgspec call (fast: about a microsecond a line);
-only when that fails is it decoded line by line, so that each bad line is skipped and counted
-with its reason and line number. This module knows nothing of spans' meaning; ``loader.py``
+fatal. The body is decoded a few megabytes at a time, each chunk in one msgspec call (fast:
+about a microsecond a line); only a chunk where that fails is decoded line by line, so that each
+bad line is skipped and counted with its reason and line number. This module knows nothing of spans' meaning; ``loader.py``
 pairs begins with ends and builds the columns.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import msgspec
 
@@ -19,6 +20,7 @@ from rlx.trace.format import (FORMAT_NAME, FORMAT_VERSION, Begin, Complete, End,
                               header_decoder, record_decoder, records_decoder)
 
 MAX_EXAMPLES = 5
+CHUNK_BYTES = 4 << 20
 
 
 class TraceError(ValueError):
@@ -35,9 +37,6 @@ class FileRecords:
     instants: list = field(default_factory=list)
     skipped: Counter = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
-    has_requests: bool = True
-    """False only when no line holds a request id (then the loader skips that column)."""
-    has_errors: bool = True
 
     def skip(self, line_no: int, reason: str) -> None:
         self.skipped[reason] += 1
@@ -56,8 +55,14 @@ def is_trace_file(path: Path) -> bool:
     return True
 
 
-def read_trace_file(path: Path) -> FileRecords:
-    """All usable records of one file; raises TraceError if it is not an rlx trace at all."""
+def read_trace_file(path: Path, sink: Callable | None = None) -> FileRecords:
+    """All usable records of one file; raises TraceError if it is not an rlx trace at all.
+
+    The body is decoded in chunks of about ``CHUNK_BYTES``. With a ``sink``, each chunk's
+    complete-span records go to ``sink(records, has_requests, has_errors)`` instead of
+    ``FileRecords.completes``: a reader that turns them into columns right away works on data
+    still in the CPU cache, and the chunk's objects are freed before the next is decoded.
+    """
     data = Path(path).read_bytes()
     first_end = data.find(b"\n")
     header = _decode_header(path, data if first_end < 0 else data[:first_end])
@@ -65,8 +70,11 @@ def read_trace_file(path: Path) -> FileRecords:
     if first_end < 0:
         return records
     body_end = data.rfind(b"\n") + 1  # lines after the last newline were cut by a crash
-    if body_end > first_end + 1:
-        _read_body(records, data, first_end + 1, body_end)
+    start = first_end + 1
+    while start < body_end:
+        end = data.find(b"\n", min(start + CHUNK_BYTES, body_end - 1)) + 1
+        _read_chunk(records, data, start, end, sink)
+        start = end
     if body_end < len(data):
         _read_last_line(records, data[body_end:], 2 + data.count(b"\n", first_end + 1, body_end))
     return records
@@ -94,37 +102,41 @@ def _read_last_line(records: FileRecords, line: bytes, line_no: int) -> None:
         records.skip(line_no, "truncated last line")
 
 
-def _read_body(records: FileRecords, data: bytes, start: int, end: int) -> None:
-    """Lines data[start:end] (ending in a newline) decoded as one JSON array: two copies, one call."""
+def _read_chunk(records: FileRecords, data: bytes, start: int, end: int, sink: Callable | None) -> None:
+    """Lines data[start:end] (ending in a newline) decoded as one JSON array: one msgspec call."""
     array = bytearray(b"[")
     array += memoryview(data)[start:end - 1]
     array += b"]"
     try:
         decoded = records_decoder.decode(array.replace(b"\n", b","))
     except msgspec.DecodeError:
-        _read_lines(records, data[start:end])
-        return
-    records.has_requests, records.has_errors = b'"r":' in data, b'"err":' in data
-    records.completes = [r for r in decoded if r.__class__ is Complete]
-    if len(records.completes) == len(decoded):
-        return
-    rest = [r for r in decoded if r.__class__ is not Complete]  # few: long spans and events
-    records.begins = [r for r in rest if r.__class__ is Begin]
-    records.ends = [r for r in rest if r.__class__ is End]
-    records.instants = [r for r in rest if r.__class__ is Instant]
+        decoded = _read_lines(records, data[start:end], 2 + data.count(b"\n", 0, start) - 1)
+    completes = [r for r in decoded if r.__class__ is Complete]
+    if sink is None:
+        records.completes += completes
+    else:
+        sink(completes, data.find(b'"r":', start, end) >= 0, data.find(b'"err":', start, end) >= 0)
+    if len(completes) < len(decoded):
+        rest = [r for r in decoded if r.__class__ is not Complete]  # few: long spans and events
+        records.begins += [r for r in rest if r.__class__ is Begin]
+        records.ends += [r for r in rest if r.__class__ is End]
+        records.instants += [r for r in rest if r.__class__ is Instant]
 
 
-def _read_lines(records: FileRecords, body: bytes) -> None:
-    for line_no, line in enumerate(body[:-1].split(b"\n"), start=2):
+def _read_lines(records: FileRecords, body: bytes, first_line_no: int) -> list:
+    """Line by line: the good records, with each bad line skipped and counted."""
+    good = []
+    for line_no, line in enumerate(body[:-1].split(b"\n"), start=first_line_no):
         if not line.strip():
             records.skip(line_no, "blank line")
             continue
         try:
-            _add(records, record_decoder.decode(line))
+            good.append(record_decoder.decode(line))
         except msgspec.ValidationError as exc:
             records.skip(line_no, f"not a trace record ({_short(exc)})")
         except msgspec.DecodeError:
             records.skip(line_no, "malformed JSON")
+    return good
 
 
 def _add(records: FileRecords, record: object) -> None:

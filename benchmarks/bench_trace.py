@@ -1,0 +1,279 @@
+"""Tracing overhead and trace-viewer opening time, each against a baseline measured in the same run.
+
+1. Cost per call: a span (two attributes) and an instant event with the tracer on (writing its
+   file) and off, against an empty ``with`` block and an empty function call (the floor).
+2. A rollout-shaped asyncio workload (requests queued behind a concurrency limit, a ``queued``
+   event, a ``generate`` span around per-token work, a ``reward`` span): requests/s with tracing
+   off and on, rounds interleaved, median; the slowdown is the number the tracer must keep
+   under 2%. Per-token work is a busy loop of ``--token-us`` (default 300 us: about one tiny-model
+   token's share of a CPU rollout step in the quickstart; lower is harsher on the tracer).
+3. Opening a synthetic trace of ``--events`` spans + events in a fresh process, as
+   ``rlx trace-view`` does: imports, load, and time to the first rendered frame of the Textual app
+   (headless), with peak memory; against reading the same bytes and decoding them into plain
+   Python objects with msgspec (the floor of any Python JSON reader).
+
+    python benchmarks/bench_trace.py [--json OUT.json] [--events 1000000] [--parts calls,rollout,viewer]
+
+Prints rich tables; ``--json`` writes every number. Timings depend on the machine and its load:
+the load average is recorded with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rlx.trace.tracer import Tracer  # noqa: E402
+
+
+class _Empty:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _noop(name, **attrs):
+    return None
+
+
+def per_call_ns(fn, n: int) -> float:
+    start = time.perf_counter_ns()
+    fn(n)
+    return (time.perf_counter_ns() - start) / n
+
+
+def span_loop(tracer_or_none):
+    def run(n: int) -> None:
+        for i in range(n):
+            with (tracer_or_none.span("generate", request_id=i, prompt_tokens=7)
+                  if tracer_or_none is not None else _Empty()):
+                pass
+    return run
+
+
+def event_loop(event):
+    def run(n: int) -> None:
+        for i in range(n):
+            event("queued", request_id=i, paused=False)
+    return run
+
+
+def measure_calls(n: int, repeats: int, trace_dir: Path) -> dict:
+    on, off = Tracer(), Tracer()
+    on.configure(trace_dir, role="bench", name="calls")
+    cases = {"empty with-block (baseline)": span_loop(None), "span, tracing off": span_loop(off),
+             "span, tracing on": span_loop(on), "empty call (baseline)": event_loop(_noop),
+             "event, tracing off": event_loop(off.event), "event, tracing on": event_loop(on.event)}
+    samples = {name: [] for name in cases}
+    for _ in range(repeats):  # interleaved, so drift and load hit every case alike
+        for name, fn in cases.items():
+            samples[name].append(per_call_ns(fn, n))
+    on.close()
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+async def rollout_round(tracer: Tracer, requests: int, tokens: int, token_ns: int, concurrency: int) -> float:
+    limit = asyncio.Semaphore(concurrency)
+
+    def work() -> None:
+        end = time.perf_counter_ns() + token_ns
+        while time.perf_counter_ns() < end:
+            pass
+
+    async def one(i: int) -> None:
+        rid = f"req-{i}"
+        tracer.event("queued", request_id=rid)
+        async with limit:
+            with tracer.span("generate", request_id=rid, prompt_tokens=20) as span:
+                for _ in range(tokens):
+                    work()
+                    await asyncio.sleep(0)
+                span.set(completion_tokens=tokens, finish_reason="stop")
+        with tracer.span("reward", request_id=rid):
+            work()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(requests)))
+    return requests / (time.perf_counter() - start)
+
+
+def measure_rollout(args, trace_dir: Path) -> dict:
+    on, off = Tracer(), Tracer()
+    on.configure(trace_dir, role="rollout", name="bench-rollout")
+    rates = {"tracing off": [], "tracing on": []}
+    shape = (args.requests, args.tokens, int(args.token_us * 1000), args.concurrency)
+    asyncio.run(rollout_round(off, *shape))  # warm-up
+    for _ in range(args.repeats):
+        rates["tracing off"].append(asyncio.run(rollout_round(off, *shape)))
+        rates["tracing on"].append(asyncio.run(rollout_round(on, *shape)))
+    on.close()
+    medians = {k: statistics.median(v) for k, v in rates.items()}
+    return {"requests_per_s": medians, "rounds": rates,
+            "slowdown_pct": 100 * (1 - medians["tracing on"] / medians["tracing off"]),
+            "lines_per_request": 3, "shape": dict(zip(("requests", "tokens", "token_ns", "concurrency"), shape))}
+
+
+def viewer_probe(trace_dir: str) -> None:
+    """Run in a fresh process: what opening the trace in `rlx trace-view` costs."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    from rlx.trace.loader import load_trace
+    from rlx.trace.viewer import TraceViewerApp
+    wall1, cpu1 = time.perf_counter(), time.process_time()
+    trace = load_trace(trace_dir)
+    wall2, cpu2 = time.perf_counter(), time.process_time()
+    app = TraceViewerApp(trace, trace_dir, started_at=wall0)
+
+    async def first_frame() -> None:
+        async with app.run_test(size=(160, 48)):
+            while app.first_frame_s is None:
+                await asyncio.sleep(0.005)
+
+    asyncio.run(first_frame())
+    print(json.dumps({"imports_s": wall1 - wall0, "load_s": wall2 - wall1, "load_cpu_s": cpu2 - cpu1,
+                      "first_frame_s": app.first_frame_s, "cpu_to_first_frame_s": time.process_time() - cpu0,
+                      "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "spans": len(trace.spans), "events": len(trace.events), "skipped": trace.num_skipped}))
+
+
+def baseline_probe(trace_dir: str) -> None:
+    """Run in a fresh process: read every line and decode it into plain Python objects."""
+    import msgspec
+
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    count = 0
+    for path in sorted(Path(trace_dir).glob("*.jsonl")):
+        data = path.read_bytes()
+        count += len(msgspec.json.decode(b"[" + data.rstrip(b"\n").replace(b"\n", b",") + b"]"))
+    print(json.dumps({"decode_s": time.perf_counter() - wall0, "decode_cpu_s": time.process_time() - cpu0,
+                      "lines": count, "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def probe(kind: str, trace_dir: Path) -> dict:
+    out = subprocess.run([sys.executable, __file__, f"--{kind}-probe", str(trace_dir)], capture_output=True,
+                         text=True, check=True, cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure_viewer(args, work: Path) -> dict:
+    from rlx.trace.synthetic import write_synthetic_trace
+
+    trace_dir = work / "viewer"
+    files = write_synthetic_trace(trace_dir, num_entries=args.events, num_servers=4, requests_per_step=1024)
+    runs = []
+    for _ in range(args.viewer_repeats):  # interleaved with the baseline
+        runs.append((probe("baseline", trace_dir), probe("viewer", trace_dir)))
+    pick = sorted(runs, key=lambda r: r[1]["first_frame_s"])[len(runs) // 2]  # the median run
+    return {"bytes": sum(f.stat().st_size for f in files), "baseline": pick[0], "viewer": pick[1],
+            "first_frame_s_all": [r[1]["first_frame_s"] for r in runs]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", type=Path, help="write every number here")
+    parser.add_argument("--calls", type=int, default=200_000, help="calls per timed loop")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--token-us", type=float, default=300.0)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--events", type=int, default=1_000_000, help="spans + events of the synthetic trace")
+    parser.add_argument("--viewer-repeats", type=int, default=3)
+    parser.add_argument("--parts", default="calls,rollout,viewer", help="which measurements, comma-separated")
+    parser.add_argument("--viewer-probe", help=argparse.SUPPRESS)
+    parser.add_argument("--baseline-probe", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.viewer_probe:
+        return viewer_probe(args.viewer_probe)
+    if args.baseline_probe:
+        return baseline_probe(args.baseline_probe)
+    with tempfile.TemporaryDirectory(prefix="rlx-bench-trace-") as tmp:
+        work = Path(tmp)
+        parts = set(args.parts.split(","))
+        result = {"load_average": os.getloadavg(), "cpus": os.cpu_count()}
+        if "calls" in parts:
+            result["calls_ns"] = measure_calls(args.calls, args.repeats, work / "calls")
+        if "rollout" in parts:
+            result["rollout"] = measure_rollout(args, work / "rollout")
+        if "viewer" in parts:
+            result["viewer"] = measure_viewer(args, work)
+    result["load_average_after"] = os.getloadavg()
+    report(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+def report(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=120)
+    if "calls_ns" in result:
+        report_calls(console, result)
+    if "rollout" in result:
+        report_rollout(console, result)
+    if "viewer" in result:
+        report_viewer(console, result)
+    console.print(f"load average before/after: {result['load_average']} / {result['load_average_after']}, "
+                  f"{result['cpus']} CPUs")
+
+
+def report_calls(console, result: dict) -> None:
+    from rich.table import Table
+
+    calls = Table(title="cost per call (median of interleaved repeats)")
+    calls.add_column("call")
+    calls.add_column("ns", justify="right")
+    for name, ns in result["calls_ns"].items():
+        calls.add_row(name, f"{ns:,.0f}")
+    console.print(calls)
+
+
+def report_rollout(console, result: dict) -> None:
+    from rich.table import Table
+
+    r = result["rollout"]
+    rollout = Table(title=f"rollout-shaped workload: {r['shape']['requests']} requests x {r['shape']['tokens']} tokens "
+                          f"x {r['shape']['token_ns'] / 1000:.0f} us, {r['shape']['concurrency']} at once")
+    for column in ("tracing", "requests/s (median)", "rounds"):
+        rollout.add_column(column, justify="left" if column == "tracing" else "right")
+    for name, rate in r["requests_per_s"].items():
+        rollout.add_row(name, f"{rate:,.1f}", " ".join(f"{v:,.0f}" for v in r["rounds"][name]))
+    rollout.caption = f"slowdown with tracing on: {r['slowdown_pct']:.2f}% (target < 2%)"
+    console.print(rollout)
+
+
+def report_viewer(console, result: dict) -> None:
+    from rich.table import Table
+
+    v = result["viewer"]
+    viewer = Table(title=f"opening {v['viewer']['spans']:,} spans + {v['viewer']['events']:,} events "
+                         f"({v['bytes'] / 1e6:.0f} MB) in a fresh process (median of {len(v['first_frame_s_all'])})")
+    for column in ("step", "wall s", "cpu s", "peak RSS MiB"):
+        viewer.add_column(column, justify="left" if column == "step" else "right")
+    b, w = v["baseline"], v["viewer"]
+    viewer.add_row("baseline: read + msgspec decode to plain objects", f"{b['decode_s']:.2f}",
+                   f"{b['decode_cpu_s']:.2f}", f"{b['max_rss_mib']:.0f}")
+    viewer.add_row("imports (textual, numpy, rlx.trace)", f"{w['imports_s']:.2f}", "", "")
+    viewer.add_row("load into columns", f"{w['load_s']:.2f}", f"{w['load_cpu_s']:.2f}", "")
+    viewer.add_row("[b]first import to first frame[/]", f"[b]{w['first_frame_s']:.2f}[/]",
+                   f"{w['cpu_to_first_frame_s']:.2f}", f"{w['max_rss_mib']:.0f}")
+    viewer.caption = f"all runs, first frame: {', '.join(f'{s:.2f}' for s in v['first_frame_s_all'])} s (target < 3 s)"
+    console.print(viewer)
+
+
+if __name__ == "__main__":
+    main()
