@@ -25,8 +25,10 @@ Guarantees, in order of importance:
   never interleave partial lines. ``flush()`` writes the begin lines of all open spans now;
   ``os.fsync`` is deliberately never called (power loss is out of scope).
 
-Left out: sampling, remote collectors and log rotation. A process that forks keeps tracing into
-a new file named with the child's pid; spans the parent opened are not ended in the child's file.
+A forked child traces into its own file (named with its pid, created at its first record, so a
+helper that traces nothing leaves none); spans the parent opened are not ended in it.
+
+Left out: sampling, remote collectors and log rotation.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from rlx.trace.format import (FORMAT_NAME, FORMAT_VERSION, NO_ATTRS, REQUEST_KEY
 
 ENV_TRACE_DIR = "RLX_TRACE_DIR"
 OPEN_SPAN_FLUSH_S = 1.0
+_FILE_AFTER_FORK = -1  # the tracer's fd in a forked child until its first record opens a file
 _MAX_ERROR_CHARS = 500
 
 
@@ -208,7 +211,7 @@ class Tracer:
         fd, self._fd = self._fd, None
         self._generation += 1
         self._open_spans.clear()
-        if fd is not None:
+        if fd is not None and fd != _FILE_AFTER_FORK:
             try:
                 os.close(fd)
             except OSError:
@@ -262,8 +265,9 @@ class Tracer:
 
     def _write(self, record: object) -> None:
         fd = self._fd
-        if fd is None:
+        if fd is None or (fd == _FILE_AFTER_FORK and not self._start_file_after_fork()):
             return
+        fd = self._fd
         try:
             data = encoder.encode(record)
         except Exception as exc:  # noqa: BLE001 - a bad attribute must never reach the caller
@@ -293,17 +297,25 @@ class Tracer:
         self._watcher = _watch_open_spans(self)
 
     def _after_fork_in_child(self) -> None:
-        """The parent's file, watcher thread and open spans are the parent's; start afresh."""
+        """The parent's file, watcher thread and open spans are the parent's. The child gets its
+        own file at its first record, so a forked helper that traces nothing leaves no file."""
         if self._fd is None:
             return
-        os.close(self._fd)
-        self._fd, self._watcher = None, None
+        if self._fd != _FILE_AFTER_FORK:
+            os.close(self._fd)
+        self._fd, self._watcher = _FILE_AFTER_FORK, None
         self._generation += 1
         self._open_spans.clear()
+
+    def _start_file_after_fork(self) -> bool:
+        self._fd, generation = None, self._generation
         try:
             self._start_file()
         except ValueError as exc:
             _warn(f"tracing stopped in forked child {os.getpid()}: {exc}")
+            return False
+        self._generation = generation  # spans the child opened before its first record still count
+        return True
 
 
 def _watch_open_spans(tracer: Tracer) -> threading.Event:

@@ -143,3 +143,18 @@ def test_a_begin_line_that_raced_with_the_complete_line_is_one_span(tmp_path):
     assert trace.spans.duration.tolist() == [40, 80]
     assert trace.spans.status.tolist() == [STATUS_OK, STATUS_ERROR]
     assert trace.span_attrs(1) == {"step": 1, "bytes": 5}
+
+
+def test_chunked_reading_keeps_everything_and_line_numbers(small_trace, monkeypatch):
+    import rlx.trace.reader as reader
+
+    path = [p for p in find_trace_files(small_trace) if p.name.startswith("rollout0")][0]
+    whole = load_trace(path)
+    lines = path.read_text().splitlines()
+    lines.insert(20, "garbage")
+    path.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 300)  # many small chunks
+    chunked = load_trace(path)
+    assert len(chunked.spans) == len(whole.spans) and len(chunked.events) == len(whole.events)
+    assert sorted(chunked.spans.start.tolist()) == sorted(whole.spans.start.tolist())
+    assert chunked.skipped_examples == [f"{path.name}:21: malformed JSON"]

@@ -208,10 +208,13 @@ def test_unwritable_trace_dir_names_the_setting(tmp_path):
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_forked_child_writes_its_own_file(tmp_path):
+def test_a_forked_child_writes_its_own_file_only_if_it_traces(tmp_path):
     tracer.configure(tmp_path, role="rollout", name="rollout0")
     try:
         with tracer.span("before_fork"):
+            quiet = os.fork()
+            if quiet == 0:
+                os._exit(0)  # a helper process that traces nothing
             pid = os.fork()
             if pid == 0:
                 try:
@@ -219,12 +222,14 @@ def test_a_forked_child_writes_its_own_file(tmp_path):
                         pass
                 finally:
                     os._exit(0)
+        os.waitpid(quiet, 0)
         os.waitpid(pid, 0)
     finally:
         tracer.close()
     child = read_lines(tmp_path / f"rollout0.{pid}.jsonl")
     assert [line["k"] for line in child] == ["H", "X"]  # nothing of the parent's open span
     assert child[0]["pid"] == pid and child[1]["n"] == "in_child"
+    assert not (tmp_path / f"rollout0.{quiet}.jsonl").exists()
     parent = read_lines(tmp_path / f"rollout0.{os.getpid()}.jsonl")
     assert [line.get("n") for line in parent] == [None, "before_fork"]
 
