@@ -29,7 +29,7 @@ records are plain JSON, safe to read from anyone.
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Annotated, Union
 
 import msgspec
 
@@ -37,6 +37,9 @@ FORMAT_NAME = "rlx-trace"
 FORMAT_VERSION = 1
 REQUEST_KEY = "request_id"
 
+
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+"""Ids and times fit numpy's int64 columns; a line with a larger number is skipped, not fatal."""
 
 NO_ATTRS = msgspec.Raw()
 """The ``a`` of a record without attributes (omitted when written). Writers put a dict in ``a``;
@@ -50,27 +53,27 @@ class Header(msgspec.Struct, tag="H", tag_field="k", kw_only=True):
     role: str
     pid: int
     host: str
-    wall_ns: int
-    mono_ns: int
+    wall_ns: Int64
+    mono_ns: Int64
 
 
 class Begin(msgspec.Struct, tag="B", tag_field="k", kw_only=True, omit_defaults=True,
              gc=False):
-    i: int
+    i: Int64
     n: str
-    t: int
-    p: int = 0
+    t: Int64
+    p: Int64 = 0
     r: Union[str, int, None] = None
     a: msgspec.Raw = NO_ATTRS
 
 
 class Complete(msgspec.Struct, tag="X", tag_field="k", kw_only=True, omit_defaults=True,
                gc=False):
-    i: int
+    i: Int64
     n: str
-    t: int
-    d: int
-    p: int = 0
+    t: Int64
+    d: Int64
+    p: Int64 = 0
     r: Union[str, int, None] = None
     a: msgspec.Raw = NO_ATTRS
     err: Union[str, None] = None
@@ -78,8 +81,8 @@ class Complete(msgspec.Struct, tag="X", tag_field="k", kw_only=True, omit_defaul
 
 class End(msgspec.Struct, tag="E", tag_field="k", kw_only=True, omit_defaults=True,
              gc=False):
-    i: int
-    t: int
+    i: Int64
+    t: Int64
     r: Union[str, int, None] = None
     a: msgspec.Raw = NO_ATTRS
     err: Union[str, None] = None
@@ -88,8 +91,8 @@ class End(msgspec.Struct, tag="E", tag_field="k", kw_only=True, omit_defaults=Tr
 class Instant(msgspec.Struct, tag="I", tag_field="k", kw_only=True, omit_defaults=True,
              gc=False):
     n: str
-    t: int
-    p: int = 0
+    t: Int64
+    p: Int64 = 0
     r: Union[str, int, None] = None
     a: msgspec.Raw = NO_ATTRS
 

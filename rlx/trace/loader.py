@@ -216,8 +216,8 @@ def _assemble(parts: list[_FileColumns], names: list[str], request_ids: list) ->
         processes.append(p.process)
     spans, events = _concat_spans(parts), _concat_events(parts)
     _propagate(spans)
-    events.request = np.where((events.request < 0) & (events.parent >= 0),
-                              spans.request[np.maximum(events.parent, 0)], events.request)
+    parent_request = np.append(spans.request, -1)[events.parent]  # parent -1 reads the -1
+    events.request = np.where(events.request < 0, parent_request, events.request).astype(np.int32)
     trace = Trace(processes=processes, names=names, request_ids=request_ids, spans=spans,
                   events=events, origin_wall_ns=origin)
     for p in parts:

@@ -91,12 +91,13 @@ def test_malformed_lines_in_the_middle_are_skipped_with_reasons(small_trace):
     path = [p for p in find_trace_files(small_trace) if p.name.startswith("rollout0")][0]
     good = load_trace(path)
     lines = path.read_text().splitlines()
-    lines[3:3] = ["not json at all", "", '{"k":"Z","x":1}', '{"k":"X","i":"seven"}']
+    lines[3:3] = ["not json at all", "", '{"k":"Z","x":1}', '{"k":"X","i":"seven"}',
+                  '{"k":"X","i":1,"n":"x","t":100000000000000000000000,"d":1}']  # no int64
     path.write_text("\n".join(lines) + "\n")
     trace = load_trace(path)
-    assert trace.num_skipped == 4
+    assert trace.num_skipped == 5
     assert trace.skipped["malformed JSON"] == 1 and trace.skipped["blank line"] == 1
-    assert sum(n for reason, n in trace.skipped.items() if reason.startswith("not a trace record")) == 2
+    assert sum(n for reason, n in trace.skipped.items() if reason.startswith("not a trace record")) == 3
     assert len(trace.spans) == len(good.spans) and len(trace.events) == len(good.events)
     assert trace.skipped_examples[0] == f"{path.name}:4: malformed JSON"  # file:line of the first bad line
 
