@@ -25,7 +25,8 @@ def bench_sync(
     dtype: str = typer.Option("bfloat16", "--dtype", help="dtype of synthetic weights."),
     verify: bool = typer.Option(False, "--verify", help="One more sync per sender with per-tensor checksums; exit 1 on a mismatch."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write all results (every timing) to this JSON file."),
-    target: str = typer.Option("process", "--target", help="Where the receivers run: process (a local receiver process)."),
+    target: str = typer.Option("process", "--target", help="Where the receivers run: process (a local receiver process) or server (a rollout server: vLLM load_weights included; needs --model or --server)."),
+    server: Optional[str] = typer.Option(None, "--server", help="--target server: address of a running rollout server (default: start one on --model)."),
     memory_gb: Optional[float] = typer.Option(None, "--memory-gb", help="Memory budget in GB (default: 45% of what is free); presets that do not fit lose layers."),
     timeout_s: float = typer.Option(120.0, "--timeout-s", help="Deadline for each acknowledgement, in seconds."),
     assemble_in_place: bool = typer.Option(True, "--assemble-in-place/--no-assemble-in-place", help="The receiver assembles split tensors straight into its destination (one copy fewer)."),
@@ -40,7 +41,7 @@ def bench_sync(
 
     opts = BenchOptions(presets=list(preset), model=str(model) if model else None, transports=list(transport),
                         bucket_mb=list(bucket_mb) if bucket_mb else None, repeats=repeats, dtype=dtype, verify=verify, target=target,
-                        memory_gb=memory_gb, timeout_s=timeout_s, assemble_in_place=assemble_in_place)
+                        memory_gb=memory_gb, timeout_s=timeout_s, assemble_in_place=assemble_in_place, server=server)
     with user_errors():
         if model is not None and not model.is_dir():
             raise UserError(f"--model {model} is not a directory; pass a Hugging Face model directory")

