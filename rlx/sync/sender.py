@@ -33,6 +33,7 @@ from rlx.sync.layout import ALIGN_BYTES, Bucket, TensorSpec, align_up, pack_buck
 from rlx.sync.messages import NO_ID, BucketAck, BucketMeta, SyncBegin, SyncBucket, SyncEnd, request_label
 from rlx.sync.transports import create_buffer, resolve_transport
 from rlx.sync.transports.base import SenderBuffer
+from rlx.trace import tracer
 
 MiB = 1 << 20
 
@@ -176,19 +177,23 @@ class WeightSender:
     def _fill(self, buffer: SenderBuffer, slot: int, bucket: Bucket, pending: dict[str, _Source]) -> dict | None:
         """Copy one bucket into ``slot`` (runs in a worker thread); return checksums of the
         tensors it completes when verifying."""
-        dst = buffer.slot(slot)
-        checksums = {} if self.verify else None
-        for c in bucket.chunks:
-            source = pending[c.name]
-            dst[c.offset:c.offset + c.nbytes].copy_(source.flat[c.chunk_start:c.chunk_start + c.nbytes])
-            if self.verify and c.chunk_start + c.nbytes == c.total_nbytes:
-                checksums[c.name] = tensor_checksum(source.tensor)
-        buffer.ready(slot)
-        return checksums
+        with tracer.span("sync.pack", slot=slot, bytes=sum(c.nbytes for c in bucket.chunks)):
+            dst = buffer.slot(slot)
+            checksums = {} if self.verify else None
+            for c in bucket.chunks:
+                source = pending[c.name]
+                dst[c.offset:c.offset + c.nbytes].copy_(source.flat[c.chunk_start:c.chunk_start + c.nbytes])
+                if self.verify and c.chunk_start + c.nbytes == c.total_nbytes:
+                    checksums[c.name] = tensor_checksum(source.tensor)
+            buffer.ready(slot)
+            return checksums
 
     async def _call(self, channel: SyncChannel, request, expected: dict[str, int] | None) -> BucketAck:
-        ack = await channel.call(request, self.timeout_s)
         label = request_label(request)
+        # send -> ack: the transfer and the receiver's load (it acknowledges after loading)
+        with tracer.span("sync.transfer", peer=channel.name, request=label):
+            ack = await channel.call(request, self.timeout_s)
+        tracer.event("sync.ack", peer=channel.name, request=label, ok=ack.ok)
         if not ack.ok:
             raise SyncError(f"{channel.name} failed {label}: {ack.error or 'no reason given'}")
         bucket_id = request.meta.bucket_id if isinstance(request, SyncBucket) else NO_ID
