@@ -14,8 +14,10 @@ loads bucket k.
     sender.py           WeightSender
     receiver.py         WeightReceiver
     receiver_process.py a ROUTER loop serving a WeightReceiver (bench, tests, reusable handler)
+    local_receiver.py   start / stop such a process by pid, with a channel to it
     checksum.py         per-tensor checksums for end-to-end verification
-    bench.py            measurements behind ``rlx bench-sync``
+    dtypes.py, errors.py  dtype names on the wire; SyncError / SyncTimeout
+    bench.py            measurements behind ``rlx bench-sync``; bench_models.py its models
 
 Nothing is imported here so that ``import rlx.sync`` stays free of torch; import the modules.
 Cross-machine transfer (NCCL broadcast) is left out of this package for now.
