@@ -127,9 +127,8 @@ class Trainer:
 
     def _micro_batch_loss(self, mb: TrainBatch, weights, agg: LossAgg):
         a = self.cfg.algorithm
-        want_entropy = True
         logp, entropy = completion_logprobs(self.model, mb, self.temperature, self.cfg.trainer.logprob_chunk_size,
-                                            with_entropy=want_entropy)
+                                            with_entropy=True)
         loss, stats = policy_loss(a.policy_loss, logp, mb.old_logp, mb.advantages, mb.mask, clip_low=a.clip_low,
                                   clip_high=a.clip_high, dual_clip=a.dual_clip, weights=weights, agg=agg)
         mask = mb.mask

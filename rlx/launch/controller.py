@@ -116,13 +116,13 @@ class Controller:
         started = time.perf_counter()
         with tracer.span("checkpoint", step=step):
             self.bus.announce(Command.CHECKPOINT, step)
-            state = {"step": step, "data": self._data_state_after(step), "run_name": self.cfg.run_name}
+            state = {"step": step, "data": self._data_state_for_resume(), "run_name": self.cfg.run_name}
             save_checkpoint(self.ckpt_root, step, self.trainer.model, self.trainer.optimizer, self.trainer.scheduler,
                             self.cfg.model.path, state, c.keep)
         return time.perf_counter() - started
 
-    def _data_state_after(self, step: int) -> dict:
-        """The data position that makes a resumed run draw step+1's prompts next."""
+    def _data_state_for_resume(self) -> dict:
+        """The data position that makes a resumed run draw the next step's prompts next."""
         if self._prefetch is not None:
             return self._state_before_prefetch
         return self.stream.state()
