@@ -20,7 +20,7 @@ def bench_sync(
     preset: list[str] = typer.Option(_PRESETS, "--preset", help="Synthetic Qwen2-shaped model: 0.5b, 1.5b, 7b (repeatable)."),
     model: Optional[Path] = typer.Option(None, "--model", help="A Hugging Face model directory to send instead of presets."),
     transport: list[str] = typer.Option(["shm"], "--transport", help="shm (CPU) or cuda_ipc (GPU) (repeatable)."),
-    bucket_mb: Optional[list[int]] = typer.Option(None, "--bucket-mb", help="Bucket (slot) size in MiB (repeatable); default 16, 32, 64 for shm and 64, 256, 1024 for cuda_ipc."),
+    bucket_mb: Optional[list[int]] = typer.Option(None, "--bucket-mb", help="Bucket (slot) size in MiB (repeatable); default 32, 64, 128 for shm and 64, 256, 1024 for cuda_ipc."),
     repeats: int = typer.Option(3, "--repeats", help="Timed runs per measurement, after one warm-up; the median is shown."),
     dtype: str = typer.Option("bfloat16", "--dtype", help="dtype of synthetic weights."),
     verify: bool = typer.Option(False, "--verify", help="One more sync per sender with per-tensor checksums; exit 1 on a mismatch."),

@@ -49,7 +49,7 @@ class BenchOptions(msgspec.Struct):
 
 # shm pays for mapping the slots at every sync and wants short pipeline fills: small buckets;
 # cuda_ipc pays a fixed cost per bucket (round trip, stream syncs): large ones
-DEFAULT_BUCKET_MB = {"shm": [16, 32, 64], "cuda_ipc": [64, 256, 1024]}
+DEFAULT_BUCKET_MB = {"shm": [32, 64, 128], "cuda_ipc": [64, 256, 1024]}
 
 
 class BenchRow(msgspec.Struct):

@@ -3,7 +3,9 @@
 The sender only needs ``call``; how requests travel is the implementation's business
 (``zmq_channel.ZmqSyncChannel`` here, the rollout client's socket in a real run). Several calls
 may be in flight on one channel at once (one per buffer slot), so an implementation must match
-replies to requests.
+replies to requests. For the sender's copies to overlap the receivers' loads, ``call`` should put
+its request on the wire before it first suspends (a zmq.asyncio send does); the sender yields
+once after starting a bucket's calls, then copies the next bucket.
 """
 
 from __future__ import annotations

@@ -3,10 +3,14 @@
 Per sync: ``SyncBegin`` (the buffer's handle) to every receiver -- they map the buffer while the
 first bucket is filled, and its meta goes out once all of them have -- then for bucket k: wait until
 every receiver acknowledged the last bucket that used slot k % num_buffers, copy bucket k into
-that slot (in a worker thread, so the event loop keeps sending and collecting acks), send its
-``BucketMeta`` to all receivers at once; finally ``SyncEnd``, whose acks say every receiver has
-released its mapping. With two slots the copy of bucket k+1 overlaps the receivers' loading of
-bucket k; with one it is lock-step.
+that slot, send its ``BucketMeta`` to all receivers at once; finally ``SyncEnd``, whose acks say
+every receiver has released its mapping. With two slots the copy of bucket k+1 overlaps the
+receivers' loading of bucket k; with one it is lock-step.
+
+The copies run on the event loop's own thread, which yields after each bucket so that its requests
+go out at once (a hop to a worker thread per bucket cost 5-10% of throughput on a two-core
+machine); a sync therefore keeps the loop busy, which is what the trainer is doing meanwhile
+anyway (generation is paused around an update). A cancelled sync never leaves a copy running.
 
 Correct by construction: a slot is written only after all acks of its previous bucket; every ack
 is awaited with a deadline naming the peer; a failed sync frees the buffer, so a receiver still
@@ -110,6 +114,7 @@ class WeightSender:
         begin = SyncBegin(sync_id, buffer.handle(), num_tensors, total_bytes, self.verify)
         # receivers map the buffer while the first bucket is being filled; its meta waits for them
         begun = [asyncio.create_task(self._call(ch, begin, None)) for ch in channels]
+        await asyncio.sleep(0)  # SyncBegin goes out before the first copy
         pending: dict[str, _Source] = {}
         counts: collections.Counter = collections.Counter()
         try:
@@ -127,24 +132,21 @@ class WeightSender:
                       pending: dict[str, "_Source"], channels: list[SyncChannel],
                       counts: collections.Counter, begun: list[asyncio.Task]) -> None:
         inflight: list[list[asyncio.Task]] = [[] for _ in range(buffer.num_slots)]
-        fill: asyncio.Future | None = None
         try:
             for bucket_id, bucket in enumerate(pack_buckets(specs, buffer.slot_bytes)):
                 slot = bucket_id % buffer.num_slots
                 await self._wait_for_slot(inflight[slot])
-                fill = asyncio.ensure_future(asyncio.to_thread(self._fill, buffer, slot, bucket, pending))
-                checksums = await asyncio.shield(fill)  # a cancelled sync still lets the copy finish
+                checksums = self._fill(buffer, slot, bucket, pending)
                 _forget_finished(bucket, pending)
                 await _settle(begun)  # every receiver has mapped the buffer
                 meta = BucketMeta(sync_id, bucket_id, slot, bucket.chunks, bucket.is_last, checksums)
                 inflight[slot] += [asyncio.create_task(self._call(ch, SyncBucket(meta), checksums)) for ch in channels]
                 counts["buckets"] += 1
+                await asyncio.sleep(0)  # the new calls put the bucket's request on the wire before the next copy
             await _settle(begun)
             for tasks in inflight:
                 await _settle(tasks)
         finally:
-            if fill is not None and not fill.done():
-                await asyncio.wait([fill])  # the buffer must not be freed under a running copy
             tasks = begun + [t for slot_tasks in inflight for t in slot_tasks]
             for task in tasks:
                 if not task.done():
@@ -175,8 +177,7 @@ class WeightSender:
             yield TensorSpec(name, dtype_name(t.dtype), list(t.shape), flat.numel())
 
     def _fill(self, buffer: SenderBuffer, slot: int, bucket: Bucket, pending: dict[str, _Source]) -> dict | None:
-        """Copy one bucket into ``slot`` (runs in a worker thread); return checksums of the
-        tensors it completes when verifying."""
+        """Copy one bucket into ``slot``; return checksums of the tensors it completes when verifying."""
         with tracer.span("sync.pack", slot=slot, bytes=sum(c.nbytes for c in bucket.chunks)):
             dst = buffer.slot(slot)
             checksums = {} if self.verify else None
