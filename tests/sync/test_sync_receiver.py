@@ -1,5 +1,7 @@
 """WeightReceiver and SyncRequestHandler in one process over a real shared-memory buffer."""
 
+import os
+
 import msgspec
 import pytest
 import torch
@@ -136,3 +138,21 @@ def test_shm_buffer_unlinks_its_segment_on_close(our_segments):
     buf.close()
     buf.close()  # idempotent
     assert set(our_segments()) == before
+
+
+def test_segments_of_a_killed_sender_can_be_removed_by_pid():
+    import signal
+    import subprocess
+    import sys
+
+    from rlx.sync.transports.shm import remove_segments_of
+
+    code = ("import os, sys, time; from rlx.sync.transports.shm import ShmBuffer; b = ShmBuffer(4096, 2); "
+            "print(b.path, flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    path = proc.stdout.readline().strip()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    proc.stdout.close()
+    assert os.path.exists(path), "SIGKILL leaves the segment behind"
+    assert remove_segments_of(proc.pid) == [path] and not os.path.exists(path)

@@ -2,9 +2,10 @@
 
 The sender creates ``/dev/shm/rlx-sync-<pid>-<random>`` (mode 0600, space reserved up front with
 ``posix_fallocate`` so a full /dev/shm is an error here, not a SIGBUS later), maps it and unlinks
-it on ``close`` or, failing that, at interpreter exit. A sender killed with SIGKILL leaves the file
-behind; ``rm /dev/shm/rlx-sync-*`` removes it. Receivers map the file by name; a name that is not
-an rlx segment is refused, so a message cannot make a receiver open another file.
+it on ``close`` or, failing that, at interpreter exit. A sender killed by a signal it does not
+handle leaves the file behind: whoever started it (the launcher) calls ``remove_segments_of(pid)``
+once it has reaped it. Receivers map the file by name; a name that is not an rlx segment is
+refused, so a message cannot make a receiver open another file.
 
 Tensors over a mapping are built through numpy so that the mapping cannot be closed while any of
 them is alive (``close`` raises ``BufferError`` instead of unmapping memory still in use).
@@ -14,6 +15,7 @@ The ordering of writes and reads is given by the acknowledgements (socket round 
 
 from __future__ import annotations
 
+import glob
 import mmap
 import os
 import re
@@ -80,6 +82,16 @@ class ShmMapping(ReceiverMapping):
         if self._mm is not None:
             _close_mapping(self._mm, self.path)
             self._mm = None
+
+
+def remove_segments_of(pid: int) -> list[str]:
+    """Unlink the segments sender process ``pid`` left behind; call it only after that process has
+    exited (mappings other processes still hold stay valid). Returns the removed paths."""
+    removed = []
+    for path in glob.glob(os.path.join(SHM_DIR, f"rlx-sync-{int(pid)}-*")):
+        _unlink(path)
+        removed.append(path)
+    return removed
 
 
 def _create(path: str, size: int) -> mmap.mmap:
