@@ -1,7 +1,8 @@
 """Measurements behind ``rlx bench-sync``: ceiling, lock-step baseline and double buffering.
 
 For each model and transport, in one run: the ceiling is a plain copy of the same tensors into
-preallocated destinations on one thread (a device-to-device copy for ``cuda_ipc``); per bucket
+preallocated destinations on one thread (``copy_bytes``, the routine the transfers use; a
+device-to-device copy for ``cuda_ipc``); per bucket
 size, a lock-step sender (one slot: fill, send, wait) and a double-buffered one (two slots) send
 the same tensors to the target. Ceiling, lock-step and double-buffered runs alternate round by
 round, so drift on a shared machine hits all three alike. Every figure is the median of the timed
@@ -28,6 +29,7 @@ import torch
 
 from rlx.sync.bench_models import ModelTensors, hf_model, preset_model
 from rlx.sync.channel import SyncChannel
+from rlx.sync.copy import copy_bytes
 from rlx.sync.errors import SyncError
 from rlx.sync.sender import MiB, WeightSender
 
@@ -221,7 +223,7 @@ class Ceiling:
         _synchronize(self.device)
         start = time.perf_counter()
         for dst, (_, src) in zip(self.destinations, self.tensors):
-            dst.copy_(src)
+            copy_bytes(dst, src)
         _synchronize(self.device)
         return time.perf_counter() - start
 

@@ -24,6 +24,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from rlx.sync.checksum import tensor_checksum
+from rlx.sync.copy import copy_bytes
 from rlx.sync.dtypes import dtype_from_name
 from rlx.sync.messages import NO_ID, PROTOCOL_VERSION, BucketAck, BucketMeta, SyncBegin, SyncEnd, TensorChunk
 from rlx.sync.transports import map_buffer
@@ -154,7 +155,7 @@ class WeightReceiver:
         if chunk.chunk_start != partial.received:
             raise ValueError(f"chunk of tensor {chunk.name!r} at byte {chunk.chunk_start} arrived out of order "
                              f"(expected byte {partial.received})")
-        partial.flat[chunk.chunk_start:chunk.chunk_start + chunk.nbytes].copy_(raw)
+        copy_bytes(partial.flat[chunk.chunk_start:chunk.chunk_start + chunk.nbytes], raw)
         received = partial.received + chunk.nbytes
         if received == chunk.total_nbytes:
             del self._partial[chunk.name]

@@ -28,6 +28,7 @@ import torch
 import zmq
 
 from rlx.sync.checksum import tensor_checksum
+from rlx.sync.copy import copy_bytes
 from rlx.sync.messages import (NO_ID, PROTOCOL_VERSION, BucketAck, SyncBegin, SyncBucket, SyncEnd, SyncPing, decode_request,
                                encode)
 from rlx.sync.receiver import WeightReceiver
@@ -101,7 +102,7 @@ class CopyConsumer:
         for name, t in tensors:
             dst = self.destination(name, t.dtype, list(t.shape), t.device)
             if dst.data_ptr() != t.data_ptr():
-                dst.copy_(t)
+                copy_bytes(dst, t)
         if self.hold_s:
             time.sleep(self.hold_s)
         if before is not None:

@@ -31,6 +31,7 @@ import torch
 
 from rlx.sync.channel import SyncChannel
 from rlx.sync.checksum import tensor_checksum
+from rlx.sync.copy import memmove_at
 from rlx.sync.dtypes import dtype_name
 from rlx.sync.errors import SyncError
 from rlx.sync.layout import ALIGN_BYTES, Bucket, TensorSpec, align_up, pack_buckets
@@ -62,6 +63,7 @@ class SyncReport(msgspec.Struct):
 class _Source(NamedTuple):
     tensor: torch.Tensor
     flat: torch.Tensor  # uint8 view of the contiguous tensor
+    address: int | None  # of its first byte when on the CPU: the fill copies by address
 
 
 class WeightSender:
@@ -171,7 +173,7 @@ class WeightSender:
             t = tensor.detach()
             t = t if t.is_contiguous() else t.contiguous()
             flat = t.reshape(-1).view(torch.uint8)
-            pending[name] = _Source(t, flat)
+            pending[name] = _Source(t, flat, flat.data_ptr() if flat.device.type == "cpu" else None)
             counts["tensors"] += 1
             counts["bytes"] += flat.numel()
             yield TensorSpec(name, dtype_name(t.dtype), list(t.shape), flat.numel())
@@ -180,10 +182,16 @@ class WeightSender:
         """Copy one bucket into ``slot``; return checksums of the tensors it completes when verifying."""
         with tracer.span("sync.pack", slot=slot, bytes=sum(c.nbytes for c in bucket.chunks)):
             dst = buffer.slot(slot)
+            base = dst.data_ptr() if dst.device.type == "cpu" else None
             checksums = {} if self.verify else None
             for c in bucket.chunks:
                 source = pending[c.name]
-                dst[c.offset:c.offset + c.nbytes].copy_(source.flat[c.chunk_start:c.chunk_start + c.nbytes])
+                if base is not None and source.address is not None:  # CPU to CPU: one memmove, no views
+                    if c.offset + c.nbytes > buffer.slot_bytes or c.chunk_start + c.nbytes > source.flat.numel():
+                        raise SyncError(f"bucket layout error: chunk of {c.name!r} does not fit its slot or tensor")
+                    memmove_at(base + c.offset, source.address + c.chunk_start, c.nbytes)
+                else:
+                    dst[c.offset:c.offset + c.nbytes].copy_(source.flat[c.chunk_start:c.chunk_start + c.nbytes])
                 if self.verify and c.chunk_start + c.nbytes == c.total_nbytes:
                     checksums[c.name] = tensor_checksum(source.tensor)
             buffer.ready(slot)
