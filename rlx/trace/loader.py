@@ -14,14 +14,16 @@ marked unfinished, and drawn up to the last time its process wrote.
 from __future__ import annotations
 
 import gc
-from operator import attrgetter, itemgetter
+from collections import defaultdict
+from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
 
+from rlx.trace.columnar import ColumnarFile
 from rlx.trace.format import NO_ATTRS
-from rlx.trace.model import STATUS_ERROR, STATUS_OK, STATUS_UNFINISHED, Events, Process, Spans, Trace
-from rlx.trace.reader import FileRecords, TraceError, is_trace_file, read_trace_file
+from rlx.trace.model import STATUS_ERROR, STATUS_OK, STATUS_UNFINISHED, AttrColumn, Events, Process, Spans, Trace
+from rlx.trace.reader import FileRecords, TraceError, add_record, is_trace_file, read_trace_columns, read_trace_file
 
 __all__ = ["TraceError", "find_trace_files", "load_trace"]
 
@@ -59,46 +61,37 @@ def load_trace(path: str | Path) -> Trace:
 class _Interner:
     """Maps names (or request ids) to small ints in first-seen order; None maps to -1.
 
-    Values are told apart by ``hash()`` (computed in C by ``map``) and grouped with
-    ``np.unique``: no Python call per item, which matters for a million spans with half a
-    million distinct request ids. Two distinct values with one 64-bit hash would share an id;
-    with string ids that does not happen in practice (CPython's ints -1 and -2 do collide).
+    A ``defaultdict`` whose missing-key factory is its own ``__len__``, looked up
+    through ``map``: every step runs in C, with no Python call per item, which matters for a
+    million spans with half a million distinct request ids. None is the first key, so its id is
+    0 and every id is shifted down by one.
     """
 
     def __init__(self) -> None:
-        self._hashes = np.array([hash(None)], np.int64)  # sorted
-        self._ids = np.array([-1], np.int64)
-        self._values: list = []
+        self._ids: defaultdict = defaultdict()
+        self._ids.default_factory = self._ids.__len__  # a new key's id: the number of keys before it
+        self._ids[None]  # noqa: B018 - id 0, i.e. -1 after the shift
 
     def ids(self, records: list, attr: str) -> np.ndarray:
         """The id of ``getattr(record, attr)`` for each record."""
-        hashes = np.fromiter(map(hash, map(attrgetter(attr), records)), np.int64, len(records))
-        unique, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
-        pos = np.minimum(np.searchsorted(self._hashes, unique), len(self._hashes) - 1)
-        known = self._hashes[pos] == unique
-        ids = np.where(known, self._ids[pos], 0)
-        fresh = np.flatnonzero(~known)[np.argsort(first[~known], kind="stable")]
-        ids[fresh] = np.arange(len(self._values), len(self._values) + len(fresh))
-        self._values += _pick(records, first[fresh].tolist(), attr)
-        self._remember(unique[fresh], ids[fresh])
-        return ids[inverse.reshape(-1)].astype(np.int32)
+        return self.ids_of(map(attrgetter(attr), records), len(records))
 
-    def _remember(self, hashes: np.ndarray, ids: np.ndarray) -> None:
-        if len(hashes):
-            all_hashes, all_ids = np.r_[self._hashes, hashes], np.r_[self._ids, ids]
-            order = np.argsort(all_hashes, kind="stable")
-            self._hashes, self._ids = all_hashes[order], all_ids[order]
+    def ids_of(self, values, count: int | None = None) -> np.ndarray:
+        """The id of each value (``count`` of them, when ``values`` is an iterator)."""
+        n = len(values) if count is None else count
+        return (np.fromiter(map(self._ids.__getitem__, values), np.int64, n) - 1).astype(np.int32)
+
+    def ids_of_distinct(self, values: list) -> np.ndarray:
+        """``ids_of`` for values known to be distinct (a column's dictionary): when none was seen
+        before, as in a file of its own requests, one ``dict.update`` assigns them all."""
+        if not self._ids.keys().isdisjoint(values):
+            return self.ids_of(values)
+        base = len(self._ids)
+        self._ids.update(zip(values, range(base, base + len(values))))
+        return np.arange(base - 1, base - 1 + len(values), dtype=np.int32)
 
     def values(self) -> list:
-        return self._values
-
-
-def _pick(records: list, indices: list[int], attr: str) -> list:
-    """``[getattr(records[i], attr) for i in indices]`` without a Python call per item."""
-    if not indices:
-        return []
-    chosen = itemgetter(*indices)(records)
-    return list(map(attrgetter(attr), chosen if len(indices) > 1 else (chosen,)))
+        return list(self._ids)[1:]
 
 
 def _column(records: list, attr: str, dtype: type = np.int64) -> np.ndarray:
@@ -134,6 +127,21 @@ class _Completes:
             self.errors.update({self.count + k: x.err for k, x in enumerate(done) if x.err is not None})
         self.count += len(done)
 
+    @classmethod
+    def from_columns(cls, columns: ColumnarFile, path: Path, names: _Interner,
+                     requests: _Interner) -> tuple["_Completes", FileRecords]:
+        """The complete spans of a file pyarrow read, and its few other records decoded here."""
+        done = cls(names, requests)
+        request_ids = np.append(requests.ids_of_distinct(columns.request_values), -1)  # code -1 (none) reads the -1
+        done.chunks.append({"i": columns.i, "t": columns.t, "d": columns.d, "p": columns.p,
+                            "n": names.ids_of_distinct(columns.name_values)[columns.name_codes].astype(np.int32),
+                            "r": request_ids[columns.request_codes].astype(np.int32)})
+        done.attrs, done.errors, done.count = columns.attrs, columns.errors, len(columns.i)
+        rec = FileRecords(path=Path(path), header=columns.header)
+        for record in columns.other_records:
+            add_record(rec, record)
+        return done, rec
+
     def column(self, key: str) -> np.ndarray:
         if not self.chunks:
             return np.zeros(0, np.int32 if key in "nr" else np.int64)
@@ -144,8 +152,12 @@ class _FileColumns:
     """One file's spans and events as columns in the file's own time (ns since its start)."""
 
     def __init__(self, path: Path, index: int, names: _Interner, requests: _Interner) -> None:
-        done = _Completes(names, requests)
-        rec = read_trace_file(path, done)
+        columns = read_trace_columns(path)
+        if columns is not None:
+            done, rec = _Completes.from_columns(columns, path, names, requests)
+        else:  # line by line: skips and counts what it cannot use
+            done = _Completes(names, requests)
+            rec = read_trace_file(path, done)
         self.header, self.skipped, self.examples = rec.header, rec.skipped, rec.examples
         self.process = Process(index=index, name=rec.header.name, role=rec.header.role,
                                pid=rec.header.pid, host=rec.header.host, path=rec.path)
@@ -166,7 +178,7 @@ class _FileColumns:
         self.start = np.r_[done.column("t"), _column(begins, "t")]
         self.name = np.r_[done.column("n"), names.ids(begins, "n")].astype(np.int32)
         self.request = np.r_[done.column("r"), requests.ids(begins, "r")].astype(np.int32)
-        self.begin_attrs = done.attrs + list(map(attrgetter("a"), begins))
+        self.begin_attrs = [done.attrs, list(map(attrgetter("a"), begins))]  # segments of an AttrColumn
         self.parent = _lookup(self._sorted_ids, self._order, np.r_[done.column("p"), _column(begins, "p")])
         self.errors = done.errors
         self.end_attrs: dict = {}
@@ -246,7 +258,7 @@ def _concat_spans(parts: list[_FileColumns]) -> Spans:
         depth=np.zeros(sum(len(p.start) for p in parts), np.int16),
         request=cat([p.request for p in parts]).astype(np.int32),
         status=cat([p.status for p in parts]).astype(np.int8),
-        begin_attrs=[a for p in parts for a in p.begin_attrs])
+        begin_attrs=AttrColumn([segment for p in parts for segment in p.begin_attrs]))
     for p, b in zip(parts, bases):
         spans.errors.update({s + b: e for s, e in p.errors.items()})
         spans.end_attrs.update({s + b: a for s, a in p.end_attrs.items()})

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlx.trace.format import decode_attrs
+from rlx.trace.format import NO_ATTRS, decode_attrs
 
 STATUS_OK, STATUS_ERROR, STATUS_UNFINISHED = 0, 1, 2
 
@@ -39,6 +39,49 @@ class Process:
         return self.name if self.name.startswith(self.role) else f"{self.role}:{self.name}"
 
 
+class AttrColumn:
+    """The attributes (``msgspec.Raw``) of every span, over the files of a trace, as one sequence.
+
+    Each segment is a list of Raw or a lazy sequence that decodes a line's attributes when asked
+    (``columnar.LineAttrs``), so a million spans cost no object each until someone looks.
+    """
+
+    def __init__(self, segments=()) -> None:
+        self.segments = [s for s in segments if len(s)]
+        self.bases = np.cumsum([0] + [len(s) for s in self.segments])
+
+    def __len__(self) -> int:
+        return int(self.bases[-1])
+
+    def __getitem__(self, i: int):
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"span {i} out of range ({len(self)} spans)")
+        seg = int(np.searchsorted(self.bases, i, side="right")) - 1
+        return self.segments[seg][i - int(self.bases[seg])]
+
+    def __iter__(self):
+        for segment in self.segments:
+            yield from segment
+
+    def candidates(self, needle: bytes, value: bytes = b"") -> list[int]:
+        """Indices whose attribute text may hold ``needle`` and ``value`` (decode them to be sure)."""
+        out: list[int] = []
+        for segment, base in zip(self.segments, self.bases.tolist()):
+            lines = getattr(segment, "lines_containing", None)
+            if lines is None:
+                out += [base + k for k, raw in enumerate(segment)
+                        if raw is not NO_ATTRS and needle in (text := bytes(raw)) and value in text]
+                continue
+            ks = lines(needle).tolist()
+            if value:
+                data, starts, ends = segment.data, segment.starts, segment.ends
+                ks = [k for k in ks if data.find(value, int(starts[k]), int(ends[k])) >= 0]
+            out += [base + k for k in ks]
+        return out
+
+
 @dataclass
 class Spans:
     """Span columns; index i describes one span."""
@@ -51,7 +94,7 @@ class Spans:
     depth: np.ndarray       # int16 nesting depth, 0 = top level
     request: np.ndarray     # int32 index into Trace.request_ids (own or inherited), -1 = none
     status: np.ndarray      # int8 STATUS_*
-    begin_attrs: list       # msgspec.Raw per span (format.NO_ATTRS if none): all attributes of
+    begin_attrs: AttrColumn  # msgspec.Raw per span (format.NO_ATTRS if none): all attributes of
                             # a complete span, those given at begin for a long one
     end_attrs: dict = field(default_factory=dict)   # span index -> Raw from a long span's end line
     errors: dict = field(default_factory=dict)      # span index -> "ExcType: message"

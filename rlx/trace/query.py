@@ -123,8 +123,8 @@ def _by_attribute(term: Term, raw_lists: list, n: int) -> np.ndarray:
     value = term.value.encode() if plain else b""  # an equal string appears in the JSON text
     mask = np.zeros(n, bool)
     for raws, owner in raw_lists:
-        candidates = [k for k, raw in enumerate(raws)
-                      if raw is not NO_ATTRS and needle in (text := bytes(raw)) and value in text]
+        candidates = raws.candidates(needle, value) if hasattr(raws, "candidates") else \
+            [k for k, raw in enumerate(raws) if raw is not NO_ATTRS and needle in (text := bytes(raw)) and value in text]
         for k in candidates:
             attrs = decode_attrs(raws[k])
             if term.key in attrs and _compare(attrs[term.key], term.op, term.value):

@@ -16,6 +16,7 @@ from typing import Callable
 
 import msgspec
 
+from rlx.trace.columnar import ColumnarFile, read_columns
 from rlx.trace.format import (FORMAT_NAME, FORMAT_VERSION, Begin, Complete, End, Header, Instant,
                               header_decoder, record_decoder, records_decoder)
 
@@ -80,6 +81,24 @@ def read_trace_file(path: Path, sink: Callable | None = None) -> FileRecords:
     return records
 
 
+def read_trace_columns(path: Path) -> "ColumnarFile | None":
+    """The fast path (``columnar.py``): the file as columns, or None when only the line-by-line
+    reader can take it (bad or blank lines, a cut last line, an unusual field type, no pyarrow).
+    Raises TraceError like ``read_trace_file`` when the file is not an rlx trace at all."""
+    data = Path(path).read_bytes()
+    first_end = data.find(b"\n")
+    header = _decode_header(path, data if first_end < 0 else data[:first_end])
+    if first_end < 0:
+        return None
+    columns = read_columns(Path(path), data, header, first_end + 1)
+    if columns is not None:
+        try:  # the few records that are not complete spans: all must decode, or take the slow path
+            columns.other_records = [record_decoder.decode(line) for line in columns.other_lines]
+        except msgspec.DecodeError:
+            return None
+    return columns
+
+
 def _decode_header(path: Path, line: bytes) -> Header:
     try:
         header = header_decoder.decode(line)
@@ -97,7 +116,7 @@ def _decode_header(path: Path, line: bytes) -> Header:
 def _read_last_line(records: FileRecords, line: bytes, line_no: int) -> None:
     """A last line without a newline was cut by a crash, unless it still decodes whole."""
     try:
-        _add(records, record_decoder.decode(line))
+        add_record(records, record_decoder.decode(line))
     except msgspec.DecodeError:
         records.skip(line_no, "truncated last line")
 
@@ -139,7 +158,7 @@ def _read_lines(records: FileRecords, body: bytes, first_line_no: int) -> list:
     return good
 
 
-def _add(records: FileRecords, record: object) -> None:
+def add_record(records: FileRecords, record: object) -> None:
     kind = record.__class__
     if kind is Complete:
         records.completes.append(record)

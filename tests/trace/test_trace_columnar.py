@@ -1,0 +1,103 @@
+"""The columnar fast path reads a trace exactly as the line-by-line reader does, and hands every
+file it cannot read exactly (bad, blank or cut lines, odd field types) to that reader."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rlx.trace.loader as loader
+from rlx.trace.loader import load_trace
+from rlx.trace.model import STATUS_UNFINISHED
+from rlx.trace.query import match_spans
+from rlx.trace.reader import read_trace_columns
+from rlx.trace.synthetic import write_synthetic_trace
+from rlx.trace.tracer import Tracer
+
+pytest.importorskip("pyarrow")
+
+SPAN_COLUMNS = ("proc", "name", "start", "end", "parent", "depth", "request", "status")
+EVENT_COLUMNS = ("proc", "name", "time", "parent", "request")
+
+
+def load_line_by_line(path, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(loader, "read_trace_columns", lambda p: None)
+        return load_trace(path)
+
+
+def assert_same_trace(fast, slow):
+    assert fast.names == slow.names and fast.request_ids == slow.request_ids
+    assert [p.name for p in fast.processes] == [p.name for p in slow.processes]
+    for column in SPAN_COLUMNS:
+        assert np.array_equal(getattr(fast.spans, column), getattr(slow.spans, column)), column
+    for column in EVENT_COLUMNS:
+        assert np.array_equal(getattr(fast.events, column), getattr(slow.events, column)), column
+    assert fast.spans.errors == slow.spans.errors
+    assert fast.spans.end_attrs.keys() == slow.spans.end_attrs.keys()
+    assert len(fast.spans.begin_attrs) == len(slow.spans.begin_attrs) == len(fast.spans)
+    assert [bytes(a) for a in fast.spans.begin_attrs] == [bytes(a) for a in slow.spans.begin_attrs]
+    assert [fast.span_attrs(i) for i in range(len(fast.spans))] == [slow.span_attrs(i) for i in range(len(slow.spans))]
+    assert fast.skipped == slow.skipped
+
+
+def test_real_tracer_files_take_the_fast_path_and_match(small_trace, monkeypatch):
+    files = sorted(small_trace.glob("*.jsonl"))
+    assert all(read_trace_columns(f) is not None for f in files)
+    fast, slow = load_trace(small_trace), load_line_by_line(small_trace, monkeypatch)
+    assert_same_trace(fast, slow)
+    assert fast.spans.errors  # the failed checkpoint came through the err column
+
+
+def test_synthetic_trace_with_long_spans_and_events_matches(tmp_path, monkeypatch):
+    write_synthetic_trace(tmp_path, num_entries=3000, num_servers=2, requests_per_step=64)
+    fast, slow = load_trace(tmp_path), load_line_by_line(tmp_path, monkeypatch)
+    assert len(fast.spans) > 2000 and len(fast.events) > 0
+    assert_same_trace(fast, slow)
+
+
+def test_unfinished_long_span_matches(tmp_path, monkeypatch):
+    tracer = Tracer()
+    tracer.configure(tmp_path, role="trainer", name="trainer0", open_span_flush_s=0.001)
+    span = tracer.span("hang", step=3)
+    span.__enter__()
+    with tracer.span("inner", request_id="r1"):
+        pass
+    tracer.flush(min_age_s=0.0)  # writes the begin line of the open span
+    fast, slow = load_trace(tmp_path), load_line_by_line(tmp_path, monkeypatch)
+    assert_same_trace(fast, slow)
+    assert int((fast.spans.status == STATUS_UNFINISHED).sum()) == 1
+    span.__exit__(None, None, None)
+    tracer.close()
+
+
+@pytest.mark.parametrize("bad", [
+    b'{"k":"X","i":99,"n":"x","t":1,"d":1\n',        # malformed JSON
+    b'\n',                                              # blank line
+    b'{"k":"X","i":99,"n":"x","t":1,"d":1,"r":7}\n',   # integer request id
+    b'{"k":"Z","i":99,"n":"x","t":1}\n',                # unknown kind
+    b'{"k":"X","i":99,"t":1,"d":1}\n',                  # a complete span without its name
+])
+def test_files_the_fast_path_cannot_read_exactly_go_line_by_line(small_trace, monkeypatch, bad):
+    path = next(f for f in small_trace.glob("*.jsonl") if f.name.startswith("trainer0"))
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:3] + [bad] + lines[3:]))
+    assert read_trace_columns(path) is None
+    fast, slow = load_trace(small_trace), load_line_by_line(small_trace, monkeypatch)
+    assert_same_trace(fast, slow)
+
+
+def test_cut_last_line_goes_line_by_line(small_trace):
+    path = next(f for f in small_trace.glob("*.jsonl") if f.name.startswith("rollout0"))
+    path.write_bytes(path.read_bytes()[:-10])
+    assert read_trace_columns(path) is None
+    assert load_trace(small_trace).skipped["truncated last line"] == 1
+
+
+def test_attribute_filter_over_lazy_attributes(small_trace, monkeypatch):
+    fast, slow = load_trace(small_trace), load_line_by_line(small_trace, monkeypatch)
+    for query in ("finish_reason=length", "prompt_tokens>12", "budget=8", "micro_batch=1", "step=1"):
+        assert np.array_equal(match_spans(fast, query), match_spans(slow, query)), query
+    assert int(match_spans(fast, "finish_reason=length").sum()) == 2
+    with pytest.raises(IndexError):
+        fast.spans.begin_attrs[len(fast.spans)]
