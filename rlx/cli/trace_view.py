@@ -8,7 +8,9 @@ saves Textual's SVG. Textual and numpy are imported inside the command, never at
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Optional, Tuple
@@ -35,6 +37,8 @@ def trace_view(
     """Show a trace: timeline, summary and metrics in the terminal; or print/export it."""
     started_at = time.perf_counter()
     with user_errors():
+        if not (export or summary):
+            prefetch_viewer()
         loaded = _load(trace)
         if export:
             _export(loaded, export)
@@ -50,6 +54,19 @@ def trace_view(
         if not sys.stdout.isatty():
             raise UserError("the viewer needs a terminal; use --summary or --export perfetto OUT.json in scripts")
     app.run()
+
+
+def prefetch_viewer() -> threading.Thread:
+    """Import the viewer (Textual: about half a second) in a thread while the trace loads; the
+    loader's parsing runs in C without the GIL, so the two overlap. An import error surfaces later,
+    where the app is made, with its install hint."""
+    def run() -> None:
+        with contextlib.suppress(ImportError):
+            import rlx.trace.viewer  # noqa: F401
+
+    thread = threading.Thread(target=run, name="rlx-viewer-import", daemon=True)
+    thread.start()
+    return thread
 
 
 def _load(path: str):
