@@ -156,3 +156,26 @@ def test_segments_of_a_killed_sender_can_be_removed_by_pid():
     proc.stdout.close()
     assert os.path.exists(path), "SIGKILL leaves the segment behind"
     assert remove_segments_of(proc.pid) == [path] and not os.path.exists(path)
+
+
+def test_stale_segments_of_dead_senders_are_removed_and_live_ones_kept():
+    import signal
+    import subprocess
+    import sys
+
+    from rlx.sync.transports.shm import ShmBuffer, remove_stale_segments
+
+    code = ("import os, sys, time; from rlx.sync.transports.shm import ShmBuffer; b = ShmBuffer(4096, 2); "
+            "print(b.path, flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    dead = proc.stdout.readline().strip()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    proc.stdout.close()
+    live = ShmBuffer(4096, 2)  # this process's own: alive, must stay
+    try:
+        removed = remove_stale_segments()
+        assert dead in removed and not os.path.exists(dead)
+        assert live.path not in removed and os.path.exists(live.path)
+    finally:
+        live.close()

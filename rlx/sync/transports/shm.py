@@ -3,8 +3,9 @@
 The sender creates ``/dev/shm/rlx-sync-<pid>-<random>`` (mode 0600, space reserved up front with
 ``posix_fallocate`` so a full /dev/shm is an error here, not a SIGBUS later), maps it and unlinks
 it on ``close`` or, failing that, at interpreter exit. A sender killed by a signal it does not
-handle leaves the file behind: whoever started it (the launcher) calls ``remove_segments_of(pid)``
-once it has reaped it. Receivers map the file by name; a name that is not an rlx segment is
+handle leaves the file behind: whoever started it calls ``remove_segments_of(pid)`` once it has
+reaped it, and ``rlx train`` removes the segments of dead senders (``remove_stale_segments``)
+before it starts. Receivers map the file by name; a name that is not an rlx segment is
 refused, so a message cannot make a receiver open another file.
 
 Tensors over a mapping are built through numpy so that the mapping cannot be closed while any of
@@ -91,6 +92,24 @@ def remove_segments_of(pid: int) -> list[str]:
     for path in glob.glob(os.path.join(SHM_DIR, f"rlx-sync-{int(pid)}-*")):
         _unlink(path)
         removed.append(path)
+    return removed
+
+
+def remove_stale_segments() -> list[str]:
+    """Unlink the segments of sender processes that no longer exist (a SIGKILLed ``rlx train``
+    leaves its buffer behind); a segment whose pid is alive, or cannot be checked, stays."""
+    removed = []
+    for path in glob.glob(os.path.join(SHM_DIR, "rlx-sync-*")):
+        name = os.path.basename(path)
+        if not _NAME.match(name):
+            continue
+        try:
+            os.kill(int(name.split("-")[2]), 0)
+        except ProcessLookupError:
+            _unlink(path)
+            removed.append(path)
+        except PermissionError:  # alive, another user's
+            pass
     return removed
 
 
