@@ -140,12 +140,11 @@ def test_shm_buffer_unlinks_its_segment_on_close(our_segments):
     assert set(our_segments()) == before
 
 
-def test_segments_of_a_killed_sender_can_be_removed_by_pid():
+def _killed_sender_segment() -> tuple[str, int]:
+    """A real process that made a shm buffer and was SIGKILLed: (its segment's path, its pid)."""
     import signal
     import subprocess
     import sys
-
-    from rlx.sync.transports.shm import remove_segments_of
 
     code = ("import os, sys, time; from rlx.sync.transports.shm import ShmBuffer; b = ShmBuffer(4096, 2); "
             "print(b.path, flush=True); time.sleep(60)")
@@ -154,24 +153,21 @@ def test_segments_of_a_killed_sender_can_be_removed_by_pid():
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
     proc.stdout.close()
+    return path, proc.pid
+
+
+def test_segments_of_a_killed_sender_can_be_removed_by_pid():
+    from rlx.sync.transports.shm import remove_segments_of
+
+    path, pid = _killed_sender_segment()
     assert os.path.exists(path), "SIGKILL leaves the segment behind"
-    assert remove_segments_of(proc.pid) == [path] and not os.path.exists(path)
+    assert remove_segments_of(pid) == [path] and not os.path.exists(path)
 
 
 def test_stale_segments_of_dead_senders_are_removed_and_live_ones_kept():
-    import signal
-    import subprocess
-    import sys
-
     from rlx.sync.transports.shm import ShmBuffer, remove_stale_segments
 
-    code = ("import os, sys, time; from rlx.sync.transports.shm import ShmBuffer; b = ShmBuffer(4096, 2); "
-            "print(b.path, flush=True); time.sleep(60)")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    dead = proc.stdout.readline().strip()
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(10)
-    proc.stdout.close()
+    dead, _ = _killed_sender_segment()
     live = ShmBuffer(4096, 2)  # this process's own: alive, must stay
     try:
         removed = remove_stale_segments()
