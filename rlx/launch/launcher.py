@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from rlx.launch.display import Display
 from rlx.launch.processes import ProcessSet, python_argv
-from rlx.sync.transports.shm import SHM_DIR, remove_stale_segments
+from rlx.sync.transports.shm import remove_stale_segments
 
 
 class ChildDied(RuntimeError):
@@ -34,9 +34,8 @@ def preflight(cfg, display: Display) -> None:
         build_model(cfg, display)
     check_model_dir(cfg.model.path)
     build_task(cfg.task)
-    if os.path.isdir(SHM_DIR):
-        for path in remove_stale_segments():
-            display.note(f"removed {path}, the weight-sync buffer of an rlx run that was killed")
+    for path in remove_stale_segments():
+        display.note(f"removed {path}, the weight-sync buffer of an rlx run that was killed")
 
 
 def build_model(cfg, display: Display) -> None:

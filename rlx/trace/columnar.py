@@ -14,13 +14,12 @@ what it cannot use. The two paths give the same trace (tested).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import msgspec
 import numpy as np
 
-from rlx.trace.format import NO_ATTRS, Header
+from rlx.trace.format import NO_ATTRS, Header, record_decoder
 
 try:
     import pyarrow as pa
@@ -81,7 +80,6 @@ class ColumnarFile:
     """One file's records as columns: the complete spans in arrays, the rest as line ranges."""
 
     header: Header
-    data: bytes
     # complete spans (k == "X"), in file order
     i: np.ndarray
     t: np.ndarray
@@ -93,16 +91,14 @@ class ColumnarFile:
     request_values: list[str]
     errors: dict[int, str]      # complete-span index -> error
     attrs: LineAttrs
-    other_lines: list[bytes]    # the B / E / I lines, in file order (few: decoded one by one)
-    other_records: list = field(default_factory=list)  # those lines decoded (reader.read_trace_columns)
+    other_records: list         # the B / E / I records, in file order (few: decoded one by one)
 
 
-def read_columns(path: Path, data: bytes, header: Header, body_start: int) -> ColumnarFile | None:
+def read_columns(data: bytes, header: Header, body_start: int) -> ColumnarFile | None:
     """The file's records as columns, or None when the line-by-line reader must take it."""
     if pa is None:
         return None
-    body_end = len(data)
-    if body_start >= body_end or not data.endswith(b"\n"):
+    if body_start >= len(data) or not data.endswith(b"\n"):
         return None  # empty, or a last line cut short: the reader counts it
     body = memoryview(data)[body_start:]
     try:
@@ -129,8 +125,12 @@ def read_columns(path: Path, data: bytes, header: Header, body_start: int) -> Co
         rows = np.flatnonzero(pc.is_valid(err).to_numpy(zero_copy_only=False))
         errors = dict(zip(rows.tolist(), err.take(pa.array(rows)).to_pylist()))
     others = np.flatnonzero(~complete)
+    try:  # the few records that are not complete spans: all must decode, or take the slow path
+        other_records = [record_decoder.decode(data[s:e]) for s, e in zip(starts[others].tolist(), ends[others].tolist())]
+    except msgspec.DecodeError:
+        return None
     return ColumnarFile(
-        header=header, data=data,
+        header=header,
         i=_ints(x, "i"), t=_ints(x, "t"), d=_ints(x, "d"), p=_ints(x, "p"),
         name_codes=names.indices.to_numpy(zero_copy_only=False).astype(np.int32),
         name_values=names.dictionary.to_pylist(),
@@ -138,7 +138,7 @@ def read_columns(path: Path, data: bytes, header: Header, body_start: int) -> Co
         request_values=requests.dictionary.to_pylist(),
         errors=errors,
         attrs=LineAttrs(data, starts[complete], ends[complete]),
-        other_lines=[data[s:e] for s, e in zip(starts[others].tolist(), ends[others].tolist())])
+        other_records=other_records)
 
 
 def _schema():

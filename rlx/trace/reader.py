@@ -81,7 +81,7 @@ def read_trace_file(path: Path, sink: Callable | None = None) -> FileRecords:
     return records
 
 
-def read_trace_columns(path: Path) -> "ColumnarFile | None":
+def read_trace_columns(path: Path) -> ColumnarFile | None:
     """The fast path (``columnar.py``): the file as columns, or None when only the line-by-line
     reader can take it (bad or blank lines, a cut last line, an unusual field type, no pyarrow).
     Raises TraceError like ``read_trace_file`` when the file is not an rlx trace at all."""
@@ -90,13 +90,7 @@ def read_trace_columns(path: Path) -> "ColumnarFile | None":
     header = _decode_header(path, data if first_end < 0 else data[:first_end])
     if first_end < 0:
         return None
-    columns = read_columns(Path(path), data, header, first_end + 1)
-    if columns is not None:
-        try:  # the few records that are not complete spans: all must decode, or take the slow path
-            columns.other_records = [record_decoder.decode(line) for line in columns.other_lines]
-        except msgspec.DecodeError:
-            return None
-    return columns
+    return read_columns(data, header, first_end + 1)
 
 
 def _decode_header(path: Path, line: bytes) -> Header:
