@@ -100,7 +100,8 @@ def test_resume_after_kill_continues_at_the_right_step(tiny_model_dir, tmp_path)
     config = small_config(tmp_path, tiny_model_dir, "hf", checkpoint={"every": 1, "keep": 3})
     run_dir = tmp_path / "run"
     log = tmp_path / "first.log"
-    proc = start_rlx(["train", str(config), "trainer.total_steps=4"], log)
+    # Far more steps than the kill lets it reach, so the kill always lands mid-run however fast steps are.
+    proc = start_rlx(["train", str(config), "trainer.total_steps=200", "trainer.eval_every=0"], log)
     try:
         wait_for(lambda: (run_dir / "checkpoints" / "step_00000002" / "manifest.json").exists(), 300, proc, log)
         os.kill(proc.pid, signal.SIGKILL)  # no clean-up at all: children must still go (parent-death signal)
@@ -108,18 +109,22 @@ def test_resume_after_kill_continues_at_the_right_step(tiny_model_dir, tmp_path)
     finally:
         stop_group(proc)
     assert_no_children_alive(run_dir)
-    partial = run_dir / "checkpoints" / "step_00000009"
+    complete = [c for c in list_checkpoints(run_dir / "checkpoints") if (c / "manifest.json").exists()]
+    last_good = max(int(c.name.split("_")[1]) for c in complete)
+    assert 2 <= last_good < 200
+    partial = run_dir / "checkpoints" / "step_00000999"
     partial.mkdir()  # a torn, manifest-less checkpoint newer than the good ones must be skipped
-    code, output = run_to_end(config, tmp_path, "trainer.total_steps=4", "--resume")
+    total = last_good + 2
+    code, output = run_to_end(config, tmp_path, f"trainer.total_steps={total}", "trainer.eval_every=0", "--resume")
     assert code == 0, output[-4000:]
-    assert "skipping checkpoint" in output and "step_00000009" in output
+    assert "skipping checkpoint" in output and "step_00000999" in output
     resumed_from = int(output.split("resumed from")[1].split("(step ")[1].split(")")[0])
-    assert resumed_from >= 2
+    assert resumed_from == last_good
     steps = [r["step"] for r in read_metrics(run_dir)]
-    assert steps == sorted(set(steps)) and steps[-1] == 4 and resumed_from + 1 in steps
-    state = json.loads((run_dir / "checkpoints" / "step_00000004" / "trainer_state.json").read_text())
-    assert state["step"] == 4
-    assert state["data"]["epoch"] * state["data"]["num_problems"] + state["data"]["index"] == 4 * 4
+    assert steps == sorted(set(steps)) and steps[-1] == total and resumed_from + 1 in steps
+    state = json.loads((run_dir / "checkpoints" / f"step_{total:08d}" / "trainer_state.json").read_text())
+    assert state["step"] == total
+    assert state["data"]["epoch"] * state["data"]["num_problems"] + state["data"]["index"] == total * 4
 
 
 def start_long_run(tmp_path: Path, model_dir: Path):
