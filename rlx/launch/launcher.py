@@ -25,6 +25,57 @@ class ChildDied(RuntimeError):
     """A rollout server or trainer rank exited while the run needed it."""
 
 
+class DeathWatch:
+    """Turns a child's death, reported on the watcher thread, into ``ChildDied`` in the main thread.
+
+    While the run's asyncio task is attached, the report cancels that task and ``guard`` turns the
+    cancellation into ``ChildDied``: an exception raised from a signal handler could land inside an
+    event-loop callback that logs and swallows it, leaving the run waiting on a dead server. Outside
+    the event loop (start-up, trainer construction) SIGUSR1 raises it between bytecodes.
+    """
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self._lock = threading.Lock()
+        self._task: asyncio.Task | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGUSR1, self._on_signal)
+
+    def report(self, message: str) -> None:
+        with self._lock:
+            self.messages.append(message)
+            task = self._task
+        if task is not None:
+            task.get_loop().call_soon_threadsafe(task.cancel)
+        else:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+
+    async def guard(self, coro):
+        """Await ``coro`` in the current task; a death meanwhile raises ``ChildDied``."""
+        with self._lock:
+            self._task = asyncio.current_task()
+            dead = bool(self.messages)
+        try:
+            if dead:
+                coro.close()
+                raise ChildDied(self.messages[0])
+            return await coro
+        except asyncio.CancelledError:
+            if self.messages:
+                raise ChildDied(self.messages[0]) from None
+            raise
+        finally:
+            with self._lock:
+                self._task = None
+
+    def _on_signal(self, signum, frame) -> None:
+        with self._lock:
+            attached = self._task is not None
+        if not attached:  # a report that raced with guard() attaching: the cancellation handles it
+            raise ChildDied(self.messages[0] if self.messages else "a child process died")
+
+
 def preflight(cfg, display: Display) -> None:
     """Fail before any process starts: model directory, task data and reward function."""
     from rlx.engine.model import check_model_dir
@@ -65,19 +116,19 @@ def run_train(cfg) -> int:
     config_file.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     procs = ProcessSet(run_dir / "logs", emit=display.log_line)
     env = _trace_env(cfg, run_dir)
-    died: list[str] = []
-    _install_child_death_handler(died)
+    deaths = DeathWatch()
+    deaths.install()
     try:
         with display:
             addresses = cfg.rollout.servers or _start_servers(cfg, procs, config_file, env)
             _start_ranks(cfg, procs, config_file, env)
-            procs.watch(lambda msg: _report_death(died, msg))
-            code = _run_rank0(cfg, run_dir, addresses, procs, display)
+            procs.watch(deaths.report)
+            code = _run_rank0(cfg, run_dir, addresses, procs, display, deaths)
         if code == 0 and cfg.checkpoint.export_hf:
             code = _export_hf(run_dir, display)
         return code
-    except ChildDied:
-        display.note(f"[red]stopping: {died[0]}[/]")
+    except ChildDied as exc:
+        display.note(f"[red]stopping: {exc}[/]")
         return 1
     except KeyboardInterrupt:
         display.note("interrupted: stopping every child process")
@@ -87,7 +138,8 @@ def run_train(cfg) -> int:
         _close_distributed()
 
 
-def _run_rank0(cfg, run_dir: Path, addresses: list[str], procs: ProcessSet, display: Display) -> int:
+def _run_rank0(cfg, run_dir: Path, addresses: list[str], procs: ProcessSet, display: Display,
+               deaths: DeathWatch) -> int:
     from rlx.engine.trainer import Trainer
     from rlx.launch.controller import Controller
     from rlx.launch.ranks import init_distributed
@@ -114,7 +166,7 @@ def _run_rank0(cfg, run_dir: Path, addresses: list[str], procs: ProcessSet, disp
                 controller.close()
             client.close()
 
-    last = asyncio.run(main())
+    last = asyncio.run(deaths.guard(main()))
     tracer.close()
     display.note(f"done: run directory {run_dir}; held-out accuracy {last.get('first_eval', float('nan')):.3f} "
                  f"-> {last.get('eval_accuracy', float('nan')):.3f}; `rlx plot {run_dir}` draws the curves, "
@@ -173,18 +225,6 @@ def _device_type(cfg) -> str:
     from rlx.engine.model import resolve_device
 
     return resolve_device(cfg.trainer.device).type
-
-
-def _install_child_death_handler(died: list[str]) -> None:
-    def handler(signum, frame):
-        raise ChildDied(died[0] if died else "a child process died")
-
-    signal.signal(signal.SIGUSR1, handler)
-
-
-def _report_death(died: list[str], message: str) -> None:
-    died.append(message)
-    signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
 
 
 def _close_distributed() -> None:
