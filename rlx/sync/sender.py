@@ -235,11 +235,21 @@ async def _settle(tasks: list[asyncio.Task]) -> None:
     """Wait for every receiver's ack of one bucket; raise the first failure."""
     if not tasks:
         return
-    results = await asyncio.gather(*tasks, return_exceptions=True)
+    if all(task.done() for task in tasks):  # the usual case in a pipeline: no trip through the event loop
+        results = [_outcome(task) for task in tasks]
+    else:
+        results = await asyncio.gather(*tasks, return_exceptions=True)
     tasks.clear()
     for result in results:
         if isinstance(result, BaseException):
             raise result
+
+
+def _outcome(task: asyncio.Task):
+    """A finished task's result or exception, as ``gather(..., return_exceptions=True)`` gives it."""
+    if task.cancelled():
+        return asyncio.CancelledError()
+    return task.exception() or task.result()
 
 
 def _forget_finished(bucket: Bucket, pending: dict[str, _Source]) -> None:

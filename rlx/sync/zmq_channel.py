@@ -47,16 +47,18 @@ class ZmqSyncChannel:
 
     async def call(self, request, timeout_s: float) -> BucketAck:
         socket = self._ensure_socket()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
         request_id = next(self._ids)
-        reply = loop.create_future()
+        reply = asyncio.get_running_loop().create_future()
         self._pending[request_id] = reply
         try:
-            await asyncio.wait_for(socket.send_multipart([request_id.to_bytes(8, "little"), encode(request)]),
-                                   timeout_s)
-            return await asyncio.wait_for(reply, max(deadline - loop.time(), 0.0))
-        except asyncio.TimeoutError:
+            # one deadline for the send and the reply; a send that went out at once is not awaited
+            async with asyncio.timeout(timeout_s):
+                sent = socket.send_multipart([request_id.to_bytes(8, "little"), encode(request)])
+                if not sent.done():
+                    await sent
+                sent.result()
+                return await reply
+        except TimeoutError:
             raise SyncTimeout(f"no reply from {self.name} within {timeout_s:g} s to {request_label(request)}; "
                               "is the receiver alive and serving this address?") from None
         finally:
