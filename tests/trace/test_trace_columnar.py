@@ -101,3 +101,17 @@ def test_attribute_filter_over_lazy_attributes(small_trace, monkeypatch):
     assert int(match_spans(fast, "finish_reason=length").sum()) == 2
     with pytest.raises(IndexError):
         fast.spans.begin_attrs[len(fast.spans)]
+
+
+def test_records_written_with_other_key_orders_are_found_without_the_prefix(tmp_path, monkeypatch):
+    write_synthetic_trace(tmp_path, num_entries=2000, num_servers=1, requests_per_step=32)
+    path = max(tmp_path.glob("rollout0.*.jsonl"), key=lambda p: p.stat().st_size)
+    lines = path.read_bytes().split(b"\n")
+    # an event and a begin line as another writer might order their keys: kind last
+    events = [k for k, line in enumerate(lines) if line.startswith(b'{"k":"I"')]
+    assert events, "the synthetic trace should hold instant events"
+    lines[events[0]] = b"{" + lines[events[0]][len(b'{"k":"I",'):] + b',"k":"I"}'
+    lines[events[0]] = lines[events[0]].replace(b'},"k":"I"}', b',"k":"I"}')
+    path.write_bytes(b"\n".join(lines))
+    assert read_trace_columns(path) is not None  # still the fast path
+    assert_same_trace(load_trace(tmp_path), load_line_by_line(tmp_path, monkeypatch))
