@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 
 import pytest
@@ -10,7 +11,14 @@ import pytest
 from rlx.launch.launcher import ChildDied, DeathWatch
 
 
-def test_death_during_the_event_loop_raises_even_where_callbacks_swallow_exceptions():
+@pytest.fixture
+def sigusr1_restored():
+    previous = signal.getsignal(signal.SIGUSR1)
+    yield
+    signal.signal(signal.SIGUSR1, previous)
+
+
+def test_death_during_the_event_loop_raises_even_where_callbacks_swallow_exceptions(sigusr1_restored):
     deaths = DeathWatch()
     deaths.install()
     swallowed = []
