@@ -87,8 +87,7 @@ class ColumnarFile:
     p: np.ndarray
     name_codes: np.ndarray      # int32 index into name_values
     name_values: list[str]
-    request_codes: np.ndarray   # int32 index into request_values, -1 = none
-    request_values: list[str]
+    requests: "pa.Array"        # string request id of each, null = none (interned across files by the loader)
     errors: dict[int, str]      # complete-span index -> error
     attrs: LineAttrs
     other_records: list         # the B / E / I records, in file order (few: decoded one by one)
@@ -118,7 +117,6 @@ def read_columns(data: bytes, header: Header, body_start: int) -> ColumnarFile |
     complete = pc.equal(kind, "X").to_numpy(zero_copy_only=False)
     x = table.filter(pa.array(complete))
     names = x.column("n").combine_chunks().dictionary_encode()
-    requests = x.column("r").combine_chunks().dictionary_encode()
     err = x.column("err")
     errors = {}
     if err.null_count < len(err):
@@ -134,8 +132,7 @@ def read_columns(data: bytes, header: Header, body_start: int) -> ColumnarFile |
         i=_ints(x, "i"), t=_ints(x, "t"), d=_ints(x, "d"), p=_ints(x, "p"),
         name_codes=names.indices.to_numpy(zero_copy_only=False).astype(np.int32),
         name_values=names.dictionary.to_pylist(),
-        request_codes=pc.fill_null(requests.indices, -1).to_numpy(zero_copy_only=False).astype(np.int32),
-        request_values=requests.dictionary.to_pylist(),
+        requests=x.column("r").combine_chunks(),
         errors=errors,
         attrs=LineAttrs(data, starts[complete], ends[complete]),
         other_records=other_records)

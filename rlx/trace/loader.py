@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import gc
 from collections import defaultdict
+from collections.abc import Sequence
 from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
 
+from rlx.trace import columnar
 from rlx.trace.columnar import ColumnarFile
 from rlx.trace.format import NO_ATTRS
 from rlx.trace.model import STATUS_ERROR, STATUS_OK, STATUS_UNFINISHED, AttrColumn, Events, Process, Spans, Trace
@@ -47,12 +49,15 @@ def find_trace_files(path: str | Path) -> list[Path]:
 def load_trace(path: str | Path) -> Trace:
     """Read every trace file under ``path`` into one ``Trace``."""
     files = find_trace_files(path)
-    names, requests = _Interner(), _Interner()
+    names, requests = _Interner(), _RequestIds()
     gc_was_enabled = gc.isenabled()
     gc.disable()  # millions of new objects and no cycles: collections would only cost time
     try:
         parts = [_FileColumns(f, k, names, requests) for k, f in enumerate(files)]
-        return _assemble(parts, names.values(), requests.values())
+        requests.finish()
+        for part in parts:
+            part.resolve_requests()
+        return _assemble(parts, names.values(), requests.values)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -94,6 +99,100 @@ class _Interner:
         return list(self._ids)[1:]
 
 
+class _Pending:
+    """Request ids waiting to be interned; ``codes`` (int32, -1 = none) once ``_RequestIds.finish`` ran."""
+
+    __slots__ = ("values", "codes")
+
+    def __init__(self, values=None, codes: np.ndarray | None = None) -> None:
+        self.values, self.codes = values, codes
+
+
+class _RequestIds:
+    """The request ids of every file, interned together once all files are read.
+
+    A million spans carry half a million distinct request ids. The fast path hands them over as
+    pyarrow string columns and the records as Python values; ``finish`` interns them all in one
+    ``dictionary_encode`` (in C++, first-seen order, no Python object per id) and keeps the ids as
+    an ``ArrowStrings`` sequence. Integer ids (which only the line-by-line reader passes through)
+    or a missing pyarrow take the ``_Interner``, with the same order.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[_Pending] = []
+        self.values: Sequence = []
+
+    def add(self, values) -> _Pending:
+        """Queue a pyarrow string array or a list of ids (str, int or None)."""
+        pending = _Pending(values)
+        self._pending.append(pending)
+        return pending
+
+    def add_of(self, records: list) -> _Pending:
+        return self.add(list(map(attrgetter("r"), records)))
+
+    @staticmethod
+    def none(count: int) -> _Pending:
+        return _Pending(codes=np.full(count, -1, np.int32))
+
+    def finish(self) -> None:
+        pending = [p for p in self._pending if p.codes is None]
+        for p in pending:
+            if not len(p.values):  # a chunked array drops empty chunks: keep the rest aligned
+                p.codes = np.zeros(0, np.int32)
+        pending = [p for p in pending if p.codes is None]
+        batches = [p.values for p in pending]
+        chunks = _string_arrays(batches)
+        if chunks is not None:
+            encoded = columnar.pa.chunked_array(chunks, columnar.pa.string()).dictionary_encode()
+            codes = [columnar.pc.fill_null(c.indices, -1).to_numpy(zero_copy_only=False).astype(np.int32)
+                     for c in encoded.chunks]
+            self.values = ArrowStrings(encoded.chunk(0).dictionary) if encoded.num_chunks else []
+        else:
+            interner = _Interner()
+            codes = [interner.ids_of(b if isinstance(b, list) else b.to_pylist()) for b in batches]
+            self.values = interner.values()
+        if len(codes) != len(pending):
+            raise AssertionError(f"{len(codes)} request-id code arrays for {len(pending)} batches")
+        for p, c in zip(pending, codes):
+            p.values, p.codes = None, c
+        self._pending = []
+
+
+def _string_arrays(batches: list) -> list | None:
+    """Every batch as a pyarrow string array, or None when one holds a non-string id (or no pyarrow)."""
+    pa = columnar.pa
+    if pa is None:
+        return None
+    try:
+        return [pa.array(b, pa.string()) if isinstance(b, list) else b for b in batches]
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return None
+
+
+class ArrowStrings(Sequence):
+    """A pyarrow string array as a read-only sequence of ``str``, converted an item at a time."""
+
+    def __init__(self, array) -> None:
+        self._array = array
+
+    def __len__(self) -> int:
+        return len(self._array)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self._array[i].to_pylist()
+        return self._array[i].as_py()
+
+    def __iter__(self):
+        return iter(self._array.to_pylist())
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and len(self) == len(other) and list(self) == list(other)
+
+    __hash__ = None
+
+
 def _column(records: list, attr: str, dtype: type = np.int64) -> np.ndarray:
     return np.fromiter(map(attrgetter(attr), records), dtype, len(records))
 
@@ -109,7 +208,7 @@ def _lookup(sorted_ids: np.ndarray, order: np.ndarray, wanted: np.ndarray) -> np
 class _Completes:
     """Columns of complete-span records, built chunk by chunk while the reader decodes them."""
 
-    def __init__(self, names: _Interner, requests: _Interner) -> None:
+    def __init__(self, names: _Interner, requests: _RequestIds) -> None:
         self.names, self.requests = names, requests
         self.chunks: list[dict] = []
         self.attrs: list = []
@@ -121,7 +220,7 @@ class _Completes:
             "i": _column(done, "i"), "t": _column(done, "t"), "d": _column(done, "d"), "p": _column(done, "p"),
             "n": self.names.ids(done, "n"),
             # no request id or error in the chunk's bytes: skip that pass
-            "r": self.requests.ids(done, "r") if has_requests else np.full(len(done), -1, np.int32)})
+            "r": self.requests.add_of(done) if has_requests else self.requests.none(len(done))})
         self.attrs += map(attrgetter("a"), done)
         if has_errors:
             self.errors.update({self.count + k: x.err for k, x in enumerate(done) if x.err is not None})
@@ -129,18 +228,20 @@ class _Completes:
 
     @classmethod
     def from_columns(cls, columns: ColumnarFile, path: Path, names: _Interner,
-                     requests: _Interner) -> tuple["_Completes", FileRecords]:
+                     requests: _RequestIds) -> tuple["_Completes", FileRecords]:
         """The complete spans of a file pyarrow read, and its few other records decoded here."""
         done = cls(names, requests)
-        request_ids = np.append(requests.ids_of_distinct(columns.request_values), -1)  # code -1 (none) reads the -1
         done.chunks.append({"i": columns.i, "t": columns.t, "d": columns.d, "p": columns.p,
                             "n": names.ids_of_distinct(columns.name_values)[columns.name_codes].astype(np.int32),
-                            "r": request_ids[columns.request_codes].astype(np.int32)})
+                            "r": requests.add(columns.requests)})
         done.attrs, done.errors, done.count = columns.attrs, columns.errors, len(columns.i)
         rec = FileRecords(path=Path(path), header=columns.header)
         for record in columns.other_records:
             add_record(rec, record)
         return done, rec
+
+    def request_parts(self) -> list[_Pending]:
+        return [c["r"] for c in self.chunks]
 
     def column(self, key: str) -> np.ndarray:
         if not self.chunks:
@@ -151,7 +252,7 @@ class _Completes:
 class _FileColumns:
     """One file's spans and events as columns in the file's own time (ns since its start)."""
 
-    def __init__(self, path: Path, index: int, names: _Interner, requests: _Interner) -> None:
+    def __init__(self, path: Path, index: int, names: _Interner, requests: _RequestIds) -> None:
         columns = read_trace_columns(path)
         if columns is not None:
             done, rec = _Completes.from_columns(columns, path, names, requests)
@@ -167,7 +268,7 @@ class _FileColumns:
         self.last_t = int(max(times, default=0))
         self.end = np.where(self.status == STATUS_UNFINISHED, self.last_t, self.end_known)
 
-    def _spans(self, rec: FileRecords, done: _Completes, names: _Interner, requests: _Interner) -> None:
+    def _spans(self, rec: FileRecords, done: _Completes, names: _Interner, requests: _RequestIds) -> None:
         """Complete spans (one ``X`` line each) first, then the long ones (``B`` [+ ``E``])."""
         begins, done_ids = rec.begins, done.column("i")
         if begins:  # a begin line that raced with its complete line describes the same span
@@ -177,7 +278,7 @@ class _FileColumns:
         self._sorted_ids = ids[self._order]
         self.start = np.r_[done.column("t"), _column(begins, "t")]
         self.name = np.r_[done.column("n"), names.ids(begins, "n")].astype(np.int32)
-        self.request = np.r_[done.column("r"), requests.ids(begins, "r")].astype(np.int32)
+        self._requests = done.request_parts() + [requests.add_of(begins)]  # the request column, once interned
         self.begin_attrs = [done.attrs, list(map(attrgetter("a"), begins))]  # segments of an AttrColumn
         self.parent = _lookup(self._sorted_ids, self._order, np.r_[done.column("p"), _column(begins, "p")])
         self.errors = done.errors
@@ -187,29 +288,42 @@ class _FileColumns:
         self.end_known = np.r_[self.start[:done.count] + done.column("d"), end_times[end_of_begin]]
         self.status = np.r_[np.full(done.count, STATUS_OK),
                             np.where(end_of_begin >= 0, STATUS_OK, STATUS_UNFINISHED)].astype(np.int8)
-        self._long_span_ends(rec.ends, end_of_begin, done.count, requests)
+        self._long_span_ends(rec.ends, begins, end_of_begin, done.count, requests)
         self.status[list(self.errors)] = STATUS_ERROR
 
-    def _long_span_ends(self, ends: list, end_of_begin: np.ndarray, base: int, requests: _Interner) -> None:
+    def _long_span_ends(self, ends: list, begins: list, end_of_begin: np.ndarray, base: int,
+                        requests: _RequestIds) -> None:
         """Attributes, errors and late request ids from the end lines of long spans; orphans counted."""
         matched = end_of_begin >= 0
         orphans = len(ends) - int(matched.sum())
         if orphans:
             self.skipped["span end without its begin"] += orphans
+        late_spans, late_ids = [], []
         for k in np.flatnonzero(matched).tolist():
             e, s = ends[end_of_begin[k]], base + k
             if e.a is not NO_ATTRS:
                 self.end_attrs[s] = e.a
             if e.err is not None:
                 self.errors[s] = e.err
-            if e.r is not None and self.request[s] < 0:
-                self.request[s] = requests.ids([e], "r")[0]
+            if e.r is not None and begins[k].r is None:
+                late_spans.append(s)
+                late_ids.append(e.r)
+        self._late_requests = late_spans, requests.add(late_ids)
 
-    def _events(self, rec: FileRecords, names: _Interner, requests: _Interner) -> None:
+    def resolve_requests(self) -> None:
+        """The request columns, from the codes ``_RequestIds.finish`` gave (a span whose begin
+        named no request takes the one its end line named)."""
+        self.request = np.concatenate([p.codes for p in self._requests]).astype(np.int32)
+        late_spans, late = self._late_requests
+        self.request[late_spans] = late.codes
+        self.event_request = self._event_requests.codes
+        del self._requests, self._late_requests, self._event_requests
+
+    def _events(self, rec: FileRecords, names: _Interner, requests: _RequestIds) -> None:
         instants = rec.instants
         self.time = _column(instants, "t")
         self.event_name = names.ids(instants, "n")
-        self.event_request = requests.ids(instants, "r")
+        self._event_requests = requests.add_of(instants)
         self.event_parent = _lookup(self._sorted_ids, self._order, _column(instants, "p"))
         self.event_attrs = list(map(attrgetter("a"), instants))
 

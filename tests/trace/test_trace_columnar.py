@@ -115,3 +115,34 @@ def test_records_written_with_other_key_orders_are_found_without_the_prefix(tmp_
     path.write_bytes(b"\n".join(lines))
     assert read_trace_columns(path) is not None  # still the fast path
     assert_same_trace(load_trace(tmp_path), load_line_by_line(tmp_path, monkeypatch))
+
+
+def test_request_ids_across_files_and_from_end_lines(tmp_path, monkeypatch):
+    header = ('{"k":"H","format":"rlx-trace","version":1,"name":"%s","role":"rollout","pid":%d,'
+              '"host":"h","wall_ns":1000,"mono_ns":0}\n')
+    (tmp_path / "rollout0.1.jsonl").write_text(
+        header % ("rollout0", 1)
+        + '{"k":"X","i":1,"n":"generate","t":1,"d":5,"r":"req-a"}\n'
+        + '{"k":"B","i":2,"n":"wait","t":2}\n'                       # names no request...
+        + '{"k":"E","i":2,"t":9,"r":"req-late"}\n'                    # ...its end line does
+        + '{"k":"B","i":3,"n":"hold","t":3,"r":"req-b"}\n'
+        + '{"k":"E","i":3,"t":8,"r":"req-other"}\n'                   # the begin's id stands
+        + '{"k":"I","n":"tick","t":4,"r":"req-c"}\n')
+    (tmp_path / "rollout1.2.jsonl").write_text(
+        header % ("rollout1", 2) + '{"k":"X","i":1,"n":"generate","t":1,"d":5,"r":"req-b"}\n')
+    fast, slow = load_trace(tmp_path), load_line_by_line(tmp_path, monkeypatch)
+    assert_same_trace(fast, slow)
+    ids = [fast.request_ids[r] for r in fast.spans.request]
+    assert ids == ["req-a", "req-late", "req-b", "req-b"]  # one id for req-b in both files
+    assert fast.request_ids[fast.events.request[0]] == "req-c"
+    assert "req-other" not in list(fast.request_ids)
+
+
+def test_integer_request_ids_stay_integers(small_trace, monkeypatch):
+    path = next(f for f in small_trace.glob("*.jsonl") if f.name.startswith("trainer0"))
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:3] + [b'{"k":"X","i":99,"n":"x","t":1,"d":1,"r":7}\n'] + lines[3:]))
+    trace = load_trace(small_trace)
+    span = next(i for i in range(len(trace.spans)) if trace.names[trace.spans.name[i]] == "x")
+    assert trace.request_ids[trace.spans.request[span]] == 7
+    assert "7" not in list(trace.request_ids)
