@@ -64,12 +64,11 @@ def load_trace(path: str | Path) -> Trace:
 
 
 class _Interner:
-    """Maps names (or request ids) to small ints in first-seen order; None maps to -1.
+    """Maps names (or, without pyarrow, request ids) to small ints in first-seen order; None maps to -1.
 
     A ``defaultdict`` whose missing-key factory is its own ``__len__``, looked up
-    through ``map``: every step runs in C, with no Python call per item, which matters for a
-    million spans with half a million distinct request ids. None is the first key, so its id is
-    0 and every id is shifted down by one.
+    through ``map``: every step runs in C, with no Python call per item. None is the first key,
+    so its id is 0 and every id is shifted down by one.
     """
 
     def __init__(self) -> None:
@@ -85,15 +84,6 @@ class _Interner:
         """The id of each value (``count`` of them, when ``values`` is an iterator)."""
         n = len(values) if count is None else count
         return (np.fromiter(map(self._ids.__getitem__, values), np.int64, n) - 1).astype(np.int32)
-
-    def ids_of_distinct(self, values: list) -> np.ndarray:
-        """``ids_of`` for values known to be distinct (a column's dictionary): when none was seen
-        before, as in a file of its own requests, one ``dict.update`` assigns them all."""
-        if not self._ids.keys().isdisjoint(values):
-            return self.ids_of(values)
-        base = len(self._ids)
-        self._ids.update(zip(values, range(base, base + len(values))))
-        return np.arange(base - 1, base - 1 + len(values), dtype=np.int32)
 
     def values(self) -> list:
         return list(self._ids)[1:]
@@ -136,11 +126,10 @@ class _RequestIds:
         return _Pending(codes=np.full(count, -1, np.int32))
 
     def finish(self) -> None:
-        pending = [p for p in self._pending if p.codes is None]
-        for p in pending:
+        for p in self._pending:
             if not len(p.values):  # a chunked array drops empty chunks: keep the rest aligned
                 p.codes = np.zeros(0, np.int32)
-        pending = [p for p in pending if p.codes is None]
+        pending = [p for p in self._pending if p.codes is None]
         batches = [p.values for p in pending]
         chunks = _string_arrays(batches)
         if chunks is not None:
@@ -232,7 +221,7 @@ class _Completes:
         """The complete spans of a file pyarrow read, and its few other records decoded here."""
         done = cls(names, requests)
         done.chunks.append({"i": columns.i, "t": columns.t, "d": columns.d, "p": columns.p,
-                            "n": names.ids_of_distinct(columns.name_values)[columns.name_codes].astype(np.int32),
+                            "n": names.ids_of(columns.name_values)[columns.name_codes].astype(np.int32),
                             "r": requests.add(columns.requests)})
         done.attrs, done.errors, done.count = columns.attrs, columns.errors, len(columns.i)
         rec = FileRecords(path=Path(path), header=columns.header)
@@ -245,7 +234,7 @@ class _Completes:
 
     def column(self, key: str) -> np.ndarray:
         if not self.chunks:
-            return np.zeros(0, np.int32 if key in "nr" else np.int64)
+            return np.zeros(0, np.int32 if key == "n" else np.int64)
         return np.concatenate([c[key] for c in self.chunks])
 
 
