@@ -9,6 +9,7 @@ Attributes stay as undecoded JSON (``msgspec.Raw``) until someone asks for them.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -129,7 +130,8 @@ class Events:
 class Trace:
     processes: list[Process]
     names: list[str]
-    request_ids: list
+    request_ids: Sequence
+    """Request ids (str, or int when a writer used ints) by index; ``spans.request`` points here."""
     spans: Spans
     events: Events
     origin_wall_ns: int
