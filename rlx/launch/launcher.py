@@ -30,9 +30,15 @@ class DeathWatch:
 
     While the run's asyncio task is attached, the report cancels that task and ``guard`` turns the
     cancellation into ``ChildDied``: an exception raised from a signal handler could land inside an
-    event-loop callback that logs and swallows it, leaving the run waiting on a dead server. Outside
-    the event loop (start-up, trainer construction) SIGUSR1 raises it between bytecodes.
+    event-loop callback that logs and swallows it, leaving the run waiting on a dead server. The
+    cancellation is repeated every ``cancel_retry_s`` until the task ends, because one alone can be
+    absorbed: a ``finally`` that awaits the dead server (resuming generation after a failed sync)
+    would wait out the request deadline, and Python 3.11's ``wait_for`` drops a cancellation that
+    arrives as its future completes. Outside the event loop (start-up, trainer construction)
+    SIGUSR1 raises it between bytecodes.
     """
+
+    cancel_retry_s = 1.0
 
     def __init__(self) -> None:
         self.messages: list[str] = []
@@ -47,7 +53,7 @@ class DeathWatch:
             self.messages.append(message)
             task = self._task
         if task is not None:
-            task.get_loop().call_soon_threadsafe(task.cancel)
+            task.get_loop().call_soon_threadsafe(self._cancel_until_done, task)
         else:
             signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
 
@@ -68,6 +74,11 @@ class DeathWatch:
         finally:
             with self._lock:
                 self._task = None
+
+    def _cancel_until_done(self, task: asyncio.Task) -> None:
+        if not task.done():
+            task.cancel()
+            task.get_loop().call_later(self.cancel_retry_s, self._cancel_until_done, task)
 
     def _on_signal(self, signum, frame) -> None:
         with self._lock:

@@ -62,3 +62,31 @@ def test_a_cancellation_without_a_death_stays_a_cancellation():
             await inner
 
     asyncio.run(run())
+
+
+def test_death_stops_a_run_whose_clean_up_awaits_the_dead_server(sigusr1_restored):
+    """A ``finally`` that awaits the dead peer (resume after a failed sync) absorbs one cancellation;
+    the watch cancels again until the run's task ends, long before the peer's deadline."""
+    deaths = DeathWatch()
+    deaths.install()
+    clean_ups = []
+
+    async def run():
+        threading.Timer(0.2, deaths.report, args=("rollout0 (pid 1) exited with code -9",)).start()
+        try:
+            await asyncio.sleep(60)  # a sync waiting for the server's ack
+        finally:
+            clean_ups.append("started")
+            await asyncio.sleep(60)  # resume() to the dead server, with a 60 s deadline
+            clean_ups.append("finished")
+
+    async def main():
+        task = asyncio.ensure_future(deaths.guard(run()))
+        await asyncio.wait({task}, timeout=20)
+        assert task.done(), "the run is still waiting on the dead server"
+        return task
+
+    task = asyncio.run(main())
+    with pytest.raises(ChildDied, match="rollout0"):
+        task.result()
+    assert clean_ups == ["started"]
