@@ -281,6 +281,8 @@ class SyncConfig:
     """Deadline for each bucket's acknowledgement."""
     verify: bool = False
     """Check per-tensor checksums after every sync (proves the engine holds the trainer's bytes)."""
+    zero_copy: bool = True
+    """One CPU trainer rank on shm: keep its weights in shared memory so a sync sends offsets and each engine copies once (needs model.rollout_dtype = model.dtype; otherwise syncs copy through the buckets)."""
 
     def __post_init__(self) -> None:
         check_choice("sync.transport", self.transport, ("auto", "shm", "cuda_ipc"))

@@ -38,9 +38,10 @@ class Controller:
         tokenizer = load_tokenizer(cfg.model.path)
         self.collector = Collector(cfg, client, self.task, tokenizer.pad_token_id)
         self.bus = RankBus(trainer.device)
+        self.arena = self._weight_arena()
         self.sender = WeightSender(transport=self._transport(), bucket_mb=cfg.sync.bucket_mb,
                                    num_buffers=cfg.sync.num_buffers, timeout_s=cfg.sync.timeout_s,
-                                   verify=cfg.sync.verify, device=trainer.device.type)
+                                   verify=cfg.sync.verify, device=trainer.device.type, arena=self.arena)
         self.ckpt_root = run_dir / "checkpoints"
         self.start_step = self._resume() if cfg.trainer.resume else 0
         self.metrics = MetricsLogger(cfg, run_dir, self.start_step if cfg.trainer.resume else None, {})
@@ -63,7 +64,7 @@ class Controller:
                 collected = await self.next_batch(step)
                 metrics = dict(collected.metrics)
                 metrics.update(await asyncio.to_thread(self.train, collected))
-                metrics["time_sync"] = await self.sync_weights()
+                metrics["time_sync"], metrics["sync_zero_copy"] = await self.sync_weights()
                 metrics["time_checkpoint"] = self.maybe_checkpoint(step)
                 if t.eval_every and (step % t.eval_every == 0 or step == t.total_steps):
                     metrics["eval_accuracy"] = await self.collector.evaluate(self.task.eval)
@@ -97,16 +98,17 @@ class Controller:
             batch = broadcast_batch(batch, self.trainer.device).to(torch.device("cpu"))
         return self.trainer.step(batch)
 
-    async def sync_weights(self) -> float:
+    async def sync_weights(self) -> tuple[float, float]:
+        """Seconds the sync took, and 1.0 when it sent from the weight arena (0.0: through buckets)."""
         started = time.perf_counter()
         with tracer.span("sync"):
             self.bus.announce(Command.SYNC)
             await self.client.pause()
             try:
-                await self.sender.send(self.trainer.named_tensors(), self.client.channels())
+                report = await self.sender.send(self.trainer.named_tensors(), self.client.channels())
             finally:
                 await self.client.resume()
-        return time.perf_counter() - started
+        return time.perf_counter() - started, float(report.transport == "shm-arena")
 
     def maybe_checkpoint(self, step: int) -> float:
         c, t = self.cfg.checkpoint, self.cfg.trainer
@@ -139,6 +141,16 @@ class Controller:
         self.display.note(f"resumed from {ckpt} (step {step})")
         return step
 
+    def _weight_arena(self):
+        """The trainer's weights moved into shared memory, when one CPU rank sends them as they are."""
+        cfg = self.cfg
+        if not (cfg.sync.zero_copy and self._transport() == "shm" and not self.bus.active
+                and cfg.model.engine_dtype == cfg.model.dtype and self.trainer.device.type == "cpu"):
+            return None
+        from rlx.sync.arena import WeightArena
+
+        return WeightArena.adopt(self.trainer.model)
+
     def _transport(self) -> str:
         if self.cfg.sync.transport != "auto":
             return self.cfg.sync.transport
@@ -149,4 +161,6 @@ class Controller:
             self._prefetch.cancel()
         self.bus.announce(Command.STOP)
         self.sender.close()
+        if self.arena is not None:
+            self.arena.close()
         self.metrics.close()

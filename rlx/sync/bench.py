@@ -4,7 +4,9 @@ For each model and transport, in one run: the ceiling is a plain copy of the sam
 preallocated destinations on one thread (``copy_bytes``, the routine the transfers use; a
 device-to-device copy for ``cuda_ipc``); per bucket
 size, a lock-step sender (one slot: fill, send, wait) and a double-buffered one (two slots) send
-the same tensors to the target. Ceiling, lock-step and double-buffered runs alternate round by
+the same tensors to the target; on shm, a zero-copy sender sends them from where they are (the
+model lives in a ``WeightArena``, as a one-rank CPU trainer's weights do), so the receiver's copy is
+the only one. Ceiling, lock-step and double-buffered runs alternate round by
 round, so drift on a shared machine hits all three alike. Every figure is the median of the timed
 runs after one warm-up (the ceiling's over all rounds of all bucket sizes). Torch runs one intra-op thread in every process, so each copy uses
 one core and the comparison with the one-thread ceiling is fair. With ``verify``, each sender
@@ -153,11 +155,17 @@ async def run_bench(opts: BenchOptions, on_row: Callable[[BenchRow], None] = lam
 
 async def _bench_model(opts: BenchOptions, model: ModelTensors, transport: str, device: str,
                        result: BenchResult, on_row) -> None:
+    resident = _in_arena(model) if transport == "shm" else None
     ceiling = Ceiling(model.tensors, device)
     rows = []
-    async with TARGETS[opts.target](opts, device) as channels:
-        for bucket_mb in _bucket_sizes(opts, transport):
-            rows += await _bench_bucket(opts, model, transport, device, bucket_mb, channels, ceiling, result.failures)
+    try:
+        async with TARGETS[opts.target](opts, device) as channels:
+            for bucket_mb in _bucket_sizes(opts, transport):
+                rows += await _bench_bucket(opts, model, transport, device, bucket_mb, channels, ceiling,
+                                            result.failures, resident)
+    finally:
+        if resident is not None:
+            resident[0].close()
     ceiling_s = statistics.median(ceiling.times)
     nbytes = model.nbytes
     ceiling_row = BenchRow(model.label, transport, "ceiling", None, None, nbytes, ceiling_s, nbytes / ceiling_s / 1e9,
@@ -168,38 +176,53 @@ async def _bench_model(opts: BenchOptions, model: ModelTensors, transport: str, 
         on_row(row)
 
 
+def _in_arena(model: ModelTensors):
+    """(arena, tensors): a copy of the model's tensors in a ``WeightArena``, the zero-copy sender's
+    source; the other modes and the ceiling keep reading the tensors in ordinary memory."""
+    from rlx.sync.arena import WeightArena
+    from rlx.sync.layout import align_up
+
+    arena = WeightArena(sum(align_up(t.numel() * t.element_size()) for _, t in model.tensors))
+    return arena, arena.place_all(model.tensors)
+
+
 async def _bench_bucket(opts: BenchOptions, model: ModelTensors, transport: str, device: str, bucket_mb: int,
-                        channels: list[SyncChannel], ceiling: "Ceiling", failures: list[str]) -> list[BenchRow]:
-    senders = {mode: WeightSender(transport, bucket_mb, num_buffers, opts.timeout_s, device=device)
-               for mode, num_buffers in (("lock-step", 1), ("double", 2))}
-    times: dict[str, list[float]] = {mode: [] for mode in senders}
+                        channels: list[SyncChannel], ceiling: "Ceiling", failures: list[str],
+                        resident=None) -> list[BenchRow]:
+    runs = {mode: (WeightSender(transport, bucket_mb, num_buffers, opts.timeout_s, device=device), model.tensors)
+            for mode, num_buffers in (("lock-step", 1), ("double", 2))}
+    if resident is not None:
+        arena, tensors = resident
+        runs["zero-copy"] = (WeightSender(transport, bucket_mb, 2, opts.timeout_s, device=device, arena=arena), tensors)
+    times: dict[str, list[float]] = {mode: [] for mode in runs}
     try:
         for repeat in range(opts.repeats + 1):  # the first round is the warm-up
-            for mode, sender in senders.items():
-                report = await sender.send(model.tensors, channels)
+            for mode, (sender, tensors) in runs.items():
+                report = await sender.send(tensors, channels)
+                assert (report.transport == "shm-arena") == (sender.arena is not None), "zero-copy row sent through slots"
                 if repeat:
                     times[mode].append(report.seconds)
             if repeat:
                 ceiling.measure()
-        verified = {mode: await _verify(sender, model, channels, failures) if opts.verify else None
-                    for mode, sender in senders.items()}
+        verified = {mode: await _verify(sender, tensors, model.label, channels, failures) if opts.verify else None
+                    for mode, (sender, tensors) in runs.items()}
     finally:
-        for sender in senders.values():
+        for sender, _ in runs.values():
             sender.close()
     lock_s = statistics.median(times["lock-step"])
-    return [BenchRow(model.label, transport, mode, bucket_mb, senders[mode].num_buffers, model.nbytes,
+    return [BenchRow(model.label, transport, mode, bucket_mb, runs[mode][0].num_buffers, model.nbytes,
                      statistics.median(times[mode]), model.nbytes / statistics.median(times[mode]) / 1e9, 0.0,
-                     lock_s / statistics.median(times[mode]), verified[mode], times[mode]) for mode in senders]
+                     lock_s / statistics.median(times[mode]), verified[mode], times[mode]) for mode in runs]
 
 
-async def _verify(sender: WeightSender, model: ModelTensors, channels: list[SyncChannel], failures: list[str]) -> bool:
+async def _verify(sender: WeightSender, tensors, label: str, channels: list[SyncChannel], failures: list[str]) -> bool:
     sender.verify = True
     try:
-        await sender.send(model.tensors, channels)
+        await sender.send(tensors, channels)
         return True
     except SyncError as exc:
-        failures.append(f"{model.label} {sender.transport} bucket {sender.bucket_bytes // MiB} MiB "
-                        f"x{sender.num_buffers}: {exc}")
+        failures.append(f"{label} {sender.transport} bucket {sender.bucket_bytes // MiB} MiB "
+                        f"x{sender.num_buffers}{' zero-copy' if sender.arena else ''}: {exc}")
         return False
     finally:
         sender.verify = False
@@ -229,11 +252,12 @@ class Ceiling:
 
 
 def memory_budget(opts: BenchOptions, device: str) -> int:
-    """Bytes allowed per copy of the model: the bench holds the source tensors, the ceiling's
-    destinations and the receiver's, plus the buffers of two senders."""
+    """Bytes allowed per copy of the model: the bench holds the source tensors (on shm also their
+    copy in the arena), the ceiling's destinations and the receiver's, plus the buffers of two senders."""
     total = opts.memory_gb * 1e9 if opts.memory_gb else 0.45 * _free_bytes(device)
     buffers = 3 * max(max(_bucket_sizes(opts, t)) for t in opts.transports) * MiB
-    return int(max(total - buffers, 0) / 3)
+    copies = 4 if "shm" in opts.transports else 3
+    return int(max(total - buffers, 0) / copies)
 
 
 def _bucket_sizes(opts: BenchOptions, transport: str) -> list[int]:

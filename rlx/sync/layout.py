@@ -64,3 +64,21 @@ def _split(spec: TensorSpec, slot_bytes: int) -> list[TensorChunk]:
     return [TensorChunk(spec.name, spec.dtype, list(spec.shape), 0, min(slot_bytes, spec.nbytes - start),
                         start, spec.nbytes)
             for start in range(0, spec.nbytes, slot_bytes)]
+
+
+def resident_buckets(placed: Iterable[tuple[TensorSpec, int]], bucket_bytes: int) -> Iterator[Bucket]:
+    """Buckets for tensors that already sit in the shared buffer at the given byte offsets (an
+    ``rlx.sync.arena``): consecutive tensors grouped up to ``bucket_bytes``, never split (nothing is
+    copied, so a bucket only sets how much a receiver loads between two acks)."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes={bucket_bytes} must be positive")
+    chunks: list[TensorChunk] = []
+    used = 0
+    for spec, offset in placed:
+        if chunks and used + spec.nbytes > bucket_bytes:
+            yield Bucket(chunks, is_last=False)
+            chunks, used = [], 0
+        chunks.append(TensorChunk(spec.name, spec.dtype, list(spec.shape), offset, spec.nbytes, 0, spec.nbytes))
+        used += spec.nbytes
+    if chunks:
+        yield Bucket(chunks, is_last=True)

@@ -7,12 +7,14 @@ The host (a vLLM worker extension, or ``receiver_process`` in tests and the benc
         named = receiver.tensors(meta)       # views into the slot (copies only for split tensors)
         model.load_weights(named)            # consume them
         reply(receiver.ack(meta))            # only now may the sender reuse the slot
-    reply(receiver.end(req))                 # SyncEnd: unmap everything, then report
+    reply(receiver.end(req))                 # SyncEnd: drop every view, unmap, then report
 
 Every chunk is checked against the slot bounds, its dtype and its tensor's size before any byte
 is read, and split tensors must arrive in order; a bad bucket raises ``ValueError`` (reply with
 ``fail``). ``end`` fails when tensors are incomplete, when fewer tensors arrived than announced,
-or when the consumer still holds views into the buffer. This module leaves out sockets
+or when the consumer still holds views into the buffer. A resident buffer (``rlx.sync.arena``, the
+trainer's weights in shared memory) stays mapped from one sync to the next; its views are dropped
+all the same. This module leaves out sockets
 (``receiver_process``) and what loading means (the consumer).
 """
 
@@ -52,7 +54,8 @@ class WeightReceiver:
     def __init__(self, name: str = "receiver", assemble_into: AssembleInto | None = None):
         self.name = name
         self._assemble_into = assemble_into
-        self._mapping: ReceiverMapping | None = None
+        self._mapping: ReceiverMapping | None = None  # the buffer of the sync in progress
+        self._resident: ReceiverMapping | None = None  # a sender's arena, kept mapped across syncs
         self._sync: SyncBegin | None = None
         self._partial: dict[str, _Partial] = {}
         self._views: list[tuple[str, torch.Tensor]] = []
@@ -71,8 +74,19 @@ class WeightReceiver:
         if self._mapping is not None and self._mapping.handle != req.handle:
             self._release_mapping()
         if self._mapping is None:
-            self._mapping = map_buffer(req.handle)
+            self._mapping = self._resident_mapping(req) or map_buffer(req.handle)
+            if self._mapping.keep_mapped:
+                self._resident = self._mapping
         self._sync = req
+
+    def _resident_mapping(self, req: SyncBegin) -> ReceiverMapping | None:
+        """The kept mapping of ``req``'s arena, if this is the one; another arena replaces it."""
+        if self._resident is not None and self._resident.handle == req.handle:
+            return self._resident
+        if self._resident is not None and req.handle.payload.get("resident"):
+            self._resident.close()
+            self._resident = None
+        return None
 
     def tensors(self, meta: BucketMeta) -> list[tuple[str, torch.Tensor]]:
         self._require(meta.sync_id)
@@ -116,7 +130,8 @@ class WeightReceiver:
         return BucketAck(sync_id, bucket_id, ok=False, error=f"{self.name}: {error}")
 
     def end(self, req: SyncEnd) -> BucketAck:
-        """Release every view and mapping (the sender may then free its buffer) and report."""
+        """Release every view and mapping but a resident one (the sender may then free or change its
+        buffer) and report."""
         _check_version(req.version)
         errors = self._end_errors(req.sync_id)
         self._reset_sync()
@@ -132,6 +147,9 @@ class WeightReceiver:
         self._reset_sync()
         self._sync = None
         self._release_mapping()
+        if self._resident is not None:
+            self._resident.close()
+            self._resident = None
 
     def _end_errors(self, sync_id: int) -> list[str]:
         if self._sync is None or self._sync.sync_id != sync_id:
@@ -185,9 +203,12 @@ class WeightReceiver:
         self._num_tensors = self._num_bytes = 0
 
     def _release_mapping(self) -> None:
-        if self._mapping is not None:
-            self._mapping.close()
-            self._mapping = None
+        """Unmap the sync's buffer; an arena only loses its views (mapping it again costs more than a sync)."""
+        mapping, self._mapping = self._mapping, None
+        if mapping is not None and mapping.keep_mapped:
+            mapping.release_views()
+        elif mapping is not None:
+            mapping.close()
 
 
 def _check_version(version: int) -> None:

@@ -12,6 +12,10 @@ go out at once (a hop to a worker thread per bucket cost 5-10% of throughput on 
 machine); a sync therefore keeps the loop busy, which is what the trainer is doing meanwhile
 anyway (generation is paused around an update). A cancelled sync never leaves a copy running.
 
+Tensors that already live in a ``WeightArena`` (the trainer's own weights in shared memory, one CPU
+rank) are not copied at all: the buckets say where each tensor sits in the arena, at most
+``num_buffers`` buckets are in flight, and each receiver copies straight out of the trainer's memory.
+
 Correct by construction: a slot is written only after all acks of its previous bucket; every ack
 is awaited with a deadline naming the peer; a failed sync frees the buffer, so a receiver still
 reading a stale bucket never sees it overwritten (the next sync maps a new buffer). The buffer
@@ -24,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections.abc
 import time
-from typing import Iterable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple
 
 import msgspec
 import torch
@@ -34,13 +38,18 @@ from rlx.sync.checksum import tensor_checksum
 from rlx.sync.copy import memmove_at
 from rlx.sync.dtypes import dtype_name
 from rlx.sync.errors import SyncError
-from rlx.sync.layout import ALIGN_BYTES, Bucket, TensorSpec, align_up, pack_buckets
+from rlx.sync.layout import ALIGN_BYTES, Bucket, TensorSpec, align_up, pack_buckets, resident_buckets
 from rlx.sync.messages import NO_ID, BucketAck, BucketMeta, SyncBegin, SyncBucket, SyncEnd, request_label
 from rlx.sync.transports import create_buffer, resolve_transport
 from rlx.sync.transports.base import SenderBuffer
 from rlx.trace import tracer
 
+if TYPE_CHECKING:
+    from rlx.sync.arena import WeightArena
+
 MiB = 1 << 20
+# (bucket_id, bucket) -> (slot named in its meta, checksums of the tensors it completes or None)
+Prepare = Callable[[int, Bucket], "tuple[int, dict[str, int] | None]"]
 
 
 class SyncReport(msgspec.Struct):
@@ -68,7 +77,8 @@ class _Source(NamedTuple):
 
 class WeightSender:
     def __init__(self, transport: str = "shm", bucket_mb: int = 64, num_buffers: int = 2,
-                 timeout_s: float = 120.0, verify: bool = False, device: str = "cpu"):
+                 timeout_s: float = 120.0, verify: bool = False, device: str = "cpu",
+                 arena: "WeightArena | None" = None):
         if bucket_mb < 1:
             raise ValueError(f"bucket_mb={bucket_mb} must be >= 1; set sync.bucket_mb to the transfer bucket size in MiB")
         if num_buffers < 1:
@@ -78,6 +88,7 @@ class WeightSender:
         self.transport = resolve_transport(transport, device)
         self.bucket_bytes = bucket_mb * MiB
         self.num_buffers, self.timeout_s, self.verify, self.device = num_buffers, timeout_s, verify, device
+        self.arena = arena  # tensors inside it are sent where they are, without a copy
         self._buffer: SenderBuffer | None = None
         self._sync_id = 0
         self._busy = False
@@ -110,6 +121,11 @@ class WeightSender:
     async def _send(self, named_tensors, channels: list[SyncChannel]) -> SyncReport:
         self._sync_id += 1
         sync_id, start = self._sync_id, time.perf_counter()
+        if self.arena is not None:
+            named_tensors = list(named_tensors)
+            offsets = [self.arena.offset_of(t.detach()) for _, t in named_tensors]
+            if None not in offsets:
+                return await self._send_resident(sync_id, start, named_tensors, offsets, channels)
         named_tensors, num_tensors, total_bytes, packed_bytes = _announce(named_tensors)
         slot_bytes = self.bucket_bytes if packed_bytes < 0 else min(self.bucket_bytes, max(packed_bytes, ALIGN_BYTES))
         buffer = self._ensure_buffer(slot_bytes)
@@ -119,9 +135,16 @@ class WeightSender:
         await asyncio.sleep(0)  # SyncBegin goes out before the first copy
         pending: dict[str, _Source] = {}
         counts: collections.Counter = collections.Counter()
+
+        def fill(bucket_id: int, bucket: Bucket) -> tuple[int, dict | None]:
+            slot = bucket_id % buffer.num_slots
+            checksums = self._fill(buffer, slot, bucket, pending)
+            _forget_finished(bucket, pending)
+            return slot, checksums
+
+        buckets = pack_buckets(self._sources(named_tensors, pending, counts), buffer.slot_bytes)
         try:
-            await self._stream(sync_id, buffer, self._sources(named_tensors, pending, counts), pending, channels,
-                               counts, begun)
+            await self._stream(sync_id, buckets, fill, buffer.num_slots, channels, counts, begun)
         except BaseException:
             self.close()  # never overwrite bytes a slow receiver might still be reading
             raise
@@ -130,19 +153,40 @@ class WeightSender:
                           counts["tensors"], counts["buckets"], counts["bytes"], time.perf_counter() - start,
                           verified=self.verify)
 
-    async def _stream(self, sync_id: int, buffer: SenderBuffer, specs: Iterator[TensorSpec],
-                      pending: dict[str, "_Source"], channels: list[SyncChannel],
-                      counts: collections.Counter, begun: list[asyncio.Task]) -> None:
-        inflight: list[list[asyncio.Task]] = [[] for _ in range(buffer.num_slots)]
+    async def _send_resident(self, sync_id: int, start: float, named: list[tuple[str, torch.Tensor]],
+                             offsets: list[int], channels: list[SyncChannel]) -> SyncReport:
+        """Every tensor already sits in the arena: the buckets say where; nothing is copied here."""
+        tensors = {name: tensor.detach() for name, tensor in named}
+        if len(tensors) != len(named):
+            raise ValueError("a tensor name appears twice in one sync; names must be unique")
+        placed = [(TensorSpec(name, dtype_name(t.dtype), list(t.shape), t.numel() * t.element_size()), offset)
+                  for (name, t), offset in zip(tensors.items(), offsets)]
+        counts = collections.Counter(tensors=len(placed), bytes=sum(spec.nbytes for spec, _ in placed))
+        begin = SyncBegin(sync_id, self.arena.handle(), counts["tensors"], counts["bytes"], self.verify)
+        begun = [asyncio.create_task(self._call(ch, begin, None)) for ch in channels]
+
+        def checksums_only(bucket_id: int, bucket: Bucket) -> tuple[int, dict | None]:
+            return 0, {c.name: tensor_checksum(tensors[c.name]) for c in bucket.chunks} if self.verify else None
+
+        await self._stream(sync_id, resident_buckets(placed, self.bucket_bytes), checksums_only, self.num_buffers,
+                           channels, counts, begun)
+        await self._broadcast(SyncEnd(sync_id), channels)
+        return SyncReport(sync_id, "shm-arena", self.num_buffers, self.arena.size, len(channels), counts["tensors"],
+                          counts["buckets"], counts["bytes"], time.perf_counter() - start, verified=self.verify)
+
+    async def _stream(self, sync_id: int, buckets: Iterator[Bucket], prepare: Prepare, window: int,
+                      channels: list[SyncChannel], counts: collections.Counter, begun: list[asyncio.Task]) -> None:
+        """Send each bucket once every receiver acknowledged the bucket ``window`` places before it
+        (the one that last used its slot); ``prepare`` fills it and names its slot."""
+        inflight: list[list[asyncio.Task]] = [[] for _ in range(window)]
         try:
-            for bucket_id, bucket in enumerate(pack_buckets(specs, buffer.slot_bytes)):
-                slot = bucket_id % buffer.num_slots
-                await self._wait_for_slot(inflight[slot])
-                checksums = self._fill(buffer, slot, bucket, pending)
-                _forget_finished(bucket, pending)
+            for bucket_id, bucket in enumerate(buckets):
+                waiting = inflight[bucket_id % window]
+                await self._wait_for_slot(waiting)
+                slot, checksums = prepare(bucket_id, bucket)
                 await _settle(begun)  # every receiver has mapped the buffer
                 meta = BucketMeta(sync_id, bucket_id, slot, bucket.chunks, bucket.is_last, checksums)
-                inflight[slot] += [asyncio.create_task(self._call(ch, SyncBucket(meta), checksums)) for ch in channels]
+                waiting += [asyncio.create_task(self._call(ch, SyncBucket(meta), checksums)) for ch in channels]
                 counts["buckets"] += 1
                 await asyncio.sleep(0)  # the new calls put the bucket's request on the wire before the next copy
             await _settle(begun)

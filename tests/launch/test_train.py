@@ -85,6 +85,7 @@ def test_two_step_run_with_vllm(mode, tiny_model_dir, tmp_path):
                     "logprob_diff_mean", "logprob_k3", "tokens_per_s", "time_generate", "time_update", "time_sync"):
             assert key in row, key
         assert row["logprob_diff_mean"] < 0.05  # rollout engine and trainer agree (same weights each step)
+        assert row["sync_zero_copy"] == 1.0  # one CPU rank: vLLM copied the weights straight out of the trainer's
     assert "eval_accuracy" in rows[0] and "eval_accuracy" in rows[2]
     if mode == "one_step_off":
         assert rows[1].get("is_weight_mean") is not None

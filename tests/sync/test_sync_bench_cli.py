@@ -16,13 +16,13 @@ def test_bench_sync_on_a_model_directory_writes_verified_rows(tiny_model_dir, tm
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     modes = [row["mode"] for row in data["rows"]]
-    assert modes == ["ceiling", "lock-step", "double"]
+    assert modes == ["ceiling", "lock-step", "double", "zero-copy"]
     for row in data["rows"]:
         assert row["bytes"] > 0 and row["seconds"] > 0
-    assert [len(row["all_seconds"]) for row in data["rows"]] == [1, 1, 1]
-    assert [row["verified"] for row in data["rows"][1:]] == [True, True]
+    assert [len(row["all_seconds"]) for row in data["rows"]] == [1, 1, 1, 1]
+    assert [row["verified"] for row in data["rows"][1:]] == [True, True, True]
     assert data["environment"]["torch_threads"] == 1
-    assert "ceiling" in result.output and "lock-step" in result.output
+    assert "ceiling" in result.output and "lock-step" in result.output and "zero-copy" in result.output
     assert our_segments() == []
 
 

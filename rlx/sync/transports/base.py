@@ -41,6 +41,7 @@ class ReceiverMapping(ABC):
     """A receiver's view of a sender's buffer; ``close`` unmaps it."""
 
     handle: TransportHandle
+    keep_mapped: bool = False  # a resident buffer: kept mapped between syncs (``release_views`` at each end)
 
     @abstractmethod
     def slot(self, index: int) -> torch.Tensor:
@@ -49,6 +50,11 @@ class ReceiverMapping(ABC):
     @abstractmethod
     def done_reading(self, index: int) -> None:
         """Block until every read of slot ``index`` issued so far has finished (before an ack)."""
+
+    def release_views(self) -> None:
+        """Drop the tensors over the mapping but keep it mapped (``keep_mapped`` buffers only);
+        raises ``BufferError`` when the consumer still holds one."""
+        raise NotImplementedError(f"{type(self).__name__} is not kept mapped between syncs")
 
     @abstractmethod
     def close(self) -> None:

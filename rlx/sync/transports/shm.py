@@ -10,6 +10,11 @@ refused, so a message cannot make a receiver open another file.
 
 Tensors over a mapping are built through numpy so that the mapping cannot be closed while any of
 them is alive (``close`` raises ``BufferError`` instead of unmapping memory still in use).
+
+A *resident* buffer (``rlx.sync.arena``: the trainer's weights themselves) is one slot that the
+receivers keep mapped between syncs, because mapping a gigabyte costs more than copying it: at the
+end of a sync they only drop their tensors (``release_views``), which fails the same way when the
+consumer still holds one.
 The ordering of writes and reads is given by the acknowledgements (socket round trips), so
 ``ready`` and ``done_reading`` have nothing to do here.
 """
@@ -34,8 +39,8 @@ _NAME = re.compile(r"^rlx-sync-\d+-[0-9a-f]+$")
 
 
 class ShmBuffer(SenderBuffer):
-    def __init__(self, slot_bytes: int, num_slots: int):
-        self.slot_bytes, self.num_slots = slot_bytes, num_slots
+    def __init__(self, slot_bytes: int, num_slots: int, resident: bool = False):
+        self.slot_bytes, self.num_slots, self.resident = slot_bytes, num_slots, resident
         self.size = slot_bytes * num_slots
         self.name = f"rlx-sync-{os.getpid()}-{secrets.token_hex(6)}"
         self.path = os.path.join(SHM_DIR, self.name)
@@ -50,10 +55,17 @@ class ShmBuffer(SenderBuffer):
         pass
 
     def handle(self) -> TransportHandle:
-        return TransportHandle("shm", self.slot_bytes, self.num_slots, {"name": self.name, "size": self.size})
+        payload = {"name": self.name, "size": self.size}
+        if self.resident:
+            payload["resident"] = True
+        return TransportHandle("shm", self.slot_bytes, self.num_slots, payload)
+
+    def unlink(self) -> None:
+        """Remove the segment's name; existing mappings, and tensors over them, stay valid."""
+        self._finalizer()
 
     def close(self) -> None:
-        self._finalizer()  # unlink the name first: existing mappings stay valid
+        self.unlink()  # the name first: existing mappings stay valid
         self._tensor = None
         if self._mm is not None:
             _close_mapping(self._mm, self.path)
@@ -69,14 +81,26 @@ class ShmMapping(ReceiverMapping):
         if size != handle.slot_bytes * handle.num_slots:
             raise ValueError(f"shm handle size {size} != slot_bytes {handle.slot_bytes} x num_slots {handle.num_slots}")
         self.path = os.path.join(SHM_DIR, name)
+        self.keep_mapped = handle.payload.get("resident") is True
         self._mm = _open(self.path, size)
-        self._tensor = _tensor_over(self._mm)
+        self._tensor: torch.Tensor | None = None
+        self._array: weakref.ref | None = None
 
     def slot(self, index: int) -> torch.Tensor:
+        if self._tensor is None:
+            array = np.frombuffer(self._mm, dtype=np.uint8)  # a fresh one per sync: release_views watches it
+            self._array = weakref.ref(array)
+            self._tensor = torch.from_numpy(array)
         return self._tensor[index * self.handle.slot_bytes:(index + 1) * self.handle.slot_bytes]
 
     def done_reading(self, index: int) -> None:
         pass
+
+    def release_views(self) -> None:
+        self._tensor = None
+        if self._array is not None and self._array() is not None:
+            raise BufferError(f"tensors over the shared buffer {self.path} are still referenced; a receiver must "
+                              "drop the views from WeightReceiver.tensors() before acknowledging their bucket")
 
     def close(self) -> None:
         self._tensor = None
