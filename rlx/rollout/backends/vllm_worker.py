@@ -6,13 +6,32 @@ backend's packed GEMM weights); ``rlx_sync_bucket`` hands the bucket's tensors t
 ``model.load_weights`` and acknowledges only after that returns (process-then-ack);
 ``rlx_sync_end`` runs post-processing once and releases every mapping. Errors come back as
 a failed ack instead of an exception, so a bad bucket never takes the engine down.
+
+vLLM's reload warns "Failed to load weights" for every layer that received no tensor. Two of
+those are expected at every sync and are not logged: rotary embeddings (their buffers are computed,
+never in a checkpoint) and, with tied embeddings, the LM head (re-tied after the sync). Any other
+layer that misses its weights is still reported.
 """
 
 from __future__ import annotations
 
+import logging
+
 import msgspec
 
 from rlx.sync.messages import BucketAck, SyncBegin, SyncBucket, SyncEnd
+
+
+class _ExpectedReloadWarnings(logging.Filter):
+    def __init__(self, tied_head: bool) -> None:
+        super().__init__()
+        self.tied_head = tied_head
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != "%s: Failed to load weights" or not record.args:
+            return True
+        layer = str(record.args[0])
+        return not (layer.endswith("RotaryEmbedding") or (self.tied_head and layer == "ParallelLMHead"))
 
 
 class WeightSyncExtension:
@@ -26,11 +45,18 @@ class WeightSyncExtension:
     def _rlx_model(self):
         return self.model_runner.get_model()
 
+    def _rlx_quiet_expected_warnings(self) -> None:
+        if getattr(self, "_rlx_filter", None) is None:
+            tied = bool(getattr(getattr(self._rlx_model(), "config", None), "tie_word_embeddings", False))
+            self._rlx_filter = _ExpectedReloadWarnings(tied)
+            logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(self._rlx_filter)
+
     def rlx_sync_begin(self, payload: bytes) -> bytes:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
         req = msgspec.msgpack.decode(payload, type=SyncBegin)
+        self._rlx_quiet_expected_warnings()
         self._rlx_receiver().begin(req)
         with set_current_vllm_config(self.vllm_config):
             initialize_layerwise_reload(self._rlx_model())
