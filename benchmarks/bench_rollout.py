@@ -56,6 +56,7 @@ class InProcess:
 
     def close(self) -> None:
         self.engine.shutdown()
+        self.engine = None  # its __del__ shuts down again: now, not during interpreter teardown, where it fails
 
 
 class Server:
