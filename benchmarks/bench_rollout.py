@@ -4,7 +4,8 @@ Both sides run the same engine (vLLM's AsyncLLM, same model, dtype, memory fract
 on the same prompts with the same sampling, all requests in flight at once; the server adds
 ZeroMQ, msgpack and the server's bookkeeping. With ``--trace`` a third row runs the server
 with tracing on (the cost of tracing). All engines stay up and take timed rounds in turn (after one
-warm-up round each), so load and drift hit every path alike; a row is the median of ``--repeats``. Prints a table and writes JSON (``--json``).
+warm-up round each, and 1.5 s apart so the engine that ran last has stopped polling), so load and
+drift hit every path alike; a row is the median of ``--repeats``. Prints a table and writes JSON (``--json``).
 
     python benchmarks/bench_rollout.py [--model DIR] [--prompts 256] [--n 4] [--max-tokens 64] [--trace]
 """
@@ -89,13 +90,20 @@ class Server:
         stop_group(self.proc)
 
 
+# vLLM's workers busy-poll their message queue for 1 s after their last step before they sleep: on a
+# small machine an engine that just finished its round takes a core from the next path's round.
+IDLE_GAP_S = 1.5
+
+
 async def alternate(paths: dict, prompts: list[str], repeats: int) -> dict[str, list[float]]:
-    """One warm-up round each, then rounds in turn, so drift and load hit every path alike."""
+    """One warm-up round each, then rounds in turn, so drift and load hit every path alike; a pause
+    before each round lets the engine that ran last go idle."""
     for path in paths.values():
         await path.round(prompts)
     rates: dict[str, list[float]] = {name: [] for name in paths}
     for _ in range(repeats):
         for name, path in paths.items():
+            await asyncio.sleep(IDLE_GAP_S)
             rates[name].append(await path.round(prompts))
     return rates
 
@@ -117,19 +125,16 @@ def main() -> None:
 
     model = args.model or str(build_tiny_model(Path(tempfile.mkdtemp(prefix="rlx-bench-model-")) / "tiny"))
     prompts = prompts_for(args.prompts)
-    paths = {"rlx rollout-serve": Server(model, args, None)}
-    if args.trace:
-        paths["rlx rollout-serve, tracing on"] = Server(model, args, tempfile.mkdtemp(prefix="rlx-trace-"))
-    paths["vLLM in process"] = InProcess(model, args)
-
-    async def measure():
-        try:
-            return await alternate(paths, prompts, args.repeats)
-        finally:
-            for path in paths.values():
-                path.close()
-
-    rows = asyncio.run(measure())
+    paths = {}
+    try:  # every server started is stopped, also when a later one fails to start
+        paths["rlx rollout-serve"] = Server(model, args, None)
+        if args.trace:
+            paths["rlx rollout-serve, tracing on"] = Server(model, args, tempfile.mkdtemp(prefix="rlx-trace-"))
+        paths["vLLM in process"] = InProcess(model, args)
+        rows = asyncio.run(alternate(paths, prompts, args.repeats))
+    finally:
+        for path in paths.values():
+            path.close()
     baseline = statistics.median(rows["vLLM in process"])
     table = Table(title=f"rollout throughput: {args.prompts} prompts x n={args.n}, max_tokens={args.max_tokens}, "
                         f"median of {args.repeats}")
