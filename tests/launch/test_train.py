@@ -129,8 +129,10 @@ def test_resume_after_kill_continues_at_the_right_step(tiny_model_dir, tmp_path)
     assert "skipping checkpoint" in output and "step_00000999" in output
     resumed_from = int(output.split("resumed from")[1].split("(step ")[1].split(")")[0])
     assert resumed_from == last_good
-    steps = [r["step"] for r in read_metrics(run_dir)]
+    rows = read_metrics(run_dir)
+    steps = [r["step"] for r in rows]
     assert steps == sorted(set(steps)) and steps[-1] == total and resumed_from + 1 in steps
+    assert [r["sync_zero_copy"] for r in rows[-2:]] == [1.0, 1.0]  # the checkpoint loaded into the weight arena
     state = json.loads((run_dir / "checkpoints" / f"step_{total:08d}" / "trainer_state.json").read_text())
     assert state["step"] == total
     assert state["data"]["epoch"] * state["data"]["num_problems"] + state["data"]["index"] == total * 4
