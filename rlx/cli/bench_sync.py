@@ -101,7 +101,7 @@ def _footer(opts, result) -> list[str]:
     lines = [f"median of {opts.repeats} timed runs after one warm-up (ceiling: of all rounds, which alternate with "
              "the transfers'); torch pinned to 1 thread in the bench and "
              "the receiver process, so every copy uses one core. ceiling = one-thread copy of the same tensors "
-             "(memmove, the copy the transfers use on the CPU; device-to-device for cuda_ipc); lock-step = one slot (fill, send, wait for the ack); double = two slots; zero-copy (shm) = the tensors live in a shared-memory arena, as a one-rank CPU trainer's weights do, and only their offsets are sent, so the receiver's copy is the only one. x ceil / x lock = throughput over the "
+             "(memmove, the copy the transfers use on the CPU; device-to-device for cuda_ipc); lock-step = one slot (fill, send, wait for the ack); double = two slots; zero-copy = the tensors live in a weight arena (shared memory; one CUDA IPC allocation on a GPU), as a one-rank trainer's weights do, and only their offsets are sent, so the receiver's copy is the only one. x ceil / x lock = throughput over the "
              "ceiling's / the lock-step sender's at the same bucket size; ok = checksums matched (--verify)."]
     if opts.assemble_in_place:
         lines.append("split tensors are assembled straight into the receiver's destinations "

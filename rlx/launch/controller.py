@@ -108,7 +108,7 @@ class Controller:
                 report = await self.sender.send(self.trainer.named_tensors(), self.client.channels())
             finally:
                 await self.client.resume()
-        return time.perf_counter() - started, float(report.transport == "shm-arena")
+        return time.perf_counter() - started, float(report.transport.endswith("-arena"))
 
     def maybe_checkpoint(self, step: int) -> float:
         c, t = self.cfg.checkpoint, self.cfg.trainer
@@ -142,10 +142,10 @@ class Controller:
         return step
 
     def _weight_arena(self):
-        """The trainer's weights moved into shared memory, when one CPU rank sends them as they are."""
+        """The trainer's weights moved into the transport's shared buffer, when one rank sends them as they are."""
         cfg = self.cfg
-        if not (cfg.sync.zero_copy and self._transport() == "shm" and not self.bus.active
-                and cfg.model.engine_dtype == cfg.model.dtype and self.trainer.device.type == "cpu"):
+        if not (cfg.sync.zero_copy and not self.bus.active and cfg.model.engine_dtype == cfg.model.dtype
+                and self._transport() == {"cpu": "shm", "cuda": "cuda_ipc"}.get(self.trainer.device.type)):
             return None
         from rlx.sync.arena import WeightArena
 

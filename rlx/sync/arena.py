@@ -1,18 +1,23 @@
-"""Trainer weights that live in POSIX shared memory, so a CPU weight sync copies each byte once.
+"""Trainer weights that live in a shared buffer, so a weight sync copies each byte once.
 
-Through slots (``transports.shm``) every byte is copied twice: the sender packs it into a slot and
+Through slots (``transports``) every byte is copied twice: the sender packs it into a slot and
 each receiver copies it out into its engine. When the trainer's parameters themselves sit in a
-shared segment, the sender only says where each tensor is and every receiver copies straight out
+shared buffer, the sender only says where each tensor is and every receiver copies straight out
 of the trainer's memory. Where two concurrent copies share the memory bandwidth (a two-core
-machine: each runs at about half speed), that is the difference between about half of a plain
-``memmove``'s speed and all of it.
+machine: each runs at about half speed; a GPU: both copies go through the same HBM), that is the
+difference between about half of a plain copy's speed and all of it.
 
-``WeightArena.adopt(module)`` moves every parameter of a module into one segment: ``param.data``
+The buffer is the transport's own: POSIX shared memory on the CPU (receivers keep it mapped from
+one sync to the next, because mapping a gigabyte costs more than copying it), one CUDA IPC
+allocation on a GPU (opened by receivers at each sync, as the slots are). Either way receivers
+drop every view at each sync's end.
+
+``WeightArena.adopt(module)`` moves every parameter of a module into one buffer: ``param.data``
 points into it, the Parameter objects stay the same, and the optimizer keeps updating them in
 place. ``WeightSender(arena=...)`` sends from it whenever every tensor of a sync lies inside it.
-Receivers keep the arena mapped between syncs and drop every view at each sync's end. Reads never
-race with updates because of the order of a run: the trainer changes its weights only between
-syncs, and a sync ends when every receiver has acknowledged the last bucket.
+Reads never race with updates because of the order of a run: the trainer changes its weights only
+between syncs, a sync starts after the device has finished the update (``ready``), and it ends
+when every receiver has acknowledged the last bucket.
 
 Left out: sharded ranks (FSDP2 gathers each parameter into new memory, so those syncs go through
 slots) and dtype casts (a cast is a copy anyway).
@@ -26,25 +31,33 @@ import torch
 
 from rlx.sync.layout import ALIGN_BYTES, align_up
 from rlx.sync.messages import TransportHandle
-from rlx.sync.transports.shm import ShmBuffer
 
 
 class WeightArena:
-    def __init__(self, nbytes: int):
+    def __init__(self, nbytes: int, device: str | torch.device = "cpu"):
         self.size = align_up(max(nbytes, ALIGN_BYTES))
-        self._buffer = ShmBuffer(self.size, 1, resident=True)
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            from rlx.sync.transports.cuda_ipc import CudaIpcBuffer
+
+            self._buffer = CudaIpcBuffer(self.size, 1, str(self.device))
+            self.device = self._buffer.device
+        else:
+            from rlx.sync.transports.shm import ShmBuffer
+
+            self._buffer = ShmBuffer(self.size, 1, resident=True)
         self._bytes = self._buffer.slot(0)
         self._base = self._bytes.data_ptr()
         self._used = 0
 
     @classmethod
     def adopt(cls, module: torch.nn.Module) -> "WeightArena":
-        """Move every parameter of ``module`` (CPU, contiguous) into a new arena."""
+        """Move every parameter of ``module`` (all on one device) into a new arena on that device."""
         params = list(module.parameters())
-        bad = [p for p in params if p.device.type != "cpu"]
-        if bad:
-            raise ValueError(f"a weight arena holds CPU tensors; this module has parameters on {bad[0].device}")
-        arena = cls(sum(align_up(p.numel() * p.element_size()) for p in params))
+        devices = {p.device for p in params}
+        if len(devices) != 1:
+            raise ValueError(f"a weight arena lives on one device; this module has parameters on {sorted(map(str, devices))}")
+        arena = cls(sum(align_up(p.numel() * p.element_size()) for p in params), devices.pop())
         with torch.no_grad():
             for param in params:
                 param.data = arena.place(param.data)
@@ -65,7 +78,7 @@ class WeightArena:
 
     def offset_of(self, tensor: torch.Tensor) -> int | None:
         """Byte offset of ``tensor`` in the arena, or ``None`` when it is not wholly inside."""
-        if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        if tensor.device != self.device or not tensor.is_contiguous():
             return None
         if tensor.numel() == 0:
             return 0  # no bytes to read; an empty tensor's address is 0 wherever it came from
@@ -73,10 +86,16 @@ class WeightArena:
         end = offset + tensor.numel() * tensor.element_size()
         return offset if 0 <= offset and end <= self.size and offset % tensor.element_size() == 0 else None
 
+    def ready(self) -> None:
+        """Make the weights' latest writes (the optimizer step) visible before receivers read them."""
+        self._buffer.ready(0)
+
     def handle(self) -> TransportHandle:
         return self._buffer.handle()
 
     def close(self) -> None:
-        """Unlink the segment; its memory lives on while tensors (the parameters) use it."""
-        self._buffer.unlink()
+        """Stop sharing: an shm segment loses its name; the memory lives on while the parameters use it."""
+        unlink = getattr(self._buffer, "unlink", None)
+        if unlink is not None:
+            unlink()
         self._bytes = None

@@ -4,9 +4,9 @@ For each model and transport, in one run: the ceiling is a plain copy of the sam
 preallocated destinations on one thread (``copy_bytes``, the routine the transfers use; a
 device-to-device copy for ``cuda_ipc``); per bucket
 size, a lock-step sender (one slot: fill, send, wait) and a double-buffered one (two slots) send
-the same tensors to the target; on shm, a zero-copy sender sends them from where they are (the
-model lives in a ``WeightArena``, as a one-rank CPU trainer's weights do), so the receiver's copy is
-the only one. Ceiling, lock-step and double-buffered runs alternate round by
+the same tensors to the target; a zero-copy sender sends them from where they are (the model
+lives in a ``WeightArena``, as a one-rank trainer's weights do), so the receiver's copy is the only
+one. Ceiling, lock-step and double-buffered runs alternate round by
 round, so drift on a shared machine hits all three alike. Every figure is the median of the timed
 runs after one warm-up (the ceiling's over all rounds of all bucket sizes). Torch runs one intra-op thread in every process, so each copy uses
 one core and the comparison with the one-thread ceiling is fair. With ``verify``, each sender
@@ -155,7 +155,7 @@ async def run_bench(opts: BenchOptions, on_row: Callable[[BenchRow], None] = lam
 
 async def _bench_model(opts: BenchOptions, model: ModelTensors, transport: str, device: str,
                        result: BenchResult, on_row) -> None:
-    resident = _in_arena(model) if transport == "shm" else None
+    resident = _in_arena(model, device)
     ceiling = Ceiling(model.tensors, device)
     rows = []
     try:
@@ -176,13 +176,13 @@ async def _bench_model(opts: BenchOptions, model: ModelTensors, transport: str, 
         on_row(row)
 
 
-def _in_arena(model: ModelTensors):
+def _in_arena(model: ModelTensors, device: str):
     """(arena, tensors): a copy of the model's tensors in a ``WeightArena``, the zero-copy sender's
     source; the other modes and the ceiling keep reading the tensors in ordinary memory."""
     from rlx.sync.arena import WeightArena
     from rlx.sync.layout import align_up
 
-    arena = WeightArena(sum(align_up(t.numel() * t.element_size()) for _, t in model.tensors))
+    arena = WeightArena(sum(align_up(t.numel() * t.element_size()) for _, t in model.tensors), device)
     return arena, arena.place_all(model.tensors)
 
 
@@ -199,7 +199,7 @@ async def _bench_bucket(opts: BenchOptions, model: ModelTensors, transport: str,
         for repeat in range(opts.repeats + 1):  # the first round is the warm-up
             for mode, (sender, tensors) in runs.items():
                 report = await sender.send(tensors, channels)
-                assert (report.transport == "shm-arena") == (sender.arena is not None), "zero-copy row sent through slots"
+                assert report.transport.endswith("-arena") == (sender.arena is not None), "zero-copy sent through slots"
                 if repeat:
                     times[mode].append(report.seconds)
             if repeat:
@@ -252,12 +252,11 @@ class Ceiling:
 
 
 def memory_budget(opts: BenchOptions, device: str) -> int:
-    """Bytes allowed per copy of the model: the bench holds the source tensors (on shm also their
-    copy in the arena), the ceiling's destinations and the receiver's, plus the buffers of two senders."""
+    """Bytes allowed per copy of the model: the bench holds the source tensors, their copy in the
+    arena, the ceiling's destinations and the receiver's, plus the buffers of two senders."""
     total = opts.memory_gb * 1e9 if opts.memory_gb else 0.45 * _free_bytes(device)
     buffers = 3 * max(max(_bucket_sizes(opts, t)) for t in opts.transports) * MiB
-    copies = 4 if "shm" in opts.transports else 3
-    return int(max(total - buffers, 0) / copies)
+    return int(max(total - buffers, 0) / 4)
 
 
 def _bucket_sizes(opts: BenchOptions, transport: str) -> list[int]:

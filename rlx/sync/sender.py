@@ -12,8 +12,8 @@ go out at once (a hop to a worker thread per bucket cost 5-10% of throughput on 
 machine); a sync therefore keeps the loop busy, which is what the trainer is doing meanwhile
 anyway (generation is paused around an update). A cancelled sync never leaves a copy running.
 
-Tensors that already live in a ``WeightArena`` (the trainer's own weights in shared memory, one CPU
-rank) are not copied at all: the buckets say where each tensor sits in the arena, at most
+Tensors that already live in a ``WeightArena`` (the trainer's own weights in the transport's shared
+buffer, one rank) are not copied at all: the buckets say where each tensor sits in the arena, at most
 ``num_buffers`` buckets are in flight, and each receiver copies straight out of the trainer's memory.
 
 Correct by construction: a slot is written only after all acks of its previous bucket; every ack
@@ -162,6 +162,7 @@ class WeightSender:
         placed = [(TensorSpec(name, dtype_name(t.dtype), list(t.shape), t.numel() * t.element_size()), offset)
                   for (name, t), offset in zip(tensors.items(), offsets)]
         counts = collections.Counter(tensors=len(placed), bytes=sum(spec.nbytes for spec, _ in placed))
+        self.arena.ready()
         begin = SyncBegin(sync_id, self.arena.handle(), counts["tensors"], counts["bytes"], self.verify)
         begun = [asyncio.create_task(self._call(ch, begin, None)) for ch in channels]
 
@@ -171,8 +172,9 @@ class WeightSender:
         await self._stream(sync_id, resident_buckets(placed, self.bucket_bytes), checksums_only, self.num_buffers,
                            channels, counts, begun)
         await self._broadcast(SyncEnd(sync_id), channels)
-        return SyncReport(sync_id, "shm-arena", self.num_buffers, self.arena.size, len(channels), counts["tensors"],
-                          counts["buckets"], counts["bytes"], time.perf_counter() - start, verified=self.verify)
+        return SyncReport(sync_id, f"{begin.handle.kind}-arena", self.num_buffers, self.arena.size, len(channels),
+                          counts["tensors"], counts["buckets"], counts["bytes"], time.perf_counter() - start,
+                          verified=self.verify)
 
     async def _stream(self, sync_id: int, buckets: Iterator[Bucket], prepare: Prepare, window: int,
                       channels: list[SyncChannel], counts: collections.Counter, begun: list[asyncio.Task]) -> None:

@@ -45,3 +45,35 @@ def test_cuda_ipc_slot_is_never_overwritten_before_its_ack(spawn_receiver, sync_
     reports = asyncio.run(sync_send(tensors, [address], transport="cuda_ipc", device="cuda", bucket_mb=1,
                                     num_buffers=2, verify=True, timeout_s=60))
     assert reports[-1].verified and reports[-1].num_buckets == 8
+
+
+@pytest.mark.gpu
+def test_cuda_weight_arena_sends_offsets_and_carries_every_update(spawn_receiver):
+    from rlx.sync.arena import WeightArena
+    from rlx.sync.sender import WeightSender
+    from rlx.sync.zmq_channel import ZmqSyncChannel
+
+    _, address = spawn_receiver()
+    model = torch.nn.Sequential(torch.nn.Embedding(1000, 256), torch.nn.Linear(256, 1000)).cuda().to(torch.bfloat16)
+    arena = WeightArena.adopt(model)
+    assert all(arena.offset_of(p.data) is not None for p in model.parameters())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    channel = ZmqSyncChannel(address, name="gpu receiver")
+    sender = WeightSender("cuda_ipc", bucket_mb=1, verify=True, timeout_s=60, device="cuda", arena=arena)
+
+    async def rounds():
+        reports = []
+        for _ in range(3):
+            model(torch.randint(0, 1000, (4, 8), device="cuda")).float().sum().backward()
+            optimizer.step()  # the receiver's checksums are of its copies: each sync carries this update
+            optimizer.zero_grad()
+            reports.append(await sender.send([(n, p.detach()) for n, p in model.named_parameters()], [channel]))
+        return reports
+
+    try:
+        reports = asyncio.run(rounds())
+    finally:
+        channel.close()
+        sender.close()
+        arena.close()
+    assert all(r.transport == "cuda_ipc-arena" and r.verified for r in reports)
