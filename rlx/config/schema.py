@@ -282,7 +282,7 @@ class SyncConfig:
     verify: bool = False
     """Check per-tensor checksums after every sync (proves the engine holds the trainer's bytes)."""
     zero_copy: bool = True
-    """One CPU trainer rank on shm: keep its weights in shared memory so a sync sends offsets and each engine copies once (needs model.rollout_dtype = model.dtype; otherwise syncs copy through the buckets)."""
+    """One trainer rank: keep its weights in the transport's shared buffer (shm or CUDA IPC) so a sync sends offsets and each engine copies once (needs model.rollout_dtype = model.dtype; otherwise syncs copy through the buckets)."""
 
     def __post_init__(self) -> None:
         check_choice("sync.transport", self.transport, ("auto", "shm", "cuda_ipc"))

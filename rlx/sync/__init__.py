@@ -9,7 +9,7 @@ loads bucket k.
     messages.py         wire structs (msgspec), versioned; no pickle anywhere
     layout.py           bucket layout: aligned offsets, tensors larger than a slot are split
     transports/         where the slots live: shm (POSIX shared memory), cuda_ipc (one GPU host)
-    arena.py            a one-rank CPU trainer's weights in shared memory: syncs send offsets, no slots
+    arena.py            a one-rank trainer's weights in the shared buffer: syncs send offsets, no slots
     channel.py          the SyncChannel protocol the sender talks through
     zmq_channel.py      a ZeroMQ DEALER implementation of it
     sender.py           WeightSender
