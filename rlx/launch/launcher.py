@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -118,10 +119,40 @@ def build_model(cfg, display: Display) -> None:
                                   progress=lambda s, n, loss: progress.update(task, completed=s, total=n))
 
 
+# What a run writes into its directory (``trace`` only when trace.dir is not set elsewhere).
+RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "checkpoints", "logs", "trace", "tb", "hf")
+
+
+def archive_previous_run(run_dir: Path, display: Display) -> Path | None:
+    """Move an earlier run's outputs out of ``run_dir`` into a sibling ``<name>.<time>`` directory.
+
+    A fresh run on top of them would append to their metrics, mix its trace files with theirs, and
+    let their higher-numbered checkpoints prune its own; moving them loses nothing. Files rlx did
+    not write stay where they are.
+    """
+    found = [run_dir / name for name in RUN_OUTPUTS if (run_dir / name).exists()]
+    if not found:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    archive = run_dir.with_name(f"{run_dir.name}.{stamp}")
+    suffix = 1
+    while archive.exists():
+        suffix += 1
+        archive = run_dir.with_name(f"{run_dir.name}.{stamp}-{suffix}")
+    archive.mkdir()
+    for path in found:
+        path.rename(archive / path.name)
+    display.note(f"{run_dir} held an earlier run: moved its outputs to {archive} "
+                 "(pass --resume to continue a run instead)")
+    return archive
+
+
 def run_train(cfg) -> int:
     run_dir = Path(cfg.trainer.output_dir).resolve()
     display = Display(cfg.trainer.total_steps, enabled=cfg.logging.console)
     preflight(cfg, display)
+    if not cfg.trainer.resume:
+        archive_previous_run(run_dir, display)
     run_dir.mkdir(parents=True, exist_ok=True)
     config_file = run_dir / "config.yaml"
     config_file.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))

@@ -138,6 +138,24 @@ def test_resume_after_kill_continues_at_the_right_step(tiny_model_dir, tmp_path)
     assert state["data"]["epoch"] * state["data"]["num_problems"] + state["data"]["index"] == total * 4
 
 
+def test_a_fresh_run_moves_an_earlier_run_aside(tiny_model_dir, tmp_path):
+    config = small_config(tmp_path, tiny_model_dir, "hf", checkpoint={"every": 1, "keep": 1})
+    run_dir = tmp_path / "run"
+    code, output = run_to_end(config, tmp_path, "trainer.total_steps=2", "trainer.eval_every=0")
+    assert code == 0, output[-4000:]
+    (run_dir / "notes.txt").write_text("mine")  # not an rlx output: stays where it is
+    code, output = run_to_end(config, tmp_path, "trainer.total_steps=1", "trainer.eval_every=0")
+    assert code == 0, output[-4000:]
+    archives = [p for p in tmp_path.iterdir() if p.is_dir() and p.name.startswith("run.")]
+    assert len(archives) == 1 and str(archives[0]) in output.replace("\n", "")
+    assert [r["step"] for r in read_metrics(archives[0])] == [1, 2]
+    assert [c.name for c in list_checkpoints(archives[0] / "checkpoints")] == ["step_00000002"]
+    assert [r["step"] for r in read_metrics(run_dir)] == [1]  # not appended to the earlier run's
+    # the earlier run's step 2 no longer prunes this run's step 1 (keep=1)
+    assert [c.name for c in list_checkpoints(run_dir / "checkpoints")] == ["step_00000001"]
+    assert (run_dir / "notes.txt").read_text() == "mine"
+
+
 def start_long_run(tmp_path: Path, model_dir: Path):
     """A 200-step run (hf backend), returned once its first step is logged."""
     config = small_config(tmp_path, model_dir, "hf")
