@@ -95,7 +95,5 @@ class WeightArena:
 
     def close(self) -> None:
         """Stop sharing: an shm segment loses its name; the memory lives on while the parameters use it."""
-        unlink = getattr(self._buffer, "unlink", None)
-        if unlink is not None:
-            unlink()
+        self._buffer.unlink()
         self._bytes = None

@@ -74,19 +74,20 @@ class WeightReceiver:
         if self._mapping is not None and self._mapping.handle != req.handle:
             self._release_mapping()
         if self._mapping is None:
-            self._mapping = self._resident_mapping(req) or map_buffer(req.handle)
-            if self._mapping.keep_mapped:
-                self._resident = self._mapping
+            self._mapping = self._mapped(req)
         self._sync = req
 
-    def _resident_mapping(self, req: SyncBegin) -> ReceiverMapping | None:
-        """The kept mapping of ``req``'s arena, if this is the one; another arena replaces it."""
+    def _mapped(self, req: SyncBegin) -> ReceiverMapping:
+        """The kept mapping when ``req`` names the arena mapped before; else a new mapping, which
+        replaces the kept one when it is an arena too."""
         if self._resident is not None and self._resident.handle == req.handle:
             return self._resident
-        if self._resident is not None and req.handle.payload.get("resident"):
-            self._resident.close()
-            self._resident = None
-        return None
+        mapping = map_buffer(req.handle)
+        if mapping.keep_mapped:
+            if self._resident is not None:
+                self._resident.close()
+            self._resident = mapping
+        return mapping
 
     def tensors(self, meta: BucketMeta) -> list[tuple[str, torch.Tensor]]:
         self._require(meta.sync_id)

@@ -32,6 +32,10 @@ class SenderBuffer(ABC):
     def handle(self) -> TransportHandle:
         """What a receiver needs to map this buffer."""
 
+    def unlink(self) -> None:
+        """Stop new receivers from opening the buffer by name (shm); existing mappings stay valid.
+        Buffers without a name have nothing to do."""
+
     @abstractmethod
     def close(self) -> None:
         """Free the buffer; idempotent."""

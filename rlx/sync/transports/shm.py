@@ -99,8 +99,7 @@ class ShmMapping(ReceiverMapping):
     def release_views(self) -> None:
         self._tensor = None
         if self._array is not None and self._array() is not None:
-            raise BufferError(f"tensors over the shared buffer {self.path} are still referenced; a receiver must "
-                              "drop the views from WeightReceiver.tensors() before acknowledging their bucket")
+            raise _views_still_held(self.path)
 
     def close(self) -> None:
         self._tensor = None
@@ -184,8 +183,12 @@ def _close_mapping(mm: mmap.mmap, path: str) -> None:
     try:
         mm.close()
     except BufferError:
-        raise BufferError(f"tensors over the shared buffer {path} are still referenced; a receiver must drop "
-                          "the views from WeightReceiver.tensors() before acknowledging their bucket") from None
+        raise _views_still_held(path) from None
+
+
+def _views_still_held(path: str) -> BufferError:
+    return BufferError(f"tensors over the shared buffer {path} are still referenced; a receiver must drop "
+                       "the views from WeightReceiver.tensors() before acknowledging their bucket")
 
 
 def _unlink(path: str) -> None:
