@@ -108,7 +108,7 @@ class Controller:
                 report = await self.sender.send(self.trainer.named_tensors(), self.client.channels())
             finally:
                 await self.client.resume()
-        return time.perf_counter() - started, float(report.transport.endswith("-arena"))
+        return time.perf_counter() - started, float(report.zero_copy)
 
     def maybe_checkpoint(self, step: int) -> float:
         c, t = self.cfg.checkpoint, self.cfg.trainer

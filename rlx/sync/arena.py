@@ -51,13 +51,18 @@ class WeightArena:
         self._used = 0
 
     @classmethod
+    def sized_for(cls, tensors: Iterable[torch.Tensor], device: str | torch.device) -> "WeightArena":
+        """An empty arena on ``device`` that ``place`` can fill with copies of ``tensors``."""
+        return cls(sum(align_up(t.numel() * t.element_size()) for t in tensors), device)
+
+    @classmethod
     def adopt(cls, module: torch.nn.Module) -> "WeightArena":
         """Move every parameter of ``module`` (all on one device) into a new arena on that device."""
         params = list(module.parameters())
         devices = {p.device for p in params}
         if len(devices) != 1:
             raise ValueError(f"a weight arena lives on one device; this module has parameters on {sorted(map(str, devices))}")
-        arena = cls(sum(align_up(p.numel() * p.element_size()) for p in params), devices.pop())
+        arena = cls.sized_for(params, devices.pop())
         with torch.no_grad():
             for param in params:
                 param.data = arena.place(param.data)

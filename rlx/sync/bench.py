@@ -6,8 +6,8 @@ device-to-device copy for ``cuda_ipc``); per bucket
 size, a lock-step sender (one slot: fill, send, wait) and a double-buffered one (two slots) send
 the same tensors to the target; a zero-copy sender sends them from where they are (the model
 lives in a ``WeightArena``, as a one-rank trainer's weights do), so the receiver's copy is the only
-one. Ceiling, lock-step and double-buffered runs alternate round by
-round, so drift on a shared machine hits all three alike. Every figure is the median of the timed
+one. The ceiling and the three transfers alternate round by round, so drift on a shared machine
+hits them all alike. Every figure is the median of the timed
 runs after one warm-up (the ceiling's over all rounds of all bucket sizes). Torch runs one intra-op thread in every process, so each copy uses
 one core and the comparison with the one-thread ceiling is fair. With ``verify``, each sender
 then does one more sync with checksums, untimed. The table and JSON live in ``rlx.cli.bench_sync``.
@@ -24,7 +24,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from typing import AsyncContextManager, AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncContextManager, AsyncIterator, Callable
 
 import msgspec
 import torch
@@ -34,6 +34,9 @@ from rlx.sync.channel import SyncChannel
 from rlx.sync.copy import copy_bytes
 from rlx.sync.errors import SyncError
 from rlx.sync.sender import MiB, WeightSender
+
+if TYPE_CHECKING:
+    from rlx.sync.arena import WeightArena
 
 
 class BenchOptions(msgspec.Struct):
@@ -155,17 +158,19 @@ async def run_bench(opts: BenchOptions, on_row: Callable[[BenchRow], None] = lam
 
 async def _bench_model(opts: BenchOptions, model: ModelTensors, transport: str, device: str,
                        result: BenchResult, on_row) -> None:
-    resident = _in_arena(model, device)
+    from rlx.sync.arena import WeightArena
+
+    arena = WeightArena.sized_for((t for _, t in model.tensors), device)
+    resident = arena.place_all(model.tensors)  # the zero-copy sender's source; the others read model.tensors
     ceiling = Ceiling(model.tensors, device)
     rows = []
     try:
         async with TARGETS[opts.target](opts, device) as channels:
             for bucket_mb in _bucket_sizes(opts, transport):
                 rows += await _bench_bucket(opts, model, transport, device, bucket_mb, channels, ceiling,
-                                            result.failures, resident)
+                                            result.failures, arena, resident)
     finally:
-        if resident is not None:
-            resident[0].close()
+        arena.close()
     ceiling_s = statistics.median(ceiling.times)
     nbytes = model.nbytes
     ceiling_row = BenchRow(model.label, transport, "ceiling", None, None, nbytes, ceiling_s, nbytes / ceiling_s / 1e9,
@@ -176,30 +181,18 @@ async def _bench_model(opts: BenchOptions, model: ModelTensors, transport: str, 
         on_row(row)
 
 
-def _in_arena(model: ModelTensors, device: str):
-    """(arena, tensors): a copy of the model's tensors in a ``WeightArena``, the zero-copy sender's
-    source; the other modes and the ceiling keep reading the tensors in ordinary memory."""
-    from rlx.sync.arena import WeightArena
-    from rlx.sync.layout import align_up
-
-    arena = WeightArena(sum(align_up(t.numel() * t.element_size()) for _, t in model.tensors), device)
-    return arena, arena.place_all(model.tensors)
-
-
 async def _bench_bucket(opts: BenchOptions, model: ModelTensors, transport: str, device: str, bucket_mb: int,
                         channels: list[SyncChannel], ceiling: "Ceiling", failures: list[str],
-                        resident=None) -> list[BenchRow]:
+                        arena: "WeightArena", resident: list[tuple[str, torch.Tensor]]) -> list[BenchRow]:
     runs = {mode: (WeightSender(transport, bucket_mb, num_buffers, opts.timeout_s, device=device), model.tensors)
             for mode, num_buffers in (("lock-step", 1), ("double", 2))}
-    if resident is not None:
-        arena, tensors = resident
-        runs["zero-copy"] = (WeightSender(transport, bucket_mb, 2, opts.timeout_s, device=device, arena=arena), tensors)
+    runs["zero-copy"] = (WeightSender(transport, bucket_mb, 2, opts.timeout_s, device=device, arena=arena), resident)
     times: dict[str, list[float]] = {mode: [] for mode in runs}
     try:
         for repeat in range(opts.repeats + 1):  # the first round is the warm-up
             for mode, (sender, tensors) in runs.items():
                 report = await sender.send(tensors, channels)
-                assert report.transport.endswith("-arena") == (sender.arena is not None), "zero-copy sent through slots"
+                assert report.zero_copy == (sender.arena is not None), "zero-copy sent through slots"
                 if repeat:
                     times[mode].append(report.seconds)
             if repeat:

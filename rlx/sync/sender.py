@@ -54,7 +54,7 @@ Prepare = Callable[[int, Bucket], "tuple[int, dict[str, int] | None]"]
 
 class SyncReport(msgspec.Struct):
     sync_id: int
-    transport: str
+    transport: str  # "shm" / "cuda_ipc" through slots; "shm-arena" / "cuda_ipc-arena" from a WeightArena
     num_buffers: int
     slot_bytes: int
     num_receivers: int
@@ -67,6 +67,11 @@ class SyncReport(msgspec.Struct):
     @property
     def gb_per_s(self) -> float:
         return self.total_bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+    @property
+    def zero_copy(self) -> bool:
+        """Sent from a ``WeightArena``: no slot, no copy on the sender."""
+        return self.transport.endswith("-arena")
 
 
 class _Source(NamedTuple):
