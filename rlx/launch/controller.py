@@ -44,7 +44,7 @@ class Controller:
                                    verify=cfg.sync.verify, device=trainer.device.type, arena=self.arena)
         self.ckpt_root = run_dir / "checkpoints"
         self.start_step = self._resume() if cfg.trainer.resume else 0
-        self.metrics = MetricsLogger(cfg, run_dir, self.start_step if cfg.trainer.resume else None, {})
+        self.metrics = MetricsLogger(cfg, run_dir, self.start_step if cfg.trainer.resume else None)
         self._prefetch: asyncio.Task | None = None
         self._state_before_prefetch = self.stream.state()
         self.first_eval = float("nan")

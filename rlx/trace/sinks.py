@@ -1,5 +1,9 @@
 """Metric sinks of a run: JSON lines (always readable by `rlx trace-view` and `rlx plot`),
 TensorBoard and Weights & Biases when asked for. One ``log(step, metrics)`` feeds them all.
+
+W&B gets the resolved run config with its secrets replaced (``rlx.config.redact``), so a run
+page says what was run without leaking the auth token. W&B's own settings (``WANDB_MODE``,
+``WANDB_DIR``, the API key) come from its environment variables; resuming a W&B run is left out.
 """
 
 from __future__ import annotations
@@ -59,14 +63,16 @@ class WandbSink:
 
 
 class MetricsLogger:
-    def __init__(self, cfg, run_dir: Path, resume_from_step: int | None, config_dict: dict) -> None:
+    def __init__(self, cfg, run_dir: Path, resume_from_step: int | None) -> None:
         self.sinks = []
         if cfg.logging.jsonl:
             self.sinks.append(JsonlSink(run_dir / METRICS_FILE, resume_from_step))
         if cfg.logging.tensorboard:
             self.sinks.append(TensorBoardSink(run_dir / "tb"))
         if cfg.logging.wandb:
-            self.sinks.append(WandbSink(cfg.logging.wandb_project, cfg.run_name, config_dict))
+            from rlx.config.redact import redacted
+
+            self.sinks.append(WandbSink(cfg.logging.wandb_project, cfg.run_name, redacted(cfg)))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for sink in self.sinks:
