@@ -70,17 +70,22 @@ def prefetch_viewer() -> threading.Thread:
 
 
 def _load(path: str):
+    from rich.markup import escape
+    from rich.text import Text
+
     from rlx.trace.loader import load_trace
     from rlx.trace.reader import TraceError
+    from rlx.trace.safe_text import shown
 
     try:
         loaded = load_trace(path)
-    except TraceError as exc:
-        raise UserError(str(exc)) from None
+    except TraceError as exc:  # names files and values of the trace: printed escaped, as markup
+        raise UserError(escape(shown(exc).plain)) from None
     if loaded.num_skipped:
         reasons = ", ".join(f"{n} {reason}" for reason, n in loaded.skipped.most_common())
-        err_console.print(f"[yellow]skipped {loaded.num_skipped} unusable lines[/] ({reasons}); "
-                          f"first: {'; '.join(loaded.skipped_examples[:3])}", highlight=False)
+        err_console.print(Text(f"skipped {loaded.num_skipped} unusable lines", style="yellow"),
+                          shown(f" ({reasons}); first: {'; '.join(loaded.skipped_examples[:3])}"),
+                          sep="", highlight=False)
     return loaded
 
 

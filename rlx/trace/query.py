@@ -25,6 +25,7 @@ import numpy as np
 
 from rlx.trace.format import NO_ATTRS, decode_attrs
 from rlx.trace.model import STATUS_ERROR, STATUS_OK, STATUS_UNFINISHED, Trace
+from rlx.trace.safe_text import shown
 from rlx.trace.units import parse_duration_ns
 
 _TERM = re.compile(r"^([A-Za-z_][\w.\-]*)\s*(>=|<=|!=|=|>|<)\s*(.+)$")
@@ -110,10 +111,18 @@ def _common(trace: Trace, term: Term, names: np.ndarray, procs: np.ndarray, requ
 
 
 def _by_label(column: np.ndarray, labels: list[str], term: Term, missing: int | None = None) -> np.ndarray:
-    wanted = [k for k, label in enumerate(labels) if _compare(label, term.op, term.value)]
+    wanted = [k for k, label in enumerate(labels) if _label_matches(label, term)]
     if missing is not None and term.op == "!=":
         wanted.append(missing)
     return np.isin(column, wanted)
+
+
+def _label_matches(label: str, term: Term) -> bool:
+    """The label compares true as recorded or as the viewer shows it (``safe_text.shown``)."""
+    forms = (label,) if label.isprintable() else (label, shown(label).plain)
+    if term.op == "!=":
+        return all(_compare(form, term.op, term.value) for form in forms)
+    return any(_compare(form, term.op, term.value) for form in forms)
 
 
 def _by_attribute(term: Term, raw_lists: list, n: int) -> np.ndarray:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlx.trace.model import STATUS_ERROR, STATUS_UNFINISHED, Trace
+from rlx.trace.safe_text import shown
 from rlx.trace.units import format_ns
 
 SORT_KEYS = ("name", "count", "total", "mean", "p50", "p99", "max", "errors", "unfinished")
@@ -30,9 +31,10 @@ class SummaryRow:
     errors: int
     unfinished: int
 
-    def cells(self) -> list[str]:
+    def cells(self) -> list:
+        """The row as table cells: the name escaped (``safe_text.shown``), the numbers as text."""
         times = [format_ns(v) if self.count else "-" for v in (self.total, self.mean, self.p50, self.p99, self.max)]
-        return [self.name, str(self.count), *times, str(self.errors), str(self.unfinished)]
+        return [shown(self.name), str(self.count), *times, str(self.errors), str(self.unfinished)]
 
 
 def summarize(trace: Trace, mask: np.ndarray | None = None, sort: str = "total") -> list[SummaryRow]:

@@ -149,7 +149,7 @@ async def test_filter_by_name_and_attribute_then_clear(small_trace):
         assert len(tl.lanes.requests_of(rollout_requests.proc)) == 2  # only the two matching requests
         await pilot.press("2")  # the summary follows the filter
         table = app.query_one(DataTable)
-        assert table.row_count == 1 and table.get_row_at(0)[0] == "generate"
+        assert table.row_count == 1 and str(table.get_row_at(0)[0]) == "generate"
         await pilot.press("1", "slash", "escape")
         assert int(tl.lanes.span_mask.sum()) == len(app.trace.spans)
         await pilot.press("slash", *"dur=1", "enter")

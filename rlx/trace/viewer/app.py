@@ -20,6 +20,7 @@ from rlx.trace.concurrency import queued, running
 from rlx.trace.metrics import Metrics
 from rlx.trace.model import Trace
 from rlx.trace.query import match_events, match_spans
+from rlx.trace.safe_text import shown
 from rlx.trace.summary import summarize
 from rlx.trace.units import format_ns
 from rlx.trace.viewer.details import SpanDetails
@@ -98,7 +99,7 @@ class TraceViewerApp(App):
 
     def status_text(self) -> str:
         trace, tl = self.trace, self.timeline
-        parts = [f"{escape(self.source)}: {len(trace.processes)} processes, {len(trace.spans):,} spans, "
+        parts = [f"{_markup(self.source)}: {len(trace.processes)} processes, {len(trace.spans):,} spans, "
                  f"{len(trace.events):,} events"]
         if trace.num_skipped:
             parts.append(f"[b red]skipped {trace.num_skipped:,} bad lines[/]")
@@ -133,11 +134,11 @@ class TraceViewerApp(App):
             spans = match_spans(self.trace, text) if text else None
             events = match_events(self.trace, text) if text else None
         except ValueError as exc:
-            self.filter_note = f"[b red]filter error: {escape(str(exc))}[/]"
+            self.filter_note = f"[b red]filter error: {_markup(exc)}[/]"
             self.update_status()
             return
         self.filter_text = text
-        self.filter_note = f"filter '{escape(text)}': {int(spans.sum()):,} spans" if text else ""
+        self.filter_note = f"filter '{_markup(text)}': {int(spans.sum()):,} spans" if text else ""
         self.timeline.apply_filter(spans, events)
         self._summary_mask, self._summary_shown = spans, False
         if self.query_one(TabbedContent).active == "summary":
@@ -163,8 +164,9 @@ class TraceViewerApp(App):
         self.query_one(SpanDetails).show_span(self.trace, message.span)
 
     def on_summary_table_name_chosen(self, message: SummaryTable.NameChosen) -> None:
-        self.query_one("#filter", Input).value = f"name={message.name}"
-        self.apply_filter(f"name={message.name}")
+        text = f"name={shown(message.name).plain}"  # the query matches names as shown, too
+        self.query_one("#filter", Input).value = text
+        self.apply_filter(text)
         self.action_show_tab("timeline")
 
     def action_show_tab(self, tab: str) -> None:
@@ -174,3 +176,8 @@ class TraceViewerApp(App):
         elif tab == "summary":
             self._show_summary()
             self.query_one(SummaryTable).focus()
+
+
+def _markup(value: object) -> str:
+    """A string (from the trace, or typed) inside status-bar markup: escaped, then markup-quoted."""
+    return escape(shown(value).plain)

@@ -1,15 +1,16 @@
 """The panel under the timeline that describes the selected span: name, process, times,
-duration, parent, request, status and every attribute."""
+duration, parent, request, status and every attribute. Every string from the trace is drawn
+through ``safe_text.shown`` (escaped, never markup)."""
 
 from __future__ import annotations
 
 import datetime
 
 from rich.table import Table
-from rich.text import Text
 from textual.widgets import Static
 
 from rlx.trace.model import STATUS_ERROR, STATUS_UNFINISHED, Trace
+from rlx.trace.safe_text import shown
 from rlx.trace.units import format_ns
 
 _HINT = "Click a span, or move the cursor (←/→, ↑/↓) and press Enter, to see its attributes here."
@@ -27,8 +28,8 @@ def describe_span(trace: Trace, i: int) -> Table:
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold grey70", no_wrap=True)
     table.add_column(overflow="fold")
-    table.add_row("span", Text(trace.names[int(spans.name[i])], style="bold"))
-    table.add_row("process", f"{p.label} (role {p.role}, pid {p.pid}, {p.host})")
+    table.add_row("span", shown(trace.names[int(spans.name[i])], style="bold"))
+    table.add_row("process", shown(f"{p.label} (role {p.role}, pid {p.pid}, {p.host})"))
     table.add_row("start", f"{format_ns(int(spans.start[i]), 6)} after trace start ({wall_time(trace, int(spans.start[i]))})")
     duration = format_ns(int(spans.duration[i]), 4)
     status = int(spans.status[i])
@@ -36,12 +37,12 @@ def describe_span(trace: Trace, i: int) -> Table:
         duration += "  (unfinished: no end was written; shown up to the last line of its process)"
     table.add_row("duration", duration)
     if status == STATUS_ERROR:
-        table.add_row("error", Text(spans.errors.get(i, ""), style="bold red"))
+        table.add_row("error", shown(spans.errors.get(i, ""), style="bold red"))
     parent = int(spans.parent[i])
     if parent >= 0:
-        table.add_row("parent", f"{trace.names[int(spans.name[parent])]} ({format_ns(int(spans.duration[parent]))})")
+        table.add_row("parent", shown(f"{trace.names[int(spans.name[parent])]} ({format_ns(int(spans.duration[parent]))})"))
     for key, value in trace.span_attrs(i).items():
-        table.add_row(str(key), Text(str(value)))
+        table.add_row(shown(key), shown(value))
     return table
 
 

@@ -17,6 +17,7 @@ from rich.segment import Segment
 from rich.style import Style
 
 from rlx.trace.model import STATUS_ERROR, STATUS_UNFINISHED, Trace
+from rlx.trace.safe_text import shown
 from rlx.trace.units import format_ns
 from rlx.trace.viewer.lanes import REQUESTS, RowData
 
@@ -42,10 +43,11 @@ def name_color(name: str) -> str:
 
 
 class Palette:
-    """Styles per span-name index, built once per trace."""
+    """Styles and shown (escaped) labels per span-name index, built once per trace."""
 
     def __init__(self, trace: Trace) -> None:
         colors = [name_color(n) for n in trace.names]
+        self.labels = [shown(n).plain for n in trace.names]
         self.bar = [Style(bgcolor=c, color="white" if c in _DARK else "black") for c in colors]
         self.event = [Style(color=c, bold=True) for c in colors]
         self.error = Style(bgcolor="red3", color="white", bold=True)
@@ -92,7 +94,7 @@ def _draw_bars(chars, styles, trace, palette, data, pos, t0, t1, width, selected
         if i == selected:
             style = palette.selected
         styles[a:b + 1] = [style] * (b - a + 1)
-        _label(chars, a, b, trace.names[spans.name[i]], spans.status[i] == STATUS_UNFINISHED)
+        _label(chars, a, b, palette.labels[spans.name[i]], spans.status[i] == STATUS_UNFINISHED)
 
 
 def _label(chars: list[str], a: int, b: int, name: str, unfinished: bool) -> None:

@@ -23,6 +23,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from rlx.trace.model import Trace
+from rlx.trace.safe_text import shown
 from rlx.trace.units import format_ns
 from rlx.trace.viewer.lanes import REQUEST, REQUESTS, Lanes, RowKey
 from rlx.trace.viewer.render import Palette, row_cells, ruler, to_segments
@@ -124,7 +125,7 @@ class Timeline(Widget, can_focus=True):
         return Strip([Segment(head, _RULER), Segment(ticks, _RULER)], width)
 
     def _label_segment(self, key: RowKey, current: bool) -> Segment:
-        text = self.lanes.label(key)
+        text = shown(self.lanes.label(key)).plain
         text = (text[:LABEL_WIDTH - 2] + "… ") if len(text) > LABEL_WIDTH - 1 else text.ljust(LABEL_WIDTH)
         style = _LABEL
         if key.kind not in (REQUEST, REQUESTS) and not text.startswith(" "):
