@@ -3,7 +3,16 @@
 Every child is a session leader (``start_new_session``), so ending it means signalling its
 process group: the child and anything it spawned (vLLM's engine core and workers) go
 together, and nothing is ever found or killed by name. A watcher thread notices a child
-that exits while the run still needs it and calls ``on_death`` with a message naming it.
+that exits while the run still needs it and calls ``on_death`` with a message naming it; it
+also records the shared memory each child maps, so that what a dead child leaves in /dev/shm
+is removed (``rlx.launch.leftovers``).
+
+Python children run with a safe import path (``-P``, and ``PYTHONSAFEPATH=1`` for whatever they
+start): a stray ``typer.py`` or ``torch.py`` in the directory `rlx train` was started from is
+never imported by them. Modules on ``PYTHONPATH`` or installed stay importable.
+
+A child's log file gets everything it prints; the console gets the same lines except that a
+Python traceback is folded into its last line and the path of the log that holds the whole.
 """
 
 from __future__ import annotations
@@ -18,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Callable, TextIO
 
+from rlx.launch.leftovers import ShmLeftovers
+
 
 class Child:
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path,
@@ -26,6 +37,7 @@ class Child:
         self.log_path = log_path
         self.expected_exit = False
         self._log: TextIO = open(log_path, "a", buffering=1)
+        self._log.write(f"rlx: starting {name}: {' '.join(argv)}\n")
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1,
                                      preexec_fn=_term_when_parent_dies)
@@ -40,10 +52,12 @@ class Child:
         return self.proc.poll() is None
 
     def _stream(self, emit: Callable[[str], None]) -> None:
+        console = TracebackFolder(lambda line: emit(f"[{self.name}] {line}"), self.log_path)
         for line in self.proc.stdout:
             line = line.rstrip("\n")
             self._log.write(line + "\n")
-            emit(f"[{self.name}] {line}")
+            console.feed(line)
+        console.flush()
         self._log.close()
 
     def signal_group(self, sig: int) -> None:
@@ -57,6 +71,7 @@ class Child:
         self.expected_exit = True
         if self.alive():
             self.signal_group(signal.SIGTERM)
+            self.signal_group(signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -69,19 +84,56 @@ class Child:
         self._pump.join(timeout=2)
 
 
+class TracebackFolder:
+    """Passes lines on, except a Python traceback: only its last line goes on, naming the log.
+
+    Chained tracebacks ("During handling of the above exception ...") fold into the last one.
+    """
+
+    _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+
+    def __init__(self, emit: Callable[[str], None], log_path: Path) -> None:
+        self.emit, self.log_path = emit, log_path
+        self._in_frames = False
+        self._pending: str | None = None  # the exception line, held until a chained traceback is ruled out
+
+    def feed(self, line: str) -> None:
+        if line.startswith("Traceback (most recent call last):"):
+            self._pending, self._in_frames = None, True
+        elif self._in_frames and line[:1] in (" ", "\t", ""):
+            pass  # a frame, a source line, a blank line
+        elif self._in_frames:
+            self._pending, self._in_frames = line, False
+        elif self._pending is not None and line.startswith(self._CHAINED):
+            self._pending, self._in_frames = None, True
+        elif self._pending is not None and not line.strip():
+            pass
+        else:
+            self.flush()
+            self.emit(line)
+
+    def flush(self) -> None:
+        if self._pending is not None:
+            self.emit(f"{self._pending} (traceback in {self.log_path})")
+            self._pending = None
+
+
 class ProcessSet:
     """All children of one run, watched together and torn down together."""
+
+    record_every_s = 2.0
 
     def __init__(self, log_dir: Path, emit: Callable[[str], None]) -> None:
         self.log_dir = log_dir
         self.emit = emit
         self.children: list[Child] = []
+        self.leftovers = ShmLeftovers()
         self._watching = False
         self._watcher: threading.Thread | None = None
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+        full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONSAFEPATH="1", **(env or {}))
         child = Child(name, argv, full_env, self.log_dir / f"{name}.log", self.emit)
         self.children.append(child)
         self._write_pids()
@@ -93,27 +145,40 @@ class ProcessSet:
         (self.log_dir / "pids.json").write_text(json.dumps(pids, indent=2) + "\n")
 
     def watch(self, on_death: Callable[[str], None], interval_s: float = 0.5) -> None:
+        """Call ``on_death`` once, when a child exits unexpectedly; meanwhile record the children's shm."""
         self._watching = True
-
-        def loop() -> None:
-            while self._watching:
-                for child in self.children:
-                    if not child.expected_exit and not child.alive():
-                        self._watching = False
-                        on_death(f"{child.name} (pid {child.pid}) exited with code {child.proc.returncode}; "
-                                 f"its log is {child.log_path}")
-                        return
-                time.sleep(interval_s)
-
-        self._watcher = threading.Thread(target=loop, daemon=True, name="child-watcher")
+        self._watcher = threading.Thread(target=self._watch, args=(on_death, interval_s), daemon=True,
+                                         name="child-watcher")
         self._watcher.start()
 
-    def stop_all(self, timeout_s: float = 10.0) -> None:
+    def _watch(self, on_death: Callable[[str], None], interval_s: float) -> None:
+        recorded_at = 0.0
+        while self._watching:
+            if time.monotonic() - recorded_at >= self.record_every_s:
+                self.record_shm()
+                recorded_at = time.monotonic()
+            for child in self.children:
+                if not child.expected_exit and not child.alive():
+                    self._watching = False
+                    on_death(f"{child.name} (pid {child.pid}) exited with code {child.proc.returncode}; "
+                             f"its log is {child.log_path}")
+                    self.leftovers.remove_unused([child.pid])  # what its group left and nobody uses
+                    return
+            time.sleep(interval_s)
+
+    def record_shm(self) -> None:
+        for child in list(self.children):
+            self.leftovers.record(child.pid)
+
+    def stop_all(self, timeout_s: float = 10.0) -> list[str]:
+        """Stop every child's process group; return the /dev/shm files they left, now removed."""
         self._watching = False
         for child in self.children:
             child.expected_exit = True
+        self.record_shm()
         for child in reversed(self.children):
             child.stop(timeout_s)
+        return self.leftovers.remove_unused([child.pid for child in self.children])
 
 
 def _term_when_parent_dies() -> None:
@@ -127,4 +192,5 @@ def _term_when_parent_dies() -> None:
 
 
 def python_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", *args]
+    """``python -P -m ARGS``: -P keeps the working directory off the child's import path."""
+    return [sys.executable, "-P", "-m", *args]
