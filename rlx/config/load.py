@@ -16,7 +16,7 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 from omegaconf import OmegaConf
-from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue, OmegaConfBaseException
 
 from rlx.config.errors import ConfigError
 from rlx.config.schema import RunConfig
@@ -44,6 +44,9 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
     path = Path(path)
     raw = read_yaml(path)
     user_defaults = raw.pop("defaults", [])
+    if not isinstance(user_defaults, list):
+        raise ConfigError(f"defaults in {path} must be a list of config files beside it (one '- name' per "
+                          f"line), got {user_defaults!r}")
     check_keys(raw, RunConfig, prefix="", source=str(path))
     override_keys = _override_keys(overrides)
     for key in override_keys:
@@ -58,7 +61,13 @@ def read_yaml(path: Path) -> dict[str, Any]:
                           "e.g. configs/quickstart.yaml")
     if not path.is_file():
         raise ConfigError(f"config path {path} is a directory; pass a YAML file inside it")
-    text = path.read_text()
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path} is not UTF-8 text (byte {raw[exc.start]:#04x} on line {line}); "
+                          "save the config as UTF-8") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -131,12 +140,12 @@ def _compose(path: Path, raw: dict, user_defaults: list, overrides: list[str]):
         with initialize_config_dir(config_dir=str(path.parent.resolve()), version_base=None, job_name="rlx"):
             return compose(config_name=_USER_NAME, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as exc:
-        if isinstance(exc, OmegaConfBaseException):
-            raise ConfigError(_omegaconf_message(exc)) from None
-        cause = exc.__cause__
-        if isinstance(cause, OmegaConfBaseException):
-            raise ConfigError(_omegaconf_message(cause)) from None
-        raise ConfigError(f"cannot compose {path}: {exc}") from None
+        value_error = _omegaconf_cause(exc)
+        if value_error is not None:
+            raise ConfigError(_omegaconf_message(value_error)) from None
+        first_line = str(exc).strip().split("\n")[0]
+        raise ConfigError(f"cannot compose {path}: {first_line}; config groups in 'defaults:' are YAML files "
+                          f"looked up beside {path.name}") from None
 
 
 def _override_keys(overrides: Iterable[str]) -> list[str]:
@@ -172,10 +181,62 @@ def _unknown_key_message(full_key: str, schema: type, source: str) -> str:
     return f"unknown config key '{full_key}' (in {source}); {hint} (`rlx config show` lists every key)"
 
 
+def _omegaconf_cause(exc: BaseException) -> OmegaConfBaseException | None:
+    """The OmegaConf error that names a key, wherever Hydra put it in the exception chain."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OmegaConfBaseException) and getattr(exc, "full_key", None):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def _omegaconf_message(exc: OmegaConfBaseException) -> str:
     key = getattr(exc, "full_key", None) or "?"
     msg = str(exc).split("\n")[0]
-    return f"bad value for {key}: {msg}; set {key} to a value of the type the schema allows (`rlx config show`)"
+    if isinstance(exc, InterpolationResolutionError):
+        return f"bad value for {key}: {msg}; interpolate only keys that exist, e.g. ${{run_name}}"
+    expected = _field_type(key)
+    if expected is None or isinstance(exc, MissingMandatoryValue):
+        return f"bad value for {key}: {msg}; set {key} to a value of the type the schema allows (`rlx config show`)"
+    field, words = expected
+    example = _default_text(field)
+    example = f", e.g. {key}={example}" if example else ""
+    return f"{key}={getattr(exc, 'value', None)!r} is not {words}; set {key} to {words}{example}"
+
+
+_TYPE_WORDS = {"float": "a number", "int": "a whole number", "bool": "true or false", "str": "a string",
+               "list[float]": "a list of numbers", "list[str]": "a list of strings"}
+
+
+def _field_type(dotted: str) -> tuple[dataclasses.Field, str] | None:
+    """The schema field that ``dotted`` names and its type in words, or None if it names no leaf field."""
+    schema: type | None = RunConfig
+    found = None
+    for part in dotted.split("."):
+        found = {f.name: f for f in dataclasses.fields(schema)}.get(part) if schema else None
+        if found is None:
+            return None
+        schema = _dataclass_type(found.type)
+    if schema is not None:
+        return None
+    return found, _TYPE_WORDS.get(str(found.type), f"of type {found.type}")
+
+
+def _default_text(field: dataclasses.Field) -> str:
+    """The field's default as it would be written in an override; empty when it has none."""
+    if field.default_factory is not dataclasses.MISSING:
+        default = field.default_factory()
+    elif field.default not in (dataclasses.MISSING, "???", ""):
+        default = field.default
+    else:
+        return ""
+    if isinstance(default, bool):
+        return str(default).lower()
+    if isinstance(default, list):
+        return "[" + ", ".join(map(str, default)) + "]"
+    return str(default)
 
 
 def _dataclass_type(tp: Any) -> type | None:

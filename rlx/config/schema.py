@@ -7,7 +7,8 @@ constants and are enforced by ``__post_init__``. This module imports no torch or
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from omegaconf import MISSING
@@ -22,9 +23,31 @@ def check_choice(where: str, value: Any, choices: tuple[str, ...]) -> None:
 
 def check_range(where: str, value: float, lo: float | None = None, hi: float | None = None,
                 hint: str = "") -> None:
+    bounds = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"in [{lo}, {hi}]"
+    check_finite(where, value, bounds)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        bounds = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"in [{lo}, {hi}]"
         raise ConfigError(f"{where}={value!r} must be {bounds}" + (f"; {hint}" if hint else ""))
+
+
+def check_finite(where: str, value: Any, hint: str = "") -> None:
+    """Reject nan and inf (alone or inside a list): every number in a run config is a real value."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    bad = [v for v in items if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        shown = f"{where}={value!r}" if items is not value else f"{where} holds {bad[0]!r}, which"
+        raise ConfigError(f"{shown} is not a finite number (nan and inf are not allowed); set {where} to a "
+                          f"real value" + (f" {hint}" if hint else ""))
+
+
+def check_all_finite(section: Any, prefix: str = "") -> None:
+    """``check_finite`` on every field of a config dataclass and of the sections inside it."""
+    for f in fields(section):
+        value = getattr(section, f.name)
+        if is_dataclass(value):
+            check_all_finite(value, f"{prefix}{f.name}.")
+        else:
+            default = f.default if isinstance(f.default, (int, float)) else None
+            check_finite(f"{prefix}{f.name}", value, "" if default is None else f"(default {default!r})")
 
 
 DTYPE_CHOICES = ("float32", "bfloat16", "float16")
@@ -225,6 +248,8 @@ class TrainerConfig:
     """Prompts per step; each yields rollout.n samples."""
     micro_batch_size: int = 16
     """Sequences per forward/backward pass on one rank (gradient accumulation over the rest)."""
+    micro_batch_tokens: int = 16384
+    """Tokens per packed forward/backward pass on one rank (no padding); 0 = micro_batch_size padded rows."""
     epochs_per_step: int = 1
     """Passes over each step's samples (PPO epochs)."""
     lr: float = 1e-5
@@ -260,6 +285,7 @@ class TrainerConfig:
         check_range("trainer.total_steps", self.total_steps, 1)
         check_range("trainer.prompts_per_step", self.prompts_per_step, 1)
         check_range("trainer.micro_batch_size", self.micro_batch_size, 1)
+        check_range("trainer.micro_batch_tokens", self.micro_batch_tokens, 0)
         check_range("trainer.epochs_per_step", self.epochs_per_step, 1)
         check_range("trainer.lr", self.lr, 0.0)
         check_range("trainer.warmup_steps", self.warmup_steps, 0)
@@ -353,6 +379,7 @@ class RunConfig:
     """Span tracing."""
 
     def __post_init__(self) -> None:
+        check_all_finite(self)
         if self.trainer.micro_batch_size > self.trainer.prompts_per_step * self.rollout.n:
             self.trainer.micro_batch_size = self.trainer.prompts_per_step * self.rollout.n
         if self.rollout.host not in ("127.0.0.1", "localhost", "::1") and not self.rollout.auth_token:

@@ -1,0 +1,62 @@
+"""Bad config input through the real CLI: one `error:` line naming the key and the fix, exit 2."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from rlx.cli import app
+
+runner = CliRunner()
+
+
+def check(tmp_path, text: str | bytes, *overrides: str) -> tuple[int, str]:
+    path = tmp_path / "run.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    result = runner.invoke(app, ["config", "check", str(path), *overrides])
+    return result.exit_code, result.output
+
+
+def assert_one_error_line(code: int, output: str, *fragments: str) -> None:
+    assert code == 2, output
+    lines = output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), output
+    assert "Traceback" not in output
+    for fragment in fragments:
+        assert fragment in output, output
+
+
+@pytest.mark.parametrize("text, overrides, key", [
+    ("model:\n  path: /m\n", ["trainer.lr=nan"], "trainer.lr"),
+    ("model:\n  path: /m\n", ["rollout.temperature=inf"], "rollout.temperature"),
+    ("model:\n  path: /m\n", ["algorithm.clip_low=-inf"], "algorithm.clip_low"),
+    ("model:\n  path: /m\nalgorithm:\n  dual_clip: .nan\n", [], "algorithm.dual_clip"),  # no range check of its own
+    ("model:\n  path: /m\n", ["trainer.weight_decay=nan"], "trainer.weight_decay"),
+    ("model:\n  path: /m\n", ["trainer.betas=[0.9,inf]"], "trainer.betas"),
+])
+def test_non_finite_numbers_are_refused_in_every_float_field(tmp_path, text, overrides, key):
+    code, output = check(tmp_path, text, *overrides)
+    assert_one_error_line(code, output, key, "not a finite number", f"set {key} to a real value")
+
+
+@pytest.mark.parametrize("text, overrides, expected", [
+    ("model:\n  path: /m\n", ["trainer.lr=abc"], "trainer.lr='abc' is not a number"),
+    ("model:\n  path: /m\n", ["trainer.total_steps=1.5"], "trainer.total_steps=1.5 is not a whole number"),
+    ("model:\n  path: /m\ntrainer:\n  lr: abc\n", [], "trainer.lr='abc' is not a number"),
+    ("model:\n  path: /m\ntrainer:\n  total_steps: 1.5\n", [], "trainer.total_steps=1.5 is not a whole number"),
+    ("model:\n  path: /m\nlogging:\n  console: maybe\n", [], "logging.console='maybe' is not true or false"),
+    ("model:\n  path: /m\ntrainer:\n  betas: 0.9\n", [], "trainer.betas=0.9 is not a list of numbers"),
+])
+def test_wrong_type_names_key_type_and_value_in_one_line(tmp_path, text, overrides, expected):
+    code, output = check(tmp_path, text, *overrides)
+    key = expected.split("=")[0]
+    assert_one_error_line(code, output, expected, f"set {key} to")
+
+
+def test_unreadable_files_and_defaults_are_one_line(tmp_path):
+    code, output = check(tmp_path, b"model:\n  path: /m\xff\xfe\n")
+    assert_one_error_line(code, output, "is not UTF-8 text", "line 2", "save the config as UTF-8")
+    code, output = check(tmp_path, "defaults: 5\nmodel:\n  path: /m\n")
+    assert_one_error_line(code, output, "defaults in", "must be a list")
+    code, output = check(tmp_path, "defaults:\n  - no_such_group\nmodel:\n  path: /m\n")
+    assert_one_error_line(code, output, "no_such_group", "beside run.yaml")
