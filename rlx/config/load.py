@@ -16,7 +16,11 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 from omegaconf import OmegaConf
-from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue, OmegaConfBaseException
+from omegaconf.errors import (
+    InterpolationResolutionError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+)
 
 from rlx.config.errors import ConfigError
 from rlx.config.schema import RunConfig
