@@ -6,6 +6,10 @@ so it writes the header first and then streams each tensor's bytes (in row chunk
 Peak memory is one chunk, whatever the shard size. The files are byte-compatible with the
 library's (tests read them back with ``safetensors.safe_open``).
 
+``ShardFile`` is the same file written out of order: once the header is down, every tensor's
+byte range is known, so many threads can each ``pwrite`` their part of a tensor wherever it
+belongs, with no ordering between them (the FP8 conversion works this way).
+
 ``model.safetensors.index.json`` is written only for more than one shard (as transformers does);
 its ``total_size`` is the sum of the tensors' bytes.
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -30,12 +35,13 @@ ChunkSource = Callable[[], Iterable[torch.Tensor]]
 
 @dataclass
 class OutTensor:
-    """One output tensor: its layout, and a function that yields its data as row chunks in order."""
+    """One output tensor: its layout, and a function that yields its data as row chunks in order
+    (None for a tensor written in parts through ``ShardFile``)."""
 
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
-    chunks: ChunkSource
+    chunks: ChunkSource | None
     sources: tuple[str, ...] = ()
 
     @property
@@ -90,6 +96,7 @@ def write_shard(path: Path, shard: Shard, on_bytes: Callable[[int], None] | None
     with open(path, "wb") as f:
         f.write(header_bytes(shard.tensors, metadata))
         for tensor in shard.tensors:
+            assert tensor.chunks is not None, f"{tensor.name} has no chunk source; write it with ShardFile"
             written = 0
             for chunk in tensor.chunks():
                 written += _write_chunk(f, tensor, chunk)
@@ -107,6 +114,61 @@ def _write_chunk(f, tensor: OutTensor, chunk: torch.Tensor) -> int:
     raw = chunk.detach().contiguous().reshape(-1).view(torch.uint8)
     f.write(memoryview(raw.numpy()))
     return raw.numel()
+
+
+class ShardFile:
+    """One output shard written at planned offsets, by any thread, in any order.
+
+    ``write(name, offset, data)`` puts ``data`` at byte ``offset`` of tensor ``name``;
+    ``close()`` checks that every tensor received exactly the bytes its header promises (a missing
+    or repeated part is a bug, not a user error), then fsyncs. ``abort()`` only closes the file.
+    """
+
+    def __init__(self, path: Path, shard: Shard, metadata: dict[str, str] | None = None):
+        header = header_bytes(shard.tensors, metadata)
+        self.path = path
+        self._ranges: dict[str, tuple[int, int, torch.dtype]] = {}
+        offset = len(header)
+        for tensor in shard.tensors:
+            self._ranges[tensor.name] = (offset, tensor.nbytes, tensor.dtype)
+            offset += tensor.nbytes
+        self._written = dict.fromkeys(self._ranges, 0)
+        self._lock = threading.Lock()
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        _pwrite_all(self._fd, memoryview(header), 0)
+
+    def write(self, name: str, offset: int, data: torch.Tensor) -> int:
+        """Write ``data`` (the tensor's dtype, any shape) at byte ``offset`` of tensor ``name``."""
+        start, nbytes, dtype = self._ranges[name]
+        if data.dtype != dtype:
+            raise RuntimeError(f"{name}: part dtype {data.dtype} != planned {dtype}")
+        raw = data.detach().contiguous().reshape(-1).view(torch.uint8)
+        if offset < 0 or offset + raw.numel() > nbytes:
+            raise RuntimeError(f"{name}: part [{offset}, {offset + raw.numel()}) outside its {nbytes} bytes")
+        _pwrite_all(self._fd, memoryview(raw.numpy()), start + offset)
+        with self._lock:
+            self._written[name] += raw.numel()
+        return raw.numel()
+
+    def close(self) -> None:
+        short = [f"{n}: {self._written[n]} of {size} bytes" for n, (_, size, _) in self._ranges.items()
+                 if self._written[n] != size]
+        if short:
+            self.abort()
+            raise RuntimeError(f"{self.path.name}: tensors not written as planned: {'; '.join(short[:5])}")
+        os.fsync(self._fd)
+        self.abort()
+
+    def abort(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while len(data):
+        done = os.pwrite(fd, data, offset)
+        data, offset = data[done:], offset + done
 
 
 def write_index(out_dir: Path, shards: list[Shard], metadata: dict | None = None, force: bool = False) -> None:

@@ -1,11 +1,12 @@
-"""The FP8 conversion: plan, stream, report.
+"""The FP8 conversion: plan, then read, quantize and write every tensor in parallel tasks.
 
-Each input shard becomes one output shard of the same name, written by a pool of threads (one
-shard per thread). Inside a shard every tensor is streamed in blocks of rows: read with pread,
-quantized, dequantized again to measure the error, and written; a scale tensor follows its
-weight in the same shard and is assembled from the per-block scales collected on the way.
-Memory is therefore about ``workers x`` a few times ``CHUNK_BYTES``, never the model. The
-per-tensor scale needs the tensor's maximum first, so per-tensor quantization reads weights twice.
+Building the job reads only headers and config.json: it decides, per source tensor, whether it
+is quantized (its FP8 tensor and its scale follow it in the output shard of the same name) or
+kept, checks the TP rules, and lays out the output shards, whose headers therefore exist before
+any data is read. ``run`` writes those headers, then hands the shards' tasks (``tasks``) to a
+thread pool (``parallel``): each task reads a block of rows, quantizes it and writes it in
+place, so reading, quantizing and writing overlap and every core works. Memory is a few blocks
+of rows per thread, never a tensor or a shard.
 
 Left out: the arithmetic (``quantize``), what is skipped (``policy``), TP rules (``tp_check``).
 """
@@ -23,19 +24,21 @@ from rich.console import Console
 from rlx.convert.destination import staged_directory
 from rlx.convert.errors import ConvertError
 from rlx.convert.fp8 import quantize as fq
+from rlx.convert.fp8.parallel import default_workers, run_tasks
 from rlx.convert.fp8.policy import keep_reason, module_name
 from rlx.convert.fp8.qconfig import quantization_config, scale_suffix
 from rlx.convert.fp8.report import Fp8Report, TensorStats
+from rlx.convert.fp8.tasks import Task, copy_tasks, row_step, weight_tasks
 from rlx.convert.fp8.tp_check import check_all
-from rlx.convert.hf_job import row_chunks
-from rlx.convert.hf_write import copy_model_files, write_shards
+from rlx.convert.hf_write import copy_model_files
 from rlx.convert.memory import release_freed_buffers
 from rlx.convert.plan import Plan, PlanRow
 from rlx.convert.progress import byte_progress
-from rlx.convert.safetensors_io import INDEX_NAME, SafetensorsDir, TensorInfo
-from rlx.convert.safetensors_writer import OutTensor, Shard, write_index
+from rlx.convert.safetensors_io import INDEX_NAME, SafetensorsDir
+from rlx.convert.safetensors_writer import OutTensor, Shard, ShardFile, write_index
 
-CHUNK_BYTES = 32 << 20
+TASK_MEMORY_FACTOR = 6
+"""A running task holds about this many float32 copies of its rows (read, |w|, w/s, decoded |q|, ...)."""
 
 
 @dataclass
@@ -44,42 +47,7 @@ class Fp8Options:
     block: tuple[int, int] = (128, 128)
     skip: list[str] = field(default_factory=list)
     tp: int = 1
-    workers: int = 2
-
-
-class QuantizedWeight:
-    """One source weight streamed into its FP8 tensor, then its scale tensor."""
-
-    def __init__(self, source: SafetensorsDir, info: TensorInfo, options: Fp8Options):
-        self.source, self.info, self.options = source, info, options
-        self.stats = TensorStats(info.name)
-        self._scales: list[torch.Tensor] = []
-
-    def _row_step(self) -> int:
-        rows = max(1, CHUNK_BYTES // (4 * max(1, self.info.shape[1])))
-        if self.options.strategy == "block":
-            rows = max(1, rows // self.options.block[0]) * self.options.block[0]
-        return rows
-
-    def _blocks(self):
-        rows, step = self.info.shape[0], self._row_step()
-        for start in range(0, rows, step):
-            yield self.source.read_rows(self.info.name, start, min(start + step, rows)).to(torch.float32)
-
-    def weight_chunks(self):
-        strategy, block = self.options.strategy, self.options.block
-        amax = max((float(w.abs().max()) for w in self._blocks()), default=0.0) if strategy == "tensor" else None
-        self._scales = []
-        for w in self._blocks():
-            result = fq.quantize(w, strategy, block, amax)
-            self.stats.add(result, w.numel())
-            self._scales.append(result.scale)
-            yield result.q
-
-    def scale_chunks(self):
-        if not self._scales:
-            raise RuntimeError(f"scale of {self.info.name} requested before its weight was written")
-        yield self._scales[0] if self.options.strategy == "tensor" else torch.cat(self._scales)
+    workers: int = field(default_factory=default_workers)
 
 
 @dataclass
@@ -88,7 +56,8 @@ class Fp8Job:
     source: SafetensorsDir
     options: Fp8Options
     shards: list[Shard]
-    weights: list[QuantizedWeight]
+    weights: dict[str, TensorStats]
+    """Quantized source weights and the dequantization error each one accumulates."""
     kept: list[tuple[str, str]]
     config: dict
 
@@ -103,9 +72,8 @@ class Fp8Job:
                 for s in self.shards for t in s.tensors]
         notes = [f"kept in {self.source.tensors[n].dtype}: {n} ({why})" for n, why in self.kept if why != "not a 2-D weight"]
         notes.append(f"{sum(1 for _, why in self.kept if why == 'not a 2-D weight')} norms / biases / 1-D tensors kept")
-        peak = max(1, self.options.workers) * 6 * CHUNK_BYTES
         return Plan(f"FP8 ({self.options.strategy}) conversion", str(self.src), str(destination), rows,
-                    self.source.total_bytes, peak, notes)
+                    self.source.total_bytes, self._peak_task_bytes() * self.options.workers, notes)
 
     def run(self, destination: Path, console: Console | None = None, show_progress: bool = True) -> Fp8Report:
         start = time.perf_counter()
@@ -114,15 +82,40 @@ class Fp8Job:
         with staged_directory(destination) as tmp:
             copy_model_files(self.src, tmp, None)
             self._write_config(tmp / "config.json")
-            with byte_progress("quantizing", bytes_out, console, show_progress) as advance:
-                write_shards(tmp, self.shards, self.options.workers, advance, {"format": "pt"})
+            files = [ShardFile(tmp / s.file_name, s, {"format": "pt"}) for s in self.shards]
+            try:
+                with byte_progress("quantizing", bytes_out, console, show_progress) as advance:
+                    groups = ((f, self._tasks(s, f)) for s, f in zip(self.shards, files))
+                    run_tasks(groups, self.options.workers, advance)
+            finally:
+                for f in files:
+                    f.abort()
             if (self.src / INDEX_NAME).is_file() or len(self.shards) > 1:
                 write_index(tmp, self.shards, force=True)
         file_bytes = sum(p.stat().st_size for p in destination.glob("*.safetensors"))
         in_bytes = sum(p.stat().st_size for p in self.source.files)
         return Fp8Report(str(destination), self.options.strategy, self.options.block,
-                         [w.stats for w in self.weights], self.kept, in_bytes, file_bytes,
+                         list(self.weights.values()), self.kept, in_bytes, file_bytes,
                          time.perf_counter() - start)
+
+    def _tasks(self, shard: Shard, out: ShardFile) -> list[Task]:
+        tasks: list[Task] = []
+        strategy, block = self.options.strategy, self.options.block
+        for tensor in shard.tensors:
+            info = self.source.tensors.get(tensor.name)
+            if info is None:  # a scale: written by its weight's tasks
+                continue
+            if tensor.name in self.weights:
+                scale_name = tensor.name[: -len(".weight")] + scale_suffix(strategy)
+                tasks += weight_tasks(self.source, info, out, scale_name, strategy, block, self.weights[tensor.name])
+            else:
+                tasks += copy_tasks(self.source, info, out)
+        return tasks
+
+    def _peak_task_bytes(self) -> int:
+        multiple = self.options.block[0] if self.options.strategy == "block" else 1
+        infos = [self.source.tensors[name] for name in self.weights]
+        return TASK_MEMORY_FACTOR * max((row_step(i, 4, multiple) * i.shape[1] * 4 for i in infos), default=0)
 
     def _write_config(self, path: Path) -> None:
         config = dict(self.config)
@@ -146,23 +139,22 @@ def fp8_job(src: Path, options: Fp8Options) -> Fp8Job:
     problems = check_all({i.name: i.shape for i in quantized}, options.tp, options.strategy, options.block, config)
     if problems:
         raise ConvertError(_tp_message(problems, options))
-    weights = {info.name: QuantizedWeight(source, info, options) for info in quantized}
+    weights = {info.name: TensorStats(info.name) for info in quantized}
     shards = [_shard(source, f, weights, options) for f in source.files]
-    return Fp8Job(src, source, options, shards, list(weights.values()), kept, config)
+    return Fp8Job(src, source, options, shards, weights, kept, config)
 
 
-def _shard(source: SafetensorsDir, file: Path, weights: dict[str, QuantizedWeight], options: Fp8Options) -> Shard:
+def _shard(source: SafetensorsDir, file: Path, weights: dict[str, TensorStats], options: Fp8Options) -> Shard:
+    """The output shard of one source file: its tensors in file order, each scale after its weight."""
     shard = Shard(file.name)
     for info in sorted((i for i in source.tensors.values() if i.file == file), key=lambda i: i.start):
-        weight = weights.get(info.name)
-        if weight is None:
-            shard.tensors.append(OutTensor(info.name, info.torch_dtype, info.shape,
-                                           row_chunks(source, info.name, info.torch_dtype), (info.name,)))
+        if info.name not in weights:
+            shard.tensors.append(OutTensor(info.name, info.torch_dtype, info.shape, None, (info.name,)))
             continue
         scale_name = info.name[: -len(".weight")] + scale_suffix(options.strategy)
         scale_shape = fq.scale_shape(options.strategy, info.shape, options.block)
-        shard.tensors.append(OutTensor(info.name, fq.FP8_DTYPE, info.shape, weight.weight_chunks, (info.name,)))
-        shard.tensors.append(OutTensor(scale_name, torch.float32, scale_shape, weight.scale_chunks, (info.name,)))
+        shard.tensors.append(OutTensor(info.name, fq.FP8_DTYPE, info.shape, None, (info.name,)))
+        shard.tensors.append(OutTensor(scale_name, torch.float32, scale_shape, None, (info.name,)))
     return shard
 
 
@@ -177,15 +169,27 @@ def _check_options(options: Fp8Options) -> None:
 def _read_config(src: Path) -> dict:
     path = src / "config.json"
     if not path.is_file():
-        raise ConvertError(f"{src} has no config.json; pass a Hugging Face model directory")
-    return json.loads(path.read_text())
+        raise ConvertError(f"{path} is missing; pass a Hugging Face model directory (config.json next to "
+                           "the *.safetensors weights)")
+    try:
+        config = json.loads(path.read_bytes())
+    except UnicodeDecodeError:
+        raise ConvertError(f"{path} is not UTF-8 text; restore it from the original checkpoint") from None
+    except json.JSONDecodeError as exc:
+        raise ConvertError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+                           "restore it from the original checkpoint") from None
+    if not isinstance(config, dict):
+        raise ConvertError(f"{path} holds a JSON {type(config).__name__}, not an object; restore it from "
+                           "the original checkpoint")
+    return config
 
 
 def _refuse_fp8_input(src: Path, source: SafetensorsDir, config: dict) -> None:
     existing = config.get("quantization_config")
     if existing:
-        raise ConvertError(f"{src} is already quantized (quantization_config.quant_method="
-                           f"{existing.get('quant_method')!r}); convert from the bf16 / fp16 / fp32 checkpoint")
+        method = existing.get("quant_method") if isinstance(existing, dict) else existing
+        raise ConvertError(f"{src} is already quantized (quantization_config.quant_method={method!r}); "
+                           "convert from the bf16 / fp16 / fp32 checkpoint")
     fp8 = [n for n, i in source.tensors.items() if i.dtype.startswith("F8")]
     if fp8:
         raise ConvertError(f"{src} already holds FP8 tensors ({fp8[0]} is {source.tensors[fp8[0]].dtype}, "
