@@ -89,3 +89,26 @@ def serve(model_dir: Path, backend: str, work: Path, env: dict | None = None):
         yield address, proc
     finally:
         stop_group(proc)
+
+
+@contextlib.contextmanager
+def serve_with(model_dir: Path, work: Path, name: str, env: dict | None = None, **sections):
+    """Like ``serve``, with config ``sections`` (e.g. ``rollout={"backend": "hf"}, sync={...}``)."""
+    config = write_config(work / f"{name}.yaml", model_dir, **sections)
+    address = f"ipc://{work}/{name}.sock"
+    log = work / f"{name}.log"
+    proc = start_rlx(["rollout-serve", str(config), "--address", address], log, env)
+    try:
+        wait_ready(address, proc, log)
+        yield address, proc
+    finally:
+        stop_group(proc)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of process ``pid`` (Linux /proc), found by pid, never by name."""
+    pids = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            pids += [int(c) for c in (task / "children").read_text().split()]
+    return pids

@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from rlx.cli.common import UserError, user_errors
+from rlx.cli.common import UserError, err_console, user_errors
 
 
 def rollout_serve(
@@ -18,7 +18,9 @@ def rollout_serve(
     allow_remote: bool = typer.Option(False, "--allow-remote",
                                       help="Allow binding a non-loopback interface (needs rollout.auth_token)."),
 ) -> None:
-    """Serve generate / pause / resume / weight-update requests over ZeroMQ."""
+    """Serve generate / pause / resume / weight-update requests over ZeroMQ.
+
+    Exits 3 when the backend's engine dies (after answering every pending request with the cause)."""
     import asyncio
     import logging
 
@@ -26,7 +28,7 @@ def rollout_serve(
     from rlx.engine.model import check_model_dir
     from rlx.rollout.addresses import server_address
     from rlx.rollout.backends.base import make_backend
-    from rlx.rollout.server import check_bind_address, run_server
+    from rlx.rollout.server import BackendDied, check_bind_address, run_server
     from rlx.trace import tracer
 
     with user_errors():
@@ -39,7 +41,12 @@ def rollout_serve(
             raise UserError(str(exc)) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tracer.configure_from_env("rollout", f"rollout{index}")
+    limits = {"max_model_len": cfg.rollout.max_model_len, "request_timeout_s": cfg.rollout.request_timeout_s,
+              "sync_timeout_s": cfg.sync.timeout_s}
     try:
-        asyncio.run(run_server(make_backend(cfg), address, cfg.rollout.auth_token))
+        asyncio.run(run_server(make_backend(cfg), address, cfg.rollout.auth_token, **limits))
+    except BackendDied as exc:
+        err_console.print(f"[bold red]rollout server {address} stopped:[/] {exc}", highlight=False, markup=True)
+        raise typer.Exit(3) from None
     finally:
         tracer.close()

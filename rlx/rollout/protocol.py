@@ -8,6 +8,7 @@ bodies wrap the ``rlx.sync.messages`` structs that the sender and receiver share
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Union
 
@@ -136,9 +137,29 @@ class Reply(msgspec.Struct):
     version: int = PROTOCOL_VERSION
 
 
+class _RequestId(msgspec.Struct):
+    """The id alone of a request that failed to decode, so its error reply still reaches its caller."""
+
+    id: int
+
+
+MAX_N = 1024
+"""Most samples per prompt one request may ask for."""
+MAX_STOP_STRINGS = 64
+"""Most stop strings one request may carry."""
+
 _request_decoder = msgspec.msgpack.Decoder(Request)
+_request_id_decoder = msgspec.msgpack.Decoder(_RequestId)
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
 _encoder = msgspec.msgpack.Encoder()
+
+
+class MalformedRequest(ValueError):
+    """Bytes that are not a valid ``Request``; ``request_id`` is its id when that much could be read, else -1."""
+
+    def __init__(self, message: str, request_id: int = -1) -> None:
+        super().__init__(message)
+        self.request_id = request_id
 
 
 def encode(message: Request | Reply) -> bytes:
@@ -146,8 +167,54 @@ def encode(message: Request | Reply) -> bytes:
 
 
 def decode_request(data: bytes) -> Request:
-    """Raises ``msgspec.ValidationError`` / ``DecodeError`` on anything but a valid Request."""
-    return _request_decoder.decode(data)
+    """Raises ``MalformedRequest`` on anything but a valid Request, fast: a nesting deeper than the
+    interpreter's recursion limit fails with ``RecursionError`` inside msgspec, caught here."""
+    try:
+        return _request_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise MalformedRequest(f"malformed request: {reason}; send an msgpack-encoded "
+                               "rlx.rollout.protocol.Request", _request_id(data)) from None
+
+
+def _request_id(data: bytes) -> int:
+    try:
+        return _request_id_decoder.decode(data).id
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return -1
+
+
+def generate_problem(body: Generate, max_model_len: int) -> str:
+    """Why the server refuses ``body`` (naming the field and its allowed range), or "" when it is
+    acceptable. Prompt lengths are checked per prompt by the server, which knows the tokenizer."""
+    if body.prompts and body.prompt_token_ids:
+        return "a generate request sets both prompts and prompt_token_ids; send one of them"
+    if not (body.prompts or body.prompt_token_ids):
+        return "generate request has no prompts; set prompts or prompt_token_ids"
+    if any(not ids for ids in body.prompt_token_ids):
+        return "prompt_token_ids holds an empty prompt; every prompt needs at least one token"
+    if any(t < 0 for ids in body.prompt_token_ids for t in ids):
+        return "prompt_token_ids holds a negative token id; token ids are >= 0"
+    return sampling_problem(body.sampling, max_model_len)
+
+
+def sampling_problem(s: SamplingSpec, max_model_len: int) -> str:
+    """The first sampling parameter outside its range, as an error message; "" when all are fine."""
+    checks = (
+        ("n", s.n, 1 <= s.n <= MAX_N, f"[1, {MAX_N}]"),
+        ("temperature", s.temperature, math.isfinite(s.temperature) and s.temperature >= 0, ">= 0 (0 = greedy)"),
+        ("top_p", s.top_p, 0 < s.top_p <= 1, "(0, 1]"),
+        ("top_k", s.top_k, s.top_k >= -1, ">= -1 (-1 and 0 = off)"),
+        ("max_tokens", s.max_tokens, 1 <= s.max_tokens <= max_model_len,
+         f"[1, {max_model_len}] (rollout.max_model_len, the context length)"),
+        ("stop", f"{len(s.stop)} strings", len(s.stop) <= MAX_STOP_STRINGS and all(s.stop),
+         f"at most {MAX_STOP_STRINGS} non-empty strings"),
+        ("seed", s.seed, s.seed is None or 0 <= s.seed < 2**63, "None or [0, 2**63)"),
+    )
+    for field, value, ok, allowed in checks:
+        if not ok:
+            return f"sampling.{field}={value!r} is out of range; allowed: {allowed}"
+    return ""
 
 
 def decode_reply(data: bytes) -> Reply:

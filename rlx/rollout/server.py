@@ -7,6 +7,15 @@ them. Weight-update messages are applied strictly one at a time, in arrival orde
 malformed, expired, wrong-version or unauthenticated message gets an error reply and a log
 line; the server keeps serving. High-water marks are 0 (unbounded): back-pressure is the
 client's number of requests in flight, not dropped messages.
+
+Bounds: a generate request is checked against ``protocol.generate_problem`` and each prompt
+against the context (``rollout.max_model_len``), and refused with the field and its range;
+``max_tokens`` is capped to the room a prompt leaves. A request without a deadline gets
+``rollout.request_timeout_s``; at its deadline it is cancelled (the backend stops generating
+it) and answered with an error. A weight update that fails, or whose sender sends nothing for
+``sync.timeout_s``, is aborted, so the backend generates again and takes the next sync. When the
+backend reports a failure (its engine died), every request in flight and every new one is
+answered with that failure, and the server stops and raises ``BackendDied`` (a non-zero exit).
 """
 
 from __future__ import annotations
@@ -55,22 +64,39 @@ def check_bind_address(address: str, allow_remote: bool, token: str) -> None:
         raise ValueError(f"binding {address} needs an auth token; set rollout.auth_token to a shared secret")
 
 
+class BackendDied(RuntimeError):
+    """The backend can no longer serve (e.g. its engine process died); the server exits on it."""
+
+
+class RequestRefused(ValueError):
+    """A request outside the limits the server enforces; answered with an error, logged without a traceback."""
+
+
 class RolloutServer:
-    def __init__(self, backend: Backend, address: str, token: str = "") -> None:
+    def __init__(self, backend: Backend, address: str, token: str = "", max_model_len: int = 512,
+                 request_timeout_s: float = 300.0, sync_timeout_s: float = 120.0) -> None:
         self.backend = backend
         self.address = address
         self.token = token
+        self.max_model_len = max_model_len
+        self.request_timeout_s = request_timeout_s
+        self.sync_timeout_s = sync_timeout_s
         self.paused = False
         self.weight_version = 0
         self.in_flight = 0
         self.completed = 0
         self.generated_tokens = 0
         self.started = time.time()
+        self.death = ""
+        self._died = asyncio.Event()
+        self._sync_id: int | None = None  # the weight update in progress
+        self._sync_touched = 0.0  # time.monotonic() of its last message
         self._update_lock = asyncio.Lock()
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
 
-    async def serve(self) -> None:
+    async def serve(self, watch_interval_s: float = 0.5, drain_s: float = 1.0) -> None:
+        """Serve until Shutdown, SIGTERM/SIGINT or the backend's death (then raise ``BackendDied``)."""
         ctx = zmq.asyncio.Context()
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -81,35 +107,68 @@ class RolloutServer:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        watch = asyncio.create_task(self._watch(watch_interval_s, drain_s))
         log.info("rollout server (%s) listening on %s", self.backend.name, self.address)
         try:
-            while not self._stop.is_set():
-                receive = asyncio.ensure_future(sock.recv_multipart())
-                stop = asyncio.ensure_future(self._stop.wait())
-                done, _ = await asyncio.wait({receive, stop}, return_when=asyncio.FIRST_COMPLETED)
-                if receive not in done:
-                    receive.cancel()
-                    break
-                stop.cancel()
-                frames = receive.result()
-                task = asyncio.create_task(self._handle(frames))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+            await self._receive_loop(sock)
+            if self._tasks:  # let requests that were just answered with the backend's death send it
+                await asyncio.wait(list(self._tasks), timeout=drain_s)
         finally:
+            watch.cancel()
             for task in list(self._tasks):
                 task.cancel()
-            await self.backend.close()
+            await self._close_backend()
             sock.close(0)
             ctx.term()
+        if self.death:
+            raise BackendDied(self.death)
+
+    async def _receive_loop(self, sock) -> None:
+        while not self._stop.is_set():
+            receive = asyncio.ensure_future(sock.recv_multipart())
+            stop = asyncio.ensure_future(self._stop.wait())
+            done, _ = await asyncio.wait({receive, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if receive not in done:
+                receive.cancel()
+                break
+            stop.cancel()
+            task = asyncio.create_task(self._handle(receive.result()))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _close_backend(self, timeout_s: float = 30.0) -> None:
+        try:
+            await asyncio.wait_for(self.backend.close(), timeout_s)
+        except Exception:  # closing a dead engine may fail; the process exits either way
+            log.exception("closing the %s backend failed", self.backend.name)
+
+    async def _watch(self, interval_s: float, drain_s: float) -> None:
+        """Every ``interval_s``: stop on the backend's death; abort a sync whose sender went silent."""
+        while True:
+            await asyncio.sleep(interval_s)
+            reason = self.backend.failure()
+            if reason:
+                log.error("%s; failing every request and exiting", reason)
+                self.death = reason
+                self._died.set()
+                asyncio.get_running_loop().call_later(drain_s, self._stop.set)
+                return
+            if self._sync_id is not None and time.monotonic() - self._sync_touched > self.sync_timeout_s:
+                await self._expire_sync()
+
+    async def _expire_sync(self) -> None:
+        async with self._update_lock:
+            if self._sync_id is None or time.monotonic() - self._sync_touched <= self.sync_timeout_s:
+                return
+            await self._abort_sync(f"its sender sent nothing for {self.sync_timeout_s:g} s (sync.timeout_s)")
 
     async def _handle(self, frames: list[bytes]) -> None:
         identity, payload = frames[0], frames[-1]
         try:
             request = p.decode_request(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except p.MalformedRequest as exc:
             log.warning("malformed message from a client (%d bytes): %s", len(payload), exc)
-            await self._send(identity, p.Reply(id=-1, ok=False, error=f"malformed request: {exc}; "
-                                               "send an msgpack-encoded rlx.rollout.protocol.Request"))
+            await self._send(identity, p.Reply(id=exc.request_id, ok=False, error=str(exc)))
             return
         reply = await self._reply_to(request)
         await self._send(identity, reply)
@@ -121,14 +180,21 @@ class RolloutServer:
             level = logging.DEBUG if problem.startswith("deadline") else logging.WARNING
             log.log(level, "rejected request %d: %s", request.id, problem)
             return p.Reply(id=request.id, ok=False, error=problem)
+        deadline = request.deadline or time.time() + self.request_timeout_s
         try:
-            body = await self._dispatch(request.body, request.id)
+            body = await self._until_death(self._dispatch(request.body, request.id, deadline))
+        except RequestRefused as exc:
+            log.warning("refused request %d (%s): %s", request.id, type(request.body).__name__, exc)
+            return p.Reply(id=request.id, ok=False, error=str(exc))
         except Exception as exc:  # the request fails, the server stays up
-            log.exception("request %d (%s) failed", request.id, type(request.body).__name__)
+            if not isinstance(exc, BackendDied):
+                log.exception("request %d (%s) failed", request.id, type(request.body).__name__)
             return p.Reply(id=request.id, ok=False, error=f"{type(exc).__name__}: {exc}")
         return p.Reply(id=request.id, ok=True, body=body)
 
     def _reject_reason(self, request: p.Request) -> str:
+        if self.death:
+            return f"{self.death}; the server is exiting"
         if request.version != p.PROTOCOL_VERSION:
             return f"protocol version {request.version} is not {p.PROTOCOL_VERSION}; use a matching rlx on both sides"
         if self.token and not hmac.compare_digest(request.token.encode(), self.token.encode()):
@@ -137,9 +203,22 @@ class RolloutServer:
             return "deadline already passed when the request arrived"
         return ""
 
-    async def _dispatch(self, body, request_id: int = 0):
+    async def _until_death(self, coro):
+        """Await ``coro``, but raise ``BackendDied`` (cancelling it) as soon as the backend dies."""
+        work = asyncio.ensure_future(coro)
+        died = asyncio.ensure_future(self._died.wait())
+        try:
+            await asyncio.wait({work, died}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            died.cancel()
+        if work.done():
+            return work.result()
+        work.cancel()
+        raise BackendDied(f"{self.death}; the server is exiting")
+
+    async def _dispatch(self, body, request_id: int, deadline: float):
         if isinstance(body, p.Generate):
-            return await self._generate(body, request_id)
+            return await self._generate(body, request_id, deadline)
         if isinstance(body, p.Health):
             return p.HealthResult(backend=self.backend.name, model=self.backend.model_path, paused=self.paused,
                                   weight_version=self.weight_version)
@@ -160,25 +239,43 @@ class RolloutServer:
             return p.Ok()
         return p.AckResult(ack=await self._update(body))
 
-    async def _generate(self, body: p.Generate, request_id: int) -> p.GenerateResult:
+    async def _generate(self, body: p.Generate, request_id: int, deadline: float) -> p.GenerateResult:
+        problem = p.generate_problem(body, self.max_model_len)
+        if problem:
+            raise RequestRefused(problem)
         prompts = list(body.prompt_token_ids) or list(body.prompts)
-        if not prompts:
-            raise ValueError("generate request has no prompts; set prompts or prompt_token_ids")
+        samplings = [self._fitted(prompt, i, body.sampling) for i, prompt in enumerate(prompts)]
         self.in_flight += len(prompts)
         ids = [f"{request_id}.{i}" for i in range(len(prompts))]
         for rid in ids:
             tracer.event("queued", request_id=rid, paused=self.paused)
         try:
-            results = await asyncio.gather(*(self._generate_one(prompt, body.sampling, rid)
-                                             for prompt, rid in zip(prompts, ids)))
+            results = await asyncio.wait_for(
+                asyncio.gather(*(self._generate_one(prompt, sampling, rid, deadline)
+                                 for prompt, sampling, rid in zip(prompts, samplings, ids))),
+                max(deadline - time.time(), 0.0))
+        except TimeoutError:
+            raise RequestRefused(f"request {request_id} reached its deadline while generating; it was cancelled "
+                                 "(raise the client's timeout or lower max_tokens)") from None
         finally:
             self.in_flight -= len(prompts)
         self.completed += len(prompts)
         return p.GenerateResult(results=list(results))
 
-    async def _generate_one(self, prompt, sampling: p.SamplingSpec, request_id: str) -> p.PromptResult:
+    def _fitted(self, prompt, index: int, sampling: p.SamplingSpec) -> p.SamplingSpec:
+        """``sampling`` with ``max_tokens`` capped to the room ``prompt`` leaves in the context."""
+        length = self.backend.prompt_len(prompt)
+        room = self.max_model_len - length
+        if room < 1:
+            raise RequestRefused(f"prompt {index} is {length} tokens; it must be shorter than "
+                                 f"rollout.max_model_len={self.max_model_len} (the context length) "
+                                 "to leave room for a completion")
+        return msgspec.structs.replace(sampling, max_tokens=min(sampling.max_tokens, room))
+
+    async def _generate_one(self, prompt, sampling: p.SamplingSpec, request_id: str,
+                            deadline: float) -> p.PromptResult:
         with tracer.span("generate", request_id=request_id, n=sampling.n) as span:
-            result = await self.backend.generate(prompt, sampling)
+            result = await self.backend.generate(prompt, sampling, deadline)
             tokens = sum(len(s.token_ids) for s in result.samples)
             span.set(prompt_tokens=len(result.prompt_token_ids), completion_tokens=tokens,
                      finish_reason=result.samples[0].finish_reason if result.samples else "")
@@ -187,26 +284,75 @@ class RolloutServer:
 
     async def _update(self, body) -> BucketAck:
         async with self._update_lock:
-            if isinstance(body, p.UpdateBegin):
-                with tracer.span("sync.begin"):
-                    await self.backend.update_begin(body.begin)
-                return BucketAck(sync_id=body.begin.sync_id, bucket_id=-1, ok=True)
-            if isinstance(body, p.UpdateBucket):
-                meta = body.bucket.meta
-                with tracer.span("sync.load", bucket_id=meta.bucket_id,
-                                 bytes=sum(c.nbytes for c in meta.chunks)):
-                    return await self.backend.update_bucket(body.bucket)
+            try:
+                if isinstance(body, p.UpdateBegin):
+                    return await self._update_begin(body.begin)
+                sync_id = body.bucket.meta.sync_id if isinstance(body, p.UpdateBucket) else body.end.sync_id
+                if sync_id != self._sync_id:
+                    return BucketAck(sync_id=sync_id, bucket_id=-1, ok=False,
+                                     error=f"{type(body).__name__} of sync {sync_id}, but the weight update in "
+                                           f"progress is {self._sync_id} (an aborted sync ends here; start a new one)")
+                if isinstance(body, p.UpdateBucket):
+                    return await self._update_bucket(body.bucket)
+                return await self._update_end(body.end)
+            finally:
+                self._sync_touched = time.monotonic()
+
+    async def _update_begin(self, begin) -> BucketAck:
+        if self._sync_id is not None:
+            await self._abort_sync(f"sync {begin.sync_id} began before it ended")
+        with tracer.span("sync.begin"):
+            try:
+                await self.backend.update_begin(begin)
+            except Exception:
+                await self._abort_backend_sync()
+                raise
+        self._sync_id = begin.sync_id
+        return BucketAck(sync_id=begin.sync_id, bucket_id=-1, ok=True)
+
+    async def _update_bucket(self, bucket) -> BucketAck:
+        meta = bucket.meta
+        try:
+            with tracer.span("sync.load", bucket_id=meta.bucket_id, bytes=sum(c.nbytes for c in meta.chunks)):
+                ack = await self.backend.update_bucket(bucket)
+        except Exception as exc:
+            await self._abort_sync(f"bucket {meta.bucket_id} raised {type(exc).__name__}: {exc}")
+            raise
+        if not ack.ok:  # the sender gives up on a failed bucket and sends no SyncEnd
+            await self._abort_sync(f"bucket {meta.bucket_id} failed: {ack.error}")
+        return ack
+
+    async def _update_end(self, end) -> BucketAck:
+        self._sync_id = None
+        try:
             with tracer.span("sync.end"):
-                ack = await self.backend.update_end(body.end)
-            if ack.ok:
-                self.weight_version += 1
-            return ack
+                ack = await self.backend.update_end(end)
+        except Exception:
+            await self._abort_backend_sync()
+            raise
+        if ack.ok:
+            self.weight_version += 1
+        return ack
+
+    async def _abort_sync(self, why: str) -> None:
+        log.warning("weight update %s aborted: %s; the weights may mix old and new until the next sync, "
+                    "generation goes on", self._sync_id, why)
+        self._sync_id = None
+        with tracer.span("sync.abort"):
+            await self._abort_backend_sync()
+
+    async def _abort_backend_sync(self) -> None:
+        try:
+            await self.backend.update_abort()
+        except Exception:  # the next sync begins afresh either way
+            log.exception("aborting the weight update in the %s backend failed", self.backend.name)
 
     async def _send(self, identity: bytes, reply: p.Reply) -> None:
         await self._sock.send_multipart([identity, p.encode(reply)])
 
 
-async def run_server(backend: Backend, address: str, token: str = "") -> None:
+async def run_server(backend: Backend, address: str, token: str = "", **limits) -> None:
+    """Start ``backend`` and serve on ``address``; ``limits`` are ``RolloutServer``'s keyword arguments."""
     with tracer.span("rollout.start", backend=backend.name):
         await backend.start()
-    await RolloutServer(backend, address, token).serve()
+    await RolloutServer(backend, address, token, **limits).serve()

@@ -49,9 +49,11 @@ class SyncRequestHandler:
     def handle_bytes(self, data: bytes) -> bytes:
         try:
             request = decode_request(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            log.warning("%s: malformed sync request: %s", self.receiver.name, exc)
-            return encode(BucketAck(NO_ID, NO_ID, ok=False, error=f"{self.receiver.name}: malformed sync request: {exc}"))
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:  # too deep: RecursionError
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
+            log.warning("%s: malformed sync request: %s", self.receiver.name, reason)
+            return encode(BucketAck(NO_ID, NO_ID, ok=False, error=f"{self.receiver.name}: malformed sync request: "
+                                    f"{reason}"))
         return encode(self.handle(request))
 
     def handle(self, request: SyncBegin | SyncBucket | SyncEnd | SyncPing) -> BucketAck:

@@ -2,6 +2,12 @@
 
 A backend generates completions (with the logprobs of the sampled tokens), pauses and
 resumes scheduling, and loads weights bucket by bucket from an ``rlx.sync`` receiver.
+
+The server validates every request before a backend sees it (``rlx.rollout.protocol``), caps
+``max_tokens`` to the room the prompt leaves in the context, and drives the sync state: after
+``update_begin`` the backend gets ``update_end`` or, when the sync failed or its sender vanished,
+``update_abort``; either must leave it able to generate and to begin the next sync. ``failure``
+is polled: a non-empty answer (the engine died) makes the server fail its requests and exit.
 """
 
 from __future__ import annotations
@@ -20,7 +26,12 @@ class Backend(ABC):
     async def start(self) -> None: ...
 
     @abstractmethod
-    async def generate(self, prompt: str | list[int], sampling: SamplingSpec) -> PromptResult: ...
+    def prompt_len(self, prompt: str | list[int]) -> int:
+        """Tokens ``prompt`` takes in the context, as ``generate`` would tokenize it."""
+
+    @abstractmethod
+    async def generate(self, prompt: str | list[int], sampling: SamplingSpec, deadline: float) -> PromptResult:
+        """Complete ``prompt``; stop spending work on it once ``time.time()`` passes ``deadline``."""
 
     @abstractmethod
     async def pause(self) -> None: ...
@@ -36,6 +47,14 @@ class Backend(ABC):
 
     @abstractmethod
     async def update_end(self, req: SyncEnd) -> BucketAck: ...
+
+    @abstractmethod
+    async def update_abort(self) -> None:
+        """Drop the sync in progress (no ``update_end`` will come) and let generation run again."""
+
+    def failure(self) -> str:
+        """Why the backend can no longer serve (its engine died), or "" while it is healthy."""
+        return ""
 
     @abstractmethod
     async def close(self) -> None: ...

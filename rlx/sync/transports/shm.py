@@ -35,7 +35,7 @@ from rlx.sync.messages import TransportHandle
 from rlx.sync.transports.base import ReceiverMapping, SenderBuffer
 
 SHM_DIR = "/dev/shm"
-_NAME = re.compile(r"^rlx-sync-\d+-[0-9a-f]+$")
+_NAME = re.compile(r"rlx-sync-[0-9]+-[0-9a-f]+")  # used with fullmatch: no separators, no newline
 
 
 class ShmBuffer(SenderBuffer):
@@ -76,9 +76,10 @@ class ShmMapping(ReceiverMapping):
     def __init__(self, handle: TransportHandle):
         self.handle = handle
         name, size = handle.payload.get("name"), handle.payload.get("size")
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise ValueError(f"shm handle names {name!r}, which is not an rlx sync segment")
-        if size != handle.slot_bytes * handle.num_slots:
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ValueError(f"shm handle names {name!r}, which is not an rlx sync segment (rlx-sync-<pid>-<hex>, "
+                             "no path separators)")
+        if handle.slot_bytes < 1 or handle.num_slots < 1 or size != handle.slot_bytes * handle.num_slots:
             raise ValueError(f"shm handle size {size} != slot_bytes {handle.slot_bytes} x num_slots {handle.num_slots}")
         self.path = os.path.join(SHM_DIR, name)
         self.keep_mapped = handle.payload.get("resident") is True
@@ -124,7 +125,7 @@ def remove_stale_segments() -> list[str]:
     removed = []
     for path in glob.glob(os.path.join(SHM_DIR, "rlx-sync-*")):
         name = os.path.basename(path)
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             continue
         try:
             os.kill(int(name.split("-")[2]), 0)

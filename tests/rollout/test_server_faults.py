@@ -1,0 +1,175 @@
+"""Faults a rollout server must survive: failed weight updates, out-of-range and malformed
+requests, requests that outlive their deadline. Each runs against a real `rlx rollout-serve`."""
+
+import asyncio
+from typing import NamedTuple
+
+import msgspec
+import pytest
+import torch
+import zmq
+
+from rlx.rollout import protocol as p
+from rlx.rollout.client import RolloutClient, RolloutServerError
+from rlx.sync.errors import SyncError
+from rlx.sync.messages import SyncBegin, SyncEnd
+from rlx.sync.sender import WeightSender
+from rlx.sync.transports.shm import ShmBuffer
+from tests.helpers import serve_with
+
+SYNC_TIMEOUT_S = 2.0
+HF_MAX_MODEL_LEN = 1024
+GREEDY = p.SamplingSpec(n=1, temperature=0.0, max_tokens=4)
+
+
+class Server(NamedTuple):
+    address: str
+    max_model_len: int
+    silent_sender_expires: bool  # whether a sync whose sender went silent is aborted within the test
+
+
+@pytest.fixture(scope="module")
+def hf_server(tiny_model_dir, tmp_path_factory):
+    work = tmp_path_factory.mktemp("faults")
+    with serve_with(tiny_model_dir, work, "hf", rollout={"backend": "hf", "max_model_len": HF_MAX_MODEL_LEN},
+                    sync={"timeout_s": SYNC_TIMEOUT_S}) as (address, _):
+        yield address
+
+
+@pytest.fixture(params=["hf", pytest.param("vllm", marks=pytest.mark.slow)])
+def server(request) -> Server:
+    if request.param == "hf":
+        return Server(request.getfixturevalue("hf_server"), HF_MAX_MODEL_LEN, True)
+    return Server(request.getfixturevalue("vllm_server"), 512, False)  # the shared server: default config
+
+
+def run_with_client(address, scenario):
+    async def go():
+        client = RolloutClient([address], timeout_s=60.0)
+        try:
+            return await scenario(client)
+        finally:
+            client.close()
+
+    return asyncio.run(go())
+
+
+def model_weights(model_dir) -> list[tuple[str, torch.Tensor]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    return [(name, param.detach().contiguous()) for name, param in model.named_parameters()]
+
+
+def test_every_failed_weight_update_leaves_the_server_generating_and_syncing(server, tiny_model_dir):
+    address, _, silent_sender_expires = server
+    weights = model_weights(tiny_model_dir)
+
+    async def generates(client):
+        result = await client.generate(["3+4="], GREEDY, timeout_s=60.0)
+        assert result[0].samples[0].token_ids
+
+    async def begin(client, sync_id, buffer, num_tensors=-1):
+        handle = buffer.handle()
+        return await client.call(0, p.UpdateBegin(begin=SyncBegin(sync_id, handle, num_tensors, -1, False)))
+
+    async def scenario(client):
+        version = (await client.health())[0].weight_version
+        buffer = ShmBuffer(4096, 2)
+        try:
+            # begin: a handle naming a file outside the rlx segments is refused before anything is opened
+            bad = buffer.handle()
+            bad.payload["name"] = "../../etc/passwd"
+            with pytest.raises(RolloutServerError, match="not an rlx sync segment"):
+                await client.call(0, p.UpdateBegin(begin=SyncBegin(9001, bad, -1, -1, False)))
+            await generates(client)
+            # mid-bucket: a tensor the model does not have fails its bucket; the sender gives up
+            with WeightSender(transport="shm", bucket_mb=1, timeout_s=30.0) as sender:
+                with pytest.raises(SyncError):
+                    await sender.send([("no.such.parameter", torch.zeros(8))], client.channels())
+            await generates(client)
+            # end: fewer tensors arrived than the begin announced
+            await begin(client, 9002, buffer, num_tensors=3)
+            ack = (await client.call(0, p.UpdateEnd(end=SyncEnd(9002)))).ack
+            assert not ack.ok and "announced 3" in ack.error
+            await generates(client)
+            # a sender that vanishes after its begin: the next sync aborts the stale one
+            await begin(client, 9003, buffer)
+            if silent_sender_expires:  # ... and on its own, after sync.timeout_s, generation goes on
+                await generates(client)
+            with WeightSender(transport="shm", bucket_mb=1, timeout_s=60.0, verify=True) as sender:
+                report = await sender.send(weights, client.channels())
+            assert report.verified and report.num_tensors == len(weights)
+            await generates(client)
+            assert (await client.health())[0].weight_version == version + 1
+        finally:
+            buffer.close()
+
+    run_with_client(address, scenario)
+
+
+def test_out_of_range_generate_requests_are_refused_naming_the_field(server):
+    bad_sampling = {"n": [0, -1, 10**6], "top_p": [1.5, 0.0, float("nan")], "temperature": [-0.5, float("inf")],
+                    "top_k": [-2], "max_tokens": [0, 10**9], "seed": [-1]}
+    long_prompt = "1+" * server.max_model_len
+
+    async def scenario(client):
+        for field, values in bad_sampling.items():
+            for value in values:
+                with pytest.raises(RolloutServerError, match=f"sampling.{field}=.* out of range; allowed"):
+                    await client.generate(["1+1="], msgspec.structs.replace(GREEDY, **{field: value}))
+        with pytest.raises(RolloutServerError, match="max_model_len"):
+            await client.generate([long_prompt], GREEDY)
+        with pytest.raises(RolloutServerError, match="max_model_len"):
+            await client.generate([[5] * server.max_model_len], GREEDY)
+        with pytest.raises(RolloutServerError, match="negative token id"):
+            await client.call(0, p.Generate(prompt_token_ids=[[5, -3]], sampling=GREEDY))
+        # max_tokens within range but past the room the prompt leaves: capped, not refused
+        near_full = [5] * (server.max_model_len - 3)
+        result = await client.generate([near_full], msgspec.structs.replace(GREEDY, max_tokens=100))
+        assert 1 <= len(result[0].samples[0].token_ids) <= 3
+
+    run_with_client(server.address, scenario)
+
+
+def test_malformed_messages_get_an_error_reply_fast_and_the_server_stays_up(server):
+    address = server.address
+    deep = b"\x91" * 200_000 + b"\xc0"  # a msgpack array nested 200k deep
+    handle = {"kind": "shm", "slot_bytes": 1, "num_slots": 1, "payload": {"name": "DEEP"}}
+    begin = {"type": "begin", "sync_id": 1, "handle": handle, "num_tensors": 1, "total_bytes": 1, "verify": False}
+    nested = msgspec.msgpack.encode({"id": 41, "body": {"type": "update_begin", "begin": begin}})
+    nested = nested.replace(msgspec.msgpack.encode("DEEP"), deep)
+    messages = [(b"\x00\x01not msgpack", -1, "malformed request"),
+                (msgspec.msgpack.encode({"id": 42, "body": {"type": "format_disk"}}), 42, "malformed request"),
+                (msgspec.msgpack.encode({"id": 43, "body": {"type": "generate", "sampling": {"stop": [[[]]]}}}),
+                 43, "malformed request"),
+                (nested, -1, "nested too deeply")]
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 10_000)
+    sock.connect(address)
+    try:
+        for payload, request_id, error in messages:
+            sock.send(payload)
+            reply = p.decode_reply(sock.recv())
+            assert not reply.ok and error in reply.error
+            assert reply.id in (request_id, -1)
+    finally:
+        sock.close()
+        ctx.term()
+    run_with_client(address, lambda client: client.generate(["1+1="], GREEDY))
+
+
+def test_a_request_past_its_deadline_stops_generating_and_frees_the_server(hf_server):
+    """16 greedy prompts for the whole context (minutes of work on this model) with a 2 s deadline:
+    the server cuts them off at the deadline, so the next request is answered, and n > 1 greedy works."""
+    hog = p.Generate(prompts=["1+1="] * 16, sampling=p.SamplingSpec(temperature=0.0, max_tokens=HF_MAX_MODEL_LEN - 8))
+
+    async def scenario(client):
+        with pytest.raises(RolloutServerError, match="did not answer|deadline"):
+            await client.call(0, hog, timeout_s=2.0)
+        result = await client.generate(["2+2="], msgspec.structs.replace(GREEDY, n=3), timeout_s=60.0)
+        assert len({tuple(s.token_ids) for s in result[0].samples}) == 1 and len(result[0].samples) == 3
+
+    run_with_client(hf_server, scenario)
