@@ -1,12 +1,22 @@
 """The live console of `rlx train`: a progress bar over steps, one line of key metrics per
-step, and the children's log lines (prefixed with their name) printed above the bar."""
+step, and the children's log lines (prefixed with their name) printed above the bar.
+
+Once the run directory exists the launcher's own log, ``RUN_DIR/logs/train.log``, gets every note
+with its time, and the full traceback of whatever stopped the run, which the console names in one line.
+"""
 
 from __future__ import annotations
 
 import math
+import time
+import traceback
+from pathlib import Path
+from typing import TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 KEY_METRICS = (("reward_mean", "reward", "{:.3f}"), ("accuracy", "acc", "{:.2f}"),
                ("eval_accuracy", "eval_acc", "{:.3f}"), ("response_len_mean", "len", "{:.1f}"),
@@ -32,6 +42,18 @@ class Display:
                                  TimeElapsedColumn(), TextColumn("{task.description}"), console=self.console,
                                  transient=False, disable=not enabled)
         self.task = self.progress.add_task("", total=total_steps)
+        self.log_path: Path | None = None
+        self._log: TextIO | None = None
+
+    def log_to(self, path: Path) -> None:
+        """From now on append every note, and any traceback, to ``path``."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path, self._log = path, open(path, "a", buffering=1)
+
+    def close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def __enter__(self) -> "Display":
         self.progress.start()
@@ -47,6 +69,17 @@ class Display:
 
     def note(self, text: str) -> None:
         self.console.print(f"[bold]rlx:[/] {text}", highlight=False)
+        self._write(Text.from_markup(text).plain)
+
+    def failure(self, what: str, exc: BaseException) -> None:
+        """One console line naming what failed and where its traceback is; the traceback goes to the log."""
+        self._write("".join(traceback.format_exception(exc)).rstrip("\n"))
+        where = f"; the traceback is in {self.log_path}" if self._log is not None else ""
+        self.note(f"[red]{what}:[/] {type(exc).__name__}: {escape(str(exc))}{where}")
+
+    def _write(self, text: str) -> None:
+        if self._log is not None:
+            self._log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
 
     def log_line(self, line: str) -> None:
         self.console.print(line, markup=False, highlight=False)

@@ -1,188 +1,162 @@
 """`rlx train`: check everything, start the rollout servers and trainer ranks, run the
-controller as rank 0, and tear every child down on success, error, Ctrl-C or a child's death.
+controller as rank 0, and tear every child down on success, error, Ctrl-C, SIGTERM / SIGHUP or a
+child's death.
 
 All checks that can fail on user input (config, model path, task data, reward function)
-run before any process starts.
+run before any process starts; they fail as one line and exit 2. After that every failure is one
+console line naming what failed and the launcher's log (``RUN_DIR/logs/train.log``), which holds
+the traceback; the exit code is non-zero and the teardown is always the same: children stopped by
+process group, the shared memory they left removed, the weight-sync buffers unlinked, the run's
+socket files removed.
+
+Start-up overlaps: the servers are started first, and while they load their engines (about 20 s
+for vLLM) rank 0 builds the trainer and the controller (model, optimizer, task, weight arena);
+only then does it wait for the servers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import socket
-import threading
-import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from rich.markup import escape
 
 from rlx.launch.display import Display
 from rlx.launch.preflight import preflight
 from rlx.launch.processes import ProcessSet, python_argv
-
-
-class ChildDied(RuntimeError):
-    """A rollout server or trainer rank exited while the run needed it."""
-
-
-class DeathWatch:
-    """Turns a child's death, reported on the watcher thread, into ``ChildDied`` in the main thread.
-
-    While the run's asyncio task is attached, the report cancels that task and ``guard`` turns the
-    cancellation into ``ChildDied``: an exception raised from a signal handler could land inside an
-    event-loop callback that logs and swallows it, leaving the run waiting on a dead server. The
-    cancellation is repeated every ``cancel_retry_s`` until the task ends, because one alone can be
-    absorbed: a ``finally`` that awaits the dead server (resuming generation after a failed sync)
-    would wait out the request deadline, and Python 3.11's ``wait_for`` drops a cancellation that
-    arrives as its future completes. Outside the event loop (start-up, trainer construction)
-    SIGUSR1 raises it between bytecodes.
-    """
-
-    cancel_retry_s = 1.0
-
-    def __init__(self) -> None:
-        self.messages: list[str] = []
-        self._lock = threading.Lock()
-        self._task: asyncio.Task | None = None
-
-    def install(self) -> None:
-        signal.signal(signal.SIGUSR1, self._on_signal)
-
-    def report(self, message: str) -> None:
-        with self._lock:
-            self.messages.append(message)
-            task = self._task
-        if task is not None:
-            task.get_loop().call_soon_threadsafe(self._cancel_until_done, task)
-        else:
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
-
-    async def guard(self, coro):
-        """Await ``coro`` in the current task; a death meanwhile raises ``ChildDied``."""
-        with self._lock:
-            self._task = asyncio.current_task()
-            dead = bool(self.messages)
-        try:
-            if dead:
-                coro.close()
-                raise ChildDied(self.messages[0])
-            return await coro
-        except asyncio.CancelledError:
-            if self.messages:
-                raise ChildDied(self.messages[0]) from None
-            raise
-        finally:
-            with self._lock:
-                self._task = None
-
-    def _cancel_until_done(self, task: asyncio.Task) -> None:
-        if not task.done():
-            task.cancel()
-            task.get_loop().call_later(self.cancel_retry_s, self._cancel_until_done, task)
-
-    def _on_signal(self, signum, frame) -> None:
-        with self._lock:
-            attached = self._task is not None
-        if not attached:  # a report that raced with guard() attaching: the cancellation handles it
-            raise ChildDied(self.messages[0] if self.messages else "a child process died")
-
-
-# What a run writes into its directory (``trace`` only when trace.dir is not set elsewhere).
-RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "checkpoints", "logs", "trace", "tb", "hf")
-
-
-def archive_previous_run(run_dir: Path, display: Display) -> Path | None:
-    """Move an earlier run's outputs out of ``run_dir`` into a sibling ``<name>.<time>`` directory.
-
-    A fresh run on top of them would append to their metrics, mix its trace files with theirs, and
-    let their higher-numbered checkpoints prune its own; moving them loses nothing. Files rlx did
-    not write stay where they are.
-    """
-    found = [run_dir / name for name in RUN_OUTPUTS if (run_dir / name).exists()]
-    if not found:
-        return None
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    archive = run_dir.with_name(f"{run_dir.name}.{stamp}")
-    suffix = 1
-    while archive.exists():
-        suffix += 1
-        archive = run_dir.with_name(f"{run_dir.name}.{stamp}-{suffix}")
-    archive.mkdir()
-    for path in found:
-        path.rename(archive / path.name)
-    display.note(f"{run_dir} held an earlier run: moved its outputs to {archive} "
-                 "(pass --resume to continue a run instead)")
-    return archive
+from rlx.launch.run_dir import archive_previous_run, remove_sockets, secret_overrides, write_config
+from rlx.launch.stops import ChildDied, RunStopped, StopWatch
 
 
 def run_train(cfg) -> int:
+    """The whole run; returns the exit code. User errors found before any process starts propagate."""
     run_dir = Path(cfg.trainer.output_dir).resolve()
     display = Display(cfg.trainer.total_steps, enabled=cfg.logging.console)
-    preflight(cfg, display)
-    if not cfg.trainer.resume:
-        archive_previous_run(run_dir, display)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config_file = run_dir / "config.yaml"
-    config_file.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-    procs = ProcessSet(run_dir / "logs", emit=display.log_line)
-    env = _trace_env(cfg, run_dir)
-    deaths = DeathWatch()
-    deaths.install()
-    try:
-        with display:
-            addresses = cfg.rollout.servers or _start_servers(cfg, procs, config_file, env)
-            _start_ranks(cfg, procs, config_file, env)
-            procs.watch(deaths.report)
-            code = _run_rank0(cfg, run_dir, addresses, procs, display, deaths)
-        if code == 0 and cfg.checkpoint.export_hf:
-            code = _export_hf(run_dir, display)
-        return code
-    except ChildDied as exc:
-        display.note(f"[red]stopping: {exc}[/]")
-        return 1
-    except KeyboardInterrupt:
-        display.note("interrupted: stopping every child process")
+    stops = StopWatch()
+    with stops.installed():
+        try:
+            preflight(cfg, display)
+            if not cfg.trainer.resume:
+                archive_previous_run(run_dir, display)
+            display.log_to(run_dir / "logs" / "train.log")
+        except (KeyboardInterrupt, RunStopped) as exc:
+            return _stopped(display, exc, "nothing was started")
+        launch = Launch(cfg, run_dir, display, stops)
+        try:
+            return launch.run()
+        except (KeyboardInterrupt, RunStopped) as exc:
+            return _stopped(display, exc, "stopping every child process")
+        except Exception as exc:
+            display.failure("the run failed", exc)
+            return 1
+        finally:
+            with stops.shield():
+                launch.tear_down()
+
+
+def _stopped(display: Display, exc: BaseException, what_next: str) -> int:
+    if isinstance(exc, KeyboardInterrupt):
+        display.note(f"interrupted: {what_next}")
         return 130
-    finally:
-        procs.stop_all()
+    if isinstance(exc, ChildDied):
+        display.note(f"[red]stopping: {escape(str(exc))}[/]")
+    else:
+        display.note(f"{exc}: {what_next}")
+    return exc.exit_code
+
+
+class Launch:
+    """One run's processes: rollout servers and trainer ranks started, rank 0 run here, all torn down."""
+
+    def __init__(self, cfg, run_dir: Path, display: Display, stops: StopWatch) -> None:
+        self.cfg, self.run_dir, self.display, self.stops = cfg, run_dir, display, stops
+        self.procs = ProcessSet(run_dir / "logs", emit=display.log_line)
+        self.own_addresses: list[str] = []  # the ipc sockets of the servers this run started
+
+    def run(self) -> int:
+        cfg = self.cfg
+        config_file = write_config(cfg, self.run_dir)
+        secret_args, secret_env = secret_overrides(cfg)
+        env = dict(_trace_env(cfg, self.run_dir), **secret_env)
+        with self.display:
+            addresses = cfg.rollout.servers or self._start_servers([str(config_file), *secret_args], env)
+            self._start_ranks([str(config_file), *secret_args], env)
+            self.procs.watch(self.stops.report)
+            code = self._run_rank0(addresses)
+        if code == 0 and cfg.checkpoint.export_hf:
+            code = _export_hf(self.run_dir, self.display)
+        return code
+
+    def tear_down(self) -> None:
+        """Children stopped by process group, what they left in /dev/shm and their sockets removed."""
+        removed = self.procs.stop_all()
+        if removed:
+            self.display.note(f"removed {len(removed)} shared-memory files that stopped children left: "
+                              f"{', '.join(removed[:3])}{' ...' if len(removed) > 3 else ''}")
+        remove_sockets(self.own_addresses)
         _close_distributed()
+        self.display.close_log()
 
+    def _start_servers(self, config_args: list[str], env: dict) -> list[str]:
+        from rlx.rollout.addresses import server_address
 
-def _run_rank0(cfg, run_dir: Path, addresses: list[str], procs: ProcessSet, display: Display,
-               deaths: DeathWatch) -> int:
-    from rlx.engine.trainer import Trainer
-    from rlx.launch.controller import Controller
-    from rlx.launch.ranks import init_distributed
-    from rlx.rollout.client import RolloutClient
-    from rlx.trace import tracer
+        for index in range(self.cfg.rollout.num_servers):
+            address = server_address(self.cfg, index)
+            argv = python_argv("rlx", "rollout-serve", *config_args, "--address", address, "--index", str(index))
+            self.procs.start(f"rollout{index}", argv, dict(env, VLLM_LOGGING_LEVEL="WARNING"))
+            self.own_addresses.append(address)
+        return list(self.own_addresses)
 
-    if cfg.trace.enabled:
-        tracer.configure(_trace_dir(cfg, run_dir), role="trainer", name="trainer0")
-    init_distributed(_device_type(cfg))
-    trainer = Trainer(cfg)
+    def _start_ranks(self, config_args: list[str], env: dict) -> None:
+        world = self.cfg.trainer.num_ranks
+        if world <= 1:
+            return
+        port = _free_port()
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK="0")
+        for rank in range(1, world):
+            rank_env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank))
+            self.procs.start(f"trainer{rank}", python_argv("rlx.launch.ranks", *config_args), rank_env)
 
-    async def main() -> dict:
+    def _run_rank0(self, addresses: list[str]) -> int:
+        """Build the trainer and the controller while the servers load their engines, then train."""
+        from rlx.engine.trainer import Trainer
+        from rlx.launch.ranks import init_distributed
+        from rlx.trace import tracer
+
+        cfg, run_dir, display = self.cfg, self.run_dir, self.display
+        if cfg.trace.enabled:
+            tracer.configure(_trace_dir(cfg, run_dir), role="trainer", name="trainer0")
+        try:
+            init_distributed(_device_type(cfg))
+            trainer = Trainer(cfg)
+            last = asyncio.run(self.stops.guard(self._control(trainer, addresses)))
+        finally:
+            tracer.close()
+        display.note(f"done: run directory {run_dir}; held-out accuracy {last.get('first_eval', float('nan')):.3f} "
+                     f"-> {last.get('eval_accuracy', float('nan')):.3f}; `rlx plot {run_dir}` draws the curves, "
+                     f"`rlx trace-view {run_dir / 'trace'}` shows the timeline")
+        return 0
+
+    async def _control(self, trainer, addresses: list[str]) -> dict:
+        from rlx.launch.controller import Controller
+        from rlx.rollout.client import RolloutClient
+
+        cfg = self.cfg
         client = RolloutClient(addresses, token=cfg.rollout.auth_token, timeout_s=cfg.rollout.request_timeout_s)
         controller = None
         try:
-            alive = lambda: all(c.alive() for c in procs.children)
+            controller = Controller(cfg, self.run_dir, client, trainer, self.display)
+            alive = lambda: all(c.alive() for c in self.procs.children)
             await client.wait_ready(cfg.rollout.startup_timeout_s, is_alive=alive)
-            display.note(f"rollout servers ready: {', '.join(addresses)}")
-            controller = Controller(cfg, run_dir, client, trainer, display)
+            self.display.note(f"rollout servers ready: {', '.join(addresses)}")
             last = await controller.run()
             return dict(last, first_eval=controller.first_eval)
         finally:
             if controller is not None:
                 controller.close()
             client.close()
-
-    last = asyncio.run(deaths.guard(main()))
-    tracer.close()
-    display.note(f"done: run directory {run_dir}; held-out accuracy {last.get('first_eval', float('nan')):.3f} "
-                 f"-> {last.get('eval_accuracy', float('nan')):.3f}; `rlx plot {run_dir}` draws the curves, "
-                 f"`rlx trace-view {run_dir / 'trace'}` shows the timeline")
-    return 0
 
 
 def _export_hf(run_dir: Path, display: Display) -> int:
@@ -197,29 +171,6 @@ def _export_hf(run_dir: Path, display: Display) -> int:
         return 1
     display.note(f"exported the final checkpoint to {target} (loads in transformers and vLLM)")
     return 0
-
-
-def _start_servers(cfg, procs: ProcessSet, config_file: Path, env: dict) -> list[str]:
-    from rlx.rollout.addresses import server_address
-
-    addresses = []
-    for index in range(cfg.rollout.num_servers):
-        address = server_address(cfg, index)
-        argv = python_argv("rlx", "rollout-serve", str(config_file), "--address", address, "--index", str(index))
-        procs.start(f"rollout{index}", argv, dict(env, VLLM_LOGGING_LEVEL="WARNING"))
-        addresses.append(address)
-    return addresses
-
-
-def _start_ranks(cfg, procs: ProcessSet, config_file: Path, env: dict) -> None:
-    world = cfg.trainer.num_ranks
-    if world <= 1:
-        return
-    port = _free_port()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK="0")
-    for rank in range(1, world):
-        rank_env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank))
-        procs.start(f"trainer{rank}", python_argv("rlx.launch.ranks", str(config_file)), rank_env)
 
 
 def _trace_dir(cfg, run_dir: Path) -> Path:

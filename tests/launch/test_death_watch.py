@@ -1,4 +1,4 @@
-"""DeathWatch: a child's death reported on another thread stops the run's main coroutine."""
+"""StopWatch: a child's death reported on another thread, or SIGTERM / SIGHUP, stops the run's main coroutine."""
 
 from __future__ import annotations
 
@@ -8,19 +8,13 @@ import threading
 
 import pytest
 
-from rlx.launch.launcher import ChildDied, DeathWatch
+import os
+
+from rlx.launch.stops import ChildDied, StopWatch, Terminated
 
 
-@pytest.fixture
-def sigusr1_restored():
-    previous = signal.getsignal(signal.SIGUSR1)
-    yield
-    signal.signal(signal.SIGUSR1, previous)
-
-
-def test_death_during_the_event_loop_raises_even_where_callbacks_swallow_exceptions(sigusr1_restored):
-    deaths = DeathWatch()
-    deaths.install()
+def test_death_during_the_event_loop_raises_even_where_callbacks_swallow_exceptions():
+    deaths = StopWatch()
     swallowed = []
 
     async def run():
@@ -35,14 +29,14 @@ def test_death_during_the_event_loop_raises_even_where_callbacks_swallow_excepti
         await asyncio.sleep(30)
         return "finished"
 
-    with pytest.raises(ChildDied, match="rollout0 .* exited with code -9"):
+    with deaths.installed(), pytest.raises(ChildDied, match="rollout0 .* exited with code -9"):
         asyncio.run(deaths.guard(run()))
     assert not swallowed
 
 
 def test_death_reported_before_the_loop_starts_raises_at_once():
-    deaths = DeathWatch()
-    deaths.messages.append("trainer1 (pid 2) exited with code 1")
+    deaths = StopWatch()
+    deaths.reasons.append(ChildDied("trainer1 (pid 2) exited with code 1"))
 
     async def never():
         await asyncio.sleep(30)
@@ -52,7 +46,7 @@ def test_death_reported_before_the_loop_starts_raises_at_once():
 
 
 def test_a_cancellation_without_a_death_stays_a_cancellation():
-    deaths = DeathWatch()
+    deaths = StopWatch()
 
     async def run():
         inner = asyncio.ensure_future(deaths.guard(asyncio.sleep(30)))
@@ -64,11 +58,10 @@ def test_a_cancellation_without_a_death_stays_a_cancellation():
     asyncio.run(run())
 
 
-def test_death_stops_a_run_whose_clean_up_awaits_the_dead_server(sigusr1_restored):
+def test_death_stops_a_run_whose_clean_up_awaits_the_dead_server():
     """A ``finally`` that awaits the dead peer (resume after a failed sync) absorbs one cancellation;
     the watch cancels again until the run's task ends, long before the peer's deadline."""
-    deaths = DeathWatch()
-    deaths.install()
+    deaths = StopWatch()
     clean_ups = []
 
     async def run():
@@ -86,7 +79,35 @@ def test_death_stops_a_run_whose_clean_up_awaits_the_dead_server(sigusr1_restore
         assert task.done(), "the run is still waiting on the dead server"
         return task
 
-    task = asyncio.run(main())
+    with deaths.installed():
+        task = asyncio.run(main())
     with pytest.raises(ChildDied, match="rollout0"):
         task.result()
     assert clean_ups == ["started"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_termination_signal_stops_the_event_loop_and_code_outside_it(signum):
+    """Inside the loop the run's task ends with ``Terminated``; outside it, it is raised between bytecodes;
+    during teardown (``shield``) it is only recorded; the previous handler is back afterwards."""
+    previous = signal.getsignal(signum)
+
+    async def run():
+        threading.Timer(0.2, os.kill, args=(os.getpid(), signum)).start()
+        await asyncio.sleep(30)
+
+    in_loop = StopWatch()
+    with in_loop.installed(), pytest.raises(Terminated) as caught:
+        asyncio.run(in_loop.guard(run()))
+    assert caught.value.exit_code == 128 + signum
+
+    outside = StopWatch()
+    with outside.installed():
+        with pytest.raises(Terminated):
+            os.kill(os.getpid(), signum)
+            threading.Event().wait(5)
+        with outside.shield():
+            os.kill(os.getpid(), signum)
+            threading.Event().wait(0.1)
+    assert [type(r) for r in outside.reasons] == [Terminated, Terminated]
+    assert signal.getsignal(signum) == previous

@@ -1,0 +1,125 @@
+"""`rlx train` under faults and hostile surroundings: termination signals, failures mid-run, stray
+modules in the working directory, secrets. Real launcher, real `hf` rollout server, real files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import start_rlx, stop_group
+from tests.launch.test_train import (assert_no_children_alive, child_pids, read_metrics, run_to_end, small_config,
+                                     start_long_run, wait_for)
+
+pytestmark = pytest.mark.slow
+
+
+def sync_segments_of(pid: int) -> list[Path]:
+    return sorted(Path("/dev/shm").glob(f"rlx-sync-{pid}-*"))
+
+
+def assert_one_line_failure(output: str, run_dir: Path, *expected: str) -> str:
+    """The console names what failed and the launcher's log; the traceback is only in that log."""
+    log = run_dir / "logs" / "train.log"
+    assert "Traceback" not in output, output[-3000:]
+    assert str(log) in output.replace("\n", "")
+    for text in expected:
+        assert text in output, output[-3000:]
+    text = log.read_text()
+    assert "Traceback (most recent call last)" in text
+    return text
+
+
+def test_sigterm_tears_down_like_ctrl_c(tiny_model_dir, tmp_path):
+    """SIGHUP takes the same path (tests/launch/test_death_watch.py)."""
+    signum = signal.SIGTERM
+    proc, run_dir, log = start_long_run(tmp_path, tiny_model_dir)
+    try:
+        assert sync_segments_of(proc.pid), "the run has no weight-sync buffer to leave behind"
+        os.kill(proc.pid, signum)
+        proc.wait(60)
+    finally:
+        stop_group(proc)
+    output = log.read_text()
+    assert proc.returncode == 128 + signum, output[-3000:]
+    assert f"received {signal.Signals(signum).name}: stopping every child process" in output
+    assert "Traceback" not in output
+    assert_no_children_alive(run_dir)
+    assert not sync_segments_of(proc.pid)
+    assert not (run_dir / "rollout-0.sock").exists()
+
+
+REWARD = """
+calls = 0
+
+def score(completion, answer):
+    global calls
+    calls += 1
+    if calls > 16:  # the first step's 4 prompts x 4 samples score; the second step's fail
+        raise ValueError("reward model unreachable")
+    return 0.0
+"""
+
+
+@pytest.mark.parametrize("fault", ["reward_raises", "server_stopped"])
+def test_a_fault_mid_run_is_one_line_and_a_logged_traceback(fault, tiny_model_dir, tmp_path):
+    (tmp_path / "faulty_reward.py").write_text(REWARD)
+    extra = {"task": {"reward": "faulty_reward:score"}} if fault == "reward_raises" else \
+        {"rollout": {"request_timeout_s": 5.0}}
+    config = small_config(tmp_path, tiny_model_dir, "hf", **extra)
+    run_dir = tmp_path / "run"
+    log = tmp_path / "train.log"
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = start_rlx(["train", str(config), "trainer.total_steps=200", "trainer.eval_every=0"], log, env)
+    try:
+        if fault == "server_stopped":
+            wait_for(lambda: (run_dir / "metrics.jsonl").exists() and read_metrics(run_dir), 300, proc, log)
+            os.killpg(child_pids(run_dir)["rollout0"], signal.SIGSTOP)
+        proc.wait(300)
+    finally:
+        stop_group(proc)
+    output = log.read_text()
+    assert proc.returncode == 1, output[-3000:]
+    expected = "reward model unreachable" if fault == "reward_raises" else "did not answer Generate"
+    logged = assert_one_line_failure(output, run_dir, "the run failed", expected)
+    assert expected in logged
+    assert_no_children_alive(run_dir)
+    assert not sync_segments_of(proc.pid)
+
+
+def test_modules_in_the_working_directory_are_not_imported(tiny_model_dir, tmp_path):
+    """A stray typer.py / torch.py where `rlx train` starts runs in no process of the run."""
+    work = tmp_path / "cwd"
+    work.mkdir()
+    for name in ("typer", "torch"):
+        (work / f"{name}.py").write_text(f"open({str(tmp_path / (name + '.imported'))!r}, 'w').close()\n")
+    config = small_config(tmp_path, tiny_model_dir, "hf")
+    rlx = Path(sys.executable).with_name("rlx")  # the installed entry point, as users start it
+    log = tmp_path / "train.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(rlx), "train", str(config), "trainer.total_steps=1", "trainer.eval_every=0"],
+                                cwd=work, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        proc.wait(300)
+    finally:
+        stop_group(proc)
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    assert not list(tmp_path.glob("*.imported"))
+
+
+def test_the_auth_token_reaches_the_server_and_no_file_of_the_run(tiny_model_dir, tmp_path):
+    token = "tok-" + os.urandom(8).hex()
+    config = small_config(tmp_path, tiny_model_dir, "hf")
+    code, output = run_to_end(config, tmp_path, "trainer.total_steps=1", "trainer.eval_every=0",
+                              f"rollout.auth_token={token}")
+    assert code == 0, output[-3000:]  # the server got the token: a wrong one is refused
+    run_dir = tmp_path / "run"
+    assert "auth_token: '***'" in (run_dir / "config.yaml").read_text()
+    leaks = [p for p in run_dir.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
+    assert not leaks and token not in output
+    assert "rollout-serve" in (run_dir / "logs" / "rollout0.log").read_text()  # its argv is logged, without it
+    assert not (run_dir / "rollout-0.sock").exists()
