@@ -93,8 +93,8 @@ class Launch:
         """Children stopped by process group, what they left in /dev/shm and their sockets removed."""
         removed = self.procs.stop_all()
         if removed:
-            self.display.note(f"removed {len(removed)} shared-memory files that stopped children left: "
-                              f"{', '.join(removed[:3])}{' ...' if len(removed) > 3 else ''}")
+            self.display.note(f"removed what stopped children left in /dev/shm: {', '.join(removed[:4])}"
+                              f"{' ...' if len(removed) > 4 else ''}")
         remove_sockets(self.own_addresses)
         _close_distributed()
         self.display.close_log()

@@ -23,6 +23,7 @@ _DELETED = " (deleted)"
 
 class ShmLeftovers:
     def __init__(self) -> None:
+        self.removed: list[str] = []  # every file removed so far
         self._seen: dict[int, set[str]] = {}
         self._lock = threading.Lock()
 
@@ -46,6 +47,8 @@ class ShmLeftovers:
                 removed.append(path)
             except FileNotFoundError:
                 pass
+        with self._lock:
+            self.removed.extend(removed)
         return removed
 
 

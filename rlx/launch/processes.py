@@ -171,14 +171,15 @@ class ProcessSet:
             self.leftovers.record(child.pid)
 
     def stop_all(self, timeout_s: float = 10.0) -> list[str]:
-        """Stop every child's process group; return the /dev/shm files they left, now removed."""
+        """Stop every child's process group; return the /dev/shm files they left, all removed by now."""
         self._watching = False
         for child in self.children:
             child.expected_exit = True
         self.record_shm()
         for child in reversed(self.children):
             child.stop(timeout_s)
-        return self.leftovers.remove_unused([child.pid for child in self.children])
+        self.leftovers.remove_unused([child.pid for child in self.children])
+        return list(self.leftovers.removed)
 
 
 def _term_when_parent_dies() -> None:
