@@ -2,7 +2,10 @@
 
 A million complete-span lines decoded into one Python object each, then pulled apart into numpy
 columns, cost about three seconds; pyarrow's JSON reader parses the same bytes into typed columns
-in C++ on all cores, with no object per line. Attributes are not parsed at all: each span keeps
+in C++ on all cores, with no object per line. Every kind of record becomes columns of its own
+(``KindColumns``): a real run writes about as many instant events (``queued``) and begin/end
+pairs (generations longer than a second) as complete spans, and decoding those one by one
+cost more than parsing everything else. Attributes are not parsed at all: each record keeps
 the byte range of its line in the file (``LineAttrs``), and its ``a`` is decoded the first time
 someone looks at it (the details pane, an attribute filter, an export).
 
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
-from rlx.trace.format import NO_ATTRS, Header, record_decoder
+from rlx.trace.format import NO_ATTRS, Header
 
 try:
     import pyarrow as pa
@@ -76,28 +79,80 @@ class LineAttrs:
 
 
 @dataclass
-class ColumnarFile:
-    """One file's records as columns: the complete spans in arrays, the rest as line ranges."""
+class KindColumns:
+    """The records of one kind (``X``, ``B``, ``E`` or ``I``) of one file as columns, in file order.
 
-    header: Header
-    # complete spans (k == "X"), in file order
+    A field the kind does not have reads 0 (``d``, ``p``, ``i``) or has no names; ``requests`` is
+    a pyarrow string array (null = none) or, from the line-by-line reader, a list of str, int
+    or None; ``attrs`` a sequence of ``msgspec.Raw`` (lazy ``LineAttrs`` on the fast path)."""
+
     i: np.ndarray
     t: np.ndarray
     d: np.ndarray
     p: np.ndarray
     name_codes: np.ndarray      # int32 index into name_values
     name_values: list[str]
-    requests: "pa.Array"        # string request id of each, null = none (interned across files by the loader)
-    errors: dict[int, str]      # complete-span index -> error
-    attrs: LineAttrs
-    other_records: list         # the B / E / I records, in file order (few: decoded one by one)
+    requests: object
+    errors: dict[int, str]      # row -> error
+    attrs: object
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    @classmethod
+    def of_records(cls, records: list) -> "KindColumns":
+        """Columns of decoded records (the line-by-line reader's), all of one kind."""
+        n = len(records)
+
+        def column(attr: str) -> np.ndarray:
+            return np.fromiter((getattr(r, attr, 0) for r in records), np.int64, n)
+
+        return cls(i=column("i"), t=column("t"), d=column("d"), p=column("p"),
+                   name_codes=np.arange(n, dtype=np.int32), name_values=[getattr(r, "n", "") for r in records],
+                   requests=[r.r for r in records],
+                   errors={k: r.err for k, r in enumerate(records) if getattr(r, "err", None) is not None},
+                   attrs=[r.a for r in records])
+
+    def take(self, rows: np.ndarray) -> "KindColumns":
+        """The given rows (sorted), as columns of their own."""
+        new_row = {int(old): k for k, old in enumerate(rows.tolist()) if int(old) in self.errors}
+        return KindColumns(i=self.i[rows], t=self.t[rows], d=self.d[rows], p=self.p[rows],
+                           name_codes=self.name_codes[rows], name_values=self.name_values,
+                           requests=take_values(self.requests, rows),
+                           errors={k: self.errors[old] for old, k in new_row.items()},
+                           attrs=take_values(self.attrs, rows))
 
 
-def read_columns(data: bytes, header: Header, body_start: int) -> ColumnarFile | None:
-    """The file's records as columns, or None when the line-by-line reader must take it."""
+def take_values(values, rows: np.ndarray):
+    """Items ``rows`` of a list, a pyarrow array or a ``LineAttrs``, as the same kind of sequence."""
+    if isinstance(values, list):
+        return [values[k] for k in rows.tolist()]
+    if isinstance(values, LineAttrs):
+        return LineAttrs(values.data, values.starts[rows], values.ends[rows])
+    return values.take(pa.array(rows, pa.int64()))
+
+
+def has_value(values) -> np.ndarray:
+    """Which items of a list or pyarrow array are not None / null."""
+    if isinstance(values, list):
+        return np.fromiter((v is not None for v in values), bool, len(values))
+    return pc.is_valid(values).to_numpy(zero_copy_only=False)
+
+
+@dataclass
+class ColumnarFile:
+    """One file's records as columns, by kind: ``kinds["X"]`` the complete spans, and so on."""
+
+    header: Header
+    kinds: dict[str, KindColumns]
+
+
+def read_columns(data, header: Header, body_start: int) -> ColumnarFile | None:
+    """The file's records as columns, or None when the line-by-line reader must take it.
+    ``data`` is the whole file, ``bytes`` or a read-only ``mmap`` (``reader.open_trace``)."""
     if pa is None:
         return None
-    if body_start >= len(data) or not data.endswith(b"\n"):
+    if body_start >= len(data) or data[-1:] != b"\n":
         return None  # empty, or a last line cut short: the reader counts it
     body = memoryview(data)[body_start:]
     try:
@@ -106,53 +161,55 @@ def read_columns(data: bytes, header: Header, body_start: int) -> ColumnarFile |
                                                            unexpected_field_behavior="ignore"))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         return None
-    newlines = np.flatnonzero(np.frombuffer(body, np.uint8) == 10)
-    if table.num_rows != len(newlines):
+    starts, ends = _line_bounds(body)
+    if table.num_rows != len(starts):
         return None  # blank lines: the reader counts them
-    starts = np.r_[0, newlines[:-1] + 1] + body_start
-    ends = newlines + body_start
-    kind = table.column("k")
-    if not _well_formed(table, kind):
+    starts += body_start
+    ends += body_start
+    kind = table.column("k").combine_chunks().dictionary_encode()
+    present = kind.dictionary.to_pylist()
+    if kind.null_count or not set(present) <= set(KINDS):
         return None
-    complete = pc.equal(kind, "X").to_numpy(zero_copy_only=False)
-    x = table.filter(pa.array(complete))
+    codes = kind.indices.to_numpy(zero_copy_only=False)
+    kinds = {k: _kind_columns(table.slice(0, 0), LineAttrs(data, starts[:0], ends[:0])) for k in KINDS}
+    for code, k in enumerate(present):
+        rows = codes == code
+        x = table.filter(pa.array(rows))
+        if any(x.column(name).null_count for name in _REQUIRED[k]):
+            return None  # a record without a field its kind requires
+        kinds[k] = _kind_columns(x, LineAttrs(data, starts[rows], ends[rows]))
+    return ColumnarFile(header=header, kinds=kinds)
+
+
+def _line_bounds(body: memoryview) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end (the newline) of every line of ``body``, which ends with a newline.
+
+    pyarrow splits the bytes in C++ (numpy's ``flatnonzero`` over a byte mask of a 100 MB file
+    costs six times as long); the pieces leave out the newlines, so piece k starts k bytes early."""
+    whole = pa.LargeBinaryArray.from_buffers(pa.large_binary(), 1, [None, pa.py_buffer(np.array([0, len(body)], np.int64)),
+                                                                    pa.py_buffer(body)])
+    pieces = pc.split_pattern(whole, b"\n").values  # the last piece is the empty one after the final newline
+    offsets = np.frombuffer(pieces.buffers()[1], np.int64, len(pieces) + 1)
+    shift = np.arange(len(pieces) - 1, dtype=np.int64)
+    return offsets[:-2] + shift, offsets[1:-1] + shift
+
+
+def _kind_columns(x, attrs: LineAttrs) -> KindColumns:
     names = x.column("n").combine_chunks().dictionary_encode()
     err = x.column("err")
     errors = {}
     if err.null_count < len(err):
         rows = np.flatnonzero(pc.is_valid(err).to_numpy(zero_copy_only=False))
         errors = dict(zip(rows.tolist(), err.take(pa.array(rows)).to_pylist()))
-    others = np.flatnonzero(~complete)
-    try:  # the few records that are not complete spans: all must decode, or take the slow path
-        other_records = [record_decoder.decode(data[s:e]) for s, e in zip(starts[others].tolist(), ends[others].tolist())]
-    except msgspec.DecodeError:
-        return None
-    return ColumnarFile(
-        header=header,
-        i=_ints(x, "i"), t=_ints(x, "t"), d=_ints(x, "d"), p=_ints(x, "p"),
-        name_codes=names.indices.to_numpy(zero_copy_only=False).astype(np.int32),
-        name_values=names.dictionary.to_pylist(),
-        requests=x.column("r").combine_chunks(),
-        errors=errors,
-        attrs=LineAttrs(data, starts[complete], ends[complete]),
-        other_records=other_records)
+    return KindColumns(i=_ints(x, "i"), t=_ints(x, "t"), d=_ints(x, "d"), p=_ints(x, "p"),
+                       name_codes=pc.fill_null(names.indices, -1).to_numpy(zero_copy_only=False).astype(np.int32),
+                       name_values=names.dictionary.to_pylist(),
+                       requests=x.column("r").combine_chunks(), errors=errors, attrs=attrs)
 
 
 def _schema():
     return pa.schema([("k", pa.string()), ("i", pa.int64()), ("n", pa.string()), ("t", pa.int64()),
                       ("d", pa.int64()), ("p", pa.int64()), ("r", pa.string()), ("err", pa.string())])
-
-
-def _well_formed(table, kind) -> bool:
-    """Every line of a known kind with the fields that kind requires."""
-    if kind.null_count or not pc.all(pc.is_in(kind, pa.array(KINDS))).as_py():
-        return False
-    for k, fields in _REQUIRED.items():
-        rows = pc.equal(kind, k)
-        for name in fields:
-            if pc.any(pc.and_(rows, pc.is_null(table.column(name)))).as_py():
-                return False
-    return True
 
 
 def _ints(table, name: str) -> np.ndarray:

@@ -14,7 +14,7 @@ marked unfinished, and drawn up to the last time its process wrote.
 from __future__ import annotations
 
 import gc
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from operator import attrgetter
 from pathlib import Path
@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from rlx.trace import columnar
-from rlx.trace.columnar import ColumnarFile
-from rlx.trace.format import NO_ATTRS
-from rlx.trace.model import STATUS_ERROR, STATUS_OK, STATUS_UNFINISHED, AttrColumn, Events, Process, Spans, Trace
-from rlx.trace.reader import FileRecords, TraceError, add_record, is_trace_file, read_trace_columns, read_trace_file
+from rlx.trace.columnar import KindColumns, has_value, take_values
+from rlx.trace.model import (STATUS_ERROR, STATUS_OK, STATUS_UNFINISHED, AttrColumn, Events, LaterAttrs, Process,
+                             Spans, Trace)
+from rlx.trace.reader import TraceError, is_trace_file, open_trace, read_trace_columns, read_trace_file
 
 __all__ = ["TraceError", "find_trace_files", "load_trace"]
 
@@ -216,18 +216,12 @@ class _Completes:
         self.count += len(done)
 
     @classmethod
-    def from_columns(cls, columns: ColumnarFile, path: Path, names: _Interner,
-                     requests: _RequestIds) -> tuple["_Completes", FileRecords]:
-        """The complete spans of a file pyarrow read, and its few other records decoded here."""
+    def from_columns(cls, x: KindColumns, names: _Interner, requests: _RequestIds) -> "_Completes":
+        """The complete spans of a file pyarrow read."""
         done = cls(names, requests)
-        done.chunks.append({"i": columns.i, "t": columns.t, "d": columns.d, "p": columns.p,
-                            "n": names.ids_of(columns.name_values)[columns.name_codes].astype(np.int32),
-                            "r": requests.add(columns.requests)})
-        done.attrs, done.errors, done.count = columns.attrs, columns.errors, len(columns.i)
-        rec = FileRecords(path=Path(path), header=columns.header)
-        for record in columns.other_records:
-            add_record(rec, record)
-        return done, rec
+        done.chunks.append({"i": x.i, "t": x.t, "d": x.d, "p": x.p, "n": _name_ids(names, x), "r": requests.add(x.requests)})
+        done.attrs, done.errors, done.count = x.attrs, x.errors, len(x)
+        return done
 
     def request_parts(self) -> list[_Pending]:
         return [c["r"] for c in self.chunks]
@@ -238,66 +232,73 @@ class _Completes:
         return np.concatenate([c[key] for c in self.chunks])
 
 
+def _name_ids(names: _Interner, kind: KindColumns) -> np.ndarray:
+    return names.ids_of(kind.name_values)[kind.name_codes].astype(np.int32) if len(kind) else np.zeros(0, np.int32)
+
+
 class _FileColumns:
     """One file's spans and events as columns in the file's own time (ns since its start)."""
 
     def __init__(self, path: Path, index: int, names: _Interner, requests: _RequestIds) -> None:
-        columns = read_trace_columns(path)
+        opened = open_trace(path)  # the header first: anything else is refused unread
+        columns = read_trace_columns(opened)
         if columns is not None:
-            done, rec = _Completes.from_columns(columns, path, names, requests)
+            done = _Completes.from_columns(columns.kinds["X"], names, requests)
+            begins, ends, instants = (columns.kinds[k] for k in "BEI")
+            self.skipped, self.examples = Counter(), []
         else:  # line by line: skips and counts what it cannot use
             done = _Completes(names, requests)
-            rec = read_trace_file(path, done)
-        self.header, self.skipped, self.examples = rec.header, rec.skipped, rec.examples
-        self.process = Process(index=index, name=rec.header.name, role=rec.header.role,
-                               pid=rec.header.pid, host=rec.header.host, path=rec.path)
-        self._spans(rec, done, names, requests)
-        self._events(rec, names, requests)
+            rec = read_trace_file(opened, done)
+            begins, ends, instants = map(KindColumns.of_records, (rec.begins, rec.ends, rec.instants))
+            self.skipped, self.examples = rec.skipped, rec.examples
+        self.header = header = opened.header
+        self.process = Process(index=index, name=header.name, role=header.role, pid=header.pid, host=header.host,
+                               path=opened.path)
+        self._spans(done, begins, ends, names, requests)
+        self._events(instants, names, requests)
         times = [a.max() for a in (self.start, self.end_known, self.time) if len(a)]
         self.last_t = int(max(times, default=0))
         self.end = np.where(self.status == STATUS_UNFINISHED, self.last_t, self.end_known)
 
-    def _spans(self, rec: FileRecords, done: _Completes, names: _Interner, requests: _RequestIds) -> None:
+    def _spans(self, done: _Completes, begins: KindColumns, ends: KindColumns, names: _Interner,
+               requests: _RequestIds) -> None:
         """Complete spans (one ``X`` line each) first, then the long ones (``B`` [+ ``E``])."""
-        begins, done_ids = rec.begins, done.column("i")
-        if begins:  # a begin line that raced with its complete line describes the same span
-            begins = [b for b, keep in zip(begins, (~np.isin(_column(begins, "i"), done_ids)).tolist()) if keep]
-        ids = np.r_[done_ids, _column(begins, "i")]
+        done_ids = done.column("i")
+        raced = np.isin(begins.i, done_ids)  # a begin line that raced with its complete line: one span
+        if raced.any():
+            begins = begins.take(np.flatnonzero(~raced))
+        ids = np.r_[done_ids, begins.i]
         self._order = np.argsort(ids, kind="stable")
         self._sorted_ids = ids[self._order]
-        self.start = np.r_[done.column("t"), _column(begins, "t")]
-        self.name = np.r_[done.column("n"), names.ids(begins, "n")].astype(np.int32)
-        self._requests = done.request_parts() + [requests.add_of(begins)]  # the request column, once interned
-        self.begin_attrs = [done.attrs, list(map(attrgetter("a"), begins))]  # segments of an AttrColumn
-        self.parent = _lookup(self._sorted_ids, self._order, np.r_[done.column("p"), _column(begins, "p")])
+        self.start = np.r_[done.column("t"), begins.t]
+        self.name = np.r_[done.column("n"), _name_ids(names, begins)].astype(np.int32)
+        self._requests = done.request_parts() + [requests.add(begins.requests)]  # the request column, once interned
+        self.begin_attrs = [done.attrs, begins.attrs]  # segments of an AttrColumn
+        self.parent = _lookup(self._sorted_ids, self._order, np.r_[done.column("p"), begins.p])
         self.errors = done.errors
-        self.end_attrs: dict = {}
-        end_of_begin = _lookup(*_sorted(_column(rec.ends, "i")), ids[done.count:])
-        end_times = np.append(_column(rec.ends, "t"), 0)  # index -1 (no end) reads the 0
+        end_of_begin = _lookup(*_sorted(ends.i), begins.i)
+        end_times = np.append(ends.t, 0)  # index -1 (no end) reads the 0
         self.end_known = np.r_[self.start[:done.count] + done.column("d"), end_times[end_of_begin]]
         self.status = np.r_[np.full(done.count, STATUS_OK),
                             np.where(end_of_begin >= 0, STATUS_OK, STATUS_UNFINISHED)].astype(np.int8)
-        self._long_span_ends(rec.ends, begins, end_of_begin, done.count, requests)
+        self._long_span_ends(ends, begins, end_of_begin, done.count, requests)
         self.status[list(self.errors)] = STATUS_ERROR
 
-    def _long_span_ends(self, ends: list, begins: list, end_of_begin: np.ndarray, base: int,
+    def _long_span_ends(self, ends: KindColumns, begins: KindColumns, end_of_begin: np.ndarray, base: int,
                         requests: _RequestIds) -> None:
         """Attributes, errors and late request ids from the end lines of long spans; orphans counted."""
-        matched = end_of_begin >= 0
-        orphans = len(ends) - int(matched.sum())
-        if orphans:
-            self.skipped["span end without its begin"] += orphans
-        late_spans, late_ids = [], []
-        for k in np.flatnonzero(matched).tolist():
-            e, s = ends[end_of_begin[k]], base + k
-            if e.a is not NO_ATTRS:
-                self.end_attrs[s] = e.a
-            if e.err is not None:
-                self.errors[s] = e.err
-            if e.r is not None and begins[k].r is None:
-                late_spans.append(s)
-                late_ids.append(e.r)
-        self._late_requests = late_spans, requests.add(late_ids)
+        matched = np.flatnonzero(end_of_begin >= 0)
+        rows = end_of_begin[matched]
+        if len(ends) > len(matched):
+            self.skipped["span end without its begin"] += len(ends) - len(matched)
+        self.end_owner, self.end_attrs = base + matched, take_values(ends.attrs, rows)
+        span_of_end = np.full(len(ends), -1, np.int64)
+        span_of_end[rows] = base + matched
+        for row, err in ends.errors.items():
+            if span_of_end[row] >= 0:
+                self.errors[int(span_of_end[row])] = err
+        late = has_value(take_values(ends.requests, rows)) & ~has_value(take_values(begins.requests, matched))
+        self._late_requests = base + matched[late], requests.add(take_values(ends.requests, rows[late]))
 
     def resolve_requests(self) -> None:
         """The request columns, from the codes ``_RequestIds.finish`` gave (a span whose begin
@@ -308,13 +309,12 @@ class _FileColumns:
         self.event_request = self._event_requests.codes
         del self._requests, self._late_requests, self._event_requests
 
-    def _events(self, rec: FileRecords, names: _Interner, requests: _RequestIds) -> None:
-        instants = rec.instants
-        self.time = _column(instants, "t")
-        self.event_name = names.ids(instants, "n")
-        self._event_requests = requests.add_of(instants)
-        self.event_parent = _lookup(self._sorted_ids, self._order, _column(instants, "p"))
-        self.event_attrs = list(map(attrgetter("a"), instants))
+    def _events(self, instants: KindColumns, names: _Interner, requests: _RequestIds) -> None:
+        self.time = instants.t
+        self.event_name = _name_ids(names, instants)
+        self._event_requests = requests.add(instants.requests)
+        self.event_parent = _lookup(self._sorted_ids, self._order, instants.p)
+        self.event_attrs = instants.attrs
 
 
 def _sorted(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -364,7 +364,8 @@ def _concat_spans(parts: list[_FileColumns]) -> Spans:
         begin_attrs=AttrColumn([segment for p in parts for segment in p.begin_attrs]))
     for p, b in zip(parts, bases):
         spans.errors.update({s + b: e for s, e in p.errors.items()})
-        spans.end_attrs.update({s + b: a for s, a in p.end_attrs.items()})
+    spans.end_attrs = LaterAttrs(cat([p.end_owner + b for p, b in zip(parts, bases)]).astype(np.int64),
+                                 AttrColumn([p.end_attrs for p in parts]))
     return spans
 
 
@@ -377,7 +378,7 @@ def _concat_events(parts: list[_FileColumns]) -> Events:
         time=cat([p.time + p.process.offset_ns for p in parts]).astype(np.int64),
         parent=cat([_shift(p.event_parent, b) for p, b in zip(parts, bases)]).astype(np.int32),
         request=cat([p.event_request for p in parts]).astype(np.int32),
-        attrs=[a for p in parts for a in p.event_attrs])
+        attrs=AttrColumn([p.event_attrs for p in parts]))
 
 
 def _propagate(spans: Spans) -> None:

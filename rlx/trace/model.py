@@ -83,6 +83,23 @@ class AttrColumn:
         return out
 
 
+class LaterAttrs:
+    """The attributes of long spans' end lines (``span.set`` after the begin line was written):
+    ``attrs[k]`` (Raw) belongs to span ``owner[k]``; owners ascend, one end line per span."""
+
+    def __init__(self, owner: np.ndarray | None = None, attrs: AttrColumn | None = None) -> None:
+        self.owner = np.zeros(0, np.int64) if owner is None else owner
+        self.attrs = AttrColumn() if attrs is None else attrs
+
+    def __len__(self) -> int:
+        return len(self.owner)
+
+    def get(self, i: int):
+        """The end line's attributes of span i, or None when it had no end line."""
+        k = int(np.searchsorted(self.owner, i))
+        return self.attrs[k] if k < len(self.owner) and self.owner[k] == i else None
+
+
 @dataclass
 class Spans:
     """Span columns; index i describes one span."""
@@ -97,7 +114,7 @@ class Spans:
     status: np.ndarray      # int8 STATUS_*
     begin_attrs: AttrColumn  # msgspec.Raw per span (format.NO_ATTRS if none): all attributes of
                             # a complete span, those given at begin for a long one
-    end_attrs: dict = field(default_factory=dict)   # span index -> Raw from a long span's end line
+    end_attrs: LaterAttrs = field(default_factory=LaterAttrs)  # from long spans' end lines
     errors: dict = field(default_factory=dict)      # span index -> "ExcType: message"
 
     def attrs_set_later(self, i: int):
@@ -120,7 +137,7 @@ class Events:
     time: np.ndarray
     parent: np.ndarray
     request: np.ndarray
-    attrs: list
+    attrs: AttrColumn       # msgspec.Raw per event
 
     def __len__(self) -> int:
         return len(self.time)

@@ -77,7 +77,7 @@ def match_spans(trace: Trace, text: str) -> np.ndarray:
             mask &= _OPS[term.op](spans.status, _STATUS[term.value])
         else:
             mask &= _common(trace, term, spans.name, spans.proc, spans.request,
-                            [(spans.begin_attrs, None), (list(spans.end_attrs.values()), list(spans.end_attrs))], len(spans))
+                            [(spans.begin_attrs, None), (spans.end_attrs.attrs, spans.end_attrs.owner)], len(spans))
     return mask
 
 

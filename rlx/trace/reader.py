@@ -1,18 +1,28 @@
 """Reading one trace file into records, skipping and counting every line that cannot be used.
 
 A trace may be cut short by a crash, written by a newer rlx, or edited by hand; none of that is
-fatal. The body is decoded a few megabytes at a time, each chunk in one msgspec call (fast:
-about a microsecond a line); only a chunk where that fails is decoded line by line, so that each
-bad line is skipped and counted with its reason and line number. This module knows nothing of spans' meaning; ``loader.py``
-pairs begins with ends and builds the columns.
+fatal. A file that is not a trace at all is refused from its first line alone (``open_trace``),
+before anything else is read: a 64 GB file of something else costs one ``readline`` of at most
+``MAX_HEADER_BYTES``. The body is then memory-mapped, not read: the page cache holds it, the
+process only what it decodes. It is decoded a few megabytes at a time, each chunk in one
+msgspec call (fast: about a microsecond a line); only a chunk where that fails is decoded line
+by line, so that each bad line is skipped and counted with its reason and line number. A line
+longer than ``MAX_LINE_BYTES`` is no trace record: it is an error naming the file and line.
+This module knows nothing of spans' meaning; ``loader.py`` pairs begins with ends and builds
+the columns.
+
+The map is read-only and the tracer only appends, so a trace still being written is fine; a
+file truncated by someone else while it is open is not (the OS then faults the reader).
 """
 
 from __future__ import annotations
 
+import mmap
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Union
 
 import msgspec
 
@@ -22,10 +32,35 @@ from rlx.trace.format import (FORMAT_NAME, FORMAT_VERSION, Begin, Complete, End,
 
 MAX_EXAMPLES = 5
 CHUNK_BYTES = 4 << 20
+MAX_HEADER_BYTES = 64 << 10
+"""A header line is about 200 bytes; a first line longer than this is not one."""
+MAX_LINE_BYTES = 64 << 20
+"""A record line is a few hundred bytes (attributes are scalars or short lists)."""
 
 
 class TraceError(ValueError):
-    """A trace path that cannot be read at all (no trace files, a newer format)."""
+    """A trace path that cannot be read at all (no trace files, a newer format, an absurd line)."""
+
+
+@dataclass
+class TraceBytes:
+    """An opened trace file: its header and its bytes (``mmap``, or ``b""`` when there is no body)."""
+
+    path: Path
+    header: Header
+    data: Union[bytes, mmap.mmap]
+    body_start: int
+
+
+def open_trace(path: Path) -> TraceBytes:
+    """Check the first line, then map the file; TraceError if it is not an rlx trace."""
+    with open(path, "rb") as f:
+        first = f.readline(MAX_HEADER_BYTES)
+        header = _decode_header(path, first.rstrip(b"\n"))
+        size = os.fstat(f.fileno()).st_size
+        if not first.endswith(b"\n") or size <= len(first):
+            return TraceBytes(Path(path), header, b"", len(first))
+        return TraceBytes(Path(path), header, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), len(first))
 
 
 @dataclass
@@ -49,14 +84,14 @@ def is_trace_file(path: Path) -> bool:
     """True when the file starts with an rlx trace header line."""
     try:
         with open(path, "rb") as f:
-            first = f.readline(1 << 16)
+            first = f.readline(MAX_HEADER_BYTES)
         header_decoder.decode(first)
     except (OSError, msgspec.DecodeError):
         return False
     return True
 
 
-def read_trace_file(path: Path, sink: Callable | None = None) -> FileRecords:
+def read_trace_file(source: Path | TraceBytes, sink: Callable | None = None) -> FileRecords:
     """All usable records of one file; raises TraceError if it is not an rlx trace at all.
 
     The body is decoded in chunks of about ``CHUNK_BYTES``. With a ``sink``, each chunk's
@@ -64,33 +99,48 @@ def read_trace_file(path: Path, sink: Callable | None = None) -> FileRecords:
     ``FileRecords.completes``: a reader that turns them into columns right away works on data
     still in the CPU cache, and the chunk's objects are freed before the next is decoded.
     """
-    data = Path(path).read_bytes()
-    first_end = data.find(b"\n")
-    header = _decode_header(path, data if first_end < 0 else data[:first_end])
-    records = FileRecords(path=Path(path), header=header)
-    if first_end < 0:
-        return records
-    body_end = data.rfind(b"\n") + 1  # lines after the last newline were cut by a crash
-    start = first_end + 1
-    while start < body_end:
-        end = data.find(b"\n", min(start + CHUNK_BYTES, body_end - 1)) + 1
+    opened = source if isinstance(source, TraceBytes) else open_trace(source)
+    records = FileRecords(path=opened.path, header=opened.header)
+    data, start = opened.data, opened.body_start
+    while start < len(data):
+        end = _chunk_end(opened, start)
+        if data[end - 1:end] != b"\n":  # the last line, cut by a crash
+            _read_last_line(records, data[start:end], 2 + _count_newlines(data, opened.body_start, start))
+            break
         _read_chunk(records, data, start, end, sink)
         start = end
-    if body_end < len(data):
-        _read_last_line(records, data[body_end:], 2 + data.count(b"\n", first_end + 1, body_end))
     return records
 
 
-def read_trace_columns(path: Path) -> ColumnarFile | None:
+def _chunk_end(opened: TraceBytes, start: int) -> int:
+    """Where the chunk from ``start`` ends: after the first newline at or past ``CHUNK_BYTES``,
+    else after the file's last newline, else at the end of the file (a last line cut short)."""
+    data, size = opened.data, len(opened.data)
+    search_from = min(start + CHUNK_BYTES, size) - 1
+    end = data.find(b"\n", search_from, search_from + MAX_LINE_BYTES) + 1
+    if end:
+        return end
+    if search_from + MAX_LINE_BYTES < size:
+        line_start = data.rfind(b"\n", start, search_from) + 1 or start
+        line_no = 2 + _count_newlines(data, opened.body_start, line_start)
+        raise TraceError(f"{opened.path}:{line_no}: a line longer than {MAX_LINE_BYTES >> 20} MiB is no "
+                         f"trace record; the file is damaged or not a trace (move it out of the trace directory)")
+    return data.rfind(b"\n", start, size) + 1 or size
+
+
+def _count_newlines(data, start: int, end: int) -> int:
+    """Newlines in data[start:end], a chunk at a time (an mmap has no ``count``)."""
+    return sum(data[k:min(k + CHUNK_BYTES, end)].count(b"\n") for k in range(start, end, CHUNK_BYTES))
+
+
+def read_trace_columns(source: Path | TraceBytes) -> ColumnarFile | None:
     """The fast path (``columnar.py``): the file as columns, or None when only the line-by-line
     reader can take it (bad or blank lines, a cut last line, an unusual field type, no pyarrow).
     Raises TraceError like ``read_trace_file`` when the file is not an rlx trace at all."""
-    data = Path(path).read_bytes()
-    first_end = data.find(b"\n")
-    header = _decode_header(path, data if first_end < 0 else data[:first_end])
-    if first_end < 0:
+    opened = source if isinstance(source, TraceBytes) else open_trace(source)
+    if not opened.data:
         return None
-    return read_columns(data, header, first_end + 1)
+    return read_columns(opened.data, opened.header, opened.body_start)
 
 
 def _decode_header(path: Path, line: bytes) -> Header:
@@ -123,7 +173,7 @@ def _read_chunk(records: FileRecords, data: bytes, start: int, end: int, sink: C
     try:
         decoded = records_decoder.decode(array.replace(b"\n", b","))
     except msgspec.DecodeError:
-        decoded = _read_lines(records, data[start:end], 2 + data.count(b"\n", 0, start) - 1)
+        decoded = _read_lines(records, data[start:end], 1 + _count_newlines(data, 0, start))
     completes = [r for r in decoded if r.__class__ is Complete]
     if sink is None:
         records.completes += completes

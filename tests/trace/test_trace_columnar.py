@@ -34,10 +34,11 @@ def assert_same_trace(fast, slow):
     for column in EVENT_COLUMNS:
         assert np.array_equal(getattr(fast.events, column), getattr(slow.events, column)), column
     assert fast.spans.errors == slow.spans.errors
-    assert fast.spans.end_attrs.keys() == slow.spans.end_attrs.keys()
+    assert np.array_equal(fast.spans.end_attrs.owner, slow.spans.end_attrs.owner)
     assert len(fast.spans.begin_attrs) == len(slow.spans.begin_attrs) == len(fast.spans)
     assert [bytes(a) for a in fast.spans.begin_attrs] == [bytes(a) for a in slow.spans.begin_attrs]
     assert [fast.span_attrs(i) for i in range(len(fast.spans))] == [slow.span_attrs(i) for i in range(len(slow.spans))]
+    assert [fast.event_attrs(i) for i in range(len(fast.events))] == [slow.event_attrs(i) for i in range(len(slow.events))]
     assert fast.skipped == slow.skipped
 
 

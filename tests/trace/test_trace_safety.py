@@ -92,3 +92,26 @@ async def _viewer_screens_are_safe(trace_dir) -> None:
     for escaped in ("rollout\\x1b]0;PWNED\\x07[i]0", "req\\x9b5m[blink]", "key\\x1b[8m",
                     "value\\u2066[red]\\x00[link=", "boom\\r\\x1b[1A[bold red]fine"):
         assert escaped in text, escaped
+
+
+def sparse(path, size: int, head: bytes = b""):
+    """A file of ``size`` bytes that holds ``head`` and then a hole (no disk used)."""
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(size)
+    return path
+
+
+@pytest.mark.parametrize("what", ["summary", "export"])
+def test_a_huge_file_is_refused_by_its_first_line_or_its_first_absurd_line(small_trace, tmp_path, what):
+    header = next(small_trace.glob("trainer0.*.jsonl")).read_bytes().split(b"\n")[0] + b"\n"
+    args = ["--summary"] if what == "summary" else ["--export", "perfetto", str(tmp_path / "out.json")]
+    cases = [(sparse(tmp_path / "not-a-trace.jsonl", 64 << 30), "not-a-trace.jsonl is not an rlx trace"),
+             (sparse(tmp_path / "holed.1.jsonl", 64 << 30, header + b'{"k":"I","n":"x","t":1}\n'),
+              "holed.1.jsonl:3: a line longer than 64 MiB")]
+    for path, message in cases:
+        result = runner.invoke(cli, ["trace-view", str(path), *args])
+        assert result.exit_code == 2, result.output
+        assert message in result.output and "Traceback" not in result.output
+        assert len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "out.json").exists()
