@@ -74,7 +74,10 @@ def train(work: Path, model_dir: Path, name: str, overrides: list[str], **sectio
         base.setdefault(section, {}).update(values)
     config = write_config(work / f"{name}.yaml", model_dir, **base)
     result = CliRunner().invoke(app, ["train", str(config), *overrides])
-    assert result.exit_code == 0, f"{name} run failed ({result.exception!r}):\n{result.output[-4000:]}"
+    if result.exit_code != 0:
+        log = work / name / "logs" / "train.log"
+        detail = log.read_text()[-4000:] if log.exists() else repr(result.exception)
+        pytest.fail(f"{name} run failed:\n{result.output[-2000:]}\n{detail}")
     rows = [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), name
     return Run(work / name, rows)
