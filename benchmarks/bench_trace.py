@@ -7,12 +7,16 @@
    off and on, rounds interleaved, median; the slowdown is the number the tracer must keep
    under 2%. Per-token work is a busy loop of ``--token-us`` (default 300 us: about one tiny-model
    token's share of a CPU rollout step in the quickstart; lower is harsher on the tracer).
-3. Opening a synthetic trace of ``--events`` spans + events in a fresh process, as
-   ``rlx trace-view`` does: imports, load, and time to the first rendered frame of the Textual app
-   (headless), with peak memory; against reading the same bytes and decoding them into plain
-   Python objects with msgspec (the floor of any Python JSON reader).
+3. Opening a trace of ``--events`` spans + events in a fresh process, as ``rlx trace-view``
+   does: imports, load, and time to the first rendered frame of the Textual app (headless), with
+   peak memory; against reading the same bytes and decoding them into plain Python objects with
+   msgspec (the floor of any Python JSON reader). The trace is a real run's trace repeated up to
+   ``--events`` (``--from-trace DIR``, ``rlx/trace/replicate.py``), or else a synthetic one
+   (``rlx/trace/synthetic.py``), whose mix of records is not a real run's: it has few instant
+   events and long spans, which a real rollout server writes for every request.
 
     python benchmarks/bench_trace.py [--json OUT.json] [--events 1000000] [--parts calls,rollout,viewer]
+                                     [--from-trace RUN_DIR/trace]
 
 Prints rich tables; ``--json`` writes every number. Timings depend on the machine and its load:
 the load average is recorded with them.
@@ -174,15 +178,20 @@ def probe(kind: str, trace_dir: Path) -> dict:
 
 
 def measure_viewer(args, work: Path) -> dict:
+    from rlx.trace.replicate import replicate_trace
     from rlx.trace.synthetic import write_synthetic_trace
 
     trace_dir = work / "viewer"
-    files = write_synthetic_trace(trace_dir, num_entries=args.events, num_servers=4, requests_per_step=1024)
+    if args.from_trace:
+        files = replicate_trace(args.from_trace, trace_dir, args.events)
+    else:
+        files = write_synthetic_trace(trace_dir, num_entries=args.events, num_servers=4, requests_per_step=1024)
     runs = []
     for _ in range(args.viewer_repeats):  # interleaved with the baseline
         runs.append((probe("baseline", trace_dir), probe("viewer", trace_dir)))
     pick = sorted(runs, key=lambda r: r[1]["first_frame_s"])[len(runs) // 2]  # the median run
     return {"bytes": sum(f.stat().st_size for f in files), "baseline": pick[0], "viewer": pick[1],
+            "source": f"{args.from_trace} repeated" if args.from_trace else "synthetic",
             "first_frame_s_all": [r[1]["first_frame_s"] for r in runs]}
 
 
@@ -195,7 +204,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--token-us", type=float, default=300.0)
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--events", type=int, default=1_000_000, help="spans + events of the synthetic trace")
+    parser.add_argument("--events", type=int, default=1_000_000, help="spans + events of the trace the viewer opens")
+    parser.add_argument("--from-trace", help="repeat this real trace (a run's trace dir) up to --events, "
+                                             "instead of writing a synthetic one")
     parser.add_argument("--viewer-repeats", type=int, default=3)
     parser.add_argument("--parts", default="calls,rollout,viewer", help="which measurements, comma-separated")
     parser.add_argument("--viewer-probe", help=argparse.SUPPRESS)
@@ -266,7 +277,8 @@ def report_viewer(console, result: dict) -> None:
 
     v = result["viewer"]
     viewer = Table(title=f"opening {v['viewer']['spans']:,} spans + {v['viewer']['events']:,} events "
-                         f"({v['bytes'] / 1e6:.0f} MB) in a fresh process (median of {len(v['first_frame_s_all'])})")
+                         f"({v['bytes'] / 1e6:.0f} MB, {v['source']}) in a fresh process "
+                         f"(median of {len(v['first_frame_s_all'])})")
     for column in ("step", "wall s", "cpu s", "peak RSS MiB"):
         viewer.add_column(column, justify="left" if column == "step" else "right")
     b, w = v["baseline"], v["viewer"]

@@ -11,6 +11,7 @@ from rlx.trace.loader import load_trace
 from rlx.trace.model import STATUS_UNFINISHED
 from rlx.trace.query import match_spans
 from rlx.trace.reader import read_trace_columns
+from rlx.trace.replicate import replicate_trace
 from rlx.trace.synthetic import write_synthetic_trace
 from rlx.trace.tracer import Tracer
 
@@ -55,6 +56,31 @@ def test_synthetic_trace_with_long_spans_and_events_matches(tmp_path, monkeypatc
     fast, slow = load_trace(tmp_path), load_line_by_line(tmp_path, monkeypatch)
     assert len(fast.spans) > 2000 and len(fast.events) > 0
     assert_same_trace(fast, slow)
+
+
+def test_a_trace_replicated_from_a_real_run_keeps_its_mix_and_matches(tmp_path, monkeypatch):
+    """``replicate.py`` (the benchmark's input): copies after each other, ids distinct per copy."""
+    tracer = Tracer()
+    tracer.configure(tmp_path / "real", role="rollout", name="rollout0", open_span_flush_s=0.001)
+    for k in range(3):
+        tracer.event("queued", request_id=f"{k}.0", paused=False)
+        with tracer.span("generate", request_id=f"{k}.0", n=1) as span:
+            tracer.flush(min_age_s=0.0)  # a long generation: begin + end lines
+            span.set(completion_tokens=k)
+        with tracer.span("reward"):
+            pass
+    tracer.close()
+    one = load_trace(tmp_path / "real")
+    replicate_trace(tmp_path / "real", tmp_path / "big", num_entries=5 * (len(one.spans) + len(one.events)))
+    fast, slow = load_trace(tmp_path / "big"), load_line_by_line(tmp_path / "big", monkeypatch)
+    assert_same_trace(fast, slow)
+    assert (len(fast.spans), len(fast.events), len(fast.request_ids)) == (30, 15, 15)
+    length = one.end_ns - one.spans.start.min()  # each further copy starts after the previous one ended
+    assert fast.spans.start.min() == one.spans.start.min() and fast.end_ns - one.end_ns > 4 * length
+    assert (fast.events.parent == -1).all() and (fast.spans.parent == -1).all()
+    generate = fast.spans.name == fast.names.index("generate")
+    assert (fast.spans.status[generate] == 0).all() and len(fast.spans.end_attrs) == 15
+    assert sorted(fast.span_attrs(i)["completion_tokens"] for i in np.flatnonzero(generate)) == sorted([0, 1, 2] * 5)
 
 
 def test_unfinished_long_span_matches(tmp_path, monkeypatch):
