@@ -137,7 +137,8 @@ def _draw_events(chars, styles, trace, palette, data, t0, t1, width) -> None:
         return
     cols = np.clip(_cols(data.event_times[pos], t0, t1, width), 0, width - 1)
     names = trace.events.name[data.events[pos]]
-    for col, name in zip(cols.tolist(), names.tolist()):
+    last = np.r_[cols[1:] != cols[:-1], True]  # by time, so the last event of each cell is the one drawn
+    for col, name in zip(cols[last].tolist(), names[last].tolist()):
         chars[col] = EVENT_MARK
         styles[col] = styles[col] + palette.event[name] if styles[col].bgcolor else palette.event[name]
 
