@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rlx.convert.errors import ConvertError
 from rlx.convert.hf_job import hf_to_hf_job, trainer_to_hf_job
-from rlx.convert.hf_write import parse_dtype
+from rlx.convert.hf_write import parse_dtype, read_model_config
 from rlx.convert.megatron.layout import is_torch_dist
 from rlx.convert.safetensors_io import INDEX_NAME, SafetensorsDir
 from rlx.convert.trainer_ckpt import is_trainer_checkpoint, resolve_trainer_checkpoint
@@ -44,6 +44,9 @@ def detect_source(src: Path) -> str:
         return "hf"
     if (src / "config.json").is_file():
         SafetensorsDir(src)  # raises with the reason (no weights, pickle weights...)
+    if (src / INDEX_NAME).is_file() or any(src.glob("*.safetensors")):
+        raise ConvertError(f"{src} holds safetensors weights but no config.json; copy the model's config.json "
+                           "(and tokenizer files) into it: the output needs them to load")
     raise ConvertError(f"cannot tell what {src} is: expected an rlx trainer checkpoint (manifest.json or "
                        "step_* directories), a Hugging Face directory (config.json + *.safetensors) or a "
                        "Megatron torch_dist checkpoint (latest_checkpointed_iteration.txt or iter_*/metadata.json)")
@@ -60,6 +63,8 @@ def build_job(src: Path, options: ConvertOptions):
     dtype = parse_dtype(options.dtype)
     if kind == "torch_dist":
         return _from_torch_dist(src, to, dtype, options)
+    if kind == "hf":
+        read_model_config(src)  # a broken config fails here, before the destination is touched
     if kind == "trainer":
         ckpt = resolve_trainer_checkpoint(src)
         if to == "hf":

@@ -38,11 +38,25 @@ def target_dtype(source: torch.dtype, dtype: torch.dtype | None) -> torch.dtype:
     return dtype if dtype is not None and source.is_floating_point else source
 
 
-def copy_model_files(template: Path, out_dir: Path, dtype: torch.dtype | None) -> list[str]:
-    """Copy config / tokenizer / generation config (every top-level non-weight file)."""
-    if not (template / "config.json").is_file():
+def read_model_config(template: Path) -> dict:
+    """``template/config.json`` as a dict; a missing or unreadable one is a ConvertError naming the file."""
+    path = Path(template) / "config.json"
+    if not path.is_file():
         raise ConvertError(f"{template} has no config.json; pass the Hugging Face directory of this "
                            "model (config + tokenizer) so the output can be loaded")
+    try:
+        config = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConvertError(f"{path} is not valid JSON ({exc}); restore the model's config.json") from None
+    if not isinstance(config, dict):
+        raise ConvertError(f"{path} holds a JSON {type(config).__name__}, not a model config object; "
+                           "restore the model's config.json")
+    return config
+
+
+def copy_model_files(template: Path, out_dir: Path, dtype: torch.dtype | None) -> list[str]:
+    """Copy config / tokenizer / generation config (every top-level non-weight file)."""
+    read_model_config(template)
     copied = []
     for path in sorted(template.iterdir()):
         if path.is_file() and not path.name.endswith(WEIGHT_SUFFIXES) and not path.name.endswith(".index.json"):
@@ -55,7 +69,7 @@ def copy_model_files(template: Path, out_dir: Path, dtype: torch.dtype | None) -
 
 def set_config_dtype(config_path: Path, dtype: torch.dtype) -> None:
     # transformers 5 reads "dtype", older readers (vLLM's) "torch_dtype": keep both.
-    config = json.loads(config_path.read_text())
+    config = read_model_config(config_path.parent)
     name = str(dtype).removeprefix("torch.")
     config["torch_dtype"] = name
     config["dtype"] = name

@@ -54,7 +54,11 @@ class TensorInfo:
 
 
 def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
-    """Parse one safetensors header; raise ConvertError if the file is truncated or malformed."""
+    """Parse one safetensors header; raise ConvertError if the file is truncated or malformed.
+
+    The checks are the safetensors library's: a JSON object of entries with a known dtype, a shape
+    of non-negative integers, byte offsets that match the shape, and tensors that tile the data
+    area exactly (no gap, no overlap, nothing outside the file)."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         raw_len = f.read(8)
@@ -66,8 +70,13 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
             header = json.loads(f.read(header_len))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ConvertError(f"{path} has a corrupt safetensors header ({exc}); re-copy it") from None
+    if not isinstance(header, dict):
+        raise ConvertError(f"{path} has a corrupt safetensors header (a JSON {type(header).__name__}, not an "
+                           "object of tensors); re-copy it")
     data_start = 8 + header_len
     metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise ConvertError(f"{path} has a corrupt safetensors header (__metadata__ is {metadata!r}); re-copy it")
     tensors = {name: _tensor_info(path, name, entry, data_start) for name, entry in header.items()}
     _check_covered(path, tensors, data_start, size)
     return tensors, metadata
@@ -78,8 +87,11 @@ def _tensor_info(path: Path, name: str, entry: dict, data_start: int) -> TensorI
         dtype, shape, (begin, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
     except (KeyError, TypeError, ValueError):
         raise ConvertError(f"{path}: header entry for {name!r} is malformed ({entry!r}); re-copy the file") from None
-    if dtype not in DTYPES:
-        raise ConvertError(f"{path}: tensor {name!r} has dtype {dtype}, which rlx does not convert")
+    if not all(_is_count(n) for n in (*shape, begin, end)) or begin > end:
+        raise ConvertError(f"{path}: tensor {name!r} has shape {list(shape)} and byte offsets {[begin, end]}; "
+                           "both must be non-negative integers (offsets ascending); the file is corrupt, re-copy it")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ConvertError(f"{path}: tensor {name!r} has dtype {dtype!r}, which rlx does not convert")
     numel = 1
     for dim in shape:
         numel *= dim
@@ -89,14 +101,25 @@ def _tensor_info(path: Path, name: str, entry: dict, data_start: int) -> TensorI
     return TensorInfo(name, path, dtype, shape, data_start + begin, data_start + end)
 
 
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _check_covered(path: Path, tensors: dict[str, TensorInfo], data_start: int, size: int) -> None:
-    data_end = max((t.end for t in tensors.values()), default=data_start) - data_start
     data_bytes = size - data_start
-    if data_end > data_bytes:
-        raise ConvertError(f"{path} is truncated: its header describes {data_end} bytes of tensor data "
-                           f"but the file holds {data_bytes}; re-copy it from the original checkpoint")
-    if data_end < data_bytes:
-        raise ConvertError(f"{path} has {data_bytes - data_end} bytes after its last tensor; it is corrupt "
+    position = 0
+    for info in sorted(tensors.values(), key=lambda t: (t.start, t.end)):
+        begin, end = info.start - data_start, info.end - data_start
+        if end > data_bytes:
+            raise ConvertError(f"{path} is truncated: tensor {info.name!r} ends at byte {end} of the tensor data "
+                               f"but the file holds {data_bytes}; re-copy it from the original checkpoint")
+        if begin != position:
+            problem = "overlaps the tensor before it" if begin < position else f"leaves a gap at byte {position}"
+            raise ConvertError(f"{path}: tensor {info.name!r} at bytes [{begin}, {end}) {problem}; the file is "
+                               "corrupt, re-copy it")
+        position = end
+    if position < data_bytes:
+        raise ConvertError(f"{path} has {data_bytes - position} bytes after its last tensor; it is corrupt "
                            "or was written twice; re-copy it")
 
 

@@ -10,11 +10,11 @@ Left out: the optimizer and trainer state (conversion exports the model only).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlx.convert.errors import ConvertError
+from rlx.convert.hf_write import read_model_config
 from rlx.engine.checkpoint_format import (MANIFEST, STEP_PREFIX, CorruptCheckpoint, list_checkpoints,
                                           verify_checkpoint)
 
@@ -67,13 +67,12 @@ def _verified(ckpt: Path, skipped: list[str]) -> TrainerCheckpoint:
                            "step_* directory, or the run directory to take the newest complete one") from None
     if not (ckpt / HF_SUBDIR / "config.json").is_file():
         raise ConvertError(f"{ckpt} has no {HF_SUBDIR}/config.json; it was not written by the rlx trainer")
-    if not manifest.get("model_files"):
-        raise ConvertError(f"{ckpt / MANIFEST} lists no model_files; the checkpoint holds no model weights")
+    read_model_config(ckpt / HF_SUBDIR)
     return TrainerCheckpoint(ckpt, int(manifest["step"]), list(manifest["model_files"]), skipped)
 
 
 def check_lm_head(ckpt: TrainerCheckpoint, names: set[str]) -> None:
-    config = json.loads((ckpt.hf_dir / "config.json").read_text())
+    config = read_model_config(ckpt.hf_dir)
     if not config.get("tie_word_embeddings", False) and "lm_head.weight" not in names:
         raise ConvertError(f"{ckpt.path} has no lm_head.weight but its config says tie_word_embeddings="
                            "false; the checkpoint is incomplete")

@@ -74,13 +74,19 @@ def read_manifest(ckpt_dir: Path) -> dict[str, Any]:
         raise CorruptCheckpoint(f"{ckpt_dir} has no {MANIFEST}: it is partial (a save was interrupted) "
                                 "or not an rlx checkpoint")
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        manifest = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CorruptCheckpoint(f"{path} is not valid JSON ({exc}); the checkpoint is corrupt") from None
+    if not isinstance(manifest, dict):
+        raise CorruptCheckpoint(f"{path} holds a JSON {type(manifest).__name__}, not the manifest object; "
+                                "the checkpoint is corrupt")
     if manifest.get("format") != FORMAT:
         raise CorruptCheckpoint(f"{path} is not an rlx checkpoint manifest (format={manifest.get('format')!r})")
     if manifest.get("version") != VERSION:
         raise CorruptCheckpoint(f"{path} has format version {manifest.get('version')}; this rlx reads {VERSION}")
+    if not isinstance(manifest.get("step"), int) or isinstance(manifest["step"], bool):
+        raise CorruptCheckpoint(f"{path} has step={manifest.get('step')!r}, not a step number; "
+                                "the checkpoint is corrupt")
     return manifest
 
 
@@ -88,6 +94,7 @@ def verify_checkpoint(ckpt_dir: str | Path, check_hashes: bool = True) -> dict[s
     """Return the manifest if every listed file is present with its size (and hash); else raise."""
     ckpt_dir = Path(ckpt_dir)
     manifest = read_manifest(ckpt_dir)
+    _check_listing(ckpt_dir, manifest)
     for rel, info in manifest["files"].items():
         path = ckpt_dir / rel
         if not path.is_file():
@@ -99,6 +106,25 @@ def verify_checkpoint(ckpt_dir: str | Path, check_hashes: bool = True) -> dict[s
         if check_hashes and file_digest(path) != info["sha256"]:
             raise CorruptCheckpoint(f"{ckpt_dir}: {rel} does not match its sha256 in the manifest (corrupt)")
     return manifest
+
+
+def _check_listing(ckpt_dir: Path, manifest: dict[str, Any]) -> None:
+    """The manifest's file list is well formed, inside the checkpoint, and names every model file."""
+    files, model_files = manifest.get("files"), manifest.get("model_files")
+    if not isinstance(files, dict) or not files:
+        raise CorruptCheckpoint(f"{ckpt_dir / MANIFEST} lists no files; the checkpoint is corrupt")
+    for rel, info in files.items():
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise CorruptCheckpoint(f"{ckpt_dir / MANIFEST} lists {rel!r}, a path outside the checkpoint")
+        if not (isinstance(info, dict) and isinstance(info.get("bytes"), int) and isinstance(info.get("sha256"), str)):
+            raise CorruptCheckpoint(f"{ckpt_dir / MANIFEST}: the entry of {rel!r} is {info!r}, not "
+                                    "{'bytes': ..., 'sha256': ...}; the checkpoint is corrupt")
+    if not isinstance(model_files, list) or not model_files or not all(isinstance(n, str) for n in model_files):
+        raise CorruptCheckpoint(f"{ckpt_dir / MANIFEST} lists no model_files; the checkpoint holds no weights")
+    unlisted = [name for name in model_files if name not in files]
+    if unlisted:
+        raise CorruptCheckpoint(f"{ckpt_dir / MANIFEST} names model file {unlisted[0]!r} but does not list it "
+                                "among its files; the checkpoint is corrupt")
 
 
 def list_checkpoints(checkpoints_dir: str | Path) -> list[Path]:

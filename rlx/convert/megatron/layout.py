@@ -42,9 +42,15 @@ def resolve_iter_dir(src: Path, iteration: int | None) -> Path:
     if not (iter_dir / "metadata.json").is_file():
         raise ConvertError(f"{iter_dir} has no metadata.json: the iteration does not exist or its save did "
                            "not finish; pick another with --iteration")
-    backend = json.loads((iter_dir / "metadata.json").read_text()).get("sharded_backend")
+    try:
+        metadata = json.loads((iter_dir / "metadata.json").read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConvertError(f"{iter_dir / 'metadata.json'} is not valid JSON ({exc}); the save did not finish or "
+                           "the file is corrupt; pick another with --iteration") from None
+    backend = metadata.get("sharded_backend") if isinstance(metadata, dict) else None
     if backend != "torch_dist":
-        raise ConvertError(f"{iter_dir} is a {backend!r} checkpoint; only torch_dist is supported")
+        what = f"a {backend!r} checkpoint" if backend else "not a checkpoint (its metadata.json names no sharded_backend)"
+        raise ConvertError(f"{iter_dir} is {what}; only torch_dist is supported")
     return iter_dir
 
 

@@ -50,10 +50,13 @@ def read_spec(config_path: Path, vocab_multiple: int) -> ModelSpec:
     defaults (Qwen3's head_dim is 128 whatever hidden_size / num_heads is).
     """
     try:
-        raw = json.loads(Path(config_path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        raw = json.loads(Path(config_path).read_bytes())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConvertError(f"cannot read the model config {config_path} ({exc}); pass the Hugging Face "
                            "directory of this model") from None
+    if not isinstance(raw, dict):
+        raise ConvertError(f"the model config {config_path} holds a JSON {type(raw).__name__}, not an object; "
+                           "restore the model's config.json")
     family = raw.get("model_type")
     if family not in FAMILIES:
         raise ConvertError(f"model_type {family!r} in {config_path} is not supported for Megatron "
