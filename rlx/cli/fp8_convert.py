@@ -21,7 +21,8 @@ def fp8_convert(
                                                                   "in high precision (repeatable)."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size vLLM will use; every quantized layer's "
                                            "per-rank part must be whole blocks."),
-    workers: int = typer.Option(2, "--workers", help="Shards converted in parallel."),
+    workers: int = typer.Option(0, "--workers", help="Threads that read, quantize and write at once "
+                                                     "(0: one per CPU core, plus one)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Also write the report as JSON here."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and exit."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace DST if it exists."),
@@ -30,8 +31,10 @@ def fp8_convert(
     with convert_errors():
         from rlx.convert.destination import check_destination
         from rlx.convert.fp8.job import Fp8Options, fp8_job
+        from rlx.convert.fp8.parallel import default_workers
 
-        job = fp8_job(src, Fp8Options(strategy, tuple(block_size), list(skip or []), tp, workers))
+        options = Fp8Options(strategy, tuple(block_size), list(skip or []), tp, workers or default_workers())
+        job = fp8_job(src, options)
         destination = check_destination(dst, src, overwrite)
         if dry_run:
             from rlx.convert.plan import render_plan

@@ -156,3 +156,98 @@ def test_tp_check_names_every_tensor_vllm_would_refuse(llama, tiny_model_dir):
     assert "model.layers.1.self_attn.v_proj.weight: 64 output rows per rank" in message
     assert "smaller --block-size" in message
     assert fp8_job(llama, Fp8Options(tp=2, block=(32, 32))).weights
+
+
+def test_fp8_magnitude_decodes_every_code():
+    q = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    finite = ~torch.isnan(q.float())
+    assert torch.equal(fq.fp8_magnitude(q)[finite], q.float().abs()[finite])
+
+
+@pytest.mark.parametrize("strategy", fq.STRATEGIES)
+def test_many_small_tasks_write_what_whole_tensors_quantize_to(llama, tmp_path, monkeypatch, strategy):
+    import rlx.convert.fp8.tasks as tasks
+
+    monkeypatch.setattr(tasks, "TASK_BYTES", 32 << 10)  # 128-row blocks, 32-row channel tasks: several per tensor
+    job = fp8_job(llama, Fp8Options(strategy=strategy, workers=3))
+    report = job.run(tmp_path / "out", Console(quiet=True), show_progress=False)
+    out, src = load_file(tmp_path / "out" / "model.safetensors"), load_file(llama / "model.safetensors")
+    suffix = ".weight_scale_inv" if strategy == "block" else ".weight_scale"
+    stats = {s.name: s for s in report.quantized}
+    assert len(stats) == 14
+    for name, w in src.items():
+        if name not in stats:
+            assert torch.equal(out[name], w), name
+            continue
+        whole = fq.quantize(w.float(), strategy, BLOCK, float(w.float().abs().max()) if strategy == "tensor" else None)
+        assert torch.equal(out[name].view(torch.uint8), whole.q.view(torch.uint8)), name
+        assert torch.equal(out[name[: -len(".weight")] + suffix], whole.scale), name
+        assert stats[name].max_abs_err == whole.max_abs_err and stats[name].numel == w.numel()
+        assert stats[name].sum_abs_err == pytest.approx(whole.sum_abs_err, rel=1e-5)
+
+
+def test_a_failing_task_leaves_no_destination(llama, tmp_path, monkeypatch):
+    import rlx.convert.fp8.tasks as tasks
+
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return original(*args, **kwargs)
+
+    original = fq.quantize
+    monkeypatch.setattr(tasks.fq, "quantize", failing)
+    with pytest.raises(OSError, match="No space left"):
+        fp8_job(llama, Fp8Options(workers=2)).run(tmp_path / "out", Console(quiet=True), show_progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_shard_missing_a_part_is_not_closed_as_complete(tmp_path):
+    from rlx.convert.safetensors_writer import OutTensor, Shard, ShardFile
+
+    shard = Shard("model.safetensors", [OutTensor("a", torch.float32, (4, 2), None),
+                                        OutTensor("b", torch.bfloat16, (3,), None)])
+    out = ShardFile(tmp_path / shard.file_name, shard)
+    out.write("b", 0, torch.ones(3, dtype=torch.bfloat16))
+    out.write("a", 8 * 4 // 2, torch.full((2, 2), 2.0))  # rows 2 and 3 first: parts go in any order
+    with pytest.raises(RuntimeError, match="a: 16 of 32 bytes"):
+        out.close()
+    out = ShardFile(tmp_path / shard.file_name, shard)
+    out.write("a", 16, torch.full((2, 2), 2.0))
+    out.write("a", 0, torch.ones(2, 2))
+    out.write("b", 0, torch.ones(3, dtype=torch.bfloat16))
+    out.close()
+    written = load_file(tmp_path / shard.file_name)
+    assert torch.equal(written["a"], torch.tensor([[1.0, 1.0], [1.0, 1.0], [2.0, 2.0], [2.0, 2.0]]))
+    assert torch.equal(written["b"], torch.ones(3, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("content,message", [
+    ('{"model_type": "llama", ', "config.json is not valid JSON (Expecting property name"),
+    ("[1, 2]", "config.json holds a JSON list, not an object"),
+    ('{"num_key_value_heads": "two"}', "num_key_value_heads='two' is not a positive integer"),
+    (None, "config.json is missing; pass a Hugging Face model directory"),
+])
+def test_broken_config_is_one_line_and_keeps_an_existing_output(llama, tmp_path, content, message):
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from rlx.cli import app
+
+    src = tmp_path / "src"
+    shutil.copytree(llama, src)
+    if content is None:
+        (src / "config.json").unlink()
+    else:
+        (src / "config.json").write_text(content)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("user data")
+    for args in ([], ["--overwrite"]):
+        result = CliRunner().invoke(app, ["fp8-convert", str(src), str(tmp_path / "out"), *args])
+        text = " ".join(result.output.split())
+        assert result.exit_code == 2 and message in text and str(src / "config.json") in text, text
+        assert "Traceback" not in text and isinstance(result.exception, SystemExit)
+    assert (tmp_path / "out" / "keep.txt").read_text() == "user data"

@@ -181,6 +181,10 @@ def _read_config(src: Path) -> dict:
     if not isinstance(config, dict):
         raise ConvertError(f"{path} holds a JSON {type(config).__name__}, not an object; restore it from "
                            "the original checkpoint")
+    heads = config.get("num_key_value_heads")
+    if heads is not None and (type(heads) is not int or heads < 1):
+        raise ConvertError(f"{path}: num_key_value_heads={heads!r} is not a positive integer; restore it from "
+                           "the original checkpoint")
     return config
 
 
