@@ -186,9 +186,11 @@ class RolloutServer:
         except RequestRefused as exc:
             log.warning("refused request %d (%s): %s", request.id, type(request.body).__name__, exc)
             return p.Reply(id=request.id, ok=False, error=str(exc))
-        except Exception as exc:  # the request fails, the server stays up
-            if not isinstance(exc, BackendDied):
-                log.exception("request %d (%s) failed", request.id, type(request.body).__name__)
+        except Exception as exc:  # the request fails, the server stays up (unless the backend died)
+            death = self.death or self.backend.failure()
+            if death:
+                return p.Reply(id=request.id, ok=False, error=f"{death}; the server is exiting")
+            log.exception("request %d (%s) failed", request.id, type(request.body).__name__)
             return p.Reply(id=request.id, ok=False, error=f"{type(exc).__name__}: {exc}")
         return p.Reply(id=request.id, ok=True, body=body)
 

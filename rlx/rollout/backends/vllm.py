@@ -3,7 +3,14 @@
 Generation is one vLLM request per prompt with ``n`` samples; logprobs are vLLM's
 ``processed_logprobs`` (the distribution actually sampled from, temperature included).
 Weight updates run inside the engine's workers (``vllm_worker.WeightSyncExtension``);
-this class only forwards the sync messages and resets the prefix cache afterwards.
+this class forwards the sync messages, keeps generation paused from ``update_begin`` until
+``update_end`` or ``update_abort`` (a client's Resume meanwhile takes effect when the sync is
+over: a step during a layerwise reload would run on half-loaded layers), and resets the prefix
+cache afterwards.
+
+``failure`` reports the engine's death: vLLM's engine core runs in a child process, and when it
+exits (killed, crashed) the engine is dead for good; the server then fails its requests and
+exits instead of waiting on an engine that will never answer.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ class VllmBackend(Backend):
         self.model_path = cfg.model.path
         self.engine = None
         self._ids = itertools.count()
+        self._client_paused = False
+        self._syncing = False  # paused by update_begin until update_end / update_abort
         self._ack_decoder = msgspec.msgpack.Decoder(BucketAck)
 
     async def start(self) -> None:
@@ -42,7 +51,11 @@ class VllmBackend(Backend):
             logprobs_mode="processed_logprobs", disable_log_stats=True)
         self.engine = AsyncLLM.from_engine_args(args)
 
-    async def generate(self, prompt: str | list[int], sampling: SamplingSpec) -> PromptResult:
+    def prompt_len(self, prompt: str | list[int]) -> int:
+        return len(prompt) if isinstance(prompt, list) else len(self.engine.get_tokenizer().encode(prompt))
+
+    async def generate(self, prompt: str | list[int], sampling: SamplingSpec, deadline: float) -> PromptResult:
+        """``deadline`` is enforced by the server, whose cancellation makes vLLM abort the request."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -62,23 +75,67 @@ class VllmBackend(Backend):
                             generate_s=time.perf_counter() - start)
 
     async def pause(self) -> None:
-        await self.engine.pause_generation(mode="keep", clear_cache=False)
+        self._client_paused = True
+        if not self._syncing:
+            await self.engine.pause_generation(mode="keep", clear_cache=False)
 
     async def resume(self) -> None:
-        await self.engine.resume_generation()
+        self._client_paused = False
+        if not self._syncing:
+            await self.engine.resume_generation()
 
     async def update_begin(self, req: SyncBegin) -> None:
-        await self.engine.collective_rpc("rlx_sync_begin", args=(msgspec.msgpack.encode(req),))
+        if not self._syncing:
+            if not self._client_paused:
+                await self.engine.pause_generation(mode="keep", clear_cache=False)
+            self._syncing = True
+        try:
+            replies = await self.engine.collective_rpc("rlx_sync_begin", args=(msgspec.msgpack.encode(req),))
+            ack = _merge_acks([self._ack_decoder.decode(r) for r in replies])
+        except Exception:
+            await self.update_abort()
+            raise
+        if not ack.ok:
+            await self.update_abort()
+            raise RuntimeError(f"SyncBegin of sync {req.sync_id} failed: {ack.error}")
 
     async def update_bucket(self, req: SyncBucket) -> BucketAck:
         replies = await self.engine.collective_rpc("rlx_sync_bucket", args=(msgspec.msgpack.encode(req),))
         return _merge_acks([self._ack_decoder.decode(r) for r in replies])
 
     async def update_end(self, req: SyncEnd) -> BucketAck:
-        replies = await self.engine.collective_rpc("rlx_sync_end", args=(msgspec.msgpack.encode(req),))
-        ack = _merge_acks([self._ack_decoder.decode(r) for r in replies])
-        await self.engine.reset_prefix_cache()
+        try:
+            replies = await self.engine.collective_rpc("rlx_sync_end", args=(msgspec.msgpack.encode(req),))
+            ack = _merge_acks([self._ack_decoder.decode(r) for r in replies])
+            await self.engine.reset_prefix_cache()
+        finally:
+            await self._end_sync()
         return ack
+
+    async def update_abort(self) -> None:
+        try:
+            await self.engine.collective_rpc("rlx_sync_abort")
+            await self.engine.reset_prefix_cache()
+        finally:
+            await self._end_sync()
+
+    async def _end_sync(self) -> None:
+        if self._syncing:
+            self._syncing = False
+            if not self._client_paused:
+                await self.engine.resume_generation()
+
+    def failure(self) -> str:
+        if self.engine is None:
+            return ""
+        manager = getattr(self.engine.engine_core.resources, "engine_manager", None)
+        exited = [f"{proc.name} (pid {proc.pid}) exited with code {proc.exitcode}"
+                  for proc in getattr(manager, "processes", []) if proc.exitcode is not None]
+        if exited:
+            return f"the vLLM engine died: {', '.join(exited)}"
+        if self.engine.errored:
+            return "the vLLM engine died: its engine core stopped answering (EngineDeadError)"
+        return ""
 
     async def close(self) -> None:
         if self.engine is not None:

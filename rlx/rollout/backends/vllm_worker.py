@@ -6,6 +6,10 @@ backend's packed GEMM weights); ``rlx_sync_bucket`` hands the bucket's tensors t
 ``model.load_weights`` and acknowledges only after that returns (process-then-ack);
 ``rlx_sync_end`` runs post-processing once and releases every mapping. Errors come back as
 a failed ack instead of an exception, so a bad bucket never takes the engine down.
+``rlx_sync_abort`` ends a sync that will get no ``rlx_sync_end`` (its sender failed or vanished):
+it finalizes a reload in progress (layers that got no tensor keep their old weights) and drops
+the receiver's state and mappings, so the engine generates again and the next sync starts clean;
+a ``rlx_sync_begin`` that fails does the same before it answers.
 
 vLLM's reload warns "Failed to load weights" for every layer that received no tensor. Two of
 those are expected at every sync and are not logged: rotary embeddings (their buffers are computed,
@@ -56,11 +60,38 @@ class WeightSyncExtension:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
         req = msgspec.msgpack.decode(payload, type=SyncBegin)
-        self._rlx_quiet_expected_warnings()
-        self._rlx_receiver().begin(req)
+        try:
+            self._rlx_quiet_expected_warnings()
+            self._rlx_finish_reload()  # a sync that was never ended
+            self._rlx_receiver().begin(req)
+            with set_current_vllm_config(self.vllm_config):
+                self._rlx_reloading = True
+                initialize_layerwise_reload(self._rlx_model())
+            ack = BucketAck(sync_id=req.sync_id, bucket_id=-1, ok=True)
+        except Exception as exc:
+            self.rlx_sync_abort()
+            ack = BucketAck(sync_id=req.sync_id, bucket_id=-1, ok=False, error=f"{type(exc).__name__}: {exc}")
+        return msgspec.msgpack.encode(ack)
+
+    def rlx_sync_abort(self) -> None:
+        try:
+            self._rlx_finish_reload()
+        finally:
+            receiver, self._rlx_recv = getattr(self, "_rlx_recv", None), None
+            if receiver is not None:
+                receiver.close()
+
+    def _rlx_finish_reload(self) -> None:
+        """Run the reload's post-processing if a reload is in progress (never twice)."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        if not getattr(self, "_rlx_reloading", False):
+            return
+        self._rlx_reloading = False
         with set_current_vllm_config(self.vllm_config):
-            initialize_layerwise_reload(self._rlx_model())
-        return b""
+            finalize_layerwise_reload(self._rlx_model(), self.model_config)
+            _retie_lm_head(self._rlx_model())
 
     def rlx_sync_bucket(self, payload: bytes) -> bytes:
         from vllm.config import set_current_vllm_config
@@ -79,14 +110,9 @@ class WeightSyncExtension:
         return msgspec.msgpack.encode(ack)
 
     def rlx_sync_end(self, payload: bytes) -> bytes:
-        from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
         req = msgspec.msgpack.decode(payload, type=SyncEnd)
         try:
-            with set_current_vllm_config(self.vllm_config):
-                finalize_layerwise_reload(self._rlx_model(), self.model_config)
-                _retie_lm_head(self._rlx_model())
+            self._rlx_finish_reload()
             ack = self._rlx_receiver().end(req)
         except Exception as exc:
             ack = BucketAck(sync_id=req.sync_id, bucket_id=-1, ok=False, error=f"{type(exc).__name__}: {exc}")
