@@ -8,6 +8,7 @@ It leaves out advantages and anything that needs the trainer's model.
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import time
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from rlx.rollout.client import RolloutClient
 from rlx.rollout.protocol import SamplingSpec
 from rlx.rollout.tasks import Problem, Task
 from rlx.trace import tracer
+
+MAX_PROMPTS_PER_STEP = 1 << 20
 
 
 @dataclass
@@ -38,9 +41,11 @@ class Collector:
 
     async def collect(self, problems: list[Problem], seed: int) -> Collected:
         start = time.perf_counter()
-        sampling = SamplingSpec(**{**_fields(self.sampling), "seed": seed})
-        results = await self.client.generate([p.prompt for p in problems], sampling,
-                                             timeout_s=self.cfg.rollout.request_timeout_s)
+        results = await asyncio.gather(*(
+            self.client.generate([p.prompt], self._seeded(seed, i), timeout_s=self.cfg.rollout.request_timeout_s)
+            for i, p in enumerate(problems)))
+        results = [r[0] for r in results]
+        sampling = self.sampling
         time_generate = time.perf_counter() - start
         start = time.perf_counter()
         prompt_ids, completion_ids, logps, rewards, texts, correct = [], [], [], [], [], []
@@ -66,6 +71,13 @@ class Collector:
         }
         batch = build_batch(prompt_ids, completion_ids, logps, rewards, self.pad_id)
         return Collected(batch, metrics, texts)
+
+    def _seeded(self, seed: int, index: int) -> SamplingSpec:
+        """Prompt ``index``'s sampling: its own seed, spaced by ``n`` because the engine seeds the
+        ``n`` samples of one request ``seed, seed + 1, ...``. One seed for every prompt would draw
+        sample ``j`` of every prompt from the same random stream, correlating the whole batch."""
+        spaced = (seed * MAX_PROMPTS_PER_STEP + index) * self.sampling.n
+        return SamplingSpec(**{**_fields(self.sampling), "seed": spaced})
 
     async def evaluate(self, problems: list[Problem]) -> float:
         """Greedy accuracy on ``problems`` (the held-out split)."""

@@ -1,0 +1,226 @@
+"""Whole RL runs: `rlx train` against TRL's `GRPOTrainer` on the same model, task and settings.
+
+Each side is one command a user would type, timed from its start to its end (imports, model
+load, engine start, training, saving the final model). Both final models are then scored by the
+same greedy evaluator (transformers `generate`, in this process) on the task's held-out split, so
+the held-out gain does not depend on either side's own evaluation. Seeds alternate the order of
+the two sides, so drift on the machine hits both alike.
+
+Settings shared by both sides (the quickstart's): 32 prompts x 8 samples per step, temperature
+1.0, token-mean loss over completion tokens (TRL's `dapo`), group-normalised advantages, PPO clip,
+grad clip 1.0, AdamW with a constant learning rate, one optimizer step per batch, no KL. rlx
+evaluates nothing mid-run here (`trainer.eval_every=0`), as TRL does not.
+
+Workloads:
+  quickstart   configs/quickstart.yaml: tiny_math, 2-layer model, completions of <= 8 tokens.
+  long         configs/bench_long.yaml: a generation-heavy run (see that file).
+
+    python benchmarks/bench_e2e.py [--workload quickstart] [--seeds 0 1 2] [--sides rlx trl] [--json OUT]
+
+TRL comes from the `bench` extra: pip install -e ".[bench]".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+WORKLOADS = {"quickstart": "configs/quickstart.yaml", "long": "configs/bench_long.yaml"}
+
+
+def load_cfg(workload: str, overrides: list[str] = ()):
+    from rlx.config import load_config
+
+    return load_config(ROOT / WORKLOADS[workload], list(overrides))
+
+
+def ensure_model(cfg) -> None:
+    """Build the workload's starting model once, before either side is timed."""
+    if not Path(cfg.model.path, "config.json").is_file():
+        from rlx.launch.display import Display
+        from rlx.launch.preflight import build_model
+
+        build_model(cfg, Display())
+
+
+def greedy_accuracy(model_dir: Path, cfg) -> float:
+    """Held-out accuracy of ``model_dir``, greedy, scored by the task's own ``is_correct``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlx.rollout.tasks import build_task
+
+    task = build_task(cfg.task)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    hits = 0
+    for start in range(0, len(task.eval), 64):
+        chunk = task.eval[start:start + 64]
+        enc = tok([p.prompt for p in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            out = model.generate(**enc, do_sample=False, max_new_tokens=cfg.rollout.max_tokens,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        texts = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        hits += sum(task.is_correct(text, p) for text, p in zip(texts, chunk))
+    return hits / len(task.eval)
+
+
+def run_rlx(workload: str, seed: int, out: Path, extra: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "rlx", "train", str(ROOT / WORKLOADS[workload]), f"trainer.seed={seed}",
+           f"trainer.output_dir={out}", "trainer.eval_every=0", "checkpoint.every=0", "checkpoint.export_hf=true",
+           *extra]
+    wall = _timed(cmd, out / "stdout.log")
+    from rlx.trace.sinks import read_metrics
+
+    steps = [m for m in read_metrics(out / "metrics.jsonl") if "time_step" in m]
+    phases = {k: statistics.median(m[k] for m in steps) for k in
+              ("time_step", "time_generate", "time_logprob", "time_update", "time_sync") if k in steps[0]}
+    return {"wall_s": wall, "step_s": phases.get("time_step"), "phases": phases, "model": str(out / "hf")}
+
+
+def run_trl(workload: str, seed: int, out: Path) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "_trl", "--workload", workload, "--seed", str(seed),
+           "--out", str(out)]
+    wall = _timed(cmd, out / "stdout.log")
+    steps = json.loads((out / "step_times.json").read_text())
+    return {"wall_s": wall, "step_s": statistics.median(steps), "phases": {}, "model": str(out / "final")}
+
+
+def _timed(cmd: list[str], log: Path) -> float:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    start = time.perf_counter()
+    with open(log, "w") as sink:
+        proc = subprocess.run(cmd, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({proc.returncode}); see {log}")
+    return wall
+
+
+def trl_main(workload: str, seed: int, out: Path) -> None:
+    """TRL's GRPOTrainer with the workload's settings, HF generate in process (TRL's default)."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlx.rollout.tasks import Problem, build_task
+
+    cfg = load_cfg(workload)
+    task = build_task(cfg.task)
+    t, r = cfg.trainer, cfg.rollout
+    data = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer, "id": p.id} for p in task.train])
+
+    def reward(completions, answer, id, **_):
+        return [float(task.is_correct(c, Problem(id=i, prompt="", answer=a))) for c, a, i in zip(completions, answer, id)]
+
+    rows = t.prompts_per_step * r.n
+    accumulation = max(1, rows // t.micro_batch_size)
+    args = GRPOConfig(
+        output_dir=str(out / "trainer"), per_device_train_batch_size=rows // accumulation,
+        gradient_accumulation_steps=accumulation, num_generations=r.n, max_completion_length=r.max_tokens,
+        temperature=r.temperature, learning_rate=t.lr, lr_scheduler_type="constant", warmup_steps=0,
+        weight_decay=t.weight_decay, adam_beta1=t.betas[0], adam_beta2=t.betas[1], max_grad_norm=t.max_grad_norm,
+        beta=0.0, epsilon=cfg.algorithm.clip_low, epsilon_high=cfg.algorithm.clip_high, loss_type="dapo",
+        scale_rewards="group", num_iterations=t.epochs_per_step, max_steps=t.total_steps, seed=seed,
+        logging_steps=10, save_strategy="no", report_to=[], use_cpu=True, bf16=False, fp16=False,
+        dataloader_num_workers=0, disable_tqdm=True)
+    times: list[float] = []
+
+    class StepTimes(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            times.append(time.perf_counter() - self.start)
+
+    tok = AutoTokenizer.from_pretrained(cfg.model.path)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok,
+                          callbacks=[StepTimes()])
+    trainer.train()
+    trainer.save_model(str(out / "final"))
+    tok.save_pretrained(str(out / "final"))
+    (out / "step_times.json").write_text(json.dumps(times))
+
+
+def bench(args) -> dict:
+    cfg = load_cfg(args.workload)
+    ensure_model(cfg)
+    base = greedy_accuracy(Path(cfg.model.path), cfg)
+    rows = []
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="rlx-bench-e2e-"))
+    for i, seed in enumerate(args.seeds):
+        order = list(args.sides) if i % 2 == 0 else list(reversed(args.sides))
+        for side in order:
+            out = work / f"{side}-seed{seed}"
+            print(f"seed {seed}: {side} ...", flush=True)
+            result = run_rlx(args.workload, seed, out, args.rlx_override) if side == "rlx" else \
+                run_trl(args.workload, seed, out)
+            result.update(side=side, seed=seed, eval_accuracy=greedy_accuracy(Path(result["model"]), cfg))
+            result["gain"] = result["eval_accuracy"] - base
+            rows.append(result)
+            print(f"  wall {result['wall_s']:.1f} s, step {result['step_s']:.3f} s, "
+                  f"held-out {base:.3f} -> {result['eval_accuracy']:.3f}", flush=True)
+    return {"workload": args.workload, "start_accuracy": base, "rows": rows, "rlx_overrides": args.rlx_override}
+
+
+def print_table(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{report['workload']}: held-out accuracy from {report['start_accuracy']:.3f}")
+    for col in ("side", "seed", "wall s", "median step s", "held-out", "gain"):
+        table.add_column(col, justify="right")
+    for r in report["rows"]:
+        table.add_row(r["side"], str(r["seed"]), f"{r['wall_s']:.1f}", f"{r['step_s']:.3f}",
+                      f"{r['eval_accuracy']:.3f}", f"{r['gain']:+.3f}")
+    by_seed = {}
+    for r in report["rows"]:
+        by_seed.setdefault(r["seed"], {})[r["side"]] = r
+    for seed, sides in by_seed.items():
+        if {"rlx", "trl"} <= sides.keys():
+            a, b = sides["rlx"], sides["trl"]
+            table.add_row("rlx/trl", str(seed), f"{a['wall_s'] / b['wall_s']:.2f}x",
+                          f"{a['step_s'] / b['step_s']:.2f}x", "", f"{a['gain'] - b['gain']:+.3f}")
+    Console().print(table)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_trl":
+        p = argparse.ArgumentParser()
+        p.add_argument("_trl")
+        p.add_argument("--workload", default="quickstart")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--out", type=Path, required=True)
+        a = p.parse_args()
+        trl_main(a.workload, a.seed, a.out)
+        return
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="quickstart")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--sides", nargs="+", choices=("rlx", "trl"), default=["rlx", "trl"])
+    p.add_argument("--rlx-override", action="append", default=[], help="extra key=value for rlx train")
+    p.add_argument("--work-dir", default="", help="where runs are written (default: a new temporary directory)")
+    p.add_argument("--json", default="", help="write the report here")
+    args = p.parse_args()
+    report = bench(args)
+    print_table(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
