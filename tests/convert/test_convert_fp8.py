@@ -226,9 +226,9 @@ def test_a_shard_missing_a_part_is_not_closed_as_complete(tmp_path):
 
 @pytest.mark.parametrize("content,message", [
     ('{"model_type": "llama", ', "config.json is not valid JSON (Expecting property name"),
-    ("[1, 2]", "config.json holds a JSON list, not an object"),
-    ('{"num_key_value_heads": "two"}', "num_key_value_heads='two' is not a positive integer"),
-    (None, "config.json is missing; pass a Hugging Face model directory"),
+    ("[1, 2]", "config.json holds a JSON list, not a model config object"),
+    ('{"num_key_value_heads": "two"}', "config.json: num_key_value_heads='two' is not a positive integer"),
+    (None, "src has no config.json; pass the Hugging Face directory"),
 ])
 def test_broken_config_is_one_line_and_keeps_an_existing_output(llama, tmp_path, content, message):
     import shutil
@@ -248,6 +248,6 @@ def test_broken_config_is_one_line_and_keeps_an_existing_output(llama, tmp_path,
     for args in ([], ["--overwrite"]):
         result = CliRunner().invoke(app, ["fp8-convert", str(src), str(tmp_path / "out"), *args])
         text = " ".join(result.output.split())
-        assert result.exit_code == 2 and message in text and str(src / "config.json") in text, text
+        assert result.exit_code == 2 and message in text and str(src) in text, text
         assert "Traceback" not in text and isinstance(result.exception, SystemExit)
     assert (tmp_path / "out" / "keep.txt").read_text() == "user data"

@@ -30,7 +30,7 @@ from rlx.convert.fp8.qconfig import quantization_config, scale_suffix
 from rlx.convert.fp8.report import Fp8Report, TensorStats
 from rlx.convert.fp8.tasks import Task, copy_tasks, row_step, weight_tasks
 from rlx.convert.fp8.tp_check import check_all
-from rlx.convert.hf_write import copy_model_files
+from rlx.convert.hf_write import copy_model_files, read_model_config
 from rlx.convert.memory import release_freed_buffers
 from rlx.convert.plan import Plan, PlanRow
 from rlx.convert.progress import byte_progress
@@ -167,24 +167,11 @@ def _check_options(options: Fp8Options) -> None:
 
 
 def _read_config(src: Path) -> dict:
-    path = src / "config.json"
-    if not path.is_file():
-        raise ConvertError(f"{path} is missing; pass a Hugging Face model directory (config.json next to "
-                           "the *.safetensors weights)")
-    try:
-        config = json.loads(path.read_bytes())
-    except UnicodeDecodeError:
-        raise ConvertError(f"{path} is not UTF-8 text; restore it from the original checkpoint") from None
-    except json.JSONDecodeError as exc:
-        raise ConvertError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
-                           "restore it from the original checkpoint") from None
-    if not isinstance(config, dict):
-        raise ConvertError(f"{path} holds a JSON {type(config).__name__}, not an object; restore it from "
-                           "the original checkpoint")
+    config = read_model_config(src)
     heads = config.get("num_key_value_heads")
     if heads is not None and (type(heads) is not int or heads < 1):
-        raise ConvertError(f"{path}: num_key_value_heads={heads!r} is not a positive integer; restore it from "
-                           "the original checkpoint")
+        raise ConvertError(f"{src / 'config.json'}: num_key_value_heads={heads!r} is not a positive integer; "
+                           "restore it from the original checkpoint")
     return config
 
 
