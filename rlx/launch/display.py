@@ -71,6 +71,10 @@ class Display:
         self.console.print(f"[bold]rlx:[/] {text}", highlight=False)
         self._write(Text.from_markup(text).plain)
 
+    def log(self, text: str) -> None:
+        """A line for the launcher's log only."""
+        self._write(text)
+
     def failure(self, what: str, exc: BaseException) -> None:
         """One console line naming what failed and where its traceback is; the traceback goes to the log."""
         self._write("".join(traceback.format_exception(exc)).rstrip("\n"))

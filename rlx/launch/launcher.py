@@ -92,9 +92,8 @@ class Launch:
     def tear_down(self) -> None:
         """Children stopped by process group, what they left in /dev/shm and their sockets removed."""
         removed = self.procs.stop_all()
-        if removed:
-            self.display.note(f"removed what stopped children left in /dev/shm: {', '.join(removed[:4])}"
-                              f"{' ...' if len(removed) > 4 else ''}")
+        if removed:  # vLLM leaves its psm_* buffers even when stopped cleanly: worth a log line, not a console one
+            self.display.log(f"removed what stopped children left in /dev/shm: {', '.join(removed)}")
         remove_sockets(self.own_addresses)
         _close_distributed()
         self.display.close_log()
