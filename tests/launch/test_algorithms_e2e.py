@@ -7,7 +7,8 @@ for it, which zeroes every advantage, so the runs score completions by ``digit_s
 Four runs cover the four estimators; the other settings ride along (the policy loss, the KL
 placement, the correction, two servers) because at step 1 none of them changes the gradient: the
 policy is the reference and the rollout engine's, so the ratio and the correction weights are 1
-and the KL and its gradient are 0. Step 1's gradient therefore depends on the estimator alone.
+and the KL and its gradient are 0. Step 1's gradient therefore depends on the estimator and the
+samples alone, and runs on one server draw the same samples (one seed, one batch).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ BASE = {"task": {"max_operand": 9, "num_eval": 8, "reward": "tests.launch.test_a
 KL_COEF = 0.1
 RUNS = {
     "grpo": ["algorithm.advantage=grpo", "algorithm.policy_loss=ppo", f"algorithm.kl_coef={KL_COEF}",
-             "algorithm.kl_in_reward=false", "logging.tensorboard=true"],
+             "algorithm.kl_in_reward=false", "logging.tensorboard=true", "rollout.num_servers=2", "sync.verify=true",
+             "trace.enabled=true"],
     "drgrpo": ["algorithm.advantage=drgrpo", "algorithm.policy_loss=gspo", "algorithm.clip_low=0.003",
                "algorithm.clip_high=0.004", f"algorithm.kl_coef={KL_COEF}", "algorithm.kl_in_reward=true"],
     "rloo": ["algorithm.advantage=rloo", "algorithm.policy_loss=ppo", "trainer.mode=one_step_off",
@@ -49,6 +51,7 @@ RUNS = {
                      "algorithm.rollout_correction=icepop", "algorithm.correction_level=token", "sync.verify=true"],
 }
 TWO_SERVER_RUN = "reinforce_pp"  # generates on two servers started here, which the last test inspects
+LAUNCHED_TWO_SERVER_RUN = "grpo"  # rlx train launches two servers; their traces show what each did
 ALWAYS = ("reward_mean", "reward_std", "loss", "grad_norm", "entropy", "clip_frac", "ratio_mean", "lr",
           "is_weight_mean", "logprob_diff_mean", "logprob_k3", "time_update", "time_sync")
 GREEDY_PROMPTS = ["3+4=", "9-2=", "5+5="]
@@ -155,6 +158,18 @@ def test_tensorboard_sink_in_a_run(runs):
     events.Reload()
     logged = {e.step: e.value for e in events.Scalars("grad_norm")}
     assert logged == pytest.approx({r["step"]: r["grad_norm"] for r in runs["grpo"].rows})
+
+
+def test_launched_servers_both_serve_and_load_every_sync(runs):
+    run = runs[LAUNCHED_TWO_SERVER_RUN]
+    spans = {}
+    for path in (run.dir / "trace").glob("rollout*.jsonl"):
+        spans[path.name.split(".")[0]] = [json.loads(line).get("n") for line in path.read_text().splitlines()[1:]]
+    assert sorted(spans) == ["rollout0", "rollout1"]
+    for server, names in spans.items():
+        assert "generate" in names, f"{server} served no request"
+        assert names.count("sync.end") == STEPS, f"{server} did not load every sync"  # each one verified (sync.verify)
+    assert sum(names.count("generate") for names in spans.values()) == STEPS * PROMPTS_PER_STEP
 
 
 def test_two_servers_both_served_and_hold_the_trainers_weights(runs, servers, tiny_model_dir):
