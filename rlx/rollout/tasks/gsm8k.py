@@ -30,11 +30,16 @@ def read_rows(path: str, config_key: str = "task.path") -> list[dict]:
         raise FileNotFoundError(f"{config_key}={path!r}: no such file; set {config_key} to a local "
                                 ".jsonl or .parquet file")
     if file.suffix == ".parquet":
-        return _read_parquet(file)
+        return _read_parquet(file, config_key)
     if file.suffix not in (".jsonl", ".json"):
         raise ConfigError(f"{config_key}={path!r}: unknown format {file.suffix!r}; use a .jsonl or .parquet file")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{config_key}={path!r} is not UTF-8 text (byte offset {exc.start}); save it as UTF-8 "
+                          "JSON lines") from None
     rows = []
-    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             try:
                 rows.append(json.loads(line))
@@ -43,12 +48,18 @@ def read_rows(path: str, config_key: str = "task.path") -> list[dict]:
     return rows
 
 
-def _read_parquet(file: Path) -> list[dict]:
+def _read_parquet(file: Path, config_key: str) -> list[dict]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise ConfigError(f"reading {file} needs pyarrow: pip install pyarrow (or use a .jsonl file)") from None
-    return pq.read_table(file).to_pylist()
+    import pyarrow as pa
+
+    try:
+        return pq.read_table(file).to_pylist()
+    except (pa.ArrowException, OSError) as exc:
+        raise ConfigError(f"{config_key}={str(file)!r} is not a readable Parquet file ({str(exc).splitlines()[0]}); "
+                          "re-copy or re-export it, or give a .jsonl file") from None
 
 
 def ground_truth(answer) -> str:
