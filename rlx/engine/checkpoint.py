@@ -9,7 +9,6 @@ manifest first: a corrupt or partial checkpoint is reported and skipped, never l
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 from pathlib import Path
@@ -22,7 +21,6 @@ from safetensors.torch import load_file, save_file
 from rlx.engine.checkpoint_format import (CorruptCheckpoint, fsync_dir, list_checkpoints, step_dir_name,
                                           verify_checkpoint, write_manifest)
 
-log = logging.getLogger("rlx.checkpoint")
 HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
             "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
 
@@ -66,15 +64,90 @@ def save_checkpoint(root: Path, step: int, model, optimizer, scheduler, model_pa
     return final
 
 
-def latest_valid_checkpoint(root: Path) -> Path | None:
-    """Newest complete checkpoint under ``root``; corrupt or partial ones are reported and skipped."""
+def newest_complete_checkpoint(root: Path) -> tuple[Path | None, list[str]]:
+    """Newest checkpoint under ``root`` that a run can resume from, and why each newer one was skipped."""
+    skipped = []
     for candidate in reversed(list_checkpoints(root)):
-        try:
-            verify_checkpoint(candidate)
-            return candidate
-        except CorruptCheckpoint as exc:
-            log.warning("skipping checkpoint: %s", exc)
-    return None
+        problem = _problem(candidate)
+        if problem is None:
+            return candidate, skipped
+        skipped.append(problem)
+    return None, skipped
+
+
+def resume_checkpoint(run_dir: Path) -> tuple[Path | None, list[str]]:
+    """What ``--resume`` continues from: ``newest_complete_checkpoint`` of ``run_dir/checkpoints``.
+
+    ``(None, [])`` when ``run_dir`` holds no earlier run (no metrics, no checkpoints): a first run
+    may pass --resume and starts at step 0. An earlier run without a complete checkpoint is refused
+    with ``ConfigError``: starting again at step 0 would truncate its metrics and overwrite its
+    checkpoints, so the user chooses (a fresh run moves it aside, or another output directory).
+    """
+    from rlx.config.errors import ConfigError
+
+    ckpt, skipped = newest_complete_checkpoint(run_dir / "checkpoints")
+    if ckpt is not None or not ((run_dir / "metrics.jsonl").exists() or skipped):
+        return ckpt, skipped
+    why = (f"none of its {len(skipped)} checkpoints is complete ({'; '.join(skipped)})" if skipped
+           else "it has no checkpoint (it stopped before its first one)")
+    raise ConfigError(f"cannot resume the run in {run_dir}: {why}. Nothing was changed. To start again, run "
+                      "without --resume (the earlier run's outputs are moved to a sibling directory), or set "
+                      "trainer.output_dir to a new directory")
+
+
+def check_resumable(ckpt: Path, model_path: str, data_seed: int, num_problems: int) -> None:
+    """Refuse a checkpoint this config cannot continue: another model, or another data order."""
+    from rlx.config.errors import ConfigError
+
+    changed = _config_changes(ckpt / "hf" / "config.json", Path(model_path) / "config.json")
+    if changed:
+        raise ConfigError(f"cannot resume from {ckpt}: model.path={model_path!r} is not the model it was trained "
+                          f"from ({changed}); set model.path to that model, or run without --resume")
+    state = json.loads((ckpt / "trainer_state.json").read_bytes())  # hash-checked: as the trainer wrote it
+    state = state if isinstance(state, dict) else {}
+    missing = [k for k in ("data", "scheduler", "optimizer_param_groups") if k not in state]
+    if missing:
+        raise ConfigError(f"cannot resume from {ckpt}: its trainer_state.json has no {', '.join(missing)} (not "
+                          "written by this rlx's trainer); convert it with `rlx convert-ckpt` and start a new run")
+    data = state["data"] if isinstance(state["data"], dict) else {}
+    if (data.get("seed"), data.get("num_problems")) != (data_seed, num_problems):
+        raise ConfigError(f"cannot resume from {ckpt}: it was saved with task.seed={data.get('seed')} over "
+                          f"{data.get('num_problems')} training problems, this config gives task.seed={data_seed} "
+                          f"over {num_problems}; resume with the task config of that run, or run without --resume")
+
+
+_IGNORED_CONFIG_KEYS = frozenset({"transformers_version", "_name_or_path", "dtype", "torch_dtype", "use_cache"})
+
+
+def _config_changes(saved: Path, current: Path) -> str:
+    """'' when the two model configs describe the same model, else the first differences, named."""
+    a, b = (json.loads(p.read_bytes()) if p.is_file() else {} for p in (saved, current))
+    a, b = (c if isinstance(c, dict) else {} for c in (a, b))
+    keys = sorted(k for k in set(a) | set(b) if k not in _IGNORED_CONFIG_KEYS and a.get(k) != b.get(k))
+    return ", ".join(f"{k}: {a.get(k)!r} in the checkpoint, {b.get(k)!r} now" for k in keys[:3])
+
+
+# Verdicts per checkpoint directory, kept while its manifest is unchanged: pre-flight chooses the
+# checkpoint and the controller loads it in the same process, and the files are hashed once.
+_VERDICTS: dict[Path, tuple[tuple[int, int], str | None]] = {}
+RESUME_FILES = ("trainer_state.json", "optimizer.safetensors", "rng.safetensors")
+
+
+def _problem(ckpt: Path) -> str | None:
+    """Why ``ckpt`` cannot be resumed from (partial, corrupt, a file missing), or None."""
+    manifest = ckpt / "manifest.json"
+    stamp = (manifest.stat().st_mtime_ns, manifest.stat().st_size) if manifest.is_file() else (0, 0)
+    cached = _VERDICTS.get(ckpt.resolve())
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    try:
+        listed = verify_checkpoint(ckpt)["files"]
+        missing = [name for name in RESUME_FILES if name not in listed]
+        problem = f"{ckpt}: the manifest does not list {', '.join(missing)}" if missing else None
+    except CorruptCheckpoint as exc:
+        problem = str(exc)
+    _VERDICTS[ckpt.resolve()] = (stamp, problem)
+    return problem
 
 
 def load_checkpoint(ckpt: Path, model, optimizer, scheduler) -> dict[str, Any]:

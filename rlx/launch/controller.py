@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from rlx.engine.batch import broadcast_batch
-from rlx.engine.checkpoint import latest_valid_checkpoint, load_checkpoint, save_checkpoint
+from rlx.engine.checkpoint import load_checkpoint, resume_checkpoint, save_checkpoint
 from rlx.engine.trainer import Trainer
 from rlx.launch.ranks import Command, RankBus
 from rlx.rollout.client import RolloutClient
@@ -130,9 +130,9 @@ class Controller:
         return self.stream.state()
 
     def _resume(self) -> int:
-        ckpt = latest_valid_checkpoint(self.ckpt_root)
+        ckpt, _ = resume_checkpoint(self.run_dir)  # pre-flight made the same choice and reported what it skipped
         if ckpt is None:
-            self.display.note(f"no complete checkpoint in {self.ckpt_root}; starting from step 0")
+            self.display.note(f"no earlier run in {self.run_dir} to resume; starting from step 0")
             return 0
         step = int(ckpt.name.split("_")[-1])
         self.bus.announce(Command.LOAD, step)

@@ -1,25 +1,34 @@
-"""Checks that run before any process of `rlx train` starts: model directory (built first when
-``model.build_if_missing`` asks for it), task data and reward function, stale weight-sync buffers.
-A mistake found here is one line naming the fix; nothing has been started yet.
+"""Checks that run before any process of `rlx train` starts: the run directory, model directory
+(built first when ``model.build_if_missing`` asks for it), task data and reward function, the
+checkpoint ``--resume`` continues from, stale weight-sync buffers. A mistake found here is one
+line naming the fix; nothing has been started and nothing in the run directory was written.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from rich.markup import escape
+
+from rlx.config.errors import ConfigError
 from rlx.launch.display import Display
 from rlx.sync.transports.shm import remove_stale_segments
 
 
 def preflight(cfg, display: Display) -> None:
-    """Fail before any process starts: model directory, task data and reward function."""
+    """Fail before any process starts: run directory, model directory, task data, reward function, resume."""
     from rlx.engine.model import check_model_dir
     from rlx.rollout.tasks import build_task
 
+    run_dir = Path(cfg.trainer.output_dir).resolve()
+    check_output_dir(run_dir)
     if cfg.model.build_if_missing and not Path(cfg.model.path, "config.json").is_file():
         build_model(cfg, display)
     check_model_dir(cfg.model.path)
-    build_task(cfg.task)
+    task = build_task(cfg.task)
+    if cfg.trainer.resume:
+        check_resume(cfg, run_dir, len(task.train), display)
     for path in remove_stale_segments():
         display.note(f"removed {path}, the weight-sync buffer of an rlx run that was killed")
 
@@ -27,7 +36,7 @@ def preflight(cfg, display: Display) -> None:
 def build_model(cfg, display: Display) -> None:
     from rich.progress import Progress
 
-    from rlx.engine.warmstart import build_tiny_math_warmstart
+    from rlx.engine.warmstart import build_warmstart
 
     if cfg.model.build_if_missing == "qwen2_0p5b_random":
         from rlx.engine.tiny import build_qwen2_0p5b_random
@@ -38,5 +47,27 @@ def build_model(cfg, display: Display) -> None:
     display.note(f"building the warm-started tiny model into {cfg.model.path} (first run only)")
     with Progress(console=display.console, transient=True) as progress:
         task = progress.add_task("warm start", total=1)
-        build_tiny_math_warmstart(cfg.model.path, cfg.task, seed=cfg.trainer.seed,
-                                  progress=lambda s, n, loss: progress.update(task, completed=s, total=n))
+        build_warmstart(cfg.model.build_if_missing, cfg.model.path, cfg.task, seed=cfg.trainer.seed,
+                        progress=lambda s, n, loss: progress.update(task, completed=s, total=n))
+
+
+def check_output_dir(run_dir: Path) -> None:
+    """``trainer.output_dir`` is a directory, or can be created as one, and is writable."""
+    existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
+    if not existing.is_dir():
+        what = "is a file" if existing == run_dir else f"lies under {existing}, which is a file"
+        raise ConfigError(f"trainer.output_dir={str(run_dir)!r} {what}; set trainer.output_dir to a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"trainer.output_dir={str(run_dir)!r}: {existing} is not writable; set "
+                          "trainer.output_dir to a directory you can write")
+
+
+def check_resume(cfg, run_dir: Path, num_problems: int, display: Display) -> None:
+    """The checkpoint --resume continues from exists and fits this config; else refuse, changing nothing."""
+    from rlx.engine.checkpoint import check_resumable, resume_checkpoint
+
+    ckpt, skipped = resume_checkpoint(run_dir)
+    for reason in skipped:
+        display.note(f"skipping checkpoint: {escape(reason)}")
+    if ckpt is not None:
+        check_resumable(ckpt, cfg.model.path, cfg.task.seed, num_problems)

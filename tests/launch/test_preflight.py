@@ -1,0 +1,99 @@
+"""`rlx train` pre-flight: broken input fails as one `error:` line (exit 2) before any process starts
+and before anything is written into the run directory."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rlx.cli import app
+from tests.helpers import write_config
+
+runner = CliRunner()
+
+
+def train(config: Path, *overrides: str) -> tuple[int, str]:
+    result = runner.invoke(app, ["train", str(config), *overrides])
+    return result.exit_code, result.output
+
+
+def assert_refused_before_start(code: int, output: str, run_dir: Path, *fragments: str) -> None:
+    assert code == 2, output
+    lines = output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), output
+    for fragment in fragments:
+        assert fragment in output, output
+    assert not (run_dir / "logs").exists() and not (run_dir / "config.yaml").exists(), "something was started"
+
+
+@pytest.fixture
+def config(tmp_path, tiny_model_dir):
+    return write_config(tmp_path / "run.yaml", tiny_model_dir, rollout={"backend": "hf"},
+                        trainer={"output_dir": str(tmp_path / "run")})
+
+
+def test_output_dir_that_is_a_file_or_under_one(config, tmp_path):
+    (tmp_path / "taken").write_text("not a directory")
+    code, output = train(config, f"trainer.output_dir={tmp_path / 'taken'}")
+    assert_refused_before_start(code, output, tmp_path / "run", "trainer.output_dir=", "is a file")
+    code, output = train(config, f"trainer.output_dir={tmp_path / 'taken' / 'run'}")
+    assert_refused_before_start(code, output, tmp_path / "run", "which is a file", "set trainer.output_dir")
+    assert (tmp_path / "taken").read_text() == "not a directory"
+
+
+@pytest.mark.parametrize("name, content, expected", [
+    ("data.parquet", b"PAR1 not really parquet PAR1", "is not a readable Parquet file"),
+    ("data.jsonl", b'{"question": "1+1", "answer": "2"}\n{"question": "\xff\xfe"}\n', "is not UTF-8 text"),
+    ("data.jsonl", b'{"question": "1+1", "answer": "2"}\n{"question": \n', "line 2 is not valid JSON"),
+])
+def test_unreadable_task_file(config, tmp_path, name, content, expected):
+    data = tmp_path / name
+    data.write_bytes(content)
+    code, output = train(config, "task.name=gsm8k", f"task.path={data}")
+    assert_refused_before_start(code, output, tmp_path / "run", "task.path=", expected)
+
+
+@pytest.mark.parametrize("source, spec, expected", [
+    ("def score(completion, answer:\n    return 1.0\n", "broken_syntax:score", "SyntaxError"),
+    ("raise RuntimeError('no GPU here')\n", "raises_on_import:score", "RuntimeError: no GPU here"),
+    ("import no_such_dependency_xyz\n", "needs_missing_dep:score", "No module named 'no_such_dependency_xyz'"),
+    ("", ".relative:score", "is a relative module name"),
+])
+def test_reward_module_that_cannot_be_imported(config, tmp_path, source, spec, expected):
+    module_dir = tmp_path / "rewards"
+    module_dir.mkdir()
+    module = spec.split(":")[0].lstrip(".")
+    (module_dir / f"{module}.py").write_text(source)
+    sys.path.insert(0, str(module_dir))  # CliRunner runs in this process: make the module importable here
+    try:
+        code, output = train(config, f"task.reward={spec}")
+    finally:
+        sys.path.remove(str(module_dir))
+        sys.modules.pop(module, None)
+    assert_refused_before_start(code, output, tmp_path / "run", f"task.reward='{spec}'", expected)
+    if not spec.startswith("."):
+        assert f"{module}.py:" in output  # the file and line to fix
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda d: [p.unlink() for p in d.glob("*.safetensors")], "has config.json but no weights"),
+    (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-64]), "is truncated"),
+    (lambda d: (d / "config.json").write_text("{oops"), "config.json is not valid JSON"),
+    (lambda d: [(d / n).unlink() for n in ("tokenizer.json", "tokenizer_config.json")], "has no tokenizer"),
+])
+def test_incomplete_model_directory(config, tmp_path, tiny_model_dir, damage, expected):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    damage(model)
+    code, output = train(config, f"model.path={model}")
+    assert_refused_before_start(code, output, tmp_path / "run", expected)
+
+
+def test_a_sound_model_directory_passes(tiny_model_dir):
+    from rlx.engine.model import check_model_dir
+
+    assert check_model_dir(str(tiny_model_dir)) == Path(tiny_model_dir)
