@@ -135,10 +135,16 @@ def _make_app(loaded, trace: str, metrics_path: Optional[str], started_at: float
     except ImportError as exc:
         raise UserError(f"the viewer needs textual and textual-plotext ({exc}); install them with: "
                         f"pip install 'rlx[viewer]'") from None
+    from rich.markup import escape
+
     from rlx.trace.metrics import find_metrics_file, load_metrics
+    from rlx.trace.safe_text import shown
 
     path = Path(metrics_path) if metrics_path else find_metrics_file(trace)
-    metrics = load_metrics(path) if path else None
+    try:
+        metrics = load_metrics(path) if path else None
+    except ValueError as exc:
+        raise UserError(escape(shown(exc).plain)) from None
     note = "" if metrics else (f"No metrics file found next to {trace} (looked for metrics.jsonl beside the trace "
                                f"directory); pass --metrics PATH.")
     app = TraceViewerApp(loaded, trace, metrics=metrics, metrics_note=note, started_at=started_at,

@@ -13,6 +13,8 @@ from pathlib import Path
 import msgspec
 
 _decoder = msgspec.json.Decoder(dict)
+MAX_LINE_BYTES = 1 << 20
+"""A step's metrics are a few hundred bytes; a longer line is a damaged file, not a row."""
 
 
 @dataclass
@@ -42,21 +44,29 @@ def find_metrics_file(trace_path: str | Path) -> Path | None:
 
 
 def load_metrics(path: str | Path) -> Metrics:
-    """Every usable line of a metrics file; FileNotFoundError names a missing one."""
+    """Every usable line of a metrics file; FileNotFoundError names a missing one, ValueError
+    (naming file and line) a line longer than ``MAX_LINE_BYTES``. Read a line at a time."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no metrics file at {path}; pass --metrics PATH to a run's metrics.jsonl")
     metrics = Metrics(path=path)
-    for line in path.read_bytes().splitlines():
-        if not line.strip():
-            continue
-        try:
-            row = _decoder.decode(line)
-        except msgspec.DecodeError:
-            metrics.skipped += 1
-            continue
-        if isinstance(row.get("step"), int) and not isinstance(row.get("step"), bool):
-            metrics.rows.append(row)
-        else:
-            metrics.skipped += 1
+    with open(path, "rb") as f:
+        for line_no, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), start=1):
+            if len(line) > MAX_LINE_BYTES:
+                raise ValueError(f"{path}:{line_no}: a line longer than {MAX_LINE_BYTES >> 20} MiB is no "
+                                 f"metrics row; pass --metrics PATH to a run's metrics.jsonl")
+            if line.strip():
+                _add_row(metrics, line)
     return metrics
+
+
+def _add_row(metrics: Metrics, line: bytes) -> None:
+    try:
+        row = _decoder.decode(line)
+    except msgspec.DecodeError:
+        metrics.skipped += 1
+        return
+    if isinstance(row.get("step"), int) and not isinstance(row.get("step"), bool):
+        metrics.rows.append(row)
+    else:
+        metrics.skipped += 1

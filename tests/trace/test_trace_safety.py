@@ -102,16 +102,20 @@ def sparse(path, size: int, head: bytes = b""):
     return path
 
 
-@pytest.mark.parametrize("what", ["summary", "export"])
+@pytest.mark.parametrize("what", ["summary", "export", "viewer"])
 def test_a_huge_file_is_refused_by_its_first_line_or_its_first_absurd_line(small_trace, tmp_path, what):
     header = next(small_trace.glob("trainer0.*.jsonl")).read_bytes().split(b"\n")[0] + b"\n"
-    args = ["--summary"] if what == "summary" else ["--export", "perfetto", str(tmp_path / "out.json")]
+    args = {"summary": ["--summary"], "export": ["--export", "perfetto", str(tmp_path / "out.json")],
+            "viewer": ["--screenshot", str(tmp_path / "out.svg")]}[what]
     cases = [(sparse(tmp_path / "not-a-trace.jsonl", 64 << 30), "not-a-trace.jsonl is not an rlx trace"),
              (sparse(tmp_path / "holed.1.jsonl", 64 << 30, header + b'{"k":"I","n":"x","t":1}\n'),
               "holed.1.jsonl:3: a line longer than 64 MiB")]
+    if what == "viewer":  # the run's metrics file, read for the Metrics tab
+        sparse(small_trace.parent / "metrics.jsonl", 64 << 30, b'{"step": 0}\n')
+        cases.append((small_trace, "metrics.jsonl:2: a line longer than 1 MiB"))
     for path, message in cases:
         result = runner.invoke(cli, ["trace-view", str(path), *args])
         assert result.exit_code == 2, result.output
         assert message in result.output and "Traceback" not in result.output
         assert len(result.output.strip().splitlines()) == 1
-    assert not (tmp_path / "out.json").exists()
+    assert not (tmp_path / "out.json").exists() and not (tmp_path / "out.svg").exists()
