@@ -2,7 +2,9 @@
 
 One rank trains the plain module (no wrapping overhead); several ranks shard every decoder
 layer and then the root with ``fully_shard`` over a 1-D device mesh (gloo on CPU, NCCL on
-GPU). Nothing is downloaded: a path that is not a local directory is an error.
+GPU). With packed micro-batches the model runs ``rlx.engine.attention``'s packed-sequence
+attention instead of ``model.attn_implementation``. Nothing is downloaded: a path that is not
+a local directory is an error.
 """
 
 from __future__ import annotations
@@ -72,13 +74,18 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def load_model(cfg, device: torch.device, trainable: bool = True):
+def load_model(cfg, device: torch.device, trainable: bool = True, packed_attention: bool = False):
+    """The model on ``device``; ``packed_attention`` switches it to packed-sequence attention."""
     from transformers import AutoModelForCausalLM
 
     check_model_dir(cfg.model.path)
     model = AutoModelForCausalLM.from_pretrained(
         cfg.model.path, dtype=getattr(torch, cfg.model.dtype), attn_implementation=cfg.model.attn_implementation)
     model.config.use_cache = False
+    if packed_attention:
+        from rlx.engine.attention import use_packed_attention
+
+        use_packed_attention(model)
     if trainable and cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device)
@@ -87,6 +94,13 @@ def load_model(cfg, device: torch.device, trainable: bool = True):
     if dist.is_initialized() and dist.get_world_size() > 1:
         shard(model, device)
     return model
+
+
+def has_dropout(model) -> bool:
+    """Whether the model drops anything in train mode (a dropout module or a ``*dropout`` config value > 0)."""
+    in_config = any("dropout" in key and isinstance(value, float) and value > 0
+                    for key, value in model.config.to_dict().items())
+    return in_config or any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
 
 
 def shard(model, device: torch.device) -> None:

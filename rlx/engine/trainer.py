@@ -1,9 +1,16 @@
 """The trainer role: scores a step's batch, computes advantages and updates the policy.
 
-Every rank calls ``step`` with the same full batch (rank 0 broadcasts it); each rank takes
-its contiguous share of rows and runs the same number of micro-batches, so FSDP2's
-collectives line up. Losses are normalised by the counts of the whole batch
-(``LossAgg``), so the update does not depend on the number of ranks or micro-batches.
+Every rank calls ``step`` with the same full batch (rank 0 broadcasts it) and computes the
+same plan of micro-batches (``rlx.engine.packing``): token-balanced packed sequences, or
+row-count padded micro-batches, with the same count on every rank so FSDP2's collectives line
+up. Losses are normalised by the counts of the whole batch (``LossAgg``), so the update does
+not depend on the number of ranks or micro-batches.
+
+The old logprobs (the policy before this step's update) need their own pass only when they
+differ from what the update's forward computes: with several epochs, stale samples
+(one_step_off), a reference model, or dropout (the update runs in train mode). Otherwise
+(one epoch, on-policy, no reference model, no dropout) there is no optimizer step between the
+two, so the update's own logprobs, detached, are exactly the old ones and the pass is skipped.
 It leaves out data, rollout and weight transfer: the controller does those.
 """
 
@@ -20,10 +27,16 @@ from rlx.engine.algorithms.aggregation import LossAgg
 from rlx.engine.algorithms.correction import rollout_correction
 from rlx.engine.algorithms.kl import kl_estimate, kl_penalized_rewards
 from rlx.engine.algorithms.policy_loss import policy_loss
-from rlx.engine.batch import TrainBatch, pad_rows
-from rlx.engine.logprobs import completion_logprobs
-from rlx.engine.model import full_named_parameters, load_model, resolve_device
+from rlx.engine.batch import TrainBatch
+from rlx.engine.logprobs import can_split_head, completion_logprobs
+from rlx.engine.model import (
+    full_named_parameters,
+    has_dropout,
+    load_model,
+    resolve_device,
+)
 from rlx.engine.optim import build_optimizer, build_scheduler
+from rlx.engine.packing import MicroBatch, micro_batches
 from rlx.trace import tracer
 
 
@@ -33,11 +46,17 @@ class Trainer:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.device = resolve_device(cfg.trainer.device)
-        self.model = load_model(cfg, self.device)
-        self.ref_model = load_model(cfg, self.device, trainable=False) if cfg.algorithm.kl_coef > 0 else None
+        packed = cfg.trainer.micro_batch_tokens > 0
+        self.model = load_model(cfg, self.device, packed_attention=packed)
+        self.ref_model = (load_model(cfg, self.device, trainable=False, packed_attention=packed)
+                          if cfg.algorithm.kl_coef > 0 else None)
         self.optimizer = build_optimizer(self.model, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
+        self.split_head = self.world == 1 and can_split_head(self.model)
+        self.fused_logprobs = (cfg.trainer.epochs_per_step == 1 and cfg.trainer.mode == "sync"
+                               and self.ref_model is None and not has_dropout(self.model))
+        """The update's detached logprobs are the old ones (see the module docstring)."""
 
     def named_tensors(self):
         """Full parameters for weight sync / checkpoints, in the engine dtype; all ranks must iterate."""
@@ -46,72 +65,67 @@ class Trainer:
             yield name, tensor.to(dtype)
 
     def step(self, full: TrainBatch) -> dict[str, float]:
-        a = self.cfg.algorithm
-        num_real = full.size
-        padded = pad_rows(full, self.world)
-        share = padded.size // self.world
-        local = padded.rows(slice(self.rank * share, (self.rank + 1) * share)).to(self.device)
+        a, t = self.cfg.algorithm, self.cfg.trainer
+        micro = [mb.to(self.device) for mb in micro_batches(full, self.rank, self.world, t.micro_batch_tokens,
+                                                            t.micro_batch_size)]
         start = time.perf_counter()
-        with tracer.span("logprob", rows=local.size):
-            self._score(local)
+        if not self.fused_logprobs:
+            with tracer.span("logprob", rows=sum(mb.batch.size for mb in micro)):
+                self._score(micro)
         time_logprob = time.perf_counter() - start
-        rewards = self._shaped_rewards(padded, local)[:num_real]
-        advantages = compute_advantages(a.advantage, rewards, self.cfg.rollout.n)
-        advantages = torch.cat([advantages, advantages.new_zeros(padded.size - num_real)])
-        local.advantages = advantages[self.rank * share:(self.rank + 1) * share].to(self.device)
-        weights, correction = rollout_correction(
-            local.old_logp, local.rollout_logp, local.mask, method=self.cfg.correction, level=a.correction_level,
-            tis_cap=a.tis_cap, icepop_low=a.icepop_low, icepop_high=a.icepop_high)
-        agg = LossAgg(a.loss_agg, global_tokens=float(full.mask.sum()), global_seqs=float(num_real),
+        advantages = compute_advantages(a.advantage, self._shaped_rewards(full, micro), self.cfg.rollout.n)
+        for mb in micro:
+            mb.batch.advantages = advantages[mb.rows].to(self.device)
+        agg = LossAgg(a.loss_agg, global_tokens=float(full.mask.sum()), global_seqs=float(full.size),
                       max_len=self.cfg.rollout.max_tokens)
         start = time.perf_counter()
-        metrics = self._update(local, weights, agg)
+        metrics = self._update(micro, agg)
         metrics["time_update"] = time.perf_counter() - start
         metrics["time_logprob"] = time_logprob
-        tokens = float(local.mask.sum())
-        metrics.update(self._reduce({k: v * tokens for k, v in correction.items()}, tokens))
         return metrics
 
     @torch.no_grad()
-    def _score(self, batch: TrainBatch) -> None:
+    def _score(self, micro: list[MicroBatch]) -> None:
         """Fill ``old_logp`` (and ``ref_logp``) with the current weights, before any update."""
         self.model.eval()
-        old, ref = [], []
-        for mb in self._micro_batches(batch):
-            old.append(completion_logprobs(self.model, mb, self.temperature, self.cfg.trainer.logprob_chunk_size)[0])
+        for mb in micro:
+            mb.batch.old_logp = self._logprobs(self.model, mb)[0]
             if self.ref_model is not None:
-                ref.append(completion_logprobs(self.ref_model, mb, self.temperature,
-                                               self.cfg.trainer.logprob_chunk_size)[0])
-        batch.old_logp = torch.cat(old)
-        batch.ref_logp = torch.cat(ref) if ref else None
+                split = self.world == 1 and can_split_head(self.ref_model)
+                mb.batch.ref_logp = self._logprobs(self.ref_model, mb, split_head=split)[0]
 
-    def _shaped_rewards(self, padded: TrainBatch, local: TrainBatch) -> torch.Tensor:
+    def _logprobs(self, model, mb: MicroBatch, split_head: bool | None = None, entropy_grad: bool = False):
+        split_head = self.split_head if split_head is None else split_head
+        return completion_logprobs(model, mb, self.temperature, self.cfg.trainer.logprob_chunk_size,
+                                   split_head=split_head, entropy_grad=entropy_grad)
+
+    def _shaped_rewards(self, full: TrainBatch, micro: list[MicroBatch]) -> torch.Tensor:
+        """Rewards [B]; with KL in the reward, minus each sequence's KL penalty (summed over ranks)."""
         a = self.cfg.algorithm
-        rewards = padded.rewards.clone()
-        if not (a.kl_in_reward and local.ref_logp is not None):
-            return rewards
-        local_shaped = kl_penalized_rewards(local.rewards, local.old_logp, local.ref_logp, local.mask,
-                                            a.kl_coef, a.kl_estimator).float()
-        if self.world == 1:
-            return local_shaped.cpu()
-        gathered = [torch.empty_like(local_shaped) for _ in range(self.world)]
-        dist.all_gather(gathered, local_shaped)
-        return torch.cat(gathered).cpu()
+        if not (a.kl_in_reward and self.ref_model is not None):
+            return full.rewards.clone()
+        penalty = torch.zeros(full.size, dtype=torch.float32, device=self.device)
+        for mb in (mb for mb in micro if mb.num_tokens):
+            b = mb.batch
+            shaped = kl_penalized_rewards(b.rewards, b.old_logp, b.ref_logp, b.mask, a.kl_coef, a.kl_estimator)
+            penalty[mb.rows.to(self.device)] = (b.rewards - shaped).float()
+        if self.world > 1:
+            dist.all_reduce(penalty)
+        return full.rewards - penalty.cpu()
 
-    def _update(self, batch: TrainBatch, weights, agg: LossAgg) -> dict[str, float]:
-        a, t = self.cfg.algorithm, self.cfg.trainer
+    def _update(self, micro: list[MicroBatch], agg: LossAgg) -> dict[str, float]:
+        t = self.cfg.trainer
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
         tokens = seen = 0.0
         for _ in range(t.epochs_per_step):
-            for index, mb in self._micro_batches(batch, with_index=True):
-                mb_weights = weights[index] if weights is not None else None
-                with tracer.span("update.micro_batch", rows=mb.size):
-                    loss, stats = self._micro_batch_loss(mb, mb_weights, agg)
+            for mb in micro:
+                with tracer.span("update.micro_batch", rows=mb.batch.size, tokens=mb.num_tokens):
+                    loss, stats = self._micro_batch_loss(mb, agg)
                     (loss * self.world).backward()  # FSDP2 averages gradients over ranks; the loss is a global sum
-                mb_tokens = float(mb.mask.sum())
+                mb_tokens = float(mb.batch.mask.sum())
                 tokens += mb_tokens
-                seen += float(mb.attention_mask.sum())
+                seen += mb.num_tokens
                 sums["loss"] += loss.item()
                 for key, value in stats.items():
                     sums[key] += value * mb_tokens
@@ -120,28 +134,30 @@ class Trainer:
         metrics = self._reduce({k: v for k, v in sums.items() if k != "loss"}, tokens)
         totals = self._reduce({"loss": sums["loss"], "update_tokens": seen}, 1.0 if self.rank == 0 else 0.0)
         metrics["loss"] = totals["loss"] / t.epochs_per_step
-        metrics["update_tokens"] = totals["update_tokens"]  # prompt + completion tokens through forward+backward
+        metrics["update_tokens"] = totals["update_tokens"]  # real prompt + completion tokens through forward+backward
         metrics["grad_norm"] = grad_norm
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         return metrics
 
-    def _micro_batch_loss(self, mb: TrainBatch, weights, agg: LossAgg):
-        a = self.cfg.algorithm
-        logp, entropy = completion_logprobs(self.model, mb, self.temperature, self.cfg.trainer.logprob_chunk_size,
-                                            with_entropy=True)
-        loss, stats = policy_loss(a.policy_loss, logp, mb.old_logp, mb.advantages, mb.mask, clip_low=a.clip_low,
-                                  clip_high=a.clip_high, dual_clip=a.dual_clip, weights=weights, agg=agg)
-        mask = mb.mask
-        denom = mask.sum().clamp(min=1.0)
-        stats = dict(stats)
-        stats["entropy"] = float((entropy.detach() * mask).sum() / denom)
+    def _micro_batch_loss(self, mb: MicroBatch, agg: LossAgg):
+        a, b = self.cfg.algorithm, mb.batch
+        logp, entropy = self._logprobs(self.model, mb, entropy_grad=bool(a.entropy_coef))
+        old_logp = logp.detach() if self.fused_logprobs else b.old_logp
+        weights, stats = rollout_correction(
+            old_logp, b.rollout_logp, b.mask, method=self.cfg.correction, level=a.correction_level,
+            tis_cap=a.tis_cap, icepop_low=a.icepop_low, icepop_high=a.icepop_high)
+        loss, loss_stats = policy_loss(a.policy_loss, logp, old_logp, b.advantages, b.mask, clip_low=a.clip_low,
+                                       clip_high=a.clip_high, dual_clip=a.dual_clip, weights=weights, agg=agg)
+        stats.update(loss_stats)
+        denom = b.mask.sum().clamp(min=1.0)
+        stats["entropy"] = float((entropy.detach() * b.mask).sum() / denom)
         if a.entropy_coef:
-            loss = loss - a.entropy_coef * agg(entropy, mask)
-        if mb.ref_logp is not None:
-            kl = kl_estimate(logp, mb.ref_logp, a.kl_estimator)
-            stats["kl"] = float((kl.detach() * mask).sum() / denom)
+            loss = loss - a.entropy_coef * agg(entropy, b.mask)
+        if b.ref_logp is not None:
+            kl = kl_estimate(logp, b.ref_logp, a.kl_estimator)
+            stats["kl"] = float((kl.detach() * b.mask).sum() / denom)
             if not a.kl_in_reward:
-                loss = loss + a.kl_coef * agg(kl, mask)
+                loss = loss + a.kl_coef * agg(kl, b.mask)
         return loss, stats
 
     def _optimizer_step(self) -> float:
@@ -153,12 +169,6 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
-
-    def _micro_batches(self, batch: TrainBatch, with_index: bool = False):
-        size = self.cfg.trainer.micro_batch_size
-        for start in range(0, batch.size, size):
-            index = slice(start, start + size)
-            yield (index, batch.rows(index)) if with_index else batch.rows(index)
 
     def _reduce(self, sums: dict[str, float], weight: float) -> dict[str, float]:
         """Weighted means over ranks of per-rank weighted sums."""

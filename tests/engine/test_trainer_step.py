@@ -1,0 +1,191 @@
+"""Trainer.step on the tiny model: packed == padded, one pass == two passes, and logprobs that
+match each sequence run alone through the plain model."""
+
+import pytest
+import torch
+
+from rlx.config.schema import AlgorithmConfig, ModelConfig, RunConfig, TrainerConfig
+from rlx.engine.batch import build_batch
+from rlx.engine.logprobs import chunked_logprobs, completion_logprobs
+from rlx.engine.packing import micro_batches, plan_packed
+from rlx.engine.trainer import Trainer
+
+
+def ragged_batch(rows: int = 12, seed: int = 123):
+    gen = torch.Generator().manual_seed(seed)
+    prompts, completions, logps, rewards = [], [], [], []
+    for i in range(rows):
+        prompts.append(torch.randint(4, 40, (2 + i % 3,), generator=gen).tolist())
+        completion = torch.randint(4, 40, (1 + (i * 7) % 5,), generator=gen).tolist()
+        completions.append(completion)
+        logps.append([-1.0 - 0.1 * j for j in range(len(completion))])
+        rewards.append(float((i * 5) % 3 == 0))
+    return build_batch(prompts, completions, logps, rewards, pad_id=0)
+
+
+def make_trainer(model_dir, algorithm=None, **trainer):
+    torch.manual_seed(0)
+    trainer.setdefault("lr", 1e-3)
+    cfg = RunConfig(model=ModelConfig(path=str(model_dir)), algorithm=algorithm or AlgorithmConfig(),
+                    trainer=TrainerConfig(micro_batch_size=3, device="cpu", **trainer))
+    cfg.rollout.n = 4
+    return Trainer(cfg)
+
+
+def step_and_params(trainer, batch):
+    metrics = {k: v for k, v in trainer.step(batch).items() if not k.startswith("time_")}
+    return metrics, {name: t.clone() for name, t in trainer.named_tensors()}
+
+
+def assert_same(a, b, tol):
+    (ma, pa), (mb, pb) = a, b
+    assert ma.keys() == mb.keys()
+    for key in ma:
+        assert ma[key] == pytest.approx(mb[key], rel=tol, abs=tol), key
+    for name in pa:
+        torch.testing.assert_close(pa[name], pb[name], rtol=tol, atol=tol)
+
+
+def reference_logprobs(model_dir, batch):
+    """Each sequence alone, unpadded, through the plain transformers model and a float64 log-softmax."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    out = torch.zeros(batch.mask.shape, dtype=torch.float64)
+    prompt_len = batch.input_ids.shape[1] - batch.completion_ids.shape[1]
+    for i in range(batch.size):
+        ids = batch.input_ids[i][batch.attention_mask[i].bool()]
+        num_completion = int(batch.mask[i].sum())
+        num_prompt = ids.numel() - num_completion
+        logits = model(input_ids=ids[None]).logits[0].double().log_softmax(-1)
+        for j in range(num_completion):
+            out[i, j] = logits[num_prompt - 1 + j, batch.completion_ids[i, j]]
+        assert prompt_len >= num_prompt
+    return out
+
+
+@pytest.mark.parametrize("budget", [0, 40])
+@pytest.mark.parametrize("split_head", [True, False])
+def test_completion_logprobs_match_each_sequence_alone(tiny_model_dir, budget, split_head):
+    trainer = make_trainer(tiny_model_dir, micro_batch_tokens=budget)
+    batch = ragged_batch()
+    with torch.no_grad():
+        expected = reference_logprobs(tiny_model_dir, batch)
+        for mb in micro_batches(batch, 0, 1, budget, 3):
+            logp, entropy = completion_logprobs(trainer.model, mb, 1.0, 7, split_head=split_head)
+            torch.testing.assert_close(logp.double(), expected[mb.rows], rtol=0, atol=1e-5)
+            assert (entropy[mb.batch.mask == 0] == 0).all() and (entropy[mb.batch.mask == 1] > 0).all()
+
+
+def test_packed_step_equals_padded_step(tiny_model_dir):
+    batch = ragged_batch()
+    padded = step_and_params(make_trainer(tiny_model_dir, micro_batch_tokens=0), batch)
+    packed = step_and_params(make_trainer(tiny_model_dir, micro_batch_tokens=40), batch)
+    assert packed[0]["update_tokens"] == float(batch.attention_mask.sum())
+    assert_same(packed, padded, 1e-5)
+
+
+@pytest.mark.parametrize("budget", [0, 40])
+def test_one_pass_equals_two_passes(tiny_model_dir, budget):
+    batch = ragged_batch()
+    fused = make_trainer(tiny_model_dir, micro_batch_tokens=budget)
+    assert fused.fused_logprobs
+    two_pass = make_trainer(tiny_model_dir, micro_batch_tokens=budget)
+    two_pass.fused_logprobs = False
+    one, two = step_and_params(fused, batch), step_and_params(two_pass, batch)
+    assert one[0]["ratio_mean"] == 1.0 and one[0]["clip_frac"] == 0.0
+    assert_same(one, two, 1e-6)
+
+
+@pytest.mark.parametrize("kwargs, algorithm", [
+    ({"epochs_per_step": 2}, None),
+    ({"mode": "one_step_off"}, None),
+    ({}, AlgorithmConfig(kl_coef=0.1)),
+])
+def test_separate_logprob_pass_where_old_differs_from_current(tiny_model_dir, kwargs, algorithm):
+    trainer = make_trainer(tiny_model_dir, algorithm=algorithm, **kwargs)
+    assert not trainer.fused_logprobs
+    metrics = trainer.step(ragged_batch())
+    assert metrics["time_logprob"] > 0
+
+
+def test_dropout_keeps_the_separate_pass(tiny_model_dir, tmp_path):
+    import json
+    import shutil
+
+    model_dir = tmp_path / "dropout"
+    shutil.copytree(tiny_model_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config["attention_dropout"] = 0.1
+    (model_dir / "config.json").write_text(json.dumps(config))
+    assert not make_trainer(model_dir).fused_logprobs
+
+
+def test_entropy_bonus_and_kl_loss_match_padded(tiny_model_dir):
+    algorithm = AlgorithmConfig(entropy_coef=0.01, kl_coef=0.05)
+    batch = ragged_batch()
+    padded = step_and_params(make_trainer(tiny_model_dir, algorithm=algorithm, micro_batch_tokens=0), batch)
+    packed = step_and_params(make_trainer(tiny_model_dir, algorithm=algorithm, micro_batch_tokens=40), batch)
+    assert "kl" in packed[0]
+    assert_same(packed, padded, 1e-5)
+
+
+@pytest.mark.parametrize("temperature, entropy_coef", [(1.0, 0.0), (0.7, 0.3)])
+def test_chunked_head_gradients_match_autograd(temperature, entropy_coef):
+    torch.manual_seed(0)
+    hidden = torch.randn(37, 16, dtype=torch.float32, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    targets = torch.randint(0, 50, (37,))
+    coef = torch.randn(37)
+    logp, entropy = chunked_logprobs(hidden, weight, targets, temperature, 8)
+    grads = torch.autograd.grad((coef * (logp + entropy_coef * entropy)).sum(), (hidden, weight))
+    log_probs = ((hidden @ weight.t()) / temperature).log_softmax(-1)
+    ref_logp = log_probs.gather(-1, targets[:, None]).squeeze(-1)
+    ref_entropy = -(log_probs.exp() * log_probs).sum(-1)
+    ref_grads = torch.autograd.grad((coef * (ref_logp + entropy_coef * ref_entropy)).sum(), (hidden, weight))
+    torch.testing.assert_close(logp, ref_logp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, ref_entropy, rtol=1e-4, atol=1e-4)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_plan_balances_tokens_and_gives_every_rank_the_same_count():
+    lengths = [900, 850, 40, 30, 700, 20, 10, 400, 390, 5, 600]
+    plans = plan_packed(lengths, world=3, budget=1000)
+    assert len({len(p) for p in plans}) == 1
+    rows = sorted(r for plan in plans for mb in plan for r in mb)
+    assert rows == list(range(len(lengths)))
+    loads = [sum(lengths[r] for mb in plan for r in mb) for plan in plans]
+    assert max(loads) - min(loads) <= max(lengths)
+    for plan in plans:
+        for mb in plan:
+            assert len(mb) == 1 or sum(lengths[r] for r in mb) <= 1000
+
+
+def test_plan_gives_fillers_to_ranks_short_of_sequences():
+    plans = plan_packed([3000, 10], world=2, budget=1000)
+    assert [len(p) for p in plans] == [1, 1]
+    plans = plan_packed([10], world=2, budget=1000)
+    assert sorted(plans) == [[[]], [[0]]]
+
+
+def test_trainer_micro_batch_tokens_must_not_be_negative():
+    from rlx.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="trainer.micro_batch_tokens"):
+        TrainerConfig(micro_batch_tokens=-1)
+
+
+@pytest.mark.gpu
+def test_packed_varlen_attention_on_gpu_matches_padded(tiny_model_dir):
+    batch = ragged_batch(rows=16)
+    results = []
+    for budget in (0, 60):
+        torch.manual_seed(0)
+        cfg = RunConfig(model=ModelConfig(path=str(tiny_model_dir), dtype="bfloat16"),
+                        trainer=TrainerConfig(micro_batch_size=4, micro_batch_tokens=budget, device="cuda", lr=1e-3))
+        cfg.rollout.n = 4
+        results.append(step_and_params(Trainer(cfg), batch))
+    (padded, _), (packed, _) = results
+    for key in ("loss", "entropy", "logprob_diff_mean", "grad_norm"):
+        assert packed[key] == pytest.approx(padded[key], rel=2e-2, abs=2e-3), key
