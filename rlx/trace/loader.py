@@ -37,9 +37,9 @@ def find_trace_files(path: str | Path) -> list[Path]:
         raise FileNotFoundError(f"no such trace file or directory: {path}")
     if path.is_file():
         return [path]
-    files = [f for f in sorted(path.glob("*.jsonl")) if is_trace_file(f)]
+    files = [f for f in sorted(path.glob("*.jsonl")) if f.is_file() and is_trace_file(f)]  # a FIFO would block
     if not files and (path / "trace").is_dir():
-        files = [f for f in sorted((path / "trace").glob("*.jsonl")) if is_trace_file(f)]
+        files = [f for f in sorted((path / "trace").glob("*.jsonl")) if f.is_file() and is_trace_file(f)]
     if not files:
         raise TraceError(f"no rlx trace files in {path} (looked for *.jsonl files that start with a "
                          f"trace header); record one by setting trace.enabled=true in the run config")

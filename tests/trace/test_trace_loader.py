@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -61,6 +62,7 @@ def test_missing_path_and_empty_dir_are_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such trace"):
         load_trace(tmp_path / "nope")
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    os.mkfifo(tmp_path / "pipe.jsonl")  # passed over, not opened (opening it would wait for a writer)
     with pytest.raises(TraceError, match="trace.enabled=true"):
         load_trace(tmp_path)
     with pytest.raises(TraceError, match="not an rlx trace"):
