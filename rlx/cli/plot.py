@@ -10,6 +10,7 @@ import typer
 from rlx.cli.common import UserError, console, user_errors
 
 DEFAULT_METRICS = ["reward_mean", "eval_accuracy"]
+IMAGE_FORMATS = ("png", "svg", "pdf", "jpg", "jpeg", "webp")
 
 
 def plot(
@@ -24,18 +25,40 @@ def plot(
     from rlx.trace.sinks import METRICS_FILE, read_metrics
 
     with user_errors():
+        _check_out(out)
         path = run / METRICS_FILE if run.is_dir() else run
         if not path.is_file():
             raise UserError(f"no metrics file at {path}; pass a run directory of `rlx train` or its metrics.jsonl")
-        rows = read_metrics(path)
+        try:
+            rows = [r for r in read_metrics(path) if _is_number(r["step"])]
+        except UnicodeDecodeError as exc:
+            raise UserError(f"{path} is not UTF-8 text (byte offset {exc.start}); pass the metrics.jsonl that "
+                            "`rlx train` wrote") from None
         names = metric or DEFAULT_METRICS
-        series = {n: [(r["step"], r[n]) for r in rows if isinstance(r.get(n), (int, float))] for n in names}
+        series = {n: [(r["step"], r[n]) for r in rows if _is_number(r.get(n))] for n in names}
         empty = [n for n, points in series.items() if not points]
         if empty:
             known = sorted({k for r in rows for k in r if k not in ("step", "time")})
             raise UserError(f"{path} has no values for {', '.join(empty)}; metrics in it: {', '.join(known)}")
         _draw(series, out, title or path.parent.name)
     console.print(f"wrote {out}")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_out(out: Path) -> None:
+    """The image format comes from --out's suffix; the file must be creatable where it is named."""
+    suffix = out.suffix.lower().lstrip(".")
+    if suffix not in IMAGE_FORMATS:
+        raise UserError(f"--out {out}: cannot tell the image format from {out.suffix or 'a name without a suffix'}; "
+                        f"end it in .png or .svg (or one of {', '.join('.' + f for f in IMAGE_FORMATS[2:])})")
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory; name the image file, e.g. {out / 'metrics.png'}")
+    blocker = next((p for p in out.parents if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise UserError(f"--out {out}: {blocker} is a file, not a directory; choose another path")
 
 
 def _draw(series: dict[str, list[tuple[int, float]]], out: Path, title: str) -> None:

@@ -23,3 +23,19 @@ def test_plot_names_missing_metrics_and_files(tmp_path):
     assert result.exit_code == 2 and "no values for kl" in result.output and "reward_mean" in result.output
     result = runner.invoke(app, ["plot", str(tmp_path / "nope")])
     assert result.exit_code == 2 and "no metrics file" in result.output
+
+
+def test_plot_refuses_unreadable_metrics_and_unwritable_images_in_one_line(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_bytes(b'{"step": 1, "reward_mean": 0.3}\n\xff\xfe\n')
+    (tmp_path / "a_file").write_text("")
+    cases = [([str(tmp_path)], "is not UTF-8 text"),
+             ([str(tmp_path), "--out", str(tmp_path / "curve.txt")], "cannot tell the image format from .txt"),
+             ([str(tmp_path), "--out", str(tmp_path)], "cannot tell the image format"),
+             ([str(tmp_path), "--out", str(tmp_path / "a_file" / "curve.png")], "is a file, not a directory")]
+    for args, expected in cases:
+        result = runner.invoke(app, ["plot", *args])
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.output
+        assert expected in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "metrics.jsonl"]
