@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -59,10 +60,26 @@ def test_wandb_offline_run_gets_the_redacted_config_and_the_metrics(tmp_path, mo
     assert {row["_step"]: row["loss"] for row in history} == pytest.approx(LOSSES)
 
 
-def read_wandb_run(path: Path) -> tuple[dict, list[dict]]:
-    """The run config and the history rows of an offline W&B run's transaction log."""
+def read_wandb_run(path: Path, timeout_s: float = 60.0) -> tuple[dict, list[dict]]:
+    """The run config and the history rows of an offline W&B run's transaction log.
+
+    ``finish()`` can return before W&B's service process has written the log out, so this waits
+    for the record that closes it (``exit``).
+    """
+    from google.protobuf.message import DecodeError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            records = list(wandb_records(path))
+        except DecodeError:  # a record still being written
+            records = []
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            break
+        assert time.monotonic() < deadline, f"{path} got no exit record within {timeout_s:.0f}s"
+        time.sleep(0.2)
     config, history = {}, []
-    for record in wandb_records(path):
+    for record in records:
         kind = record.WhichOneof("record_type")
         if kind in ("run", "config"):
             updates = record.run.config.update if kind == "run" else record.config.update
