@@ -43,16 +43,52 @@ class _AttrsOnly(msgspec.Struct):
 _attrs_decoder = msgspec.json.Decoder(_AttrsOnly)
 
 
+class FileLines:
+    """Where each line of a file's body starts and ends (its newline), found on first use: the
+    first frame needs no attribute, and finding a million lines costs more than counting them."""
+
+    def __init__(self, data, body_start: int) -> None:
+        self.data, self.body_start = data, body_start
+        self._bounds: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._bounds is None:
+            starts, ends = _line_bounds(memoryview(self.data)[self.body_start:])
+            self._bounds = starts + self.body_start, ends + self.body_start
+        return self._bounds
+
+
 class LineAttrs:
-    """The ``a`` of each of some lines of one file, decoded on first use (a sequence of Raw)."""
+    """The ``a`` of some lines (``rows``, by index in the body) of one file, decoded on first use
+    (a sequence of Raw)."""
 
-    __slots__ = ("data", "starts", "ends")
+    __slots__ = ("lines", "rows", "_starts", "_ends")
 
-    def __init__(self, data: bytes, starts: np.ndarray, ends: np.ndarray) -> None:
-        self.data, self.starts, self.ends = data, starts, ends
+    def __init__(self, lines: FileLines, rows: np.ndarray) -> None:
+        self.lines, self.rows = lines, rows
+        self._starts = self._ends = None
+
+    @property
+    def data(self):
+        return self.lines.data
+
+    def _bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._starts is None:
+            starts, ends = self.lines.bounds
+            self._starts, self._ends = starts[self.rows], ends[self.rows]
+        return self._starts, self._ends
+
+    @property
+    def starts(self) -> np.ndarray:
+        return self._bounds()[0]
+
+    @property
+    def ends(self) -> np.ndarray:
+        return self._bounds()[1]
 
     def __len__(self) -> int:
-        return len(self.starts)
+        return len(self.rows)
 
     def __getitem__(self, k: int) -> msgspec.Raw:
         line = memoryview(self.data)[int(self.starts[k]):int(self.ends[k])]
@@ -128,7 +164,7 @@ def take_values(values, rows: np.ndarray):
     if isinstance(values, list):
         return [values[k] for k in rows.tolist()]
     if isinstance(values, LineAttrs):
-        return LineAttrs(values.data, values.starts[rows], values.ends[rows])
+        return LineAttrs(values.lines, values.rows[rows])
     return values.take(pa.array(rows, pa.int64()))
 
 
@@ -161,24 +197,28 @@ def read_columns(data, header: Header, body_start: int) -> ColumnarFile | None:
                                                            unexpected_field_behavior="ignore"))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         return None
-    starts, ends = _line_bounds(body)
-    if table.num_rows != len(starts):
+    if table.num_rows != _count_lines(body):
         return None  # blank lines: the reader counts them
-    starts += body_start
-    ends += body_start
     kind = table.column("k").combine_chunks().dictionary_encode()
     present = kind.dictionary.to_pylist()
     if kind.null_count or not set(present) <= set(KINDS):
         return None
     codes = kind.indices.to_numpy(zero_copy_only=False)
-    kinds = {k: _kind_columns(table.slice(0, 0), LineAttrs(data, starts[:0], ends[:0])) for k in KINDS}
+    lines = FileLines(data, body_start)
+    kinds = {k: _kind_columns(table.slice(0, 0), LineAttrs(lines, np.zeros(0, np.int64))) for k in KINDS}
     for code, k in enumerate(present):
         rows = codes == code
         x = table.filter(pa.array(rows))
         if any(x.column(name).null_count for name in _REQUIRED[k]):
             return None  # a record without a field its kind requires
-        kinds[k] = _kind_columns(x, LineAttrs(data, starts[rows], ends[rows]))
+        kinds[k] = _kind_columns(x, LineAttrs(lines, np.flatnonzero(rows)))
     return ColumnarFile(header=header, kinds=kinds)
+
+
+def _count_lines(body: memoryview, step: int = 1 << 20) -> int:
+    """Newlines in ``body``, a megabyte at a time (a mask of the whole file would be as large as it)."""
+    u = np.frombuffer(body, np.uint8)
+    return sum(int(np.count_nonzero(u[k:k + step] == 10)) for k in range(0, len(u), step))
 
 
 def _line_bounds(body: memoryview) -> tuple[np.ndarray, np.ndarray]:
