@@ -47,6 +47,16 @@ def test_dequantization_error_within_the_e4m3_bound(strategy):
     assert result.sum_abs_err == pytest.approx(float((deq - w).abs().double().sum()), rel=1e-3)
 
 
+def test_wide_block_rows_are_quantized_in_slabs_to_the_same_bytes(monkeypatch):
+    w = _weights(300, 1000)
+    whole = fq.quantize(w, "block", BLOCK)
+    monkeypatch.setattr(fq, "SLAB_BYTES", 64 << 10)  # 128-column slabs, the last one padded
+    slabs = fq.quantize(w, "block", BLOCK)
+    assert torch.equal(slabs.q.view(torch.uint8), whole.q.view(torch.uint8)) and torch.equal(slabs.scale, whole.scale)
+    assert slabs.max_abs_err == whole.max_abs_err and slabs.amax == whole.amax
+    assert slabs.sum_abs_err == pytest.approx(whole.sum_abs_err, rel=1e-5)
+
+
 def test_block_scale_shape_rounds_up_and_zero_blocks_stay_zero():
     w = _weights()
     result = fq.quantize(w, "block", BLOCK)
