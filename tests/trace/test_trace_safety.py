@@ -75,18 +75,19 @@ async def _viewer_screens_are_safe(trace_dir) -> None:
     async with app.run_test(size=(200, 40)) as pilot:
         timeline = app.query_one(Timeline)
         await pilot.press("space")  # expand the requests: a row labelled with the request id
-        timeline.select(trace.names.index(NAME) and int((trace.spans.name == trace.names.index(NAME)).argmax()))
-        await pilot.pause()
-        screens = [app.export_screenshot()]
-        timeline.select(int((trace.spans.name == trace.names.index("checkpoint")).argmax()))
-        await pilot.pause()
-        screens.append(app.export_screenshot())
-        timeline.select(int((trace.spans.name == trace.names.index("generate")).argmax()))
-        await pilot.pause()
-        screens.append(app.export_screenshot())
+        screens = []
+        for name in (NAME, "checkpoint", "generate"):  # the details of each span
+            timeline.select(int((trace.spans.name == trace.names.index(name)).argmax()))
+            await pilot.pause()
+            screens.append(app.export_screenshot())
         await pilot.press("slash", *"status=error", "enter", "2")  # the summary tab under a filter
         await pilot.pause()
         screens.append(app.export_screenshot())
+        await pilot.press("1", "slash", "escape", "2", "enter")  # filter by the longest span's name
+        await pilot.pause()
+        screens.append(app.export_screenshot())
+        assert int(timeline.lanes.span_mask.sum()) == 1  # the name as shown matches the name as recorded
+        assert timeline.trace.names[int(timeline.trace.spans.name[timeline.lanes.span_mask][0])] == NAME
     text = html.unescape("\n".join(screens)).replace("\xa0", " ")
     assert_safe(text)
     for escaped in ("rollout\\x1b]0;PWNED\\x07[i]0", "req\\x9b5m[blink]", "key\\x1b[8m",
