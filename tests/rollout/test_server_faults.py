@@ -154,7 +154,7 @@ def test_malformed_messages_get_an_error_reply_fast_and_the_server_stays_up(serv
             sock.send(payload)
             reply = p.decode_reply(sock.recv())
             assert not reply.ok and error in reply.error
-            assert reply.id in (request_id, -1)
+            assert reply.id == request_id  # the caller's id whenever that much decodes, so it need not time out
     finally:
         sock.close()
         ctx.term()

@@ -204,6 +204,11 @@ class HfBackend(Backend):
             self._sync_holds_lock = False
             self._model_lock.release()
 
+    def failure(self) -> str:
+        if self._batcher is not None and self._batcher.done() and not self._batcher.cancelled():
+            return f"the hf generation loop stopped: {self._batcher.exception()!r}"
+        return ""
+
     async def close(self) -> None:
         if self._batcher is not None:
             self._batcher.cancel()
