@@ -36,6 +36,8 @@ class ConvertOptions:
 def detect_source(src: Path) -> str:
     if not src.exists():
         raise ConvertError(f"source {src} does not exist")
+    if not src.is_dir():
+        raise ConvertError(f"source {src} is a file; pass the directory that holds the checkpoint")
     if is_torch_dist(src):
         return "torch_dist"
     if (src / "manifest.json").is_file() or (not (src / "config.json").is_file() and is_trainer_checkpoint(src)):

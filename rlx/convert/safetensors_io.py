@@ -223,10 +223,13 @@ def read_range(info: TensorInfo, begin: int, end: int) -> torch.Tensor:
 
 def _read_weight_map(index: Path) -> dict[str, str]:
     try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        weight_map = json.loads(index.read_bytes())["weight_map"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
         raise ConvertError(f"{index} is not a valid safetensors index ({exc!r}); re-copy it, or delete it "
                            "if the directory holds a single model.safetensors") from None
     if not isinstance(weight_map, dict) or not weight_map:
         raise ConvertError(f"{index} has an empty weight_map; re-copy the checkpoint")
+    bad = next((v for v in weight_map.values() if not isinstance(v, str) or Path(v).name != v), None)
+    if bad is not None:
+        raise ConvertError(f"{index} maps a tensor to {bad!r}, not the file name of a shard beside it; re-copy it")
     return weight_map

@@ -52,23 +52,34 @@ def resolve_trainer_checkpoint(path: str | Path) -> TrainerCheckpoint:
     skipped: list[str] = []
     for ckpt in reversed(candidates):
         try:
-            return _verified(ckpt, skipped)
-        except ConvertError as exc:
+            manifest = _checked_manifest(ckpt)
+        except CorruptCheckpoint as exc:
             skipped.append(str(exc))
-    raise ConvertError(f"no complete checkpoint in {root}; every one failed verification:\n  "
-                       + "\n  ".join(skipped))
+            continue
+        return _trainer_checkpoint(ckpt, manifest, skipped)
+    raise ConvertError(f"no complete checkpoint in {root}; every one is corrupt or partial ({'; '.join(skipped)}); "
+                       "pass a step_* directory from a copy of the run")
 
 
 def _verified(ckpt: Path, skipped: list[str]) -> TrainerCheckpoint:
     try:
-        manifest = verify_checkpoint(ckpt)
+        manifest = _checked_manifest(ckpt)
     except CorruptCheckpoint as exc:
         raise ConvertError(f"refusing to convert a corrupt or partial checkpoint: {exc}. Pass an earlier "
                            "step_* directory, or the run directory to take the newest complete one") from None
+    return _trainer_checkpoint(ckpt, manifest, skipped)
+
+
+def _checked_manifest(ckpt: Path) -> dict:
+    manifest = verify_checkpoint(ckpt)
     if not (ckpt / HF_SUBDIR / "config.json").is_file():
-        raise ConvertError(f"{ckpt} has no {HF_SUBDIR}/config.json; it was not written by the rlx trainer")
+        raise CorruptCheckpoint(f"{ckpt} has no {HF_SUBDIR}/config.json; it was not written by the rlx trainer")
+    return manifest
+
+
+def _trainer_checkpoint(ckpt: Path, manifest: dict, skipped: list[str]) -> TrainerCheckpoint:
     read_model_config(ckpt / HF_SUBDIR)
-    return TrainerCheckpoint(ckpt, int(manifest["step"]), list(manifest["model_files"]), skipped)
+    return TrainerCheckpoint(ckpt, manifest["step"], list(manifest["model_files"]), skipped)
 
 
 def check_lm_head(ckpt: TrainerCheckpoint, names: set[str]) -> None:

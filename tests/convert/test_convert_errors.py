@@ -101,3 +101,22 @@ def test_malformed_trainer_manifest_is_refused(model, tmp_path, edit, expected):
     code, output = convert(ckpt, tmp_path / "out")
     assert_refused(code, output, "refusing to convert a corrupt or partial checkpoint", expected)
     assert not (tmp_path / "out").exists()
+
+
+def test_odd_sources_are_one_line(model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(model)
+    for step in (1, 2):
+        ckpt = write_trainer_checkpoint(tmp_path / "run", loaded, model, step=step)
+        (ckpt / "model-00000.safetensors").write_bytes(b"torn")
+    code, output = convert(tmp_path / "run", tmp_path / "out")
+    assert_refused(code, output, "no complete checkpoint", "step_00000001", "step_00000002")
+    indexed = tmp_path / "indexed"
+    shutil.copytree(model, indexed)
+    (indexed / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": ["a.safetensors"]}}))
+    code, output = convert(indexed, tmp_path / "out", "--to", "hf")
+    assert_refused(code, output, "model.safetensors.index.json maps a tensor to", "not the file name of a shard")
+    code, output = convert(model / "config.json", tmp_path / "out", "--to", "hf")
+    assert_refused(code, output, "is a file; pass the directory")
+    assert not (tmp_path / "out").exists()
