@@ -115,6 +115,9 @@ class TaskConfig:
             raise ConfigError("task.name=gsm8k needs task.path; set task.path to a local .jsonl or .parquet file")
         check_range("task.num_eval", self.num_eval, 0)
         check_range("task.max_operand", self.max_operand, 1)
+        if self.name == "tiny_math":
+            check_range("task.max_operand", self.max_operand, 1, 1000,
+                        hint="tiny_math builds every a<op>b problem, 3 million at 1000")
         bad = set(self.operators) - set("+-*")
         if not self.operators or bad:
             raise ConfigError(f"task.operators={self.operators!r}: use a non-empty mix of '+', '-', '*'")
@@ -171,6 +174,10 @@ class RolloutConfig:
         check_range("rollout.max_tokens", self.max_tokens, 1)
         check_range("rollout.gpu_memory_utilization", self.gpu_memory_utilization, 0.01, 1.0)
         check_range("rollout.port", self.port, 0, 65535)
+        check_range("rollout.top_k", self.top_k, -1, hint="-1 turns top-k sampling off")
+        check_range("rollout.max_model_len", self.max_model_len, 2)
+        check_range("rollout.request_timeout_s", self.request_timeout_s, 0.1)
+        check_range("rollout.startup_timeout_s", self.startup_timeout_s, 0.1)
         for address in self.servers:
             if not address.startswith(("tcp://", "ipc://")):
                 raise ConfigError(f"rollout.servers entry {address!r} must start with tcp:// or ipc://")
@@ -288,11 +295,15 @@ class TrainerConfig:
         check_range("trainer.micro_batch_tokens", self.micro_batch_tokens, 0)
         check_range("trainer.epochs_per_step", self.epochs_per_step, 1)
         check_range("trainer.lr", self.lr, 0.0)
+        check_range("trainer.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        check_range("trainer.weight_decay", self.weight_decay, 0.0)
+        check_range("trainer.max_grad_norm", self.max_grad_norm, 0.0, hint="0 turns clipping off")
         check_range("trainer.warmup_steps", self.warmup_steps, 0)
         check_range("trainer.logprob_chunk_size", self.logprob_chunk_size, 1)
         check_range("trainer.eval_every", self.eval_every, 0)
-        if len(self.betas) != 2:
-            raise ConfigError(f"trainer.betas={self.betas} must have two values, e.g. [0.9, 0.999]")
+        check_finite("trainer.betas", self.betas)
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"trainer.betas={self.betas} must be two values in [0, 1), e.g. [0.9, 0.999]")
 
 
 @dataclass

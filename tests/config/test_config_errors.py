@@ -60,3 +60,14 @@ def test_unreadable_files_and_defaults_are_one_line(tmp_path):
     assert_one_error_line(code, output, "defaults in", "must be a list")
     code, output = check(tmp_path, "defaults:\n  - no_such_group\nmodel:\n  path: /m\n")
     assert_one_error_line(code, output, "no_such_group", "beside run.yaml")
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("trainer.betas=[0.9,1.5]", "must be two values in [0, 1)"),  # AdamW would refuse it after start-up
+    ("trainer.weight_decay=-0.1", "must be >= 0.0"),
+    ("rollout.top_k=-5", "-1 turns top-k sampling off"),  # the engine would refuse every request
+    ("task.max_operand=100000", "must be in [1, 1000]"),  # tiny_math would build 3e10 problems
+])
+def test_values_that_would_fail_only_after_start_up_are_refused_here(tmp_path, override, expected):
+    code, output = check(tmp_path, "model:\n  path: /m\n", override)
+    assert_one_error_line(code, output, override.split("=")[0], expected)
