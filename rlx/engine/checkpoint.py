@@ -120,7 +120,10 @@ _IGNORED_CONFIG_KEYS = frozenset({"transformers_version", "_name_or_path", "dtyp
 
 
 def _config_changes(saved: Path, current: Path) -> str:
-    """'' when the two model configs describe the same model, else the first differences, named."""
+    """'' when the two model configs describe the same model (or the checkpoint kept none), else the
+    first differences, named."""
+    if not saved.is_file():
+        return ""
     a, b = (json.loads(p.read_bytes()) if p.is_file() else {} for p in (saved, current))
     a, b = (c if isinstance(c, dict) else {} for c in (a, b))
     keys = sorted(k for k in set(a) | set(b) if k not in _IGNORED_CONFIG_KEYS and a.get(k) != b.get(k))
