@@ -113,7 +113,7 @@ def test_modules_in_the_working_directory_are_not_imported(tiny_model_dir, tmp_p
 
 def test_the_auth_token_reaches_the_server_and_no_file_of_the_run(tiny_model_dir, tmp_path):
     token = "tok-" + os.urandom(8).hex()
-    config = small_config(tmp_path, tiny_model_dir, "hf")
+    config = small_config(tmp_path, tiny_model_dir, "hf", trace={"enabled": True})
     code, output = run_to_end(config, tmp_path, "trainer.total_steps=1", "trainer.eval_every=0",
                               f"rollout.auth_token={token}")
     assert code == 0, output[-3000:]  # the server got the token: a wrong one is refused
