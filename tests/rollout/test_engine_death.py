@@ -10,7 +10,14 @@ import pytest
 
 from rlx.rollout import protocol as p
 from rlx.rollout.client import RolloutClient, RolloutServerError
-from tests.helpers import child_pids, group_alive, start_rlx, stop_group, wait_ready, write_config
+from tests.helpers import (
+    child_pids,
+    group_alive,
+    start_rlx,
+    stop_group,
+    wait_ready,
+    write_config,
+)
 
 pytestmark = pytest.mark.slow
 

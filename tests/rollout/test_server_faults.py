@@ -84,9 +84,8 @@ def test_every_failed_weight_update_leaves_the_server_generating_and_syncing(ser
                 await client.call(0, p.UpdateBegin(begin=SyncBegin(9001, bad, -1, -1, False)))
             await generates(client)
             # mid-bucket: a tensor the model does not have fails its bucket; the sender gives up
-            with WeightSender(transport="shm", bucket_mb=1, timeout_s=30.0) as sender:
-                with pytest.raises(SyncError):
-                    await sender.send([("no.such.parameter", torch.zeros(8))], client.channels())
+            with WeightSender(transport="shm", bucket_mb=1, timeout_s=30.0) as sender, pytest.raises(SyncError):
+                await sender.send([("no.such.parameter", torch.zeros(8))], client.channels())
             await generates(client)
             # end: fewer tensors arrived than the begin announced
             await begin(client, 9002, buffer, num_tensors=3)
