@@ -51,6 +51,7 @@ def check_all_finite(section: Any, prefix: str = "") -> None:
 
 
 DTYPE_CHOICES = ("float32", "bfloat16", "float16")
+BUILD_CHOICES = ("", "tiny_math_warmstart", "running_sum_warmstart", "qwen2_0p5b_random")
 
 
 @dataclass
@@ -66,20 +67,21 @@ class ModelConfig:
     attn_implementation: str = "sdpa"
     """transformers attention implementation for training: sdpa or eager."""
     build_if_missing: str = ""
-    """If set and model.path does not exist, build it: tiny_math_warmstart or qwen2_0p5b_random."""
+    """If set and model.path does not exist, build it: tiny_math_warmstart, running_sum_warmstart (a 4-layer
+    256-wide tiny model warm-started on the task) or qwen2_0p5b_random."""
 
     def __post_init__(self) -> None:
         check_choice("model.dtype", self.dtype, DTYPE_CHOICES)
         check_choice("model.rollout_dtype", self.rollout_dtype, ("auto",) + DTYPE_CHOICES)
         check_choice("model.attn_implementation", self.attn_implementation, ("sdpa", "eager"))
-        check_choice("model.build_if_missing", self.build_if_missing, ("", "tiny_math_warmstart", "qwen2_0p5b_random"))
+        check_choice("model.build_if_missing", self.build_if_missing, BUILD_CHOICES)
 
     @property
     def engine_dtype(self) -> str:
         return self.dtype if self.rollout_dtype == "auto" else self.rollout_dtype
 
 
-TASK_CHOICES = ("tiny_math", "gsm8k")
+TASK_CHOICES = ("tiny_math", "gsm8k", "running_sum")
 
 
 @dataclass
@@ -103,7 +105,11 @@ class TaskConfig:
     num_eval: int = 128
     """Held-out prompts used for evaluation."""
     max_operand: int = 30
-    """tiny_math: operands are drawn from [0, max_operand]."""
+    """tiny_math, running_sum: operands are drawn from [0, max_operand]."""
+    num_terms: int = 8
+    """running_sum: numbers to add per problem (the completion grows about 10 tokens a term)."""
+    num_train: int = 4096
+    """running_sum: training problems drawn with task.seed (disjoint from the held-out ones)."""
     operators: str = "+-"
     """tiny_math: operators to draw from (any of '+-*')."""
     seed: int = 0
@@ -118,6 +124,8 @@ class TaskConfig:
         if self.name == "tiny_math":
             check_range("task.max_operand", self.max_operand, 1, 1000,
                         hint="tiny_math builds every a<op>b problem, 3 million at 1000")
+        check_range("task.num_terms", self.num_terms, 2)
+        check_range("task.num_train", self.num_train, 1)
         bad = set(self.operators) - set("+-*")
         if not self.operators or bad:
             raise ConfigError(f"task.operators={self.operators!r}: use a non-empty mix of '+', '-', '*'")

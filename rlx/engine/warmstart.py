@@ -1,4 +1,4 @@
-"""Build the quickstart's starting point: a tiny model briefly supervised on ``tiny_math``.
+"""Build a run's starting point: a tiny model briefly supervised on its task (``tiny_math``, ``running_sum``).
 
 RL needs a policy that is sometimes right: a random tiny model never answers "12+7=" with
 "19", so every reward is 0 and nothing is learned. This trains the kit's tiny model for a
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,10 +22,35 @@ import torch
 from rlx.engine.tiny import build_tiny_model
 
 DEFAULT_STEPS = 400
+RUNNING_SUM_STEPS = 600
+
+
+@dataclass(frozen=True)
+class Recipe:
+    hidden_size: int
+    num_layers: int
+    steps: int
+    lr: float
+
+
+# model.build_if_missing -> model shape and supervised steps; stopped where held-out accuracy is
+# well below 1 so RL has something to learn.
+RECIPES = {
+    "tiny_math_warmstart": Recipe(hidden_size=128, num_layers=2, steps=DEFAULT_STEPS, lr=1e-3),
+    "running_sum_warmstart": Recipe(hidden_size=256, num_layers=4, steps=RUNNING_SUM_STEPS, lr=1e-3),
+}
+
+
+def build_warmstart(recipe: str, out_dir: str | Path, task_cfg, seed: int = 0, progress=None) -> Path:
+    """Build ``RECIPES[recipe]`` on ``task_cfg``'s train split into ``out_dir``."""
+    r = RECIPES[recipe]
+    return build_tiny_math_warmstart(out_dir, task_cfg, steps=r.steps, seed=seed, lr=r.lr, progress=progress,
+                                     hidden_size=r.hidden_size, num_layers=r.num_layers)
 
 
 def build_tiny_math_warmstart(out_dir: str | Path, task_cfg, steps: int = DEFAULT_STEPS, seed: int = 0,
-                              batch_size: int = 64, lr: float = 1e-3, progress=None) -> Path:
+                              batch_size: int = 64, lr: float = 1e-3, progress=None, hidden_size: int = 128,
+                              num_layers: int = 2) -> Path:
     """Write the warm-started model to ``out_dir`` atomically (build in a sibling, then rename)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -33,7 +59,7 @@ def build_tiny_math_warmstart(out_dir: str | Path, task_cfg, steps: int = DEFAUL
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".building")
     shutil.rmtree(tmp, ignore_errors=True)
-    build_tiny_model(tmp, hidden_size=128, num_layers=2, seed=seed)
+    build_tiny_model(tmp, hidden_size=hidden_size, num_layers=num_layers, seed=seed)
     tokenizer = AutoTokenizer.from_pretrained(tmp)
     model = AutoModelForCausalLM.from_pretrained(tmp)
     task = build_task(task_cfg)

@@ -2,7 +2,8 @@
 
 ``build_task(cfg.task)`` returns a ``Task`` (``base.Task``): train and eval lists of
 ``Problem`` plus ``reward`` and ``is_correct``. Built in: ``tiny_math`` (synthetic
-arithmetic) and ``gsm8k`` (math from a local JSONL/Parquet file). ``task.reward`` swaps in a
+arithmetic), ``running_sum`` (long worked sums) and ``gsm8k`` (math from a local
+JSONL/Parquet file). ``task.reward`` swaps in a
 user function ``module:function`` (completion, answer) -> float. The order in which train
 problems are used is ``base.DataStream``'s job.
 """
@@ -26,4 +27,8 @@ def build_task(cfg) -> Task:
         from rlx.rollout.tasks.gsm8k import Gsm8k
 
         return Gsm8k.from_config(cfg, reward_fn)
-    raise ValueError(f"task.name={cfg.name!r} is unknown; use tiny_math or gsm8k")
+    if cfg.name == "running_sum":
+        from rlx.rollout.tasks.running_sum import RunningSum
+
+        return RunningSum.from_config(cfg, reward_fn)
+    raise ValueError(f"task.name={cfg.name!r} is unknown; use tiny_math, gsm8k or running_sum")
