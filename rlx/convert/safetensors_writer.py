@@ -122,8 +122,7 @@ class ShardFile:
     ``write(name, offset, data)`` puts ``data`` at byte ``offset`` of tensor ``name``, and hands
     it to the disk at once (write-behind), so that writing overlaps the work still to come.
     ``close()`` checks that every tensor received exactly the bytes its header promises (a missing
-    or repeated part is a bug, not a user error), then
-    fsyncs. ``abort()`` only closes the file.
+    or repeated part is a bug, not a user error), then fsyncs. ``abort()`` only closes the file.
     """
 
     def __init__(self, path: Path, shard: Shard, metadata: dict[str, str] | None = None):
