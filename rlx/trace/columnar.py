@@ -136,7 +136,7 @@ class KindColumns:
         return len(self.t)
 
     @classmethod
-    def of_records(cls, records: list) -> "KindColumns":
+    def of_records(cls, records: list) -> KindColumns:
         """Columns of decoded records (the line-by-line reader's), all of one kind."""
         n = len(records)
 
@@ -149,7 +149,7 @@ class KindColumns:
                    errors={k: r.err for k, r in enumerate(records) if getattr(r, "err", None) is not None},
                    attrs=[r.a for r in records])
 
-    def take(self, rows: np.ndarray) -> "KindColumns":
+    def take(self, rows: np.ndarray) -> KindColumns:
         """The given rows (sorted), as columns of their own."""
         new_row = {int(old): k for k, old in enumerate(rows.tolist()) if int(old) in self.errors}
         return KindColumns(i=self.i[rows], t=self.t[rows], d=self.d[rows], p=self.p[rows],

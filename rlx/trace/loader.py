@@ -216,7 +216,7 @@ class _Completes:
         self.count += len(done)
 
     @classmethod
-    def from_columns(cls, x: KindColumns, names: _Interner, requests: _RequestIds) -> "_Completes":
+    def from_columns(cls, x: KindColumns, names: _Interner, requests: _RequestIds) -> _Completes:
         """The complete spans of a file pyarrow read."""
         done = cls(names, requests)
         done.chunks.append({"i": x.i, "t": x.t, "d": x.d, "p": x.p, "n": _name_ids(names, x), "r": requests.add(x.requests)})

@@ -22,7 +22,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Union
+from typing import Callable
 
 import msgspec
 
@@ -48,7 +48,7 @@ class TraceBytes:
 
     path: Path
     header: Header
-    data: Union[bytes, mmap.mmap]
+    data: bytes | mmap.mmap
     body_start: int
 
 
