@@ -46,7 +46,7 @@ RUNS = {
                "algorithm.clip_high=0.004", f"algorithm.kl_coef={KL_COEF}", "algorithm.kl_in_reward=true"],
     "rloo": ["algorithm.advantage=rloo", "algorithm.policy_loss=ppo", "trainer.mode=one_step_off",
              "algorithm.rollout_correction=icepop", "algorithm.correction_level=sequence",
-             "algorithm.icepop_low=0.999", "algorithm.icepop_high=1.001"],
+             "algorithm.icepop_low=0.95", "algorithm.icepop_high=1.05"],
     "reinforce_pp": ["algorithm.advantage=reinforce_pp", "algorithm.policy_loss=gspo", "trainer.mode=one_step_off",
                      "algorithm.rollout_correction=icepop", "algorithm.correction_level=token", "sync.verify=true"],
 }
