@@ -79,7 +79,7 @@ class Display:
         """One console line naming what failed and where its traceback is; the traceback goes to the log."""
         self._write("".join(traceback.format_exception(exc)).rstrip("\n"))
         where = f"; the traceback is in {self.log_path}" if self._log is not None else ""
-        self.note(f"[red]{what}:[/] {type(exc).__name__}: {escape(str(exc))}{where}")
+        self.note(f"[red]{escape(what)}:[/] {type(exc).__name__}: {escape(str(exc))}{where}")
 
     def _write(self, text: str) -> None:
         if self._log is not None:

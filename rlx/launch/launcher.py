@@ -49,7 +49,8 @@ def run_train(cfg) -> int:
         except (KeyboardInterrupt, RunStopped) as exc:
             return _stopped(display, exc, "stopping every child process")
         except Exception as exc:
-            display.failure("the run failed", exc)
+            dead = launch.procs.dead_children(within_s=2.0)  # a death often surfaces first as a peer's error
+            display.failure(f"the run failed ({dead[0][1]})" if dead else "the run failed", exc)
             return 1
         finally:
             with stops.shield():

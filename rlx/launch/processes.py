@@ -157,14 +157,25 @@ class ProcessSet:
             if time.monotonic() - recorded_at >= self.record_every_s:
                 self.record_shm()
                 recorded_at = time.monotonic()
-            for child in self.children:
-                if not child.expected_exit and not child.alive():
-                    self._watching = False
-                    on_death(f"{child.name} (pid {child.pid}) exited with code {child.proc.returncode}; "
-                             f"its log is {child.log_path}")
-                    self.leftovers.remove_unused([child.pid])  # what its group left and nobody uses
-                    return
+            dead = self.dead_children()
+            if dead:
+                self._watching = False
+                on_death(dead[0][1])
+                self.leftovers.remove_unused([dead[0][0].pid])  # what its group left and nobody uses
+                return
             time.sleep(interval_s)
+
+    def dead_children(self, within_s: float = 0.0) -> list[tuple[Child, str]]:
+        """Children that exited while the run needed them, each with a message naming it and its log;
+        waits up to ``within_s`` for one (a peer sees the sockets of a killed process close before it exits)."""
+        deadline = time.monotonic() + within_s
+        while True:
+            dead = [(child, f"{child.name} (pid {child.pid}) exited with code {child.proc.returncode}; "
+                            f"its log is {child.log_path}")
+                    for child in self.children if not child.expected_exit and not child.alive()]
+            if dead or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.05)
 
     def record_shm(self) -> None:
         for child in list(self.children):

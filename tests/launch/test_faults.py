@@ -91,6 +91,26 @@ def test_a_fault_mid_run_is_one_line_and_a_logged_traceback(fault, tiny_model_di
     assert not sync_segments_of(proc.pid)
 
 
+def test_a_dead_trainer_rank_is_named_in_one_line(tiny_model_dir, tmp_path):
+    """Rank 0 may hear of the death from gloo before the watcher does: either way one line names the rank."""
+    config = small_config(tmp_path, tiny_model_dir, "hf", trainer={"num_ranks": 2})
+    run_dir = tmp_path / "run"
+    log = tmp_path / "train.log"
+    proc = start_rlx(["train", str(config), "trainer.total_steps=200", "trainer.eval_every=0"], log)
+    try:
+        wait_for(lambda: (run_dir / "metrics.jsonl").exists() and read_metrics(run_dir), 300, proc, log)
+        os.killpg(child_pids(run_dir)["trainer1"], signal.SIGKILL)
+        proc.wait(120)
+    finally:
+        stop_group(proc)
+    output = log.read_text()
+    assert proc.returncode == 1, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert "trainer1 (pid" in output and "exited with code -9" in output
+    assert_no_children_alive(run_dir)
+    assert not sync_segments_of(proc.pid)
+
+
 def test_modules_in_the_working_directory_are_not_imported(tiny_model_dir, tmp_path):
     """A stray typer.py / torch.py where `rlx train` starts runs in no process of the run."""
     work = tmp_path / "cwd"
