@@ -289,7 +289,7 @@ def report_viewer(console, result: dict) -> None:
     viewer.add_row("wait for the Textual import after the load", f"{w.get('viewer_import_wait_s', 0):.2f}", "", "")
     viewer.add_row("[b]first import to first frame[/]", f"[b]{w['first_frame_s']:.2f}[/]",
                    f"{w['cpu_to_first_frame_s']:.2f}", f"{w['max_rss_mib']:.0f}")
-    viewer.caption = f"all runs, first frame: {', '.join(f'{s:.2f}' for s in v['first_frame_s_all'])} s (target < 3 s)"
+    viewer.caption = f"all runs, first frame: {', '.join(f'{s:.2f}' for s in v['first_frame_s_all'])} s (target < 1.5 s)"
     console.print(viewer)
 
 
