@@ -111,6 +111,40 @@ def test_a_dead_trainer_rank_is_named_in_one_line(tiny_model_dir, tmp_path):
     assert not sync_segments_of(proc.pid)
 
 
+def shm_mapped_by_group(pgid: int) -> set[str]:
+    """/dev/shm files the processes of group ``pgid`` map now (seen from /proc, as `ps` would)."""
+    files = set()
+    for proc_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.getpgid(int(proc_dir.name)) != pgid:
+                continue
+            lines = (proc_dir / "maps").read_text().splitlines()
+        except OSError:
+            continue
+        fields = [line.split(maxsplit=5) for line in lines]
+        files |= {f[5] for f in fields if len(f) == 6 and f[5].startswith("/dev/shm/")}
+    return files
+
+
+def test_a_killed_vllm_server_leaves_nothing_in_dev_shm(tiny_model_dir, tmp_path):
+    config = small_config(tmp_path, tiny_model_dir, "vllm")
+    run_dir = tmp_path / "run"
+    log = tmp_path / "train.log"
+    proc = start_rlx(["train", str(config), "trainer.total_steps=2000", "trainer.eval_every=0"], log)
+    try:
+        wait_for(lambda: (run_dir / "metrics.jsonl").exists() and read_metrics(run_dir), 400, proc, log)
+        server = child_pids(run_dir)["rollout0"]
+        left = {path for path in shm_mapped_by_group(server) if "/rlx-sync-" not in path}
+        assert any("psm_" in path for path in left), left  # vLLM's broadcast buffers
+        os.killpg(server, signal.SIGKILL)
+        proc.wait(120)
+    finally:
+        stop_group(proc)
+    assert proc.returncode == 1
+    assert not [path for path in left if Path(path).exists()]
+    assert not sync_segments_of(proc.pid)
+
+
 def test_modules_in_the_working_directory_are_not_imported(tiny_model_dir, tmp_path):
     """A stray typer.py / torch.py where `rlx train` starts runs in no process of the run."""
     work = tmp_path / "cwd"
