@@ -17,8 +17,8 @@ import contextlib
 import functools
 import os
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Callable, Iterable, Iterator
 
 import torch
 

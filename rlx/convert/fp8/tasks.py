@@ -17,7 +17,7 @@ Left out: scheduling (``parallel``) and what is quantized (``policy``).
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from rlx.convert.fp8 import quantize as fq
 from rlx.convert.fp8.report import TensorStats
