@@ -317,7 +317,7 @@ class TrainerConfig:
 @dataclass
 class SyncConfig:
     transport: str = "auto"
-    """Weight transport to the rollout engines: auto, shm (shared memory, CPU), cuda_ipc (same GPU host)."""
+    """Weight transport to the rollout engines: auto, shm (shared memory, CPU), cuda_ipc (same GPU host), gloo / nccl (torch.distributed broadcast, across hosts; auto picks it when a server is on another host)."""
     bucket_mb: int = 64
     """Transfer bucket size in MiB."""
     num_buffers: int = 2
@@ -330,7 +330,7 @@ class SyncConfig:
     """One trainer rank: keep its weights in the transport's shared buffer (shm or CUDA IPC) so a sync sends offsets and each engine copies once (needs model.rollout_dtype = model.dtype; otherwise syncs copy through the buckets)."""
 
     def __post_init__(self) -> None:
-        check_choice("sync.transport", self.transport, ("auto", "shm", "cuda_ipc"))
+        check_choice("sync.transport", self.transport, ("auto", "shm", "cuda_ipc", "gloo", "nccl"))
         check_range("sync.bucket_mb", self.bucket_mb, 1, hint="set sync.bucket_mb to the transfer bucket size in MiB")
         check_range("sync.num_buffers", self.num_buffers, 1, 8)
         check_range("sync.timeout_s", self.timeout_s, 0.1)

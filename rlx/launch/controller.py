@@ -152,9 +152,16 @@ class Controller:
         return WeightArena.adopt(self.trainer.model)
 
     def _transport(self) -> str:
+        """``auto``: a broadcast (nccl / gloo) to every server when any is on another host, since one sync
+        uses one transport and the group reaches local servers too; else shared memory (cuda_ipc / shm)."""
         if self.cfg.sync.transport != "auto":
             return self.cfg.sync.transport
-        return "cuda_ipc" if self.trainer.device.type == "cuda" else "shm"
+        from rlx.rollout.server import is_loopback_address
+
+        cuda = self.trainer.device.type == "cuda"
+        if not all(is_loopback_address(a) for a in self.client.addresses):
+            return "nccl" if cuda else "gloo"
+        return "cuda_ipc" if cuda else "shm"
 
     def close(self) -> None:
         if self._prefetch is not None:

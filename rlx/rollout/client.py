@@ -157,7 +157,8 @@ class ServerChannel:
     def __init__(self, client: RolloutClient, index: int) -> None:
         self.client = client
         self.index = index
-        self.name = f"rollout server {client.addresses[index]}"
+        self.address = client.addresses[index]  # where a gloo / nccl sender's group must reach
+        self.name = f"rollout server {self.address}"
 
     async def call(self, request, timeout_s: float) -> BucketAck:
         if isinstance(request, SyncBegin):

@@ -4,7 +4,7 @@ Requests on the control channel are a tagged union (``SyncRequest``) so one deco
 them; each carries ``version`` and a receiver rejects a version it does not speak, naming both.
 Replies are always a ``BucketAck`` (``ok=False`` with ``error`` for anything that went wrong,
 including a message that could not be decoded). Bulk bytes never travel here: they sit in the
-transport's shared buffer, and ``BucketMeta`` says where.
+transport's shared buffer or travel by broadcast, and ``BucketMeta`` says where they go.
 """
 
 from __future__ import annotations
@@ -39,10 +39,11 @@ class BucketMeta(msgspec.Struct):
 class TransportHandle(msgspec.Struct):
     """What a receiver needs to map the sender's buffer: the kind and a kind-specific payload."""
 
-    kind: str  # "shm" or "cuda_ipc"
+    kind: str  # "shm", "cuda_ipc", "gloo" or "nccl"
     slot_bytes: int
     num_slots: int
-    payload: dict  # shm: {"name", "size"}; cuda_ipc: device uuid + torch's IPC fields (bytes)
+    payload: dict  # shm: {"name", "size"}; cuda_ipc: device uuid + torch's IPC fields (bytes);
+    # gloo / nccl: the sender's store (host, port), group name, this receiver's rank, world_size, timeout_s
 
 
 class BucketAck(msgspec.Struct):
@@ -78,7 +79,17 @@ class SyncPing(msgspec.Struct, tag="ping"):
     version: int = PROTOCOL_VERSION
 
 
-SyncRequest = SyncBegin | SyncBucket | SyncEnd | SyncPing
+class SyncPlainBroadcast(msgspec.Struct, tag="plain_broadcast"):
+    """Bench only (``rlx bench-sync``'s ceiling for ``gloo`` / ``nccl``): between SyncBegin and SyncEnd,
+    receive one plain broadcast of each of ``sizes`` bytes over the sync's group into destinations
+    allocated beforehand, then acknowledge; no buckets, no consumer."""
+
+    sync_id: int
+    sizes: list[int]
+    version: int = PROTOCOL_VERSION
+
+
+SyncRequest = SyncBegin | SyncBucket | SyncEnd | SyncPing | SyncPlainBroadcast
 
 _encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(SyncRequest)
@@ -89,7 +100,7 @@ def encode(message: msgspec.Struct) -> bytes:
     return _encoder.encode(message)
 
 
-def decode_request(data: bytes) -> SyncBegin | SyncBucket | SyncEnd | SyncPing:
+def decode_request(data: bytes) -> SyncBegin | SyncBucket | SyncEnd | SyncPing | SyncPlainBroadcast:
     """Decode a request; raises ``msgspec.DecodeError``/``ValidationError`` on anything else."""
     return _request_decoder.decode(data)
 
@@ -102,6 +113,6 @@ def request_label(request: msgspec.Struct) -> str:
     """A short description of a request for error messages: 'bucket 3 of sync 7'."""
     if isinstance(request, SyncBucket):
         return f"bucket {request.meta.bucket_id} of sync {request.meta.sync_id}"
-    if isinstance(request, (SyncBegin, SyncEnd)):
+    if isinstance(request, (SyncBegin, SyncEnd, SyncPlainBroadcast)):
         return f"{type(request).__name__} of sync {request.sync_id}"
     return type(request).__name__

@@ -26,7 +26,6 @@ from typing import Callable, NamedTuple
 import torch
 
 from rlx.sync.checksum import tensor_checksum
-from rlx.sync.copy import copy_bytes
 from rlx.sync.dtypes import dtype_from_name
 from rlx.sync.messages import NO_ID, PROTOCOL_VERSION, BucketAck, BucketMeta, SyncBegin, SyncEnd, TensorChunk
 from rlx.sync.transports import map_buffer
@@ -48,7 +47,9 @@ class WeightReceiver:
     shape and device (e.g. the parameter itself, when it takes the bytes as they are) for a split
     tensor to be
     assembled in place; ``tensors()`` then returns that very tensor, saving one copy. Returning
-    ``None`` (or passing no callable) assembles into a fresh tensor.
+    ``None`` (or passing no callable) assembles into a fresh tensor. With a transport that moves
+    bytes (``gloo`` / ``nccl``) every tensor it names a destination for is received straight into
+    it, so the consumer finds its bytes already in place.
     """
 
     def __init__(self, name: str = "receiver", assemble_into: AssembleInto | None = None):
@@ -94,20 +95,24 @@ class WeightReceiver:
         handle = self._mapping.handle
         if not 0 <= meta.slot < handle.num_slots:
             raise ValueError(f"bucket {meta.bucket_id} names slot {meta.slot}; the buffer has {handle.num_slots}")
-        slot = self._mapping.slot(meta.slot)
         self._bucket = (meta.sync_id, meta.bucket_id, meta.slot)
-        out = []
+        pieces, out = [], []
         for chunk in meta.chunks:
             dtype = _check_chunk(chunk, handle.slot_bytes)
-            raw = slot[chunk.offset:chunk.offset + chunk.nbytes]
-            done = raw.view(dtype).view(chunk.shape) if chunk.nbytes == chunk.total_nbytes else \
-                self._assemble(chunk, dtype, raw)
+            land, done = self._landing(chunk, dtype, meta.slot)
+            pieces.append((chunk.offset, land))
             if done is not None:
                 out.append((chunk.name, done))
                 self._num_tensors += 1
                 self._num_bytes += chunk.total_nbytes
+        self._mapping.fetch(meta.slot, pieces)
         self._views = out
         return out
+
+    @property
+    def mapping(self) -> ReceiverMapping | None:
+        """The transport mapping of the sync in progress (``None`` between syncs)."""
+        return self._mapping
 
     def ack(self, meta: BucketMeta, loaded_checksums: dict[str, int] | None = None) -> BucketAck:
         """Acknowledge ``meta`` once the consumer is done with its tensors; drops the views."""
@@ -164,28 +169,44 @@ class WeightReceiver:
             errors.append(f"received {self._num_tensors} tensors, the sync announced {expected}")
         return errors
 
-    def _assemble(self, chunk: TensorChunk, dtype: torch.dtype, raw: torch.Tensor) -> torch.Tensor | None:
+    def _landing(self, chunk: TensorChunk, dtype: torch.dtype, slot: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Where ``chunk``'s bytes go (a uint8 tensor) and the tensor it completes, if any: a view of the
+        slot, or -- for a split tensor, or any tensor when the transport moves bytes and the consumer
+        names a destination -- the destination itself."""
+        if chunk.nbytes != chunk.total_nbytes:
+            return self._assemble(chunk, dtype)
+        direct = self._named_target(chunk, dtype) if self._mapping.moves_bytes else None
+        if direct is not None:
+            return direct.reshape(-1).view(torch.uint8), direct
+        raw = self._mapping.slot(slot)[chunk.offset:chunk.offset + chunk.nbytes]
+        return raw, raw.view(dtype).view(chunk.shape)
+
+    def _assemble(self, chunk: TensorChunk, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
         partial = self._partial.get(chunk.name)
         if partial is None:
             if chunk.chunk_start != 0:
                 raise ValueError(f"chunk of tensor {chunk.name!r} at byte {chunk.chunk_start} arrived before its start")
-            target = self._assembly_target(chunk, dtype, raw.device)
+            target = self._named_target(chunk, dtype)
+            if target is None:
+                target = torch.empty(chunk.shape, dtype=dtype, device=self._mapping.device)
             partial = _Partial(target, target.reshape(-1).view(torch.uint8), 0)
         if chunk.chunk_start != partial.received:
             raise ValueError(f"chunk of tensor {chunk.name!r} at byte {chunk.chunk_start} arrived out of order "
                              f"(expected byte {partial.received})")
-        copy_bytes(partial.flat[chunk.chunk_start:chunk.chunk_start + chunk.nbytes], raw)
+        land = partial.flat[chunk.chunk_start:chunk.chunk_start + chunk.nbytes]
         received = partial.received + chunk.nbytes
         if received == chunk.total_nbytes:
             del self._partial[chunk.name]
-            return partial.tensor
+            return land, partial.tensor
         self._partial[chunk.name] = partial._replace(received=received)
-        return None
+        return land, None
 
-    def _assembly_target(self, chunk: TensorChunk, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def _named_target(self, chunk: TensorChunk, dtype: torch.dtype) -> torch.Tensor | None:
+        """The consumer's own destination for ``chunk``'s tensor (``assemble_into``), checked; or ``None``."""
+        device = self._mapping.device
         target = self._assemble_into(chunk.name, dtype, chunk.shape, device) if self._assemble_into else None
         if target is None:
-            return torch.empty(chunk.shape, dtype=dtype, device=device)
+            return None
         if (target.dtype != dtype or list(target.shape) != chunk.shape or target.device != device
                 or not target.is_contiguous()):
             raise ValueError(f"assemble_into gave {tuple(target.shape)} {target.dtype} on {target.device} for tensor "

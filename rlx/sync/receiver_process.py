@@ -29,8 +29,8 @@ import zmq
 
 from rlx.sync.checksum import tensor_checksum
 from rlx.sync.copy import copy_bytes
-from rlx.sync.messages import (NO_ID, PROTOCOL_VERSION, BucketAck, SyncBegin, SyncBucket, SyncEnd, SyncPing, decode_request,
-                               encode)
+from rlx.sync.messages import (NO_ID, PROTOCOL_VERSION, BucketAck, SyncBegin, SyncBucket, SyncEnd, SyncPing,
+                               SyncPlainBroadcast, decode_request, encode)
 from rlx.sync.receiver import WeightReceiver
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class SyncRequestHandler:
                                     f"{reason}"))
         return encode(self.handle(request))
 
-    def handle(self, request: SyncBegin | SyncBucket | SyncEnd | SyncPing) -> BucketAck:
+    def handle(self, request: SyncBegin | SyncBucket | SyncEnd | SyncPing | SyncPlainBroadcast) -> BucketAck:
         if request.version != PROTOCOL_VERSION:
             return BucketAck(getattr(request, "sync_id", NO_ID), NO_ID, ok=False,
                              error=f"{self.receiver.name}: sync protocol version {request.version} from the sender, "
@@ -70,10 +70,22 @@ class SyncRequestHandler:
                 return BucketAck(sync_id, NO_ID, ok=True)
             if isinstance(request, SyncEnd):
                 return self.receiver.end(request)
+            if isinstance(request, SyncPlainBroadcast):
+                self._plain_broadcast(request)
+                return BucketAck(sync_id, NO_ID, ok=True)
             return BucketAck(NO_ID, NO_ID, ok=True)
         except Exception as exc:  # noqa: BLE001 - reported to the sender, the loop keeps serving
             log.warning("%s: %s failed: %s", self.receiver.name, type(request).__name__, exc)
             return BucketAck(sync_id, NO_ID, ok=False, error=f"{self.receiver.name}: {exc}")
+
+    def _plain_broadcast(self, request: SyncPlainBroadcast) -> None:
+        """The bench's ceiling: the same bytes as plain broadcasts into destinations kept from the last time."""
+        mapping = self.receiver.mapping
+        if mapping is None or not mapping.moves_bytes:
+            raise ValueError("a plain broadcast needs a gloo / nccl sync in progress")
+        if getattr(self, "_plain", None) is None or [t.numel() for t in self._plain] != request.sizes:
+            self._plain = [torch.zeros(n, dtype=torch.uint8, device=mapping.device) for n in request.sizes]
+        mapping.fetch(0, [(0, dst) for dst in self._plain])
 
     def _bucket(self, request: SyncBucket) -> BucketAck:
         meta = request.meta

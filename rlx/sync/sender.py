@@ -12,6 +12,11 @@ go out at once (a hop to a worker thread per bucket cost 5-10% of throughput on 
 machine); a sync therefore keeps the loop busy, which is what the trainer is doing meanwhile
 anyway (generation is paused around an update). A cancelled sync never leaves a copy running.
 
+A transport that moves bytes (``gloo`` / ``nccl``: a torch.distributed broadcast, across hosts) has
+no slots: each receiver gets its own handle (its rank in the sync's group), the sender joins the group
+while the receivers handle SyncBegin (``connect``), and "filling" a bucket posts one broadcast per
+chunk straight from its source tensor; the acks and the window work as above.
+
 Tensors that already live in a ``WeightArena`` (the trainer's own weights in the transport's shared
 buffer, one rank) are not copied at all: the buckets say where each tensor sits in the arena, at most
 ``num_buffers`` buckets are in flight, and each receiver copies straight out of the trainer's memory.
@@ -40,7 +45,7 @@ from rlx.sync.dtypes import dtype_name
 from rlx.sync.errors import SyncError
 from rlx.sync.layout import ALIGN_BYTES, Bucket, TensorSpec, align_up, pack_buckets, resident_buckets
 from rlx.sync.messages import NO_ID, BucketAck, BucketMeta, SyncBegin, SyncBucket, SyncEnd, request_label
-from rlx.sync.transports import create_buffer, resolve_transport
+from rlx.sync.transports import SHARED_TRANSPORTS, create_buffer, resolve_transport
 from rlx.sync.transports.base import SenderBuffer
 from rlx.trace import tracer
 
@@ -54,7 +59,7 @@ Prepare = Callable[[int, Bucket], "tuple[int, dict[str, int] | None]"]
 
 class SyncReport(msgspec.Struct):
     sync_id: int
-    transport: str  # "shm" / "cuda_ipc" through slots; "shm-arena" / "cuda_ipc-arena" from a WeightArena
+    transport: str  # "shm" / "cuda_ipc" through slots, "gloo" / "nccl" by broadcast; "shm-arena" / "cuda_ipc-arena" from a WeightArena
     num_buffers: int
     slot_bytes: int
     num_receivers: int
@@ -91,6 +96,9 @@ class WeightSender:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s={timeout_s} must be > 0; set sync.timeout_s to the per-bucket ack deadline")
         self.transport = resolve_transport(transport, device)
+        if arena is not None and self.transport not in SHARED_TRANSPORTS:
+            raise ValueError(f"a weight arena is shared memory; transport {self.transport} sends from the tensors "
+                             "themselves already (set sync.zero_copy=false or use shm / cuda_ipc)")
         self.bucket_bytes = bucket_mb * MiB
         self.num_buffers, self.timeout_s, self.verify, self.device = num_buffers, timeout_s, verify, device
         self.arena = arena  # tensors inside it are sent where they are, without a copy
@@ -134,9 +142,10 @@ class WeightSender:
         named_tensors, num_tensors, total_bytes, packed_bytes = _announce(named_tensors)
         slot_bytes = self.bucket_bytes if packed_bytes < 0 else min(self.bucket_bytes, max(packed_bytes, ALIGN_BYTES))
         buffer = self._ensure_buffer(slot_bytes)
-        begin = SyncBegin(sync_id, buffer.handle(), num_tensors, total_bytes, self.verify)
+        handles = buffer.handles([getattr(ch, "address", ch.name) for ch in channels])
         # receivers map the buffer while the first bucket is being filled; its meta waits for them
-        begun = [asyncio.create_task(self._call(ch, begin, None)) for ch in channels]
+        begun = [asyncio.create_task(self._call(ch, SyncBegin(sync_id, handle, num_tensors, total_bytes, self.verify),
+                                                None)) for ch, handle in zip(channels, handles)]
         await asyncio.sleep(0)  # SyncBegin goes out before the first copy
         pending: dict[str, _Source] = {}
         counts: collections.Counter = collections.Counter()
@@ -149,11 +158,14 @@ class WeightSender:
 
         buckets = pack_buckets(self._sources(named_tensors, pending, counts), buffer.slot_bytes)
         try:
+            await buffer.connect(begun)
             await self._stream(sync_id, buckets, fill, buffer.num_slots, channels, counts, begun)
+            await self._broadcast(SyncEnd(sync_id), channels)
+            buffer.end_sync()
         except BaseException:
             self.close()  # never overwrite bytes a slow receiver might still be reading
+            await _cancel(begun)
             raise
-        await self._broadcast(SyncEnd(sync_id), channels)
         return SyncReport(sync_id, self.transport, self.num_buffers, buffer.slot_bytes, len(channels),
                           counts["tensors"], counts["buckets"], counts["bytes"], time.perf_counter() - start,
                           verified=self.verify)
@@ -232,12 +244,14 @@ class WeightSender:
     def _fill(self, buffer: SenderBuffer, slot: int, bucket: Bucket, pending: dict[str, _Source]) -> dict | None:
         """Copy one bucket into ``slot``; return checksums of the tensors it completes when verifying."""
         with tracer.span("sync.pack", slot=slot, bytes=sum(c.nbytes for c in bucket.chunks)):
-            dst = buffer.slot(slot)
-            base = dst.data_ptr() if dst.device.type == "cpu" else None
+            dst = None if buffer.sends_from_source else buffer.slot(slot)
+            base = dst.data_ptr() if dst is not None and dst.device.type == "cpu" else None
             checksums = {} if self.verify else None
             for c in bucket.chunks:
                 source = pending[c.name]
-                if base is not None and source.address is not None:  # CPU to CPU: one memmove, no views
+                if buffer.sends_from_source:
+                    buffer.send_chunk(source.flat[c.chunk_start:c.chunk_start + c.nbytes])
+                elif base is not None and source.address is not None:  # CPU to CPU: one memmove, no views
                     if c.offset + c.nbytes > buffer.slot_bytes or c.chunk_start + c.nbytes > source.flat.numel():
                         raise SyncError(f"bucket layout error: chunk of {c.name!r} does not fit its slot or tensor")
                     memmove_at(base + c.offset, source.address + c.chunk_start, c.nbytes)
@@ -262,6 +276,7 @@ class WeightSender:
             raise SyncError(f"{channel.name} answered {label} with an ack for sync {ack.sync_id} bucket {ack.bucket_id}")
         if expected:
             _compare_checksums(channel.name, label, expected, ack.checksums or {})
+            tracer.event("sync.verified", peer=channel.name, request=label, tensors=len(expected))
         return ack
 
     def _ensure_buffer(self, slot_bytes: int) -> SenderBuffer:
@@ -269,7 +284,7 @@ class WeightSender:
         if buffer is not None and buffer.slot_bytes >= slot_bytes and buffer.num_slots == self.num_buffers:
             return buffer
         self.close()
-        self._buffer = create_buffer(self.transport, align_up(slot_bytes), self.num_buffers, self.device)
+        self._buffer = create_buffer(self.transport, align_up(slot_bytes), self.num_buffers, self.device, self.timeout_s)
         return self._buffer
 
 
@@ -294,6 +309,12 @@ async def _settle(tasks: list[asyncio.Task]) -> None:
     for result in results:
         if isinstance(result, BaseException):
             raise result
+
+
+async def _cancel(tasks: list[asyncio.Task]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _outcome(task: asyncio.Task):

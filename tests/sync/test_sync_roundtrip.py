@@ -1,4 +1,5 @@
-"""Sender -> receiver process round trips over real ZeroMQ sockets and shared memory."""
+"""Sender -> receiver process round trips over real ZeroMQ sockets, through shared memory and
+through a real gloo process group (the cross-host transport, here between local processes)."""
 
 import asyncio
 import os
@@ -24,11 +25,16 @@ def tiny_state_dict(model_dir) -> list[tuple[str, torch.Tensor]]:
     return tensors
 
 
+TRANSPORTS = ["shm", "gloo"]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("num_buffers", [1, 2], ids=["lock-step", "double-buffered"])
-def test_tiny_model_round_trip_with_checksums(tiny_model_dir, receiver_address, num_buffers, our_segments, sync_send):
+def test_tiny_model_round_trip_with_checksums(tiny_model_dir, receiver_address, num_buffers, transport, our_segments,
+                                              sync_send):
     tensors = tiny_state_dict(tiny_model_dir)
     reports = asyncio.run(sync_send(tensors, [receiver_address], bucket_mb=1, num_buffers=num_buffers, verify=True,
-                               timeout_s=30))
+                               timeout_s=30, transport=transport))
     total = sum(t.numel() * t.element_size() for _, t in tensors)
     for report in reports:
         assert report.verified and report.num_tensors == len(tensors) and report.total_bytes == total
@@ -36,10 +42,13 @@ def test_tiny_model_round_trip_with_checksums(tiny_model_dir, receiver_address, 
     assert our_segments() == []
 
 
-def test_streamed_tensors_and_two_receivers_get_the_same_bytes(tiny_model_dir, receiver_address, spawn_receiver, sync_send):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_streamed_tensors_and_two_receivers_get_the_same_bytes(tiny_model_dir, receiver_address, spawn_receiver,
+                                                               sync_send, transport):
     tensors = tiny_state_dict(tiny_model_dir)
     _, second = spawn_receiver(name="second receiver")
-    reports = asyncio.run(sync_send(iter(tensors), [receiver_address, second], bucket_mb=1, verify=True, timeout_s=60))
+    reports = asyncio.run(sync_send(iter(tensors), [receiver_address, second], bucket_mb=1, verify=True, timeout_s=60,
+                                    transport=transport))
     assert reports[0].num_receivers == 2 and reports[0].verified
     assert reports[0].num_tensors == len(tensors)
 
@@ -64,19 +73,21 @@ def test_intact_check_catches_a_sender_that_does_not_wait(spawn_receiver, monkey
         asyncio.run(sync_send(tensors, [address], bucket_mb=1, num_buffers=2, verify=True, timeout_s=30))
 
 
-def test_dead_receiver_times_out_naming_the_peer(spawn_receiver, our_segments, sync_send):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_dead_receiver_times_out_naming_the_peer(spawn_receiver, our_segments, sync_send, transport):
     proc, address = spawn_receiver()
-    asyncio.run(sync_send([("w", torch.ones(10))], [address], timeout_s=30))  # alive and serving
+    asyncio.run(sync_send([("w", torch.ones(10))], [address], timeout_s=30, transport=transport))  # alive and serving
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
     start = time.monotonic()
     with pytest.raises(SyncTimeout, match=r"no reply from receiver 0 within 1\.5 s"):
-        asyncio.run(sync_send([("w", torch.ones(10))], [address], timeout_s=1.5))
+        asyncio.run(sync_send([("w", torch.ones(10))], [address], timeout_s=1.5, transport=transport))
     assert time.monotonic() - start < 10, "the deadline was not kept"
     assert our_segments() == []
 
 
-def test_receiver_dying_mid_sync_fails_within_the_deadline(spawn_receiver, our_segments, sync_send):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_receiver_dying_mid_sync_fails_within_the_deadline(spawn_receiver, our_segments, sync_send, transport):
     proc, address = spawn_receiver("--hold-s", "0.5")
     tensors = [(f"w{i}", torch.ones(200_000)) for i in range(6)]
 
@@ -87,7 +98,7 @@ def test_receiver_dying_mid_sync_fails_within_the_deadline(spawn_receiver, our_s
     async def run():
         killer = asyncio.create_task(kill_soon())
         try:
-            await sync_send(tensors, [address], bucket_mb=1, timeout_s=2)
+            await sync_send(tensors, [address], bucket_mb=1, timeout_s=2, transport=transport)
         finally:
             await killer
 

@@ -39,6 +39,7 @@ class HfBackend(Backend):
         self._sync_holds_lock = False
         self._batcher: asyncio.Task | None = None
         self._receiver = None
+        self._targets = None  # name -> parameter or buffer, for receiving in place
 
     async def start(self) -> None:
         await asyncio.to_thread(self._load)
@@ -155,11 +156,23 @@ class HfBackend(Backend):
             await self._model_lock.acquire()  # no generate until update_end / update_abort
             self._sync_holds_lock = True
         try:
-            self._receiver = self._receiver or WeightReceiver()
-            self._receiver.begin(req)
+            self._receiver = self._receiver or WeightReceiver(assemble_into=self._parameter_for)
+            # in a thread: a gloo / nccl begin waits for its group's rendezvous
+            await asyncio.to_thread(self._receiver.begin, req)
         except BaseException:
             await self.update_abort()
             raise
+
+    def _parameter_for(self, name: str, dtype, shape: list[int], device):
+        """The parameter (or buffer) ``name`` when it takes the sender's bytes as they are, so the
+        receiver assembles split tensors, and a gloo / nccl broadcast lands, straight in it."""
+        if self._targets is None:
+            self._targets = {**dict(self.model.named_buffers()), **dict(self.model.named_parameters())}
+        tensor = self._targets.get(name)
+        if (tensor is None or tensor.dtype != dtype or list(tensor.shape) != shape or tensor.device != device
+                or not tensor.is_contiguous()):
+            return None
+        return tensor.detach()
 
     async def update_bucket(self, req: SyncBucket) -> BucketAck:
         return await asyncio.to_thread(self._load_bucket, req)
@@ -176,7 +189,8 @@ class HfBackend(Backend):
                 for name, tensor in tensors:
                     if name not in named:
                         raise KeyError(f"the model has no parameter {name!r}")
-                    named[name].copy_(tensor.view(named[name].shape))
+                    if tensor.data_ptr() != named[name].data_ptr() or tensor.numel() == 0:  # else: already in place
+                        named[name].copy_(tensor.view(named[name].shape))
             del tensors
             return self._receiver.ack(meta)
         except Exception as exc:

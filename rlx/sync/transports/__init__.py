@@ -1,7 +1,8 @@
-"""Transports by name: ``shm`` (POSIX shared memory, CPU) and ``cuda_ipc`` (one GPU host).
+"""Transports by name: ``shm`` (POSIX shared memory, CPU), ``cuda_ipc`` (one GPU host), and
+``gloo`` / ``nccl`` (a torch.distributed broadcast, across hosts; ``dist.py``).
 
-Each implementation is imported inside its factory branch, so using ``shm`` never touches CUDA.
-NCCL (across machines) is left out for now.
+Each implementation is imported inside its factory branch, so using ``shm`` never touches CUDA
+or torch.distributed.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ if TYPE_CHECKING:
     from rlx.sync.messages import TransportHandle
     from rlx.sync.transports.base import ReceiverMapping, SenderBuffer
 
-TRANSPORTS = ("shm", "cuda_ipc")
+TRANSPORTS = ("shm", "cuda_ipc", "gloo", "nccl")
+SHARED_TRANSPORTS = ("shm", "cuda_ipc")  # one host: receivers read the sender's memory in place
 
 
 def resolve_transport(kind: str, device: str) -> str:
@@ -24,7 +26,8 @@ def resolve_transport(kind: str, device: str) -> str:
     return kind
 
 
-def create_buffer(kind: str, slot_bytes: int, num_slots: int, device: str = "cpu") -> "SenderBuffer":
+def create_buffer(kind: str, slot_bytes: int, num_slots: int, device: str = "cpu",
+                  timeout_s: float = 120.0) -> "SenderBuffer":
     if kind == "shm":
         from rlx.sync.transports.shm import ShmBuffer
 
@@ -33,6 +36,10 @@ def create_buffer(kind: str, slot_bytes: int, num_slots: int, device: str = "cpu
         from rlx.sync.transports.cuda_ipc import CudaIpcBuffer
 
         return CudaIpcBuffer(slot_bytes, num_slots, device)
+    if kind in ("gloo", "nccl"):
+        from rlx.sync.transports.dist import DistBuffer
+
+        return DistBuffer(kind, slot_bytes, num_slots, device, timeout_s)
     raise ValueError(f"unknown weight transport {kind!r}; choose one of {', '.join(TRANSPORTS)}")
 
 
@@ -45,5 +52,9 @@ def map_buffer(handle: "TransportHandle") -> "ReceiverMapping":
         from rlx.sync.transports.cuda_ipc import CudaIpcMapping
 
         return CudaIpcMapping(handle)
+    if handle.kind in ("gloo", "nccl"):
+        from rlx.sync.transports.dist import DistMapping
+
+        return DistMapping(handle)
     raise ValueError(f"unknown weight transport {handle.kind!r} in a sync handle; "
                      f"this receiver speaks {', '.join(TRANSPORTS)}")

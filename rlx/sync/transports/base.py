@@ -2,15 +2,20 @@
 
 A transport only places bytes; ordering (which slot may be written when) belongs to the sender
 and the acknowledgements. Each implementation lives in its own module and is chosen by name in
-``rlx.sync.transports.create_buffer`` / ``map_buffer``.
+``rlx.sync.transports.create_buffer`` / ``map_buffer``. Shared buffers (shm, cuda_ipc) are written
+by the sender and read in place; a transport that moves bytes (``dist``) sends each chunk from its
+source tensor (``sends_from_source``) and receives it where the receiver says (``fetch``).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+import asyncio
+
 import torch
 
+from rlx.sync.copy import copy_bytes
 from rlx.sync.messages import TransportHandle
 
 
@@ -19,6 +24,7 @@ class SenderBuffer(ABC):
 
     slot_bytes: int
     num_slots: int
+    sends_from_source: bool = False  # chunks go out with ``send_chunk`` instead of being copied into a slot
 
     @abstractmethod
     def slot(self, index: int) -> torch.Tensor:
@@ -31,6 +37,21 @@ class SenderBuffer(ABC):
     @abstractmethod
     def handle(self) -> TransportHandle:
         """What a receiver needs to map this buffer."""
+
+    def handles(self, peers: list[str]) -> list[TransportHandle]:
+        """One handle per receiver (``peers``: their addresses) for the sync that starts now."""
+        return [self.handle()] * len(peers)
+
+    async def connect(self, begun: list[asyncio.Task]) -> None:
+        """Wait until the receivers can take bytes, while ``begun`` (their SyncBegin calls) run; a
+        shared buffer has nothing to wait for (the sender checks ``begun`` before the first meta)."""
+
+    def send_chunk(self, source: torch.Tensor) -> None:
+        """Start sending ``source`` (1-D uint8), the next chunk of the bucket (``sends_from_source``)."""
+        raise NotImplementedError(f"{type(self).__name__} copies chunks into its slots")
+
+    def end_sync(self) -> None:
+        """The sync ended well (every receiver acknowledged SyncEnd); nothing to do for a shared buffer."""
 
     def unlink(self) -> None:
         """Stop new receivers from opening the buffer by name (shm); existing mappings stay valid.
@@ -45,11 +66,22 @@ class ReceiverMapping(ABC):
     """A receiver's view of a sender's buffer; ``close`` unmaps it."""
 
     handle: TransportHandle
+    device: torch.device = torch.device("cpu")
+    moves_bytes: bool = False  # bytes arrive in ``fetch``, so chunks may land straight in their destinations
     keep_mapped: bool = False  # a resident buffer: kept mapped between syncs (``release_views`` at each end)
 
     @abstractmethod
     def slot(self, index: int) -> torch.Tensor:
         """A 1-D uint8 tensor over slot ``index`` (valid until ``close``)."""
+
+    def fetch(self, index: int, pieces: list[tuple[int, torch.Tensor]]) -> None:
+        """Make each ``(offset in slot index, destination)`` hold its chunk's bytes; a destination
+        that is the slot range itself has nothing to do (the zero-copy view of a shared buffer)."""
+        slot = self.slot(index)
+        for offset, dst in pieces:
+            src = slot[offset:offset + dst.numel()]
+            if dst.numel() and dst.data_ptr() != src.data_ptr():
+                copy_bytes(dst, src)
 
     @abstractmethod
     def done_reading(self, index: int) -> None:

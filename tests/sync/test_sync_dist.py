@@ -1,0 +1,125 @@
+"""The gloo broadcast transport against real processes: a receiver SIGKILLed mid-broadcast, a
+checksum mismatch, and begin / bucket / end failures on a real `rlx rollout-serve` (hf backend),
+each followed by a sync that works."""
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from rlx.rollout import protocol as p
+from rlx.rollout.client import RolloutClient, RolloutServerError
+from rlx.sync.errors import SyncError
+from rlx.sync.messages import SyncBegin, SyncEnd, TransportHandle
+from rlx.sync.sender import WeightSender
+from rlx.sync.zmq_channel import ZmqSyncChannel
+from tests.helpers import serve_with
+
+SYNC_TIMEOUT_S = 3.0
+
+
+def test_receiver_killed_mid_broadcast_is_named_and_the_next_sync_works(spawn_receiver):
+    dying, dying_address = spawn_receiver("--hold-s", "0.3", name="dying")
+    _, live_address = spawn_receiver(name="live")
+    tensors = [(f"w{i}", torch.full((250_000,), float(i))) for i in range(8)]  # 1 MB each, 1 MiB buckets
+
+    async def run():
+        dying_ch, live_ch = ZmqSyncChannel(dying_address, name="dying receiver"), ZmqSyncChannel(live_address)
+        with WeightSender("gloo", bucket_mb=1, timeout_s=SYNC_TIMEOUT_S, verify=True) as sender:
+            try:
+                assert (await sender.send(tensors, [dying_ch, live_ch])).verified  # both alive
+                killer = asyncio.get_running_loop().call_later(0.5, os.kill, dying.pid, signal.SIGKILL)
+                start = time.monotonic()
+                with pytest.raises(SyncError, match="dying receiver"):
+                    await sender.send(tensors, [dying_ch, live_ch])
+                elapsed = time.monotonic() - start
+                killer.cancel()
+                report = await sender.send(tensors, [live_ch])  # the same sender, a new group
+                return elapsed, report
+            finally:
+                dying_ch.close()
+                live_ch.close()
+
+    elapsed, report = asyncio.run(run())
+    assert dying.wait(10) == -signal.SIGKILL
+    assert elapsed < 3 * SYNC_TIMEOUT_S, "the dead receiver was not reported within the deadline"
+    assert report.verified and report.num_receivers == 1 and report.num_tensors == len(tensors)
+
+
+@pytest.mark.parametrize("transport", ["shm", "gloo"])
+def test_a_checksum_mismatch_names_the_tensor_and_the_receiver(receiver_address, monkeypatch, transport):
+    import rlx.sync.sender as sender_module
+
+    real = sender_module.tensor_checksum
+    monkeypatch.setattr(sender_module, "tensor_checksum", lambda t: real(t) ^ (1 if t.numel() == 3 else 0))
+
+    async def run():
+        channel = ZmqSyncChannel(receiver_address, name="checked receiver")
+        try:
+            with WeightSender(transport, bucket_mb=1, timeout_s=30, verify=True) as sender:
+                await sender.send([("a", torch.ones(5)), ("b", torch.arange(3.0))], [channel])
+        finally:
+            channel.close()
+
+    with pytest.raises(SyncError, match=r"checksum mismatch for tensor 'b' on checked receiver"):
+        asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def hf_server(tiny_model_dir, tmp_path_factory):
+    work = tmp_path_factory.mktemp("dist_faults")
+    with serve_with(tiny_model_dir, work, "hf", rollout={"backend": "hf"},
+                    sync={"timeout_s": SYNC_TIMEOUT_S}) as (address, _):
+        yield address
+
+
+def test_begin_bucket_and_end_failures_leave_the_server_syncing_over_gloo(hf_server, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    weights = [(name, param.detach().contiguous()) for name, param in model.named_parameters()]
+    greedy = p.SamplingSpec(n=1, temperature=0.0, max_tokens=4)
+
+    async def scenario(client):
+        version = (await client.health())[0].weight_version
+        # begin: a group whose sender is not there fails within its timeout, naming the sender
+        nobody = TransportHandle("gloo", 4096, 2, {"host": "127.0.0.1", "port": 9, "group": "g", "rank": 1,
+                                                   "world_size": 2, "timeout_s": 1.0})
+        with pytest.raises(RolloutServerError, match=r"cannot join the sender at 127\.0\.0\.1:9"):
+            await client.call(0, p.UpdateBegin(begin=SyncBegin(7001, nobody, -1, -1, False)), timeout_s=30)
+        assert (await client.generate(["3+4="], greedy, timeout_s=60))[0].samples
+        # bucket: a tensor the model does not have fails its bucket; the group is torn down
+        with WeightSender("gloo", bucket_mb=1, timeout_s=SYNC_TIMEOUT_S) as sender, pytest.raises(SyncError):
+            await sender.send([("no.such.parameter", torch.zeros(8))], client.channels())
+        assert (await client.generate(["3+4="], greedy, timeout_s=60))[0].samples
+        # end: fewer tensors than announced; then a verified sync of the whole model over gloo
+        with WeightSender("gloo", bucket_mb=1, timeout_s=SYNC_TIMEOUT_S, verify=True) as sender:
+            sender_send = sender._call  # the real end, with a wrong count in the begin
+
+            async def miscounted(channel, request, expected):
+                if isinstance(request, SyncBegin):
+                    request.num_tensors += 1
+                return await sender_send(channel, request, expected)
+
+            sender._call = miscounted
+            with pytest.raises(SyncError, match="announced"):
+                await sender.send(weights, client.channels())
+            sender._call = sender_send
+            report = await sender.send(weights, client.channels())
+        assert report.verified and report.transport == "gloo" and report.num_tensors == len(weights)
+        assert (await client.generate(["3+4="], greedy, timeout_s=60))[0].samples
+        assert (await client.health())[0].weight_version == version + 1
+        stale = await client.call(0, p.UpdateEnd(end=SyncEnd(report.sync_id)))
+        assert not stale.ack.ok  # that sync is over; the server still answers
+
+    async def go():
+        client = RolloutClient([hf_server], timeout_s=60.0)
+        try:
+            await scenario(client)
+        finally:
+            client.close()
+
+    asyncio.run(go())
