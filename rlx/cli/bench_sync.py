@@ -19,8 +19,8 @@ _PRESETS = ["0.5b", "1.5b", "7b"]
 def bench_sync(
     preset: list[str] = typer.Option(_PRESETS, "--preset", help="Synthetic Qwen2-shaped model: 0.5b, 1.5b, 7b (repeatable)."),
     model: Optional[Path] = typer.Option(None, "--model", help="A Hugging Face model directory to send instead of presets."),
-    transport: list[str] = typer.Option(["shm"], "--transport", help="shm (CPU) or cuda_ipc (GPU) (repeatable)."),
-    bucket_mb: Optional[list[int]] = typer.Option(None, "--bucket-mb", help="Bucket (slot) size in MiB (repeatable); default 32, 64, 128 for shm and 64, 256, 1024 for cuda_ipc."),
+    transport: list[str] = typer.Option(["shm"], "--transport", help="shm (CPU), cuda_ipc (GPU), gloo (broadcast, CPU) or nccl (broadcast, GPU) (repeatable)."),
+    bucket_mb: Optional[list[int]] = typer.Option(None, "--bucket-mb", help="Bucket (slot) size in MiB (repeatable); default 32, 64, 128 for shm, 64, 256, 1024 for cuda_ipc, 16, 64 for gloo, 64, 256 for nccl."),
     repeats: int = typer.Option(3, "--repeats", help="Timed runs per measurement, after one warm-up; the median is shown."),
     dtype: str = typer.Option("bfloat16", "--dtype", help="dtype of synthetic weights."),
     verify: bool = typer.Option(False, "--verify", help="One more sync per sender with per-tensor checksums; exit 1 on a mismatch."),
@@ -102,7 +102,7 @@ def _footer(opts, result) -> list[str]:
              "the transfers'); torch pinned to 1 thread in the bench and "
              "the receiver process, so every copy uses one core. ceiling = one-thread copy of the same tensors "
              "(memmove, the copy the transfers use on the CPU; device-to-device for cuda_ipc); lock-step = one slot (fill, send, wait for the ack); double = two slots; zero-copy = the tensors live in a weight arena (shared memory; one CUDA IPC allocation on a GPU), as a one-rank trainer's weights do, and only their offsets are sent, so the receiver's copy is the only one. x ceil / x lock = throughput over the "
-             "ceiling's / the lock-step sender's at the same bucket size; ok = checksums matched (--verify)."]
+             "ceiling's / the lock-step sender's at the same bucket size; ok = checksums matched (--verify). gloo / nccl: the ceiling is a plain torch.distributed broadcast of the same tensors between the same two processes (group set-up excluded; each transfer sets up its own group), and there is no zero-copy row (the broadcast sends each tensor from where it is)."]
     if opts.assemble_in_place:
         lines.append("split tensors are assembled straight into the receiver's destinations "
                      "(--no-assemble-in-place measures the extra copy a consumer without one pays).")

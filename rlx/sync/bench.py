@@ -12,6 +12,13 @@ runs after one warm-up (the ceiling's over all rounds of all bucket sizes). Torc
 one core and the comparison with the one-thread ceiling is fair. With ``verify``, each sender
 then does one more sync with checksums, untimed. The table and JSON live in ``rlx.cli.bench_sync``.
 
+For ``gloo`` / ``nccl`` (a torch.distributed broadcast, the transport across hosts) the ceiling is
+instead a plain ``broadcast`` of every tensor from the bench process into destinations the receiver
+process allocated beforehand, over a group of the same two processes, timed from the first broadcast
+to the receiver's acknowledgement (``BroadcastCeiling``); the group's set-up is outside its time, while
+the transfers pay theirs (one group per sync). There is no zero-copy row: the broadcast transport
+already sends each tensor from where it is.
+
 A target is a small async context manager yielding the channels to send to (``TARGETS``):
 ``process`` starts a local receiver process that copies each tensor into its own destination.
 """
@@ -56,7 +63,8 @@ class BenchOptions(msgspec.Struct):
 
 # shm pays for mapping the slots at every sync and wants short pipeline fills: small buckets;
 # cuda_ipc pays a fixed cost per bucket (round trip, stream syncs): large ones
-DEFAULT_BUCKET_MB = {"shm": [32, 64, 128], "cuda_ipc": [64, 256, 1024]}
+DEFAULT_BUCKET_MB = {"shm": [32, 64, 128], "cuda_ipc": [64, 256, 1024], "gloo": [16, 64], "nccl": [64, 256]}
+GPU_TRANSPORTS = ("cuda_ipc", "nccl")
 
 
 class BenchRow(msgspec.Struct):
@@ -147,7 +155,7 @@ async def run_bench(opts: BenchOptions, on_row: Callable[[BenchRow], None] = lam
     torch.set_num_threads(1)
     result = BenchResult([], [], [], _environment())
     for transport in opts.transports:
-        device = "cuda" if transport == "cuda_ipc" else "cpu"
+        device = "cuda" if transport in GPU_TRANSPORTS else "cpu"
         for model in _models(opts, device):
             if model.note:
                 result.notes.append(model.note)
@@ -159,18 +167,24 @@ async def run_bench(opts: BenchOptions, on_row: Callable[[BenchRow], None] = lam
 async def _bench_model(opts: BenchOptions, model: ModelTensors, transport: str, device: str,
                        result: BenchResult, on_row) -> None:
     from rlx.sync.arena import WeightArena
+    from rlx.sync.transports import SHARED_TRANSPORTS
 
-    arena = WeightArena.sized_for((t for _, t in model.tensors), device)
-    resident = arena.place_all(model.tensors)  # the zero-copy sender's source; the others read model.tensors
-    ceiling = Ceiling(model.tensors, device)
+    arena = resident = None
+    if transport in SHARED_TRANSPORTS:
+        arena = WeightArena.sized_for((t for _, t in model.tensors), device)
+        resident = arena.place_all(model.tensors)  # the zero-copy sender's source; the others read model.tensors
     rows = []
     try:
         async with TARGETS[opts.target](opts, device) as channels:
+            ceiling = Ceiling(model.tensors, device) if arena is not None else \
+                BroadcastCeiling(model.tensors, transport, device, channels, opts.timeout_s)
+            await ceiling.measure(record=False)  # warm-up
             for bucket_mb in _bucket_sizes(opts, transport):
                 rows += await _bench_bucket(opts, model, transport, device, bucket_mb, channels, ceiling,
                                             result.failures, arena, resident)
     finally:
-        arena.close()
+        if arena is not None:
+            arena.close()
     ceiling_s = statistics.median(ceiling.times)
     nbytes = model.nbytes
     ceiling_row = BenchRow(model.label, transport, "ceiling", None, None, nbytes, ceiling_s, nbytes / ceiling_s / 1e9,
@@ -182,11 +196,13 @@ async def _bench_model(opts: BenchOptions, model: ModelTensors, transport: str, 
 
 
 async def _bench_bucket(opts: BenchOptions, model: ModelTensors, transport: str, device: str, bucket_mb: int,
-                        channels: list[SyncChannel], ceiling: "Ceiling", failures: list[str],
-                        arena: "WeightArena", resident: list[tuple[str, torch.Tensor]]) -> list[BenchRow]:
+                        channels: list[SyncChannel], ceiling: "Ceiling | BroadcastCeiling", failures: list[str],
+                        arena: "WeightArena | None", resident: list[tuple[str, torch.Tensor]] | None) -> list[BenchRow]:
     runs = {mode: (WeightSender(transport, bucket_mb, num_buffers, opts.timeout_s, device=device), model.tensors)
             for mode, num_buffers in (("lock-step", 1), ("double", 2))}
-    runs["zero-copy"] = (WeightSender(transport, bucket_mb, 2, opts.timeout_s, device=device, arena=arena), resident)
+    if arena is not None:
+        runs["zero-copy"] = (WeightSender(transport, bucket_mb, 2, opts.timeout_s, device=device, arena=arena),
+                             resident)
     times: dict[str, list[float]] = {mode: [] for mode in runs}
     try:
         for repeat in range(opts.repeats + 1):  # the first round is the warm-up
@@ -196,7 +212,7 @@ async def _bench_bucket(opts: BenchOptions, model: ModelTensors, transport: str,
                 if repeat:
                     times[mode].append(report.seconds)
             if repeat:
-                ceiling.measure()
+                await ceiling.measure()
         verified = {mode: await _verify(sender, tensors, model.label, channels, failures) if opts.verify else None
                     for mode, (sender, tensors) in runs.items()}
     finally:
@@ -229,11 +245,12 @@ class Ceiling:
         self.tensors, self.device = tensors, device
         self.destinations = [torch.zeros_like(t) for _, t in tensors]
         self.times: list[float] = []
-        self._copy()  # warm-up
 
-    def measure(self) -> None:
+    async def measure(self, record: bool = True) -> None:
         """Time one copy of all tensors; timed rounds alternate with the transfers'."""
-        self.times.append(self._copy())
+        seconds = self._copy()
+        if record:
+            self.times.append(seconds)
 
     def _copy(self) -> float:
         _synchronize(self.device)
@@ -242,6 +259,57 @@ class Ceiling:
             copy_bytes(dst, src)
         _synchronize(self.device)
         return time.perf_counter() - start
+
+
+class BroadcastCeiling:
+    """A plain broadcast of every tensor from here into the receivers' destinations, allocated beforehand,
+    over a fresh group of the same processes (``SyncPlainBroadcast``): the fastest a broadcast could move
+    these bytes. Timed from the first broadcast to the receivers' acknowledgement."""
+
+    def __init__(self, tensors: list[tuple[str, torch.Tensor]], transport: str, device: str,
+                 channels: list[SyncChannel], timeout_s: float):
+        self.flats = [t.reshape(-1).view(torch.uint8) for _, t in tensors if t.numel()]
+        self.transport, self.device, self.channels, self.timeout_s = transport, device, channels, timeout_s
+        self.times: list[float] = []
+
+    async def measure(self, record: bool = True) -> None:
+        import asyncio
+
+        from rlx.sync.layout import ALIGN_BYTES
+        from rlx.sync.messages import SyncBegin, SyncEnd, SyncPlainBroadcast
+        from rlx.sync.transports import create_buffer
+
+        sync_id = 1_000_000 + len(self.times)
+        buffer = create_buffer(self.transport, ALIGN_BYTES, 1, self.device, self.timeout_s)
+        try:
+            handles = buffer.handles([getattr(ch, "address", ch.name) for ch in self.channels])
+            begun = [asyncio.create_task(ch.call(SyncBegin(sync_id, handle, -1, -1, False), self.timeout_s))
+                     for ch, handle in zip(self.channels, handles)]
+            await buffer.connect(begun)
+            _check_acks(await asyncio.gather(*begun), "SyncBegin")
+            _synchronize(self.device)
+            start = time.perf_counter()
+            request = SyncPlainBroadcast(sync_id, [flat.numel() for flat in self.flats])
+            calls = [asyncio.create_task(ch.call(request, self.timeout_s)) for ch in self.channels]
+            await asyncio.sleep(0)  # the request goes out first: the receivers post their side meanwhile
+            for flat in self.flats:
+                buffer.send_chunk(flat)
+            buffer.ready(0)
+            _check_acks(await asyncio.gather(*calls), "plain broadcast")
+            seconds = time.perf_counter() - start
+            _check_acks(await asyncio.gather(*(ch.call(SyncEnd(sync_id), self.timeout_s) for ch in self.channels)),
+                        "SyncEnd")
+            buffer.end_sync()
+        finally:
+            buffer.close()
+        if record:
+            self.times.append(seconds)
+
+
+def _check_acks(acks, what: str) -> None:
+    failed = [ack.error for ack in acks if not ack.ok]
+    if failed:
+        raise SyncError(f"the broadcast ceiling's {what} failed: {'; '.join(failed)}")
 
 
 def memory_budget(opts: BenchOptions, device: str) -> int:
@@ -277,8 +345,10 @@ def _check(opts: BenchOptions) -> None:
             raise ValueError(f"{name} {', '.join(bad)} is not one of {', '.join(allowed)}")
     if opts.repeats < 1 or min(opts.bucket_mb or [1]) < 1:
         raise ValueError("--repeats and --bucket-mb must be >= 1")
-    if "cuda_ipc" in opts.transports and not torch.cuda.is_available():
-        raise ValueError("--transport cuda_ipc needs a CUDA GPU; this machine has none (use --transport shm)")
+    for gpu_only in GPU_TRANSPORTS:
+        if gpu_only in opts.transports and not torch.cuda.is_available():
+            raise ValueError(f"--transport {gpu_only} needs a CUDA GPU; this machine has none "
+                             "(use --transport shm or gloo)")
     if not isinstance(getattr(torch, opts.dtype, None), torch.dtype):
         raise ValueError(f"--dtype {opts.dtype} is not a torch dtype (e.g. bfloat16, float16, float32)")
 
