@@ -118,7 +118,8 @@ class Trainer:
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
         tokens = seen = 0.0
-        for _ in range(t.epochs_per_step):
+        norms = []
+        for _ in range(t.epochs_per_step):  # one optimizer step per pass: later passes see updated weights
             for mb in micro:
                 with tracer.span("update.micro_batch", rows=mb.batch.size, tokens=mb.num_tokens):
                     loss, stats = self._micro_batch_loss(mb, agg)
@@ -129,13 +130,14 @@ class Trainer:
                 sums["loss"] += loss.item()
                 for key, value in stats.items():
                     sums[key] += value * mb_tokens
-        with tracer.span("optimizer_step"):
-            grad_norm = self._optimizer_step()
+            with tracer.span("optimizer_step"):
+                norms.append(self._optimizer_step())
+        self.scheduler.step()  # the schedule counts RL steps
         metrics = self._reduce({k: v for k, v in sums.items() if k != "loss"}, tokens)
         totals = self._reduce({"loss": sums["loss"], "update_tokens": seen}, 1.0 if self.rank == 0 else 0.0)
         metrics["loss"] = totals["loss"] / t.epochs_per_step
         metrics["update_tokens"] = totals["update_tokens"]  # real prompt + completion tokens through forward+backward
-        metrics["grad_norm"] = grad_norm
+        metrics["grad_norm"] = sum(norms) / len(norms)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         return metrics
 
@@ -166,7 +168,6 @@ class Trainer:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         self.optimizer.step()
-        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 

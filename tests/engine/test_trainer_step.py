@@ -189,3 +189,14 @@ def test_packed_varlen_attention_on_gpu_matches_padded(tiny_model_dir):
     (padded, _), (packed, _) = results
     for key in ("loss", "entropy", "logprob_diff_mean", "grad_norm"):
         assert packed[key] == pytest.approx(padded[key], rel=2e-2, abs=2e-3), key
+
+
+def test_every_epoch_takes_an_optimizer_step(tiny_model_dir):
+    """With epochs_per_step=2 the second pass sees the weights the first pass updated, so its
+    ratios move off 1 and the clip can act; one step per RL step would leave the ratio at exactly 1."""
+    batch = ragged_batch()
+    one = make_trainer(tiny_model_dir, lr=0.05, epochs_per_step=1).step(batch)
+    two = make_trainer(tiny_model_dir, lr=0.05, epochs_per_step=2).step(batch)
+    assert one["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    assert two["ratio_max"] > 1.0 + 1e-3
+    assert two["clip_frac"] > 0.0
