@@ -8,7 +8,8 @@ loads bucket k.
 
     messages.py         wire structs (msgspec), versioned; no pickle anywhere
     layout.py           bucket layout: aligned offsets, tensors larger than a slot are split
-    transports/         where the slots live: shm (POSIX shared memory), cuda_ipc (one GPU host)
+    transports/         where the bytes go: shm (POSIX shared memory), cuda_ipc (one GPU host),
+                        dist (gloo / nccl broadcast, across hosts: one process group per sync)
     arena.py            a one-rank trainer's weights in the shared buffer: syncs send offsets, no slots
     channel.py          the SyncChannel protocol the sender talks through
     zmq_channel.py      a ZeroMQ DEALER implementation of it
@@ -21,5 +22,4 @@ loads bucket k.
     bench.py            measurements behind ``rlx bench-sync``; bench_models.py its models
 
 Nothing is imported here so that ``import rlx.sync`` stays free of torch; import the modules.
-Cross-machine transfer (NCCL broadcast) is left out of this package for now.
 """

@@ -27,7 +27,15 @@ import torch
 
 from rlx.sync.checksum import tensor_checksum
 from rlx.sync.dtypes import dtype_from_name
-from rlx.sync.messages import NO_ID, PROTOCOL_VERSION, BucketAck, BucketMeta, SyncBegin, SyncEnd, TensorChunk
+from rlx.sync.messages import (
+    NO_ID,
+    PROTOCOL_VERSION,
+    BucketAck,
+    BucketMeta,
+    SyncBegin,
+    SyncEnd,
+    TensorChunk,
+)
 from rlx.sync.transports import map_buffer
 from rlx.sync.transports.base import ReceiverMapping
 

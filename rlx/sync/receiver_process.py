@@ -29,8 +29,18 @@ import zmq
 
 from rlx.sync.checksum import tensor_checksum
 from rlx.sync.copy import copy_bytes
-from rlx.sync.messages import (NO_ID, PROTOCOL_VERSION, BucketAck, SyncBegin, SyncBucket, SyncEnd, SyncPing,
-                               SyncPlainBroadcast, decode_request, encode)
+from rlx.sync.messages import (
+    NO_ID,
+    PROTOCOL_VERSION,
+    BucketAck,
+    SyncBegin,
+    SyncBucket,
+    SyncEnd,
+    SyncPing,
+    SyncPlainBroadcast,
+    decode_request,
+    encode,
+)
 from rlx.sync.receiver import WeightReceiver
 
 log = logging.getLogger(__name__)

@@ -43,8 +43,23 @@ from rlx.sync.checksum import tensor_checksum
 from rlx.sync.copy import memmove_at
 from rlx.sync.dtypes import dtype_name
 from rlx.sync.errors import SyncError
-from rlx.sync.layout import ALIGN_BYTES, Bucket, TensorSpec, align_up, pack_buckets, resident_buckets
-from rlx.sync.messages import NO_ID, BucketAck, BucketMeta, SyncBegin, SyncBucket, SyncEnd, request_label
+from rlx.sync.layout import (
+    ALIGN_BYTES,
+    Bucket,
+    TensorSpec,
+    align_up,
+    pack_buckets,
+    resident_buckets,
+)
+from rlx.sync.messages import (
+    NO_ID,
+    BucketAck,
+    BucketMeta,
+    SyncBegin,
+    SyncBucket,
+    SyncEnd,
+    request_label,
+)
 from rlx.sync.transports import SHARED_TRANSPORTS, create_buffer, resolve_transport
 from rlx.sync.transports.base import SenderBuffer
 from rlx.trace import tracer

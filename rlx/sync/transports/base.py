@@ -9,9 +9,8 @@ source tensor (``sends_from_source``) and receives it where the receiver says (`
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
 import asyncio
+from abc import ABC, abstractmethod
 
 import torch
 

@@ -98,7 +98,7 @@ class DistBuffer(SenderBuffer):
                 raise task.exception()
         try:
             self._group = await joining
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any rendezvous failure is reported naming the receivers
             raise SyncError(f"the {self.kind} group {join['group']} did not form within {self.timeout_s:g} s "
                             f"(sync.timeout_s): {exc}; receivers: {', '.join(join['peers'])}") from None
 
@@ -151,7 +151,7 @@ class DistMapping(ReceiverMapping):
             store = TCPStore(p["host"], int(p["port"]), None, False, _timedelta(self.timeout_s))
             self._group = new_group(handle.kind, PrefixStore(p["group"], store), int(p["rank"]), int(p["world_size"]),
                                     route_to(p["host"]), self.timeout_s)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the store or group failed: one error naming the sender
             raise RuntimeError(f"cannot join {self.peer} within {self.timeout_s:g} s: {exc}; is the trainer "
                                "reachable from this host (firewall, RLX_SYNC_HOST)?") from None
         self._slots: torch.Tensor | None = None
@@ -228,7 +228,7 @@ def _wait_all(works: list, timeout_s: float, peer: str) -> None:
     for work, _ in works:
         try:
             work.wait(_timedelta(timeout_s))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - gloo and nccl raise RuntimeError subclasses or DistError
             raise SyncError(f"broadcast with {peer} failed within {timeout_s:g} s (sync.timeout_s): "
                             f"{str(exc).splitlines()[0]}") from None
 
