@@ -24,5 +24,7 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except (ConfigError, UserError, FileNotFoundError) as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+        from rich.markup import escape
+
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
         raise typer.Exit(2) from None

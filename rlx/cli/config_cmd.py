@@ -14,14 +14,15 @@ config_app = typer.Typer(help="Show or check a run config.", no_args_is_help=Tru
 @config_app.command("show")
 def show(config: str = typer.Argument(..., help="YAML run config."),
          overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides.")) -> None:
-    """Print the resolved config (YAML) after overrides and validation."""
+    """Print the resolved config (YAML) after overrides and validation; secrets are shown as ***."""
     from omegaconf import OmegaConf
 
     from rlx.config import load_config
+    from rlx.config.redact import redacted
 
     with user_errors():
         cfg = load_config(config, overrides or [])
-    console.print(OmegaConf.to_yaml(OmegaConf.structured(cfg)), highlight=False, markup=False, end="")
+    console.print(OmegaConf.to_yaml(redacted(cfg)), highlight=False, markup=False, end="")
 
 
 @config_app.command("check")

@@ -166,8 +166,10 @@ class Controller:
     def close(self) -> None:
         if self._prefetch is not None:
             self._prefetch.cancel()
-        self.bus.announce(Command.STOP)
-        self.sender.close()
-        if self.arena is not None:
-            self.arena.close()
-        self.metrics.close()
+        try:
+            self.bus.announce(Command.STOP)
+        finally:  # the sync buffers and the arena are model-sized /dev/shm segments: never leave them
+            self.sender.close()
+            if self.arena is not None:
+                self.arena.close()
+            self.metrics.close()

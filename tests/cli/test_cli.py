@@ -29,3 +29,17 @@ def test_cli_import_stays_light():
             "if m in sys.modules]; print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"importing rlx.cli pulled in: {out.stdout.strip()}"
+
+
+def test_error_lines_show_bracketed_user_text_verbatim():
+    """A user's value such as ``[red]abc`` is printed as written, never taken as console markup."""
+    result = runner.invoke(app, ["config", "check", "configs/quickstart.yaml", "trainer.lr='[red]abc'"])
+    assert result.exit_code == 2
+    assert "'[red]abc'" in result.output, result.output
+
+
+def test_config_show_redacts_secrets():
+    result = runner.invoke(app, ["config", "show", "configs/quickstart.yaml", "rollout.auth_token=s3cret-value"])
+    assert result.exit_code == 0, result.output
+    assert "s3cret-value" not in result.output
+    assert "auth_token: '***'" in result.output
