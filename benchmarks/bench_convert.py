@@ -17,8 +17,10 @@ What it does, in one temporary directory on the chosen disk (removed afterwards)
      same arithmetic, ``save_file``; then one fsync per written file so that its bytes are on the
      disk like everyone else's (the plain script would not fsync; its time would then stop before
      its writes reached the disk);
-   - ``ceiling``: the disk alone, the source shards copied with plain 16 MiB reads and writes by
-     two threads, each output fsynced: the same bytes read, a few more written, no compute;
+   - ``ceiling``: the disk alone, no compute: two threads read every source shard with 16 MiB
+     reads and write as many bytes as the FP8 output has (the first part of each chunk read; all
+     of it when no FP8 side runs), each write handed to the disk at once as rlx does, each output
+     fsynced: the same bytes read and written as rlx's, the same way;
 3. checks, after the first round, that rlx's and the rival's FP8 outputs hold identical tensors,
    and what each wrote as index ``total_size`` and ``ignored_layers``.
 
@@ -66,7 +68,7 @@ OPS = {
     "trainer-to-hf": "rlx convert-ckpt trainer checkpoint -> hf (sha256 verify + copy)",
     "hf-to-torch_dist": "rlx convert-ckpt --to torch_dist (megatron-core save)",
     "fp8-rival": "plain script: load_file -> quantize each 2-D weight per block -> save_file (+ fsync)",
-    "ceiling": "the disk: copy the source shards, 16 MiB reads and writes, 2 threads, fsync",
+    "ceiling": "the disk: read the source, write the output's bytes, 16 MiB at a time, 2 threads, fsync",
 }
 CHUNK = 16 << 20
 
@@ -197,13 +199,15 @@ CEILING_CHILD = textwrap.dedent("""
     import json, os, sys, time
     from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
-    src, dst, chunk = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    src, dst, chunk, write_ratio = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 
     def copy(path):
         buf = bytearray(chunk)
         with open(path, "rb", buffering=0) as fin, open(dst / path.name, "wb", buffering=0) as fout:
             while n := fin.readinto(buf):
-                fout.write(memoryview(buf)[:n])
+                offset = fout.tell()
+                fout.write(memoryview(buf)[:round(n * write_ratio)])
+                os.posix_fadvise(fout.fileno(), offset, round(n * write_ratio), os.POSIX_FADV_DONTNEED)
             os.fsync(fout.fileno())
 
     start = time.perf_counter()
@@ -225,12 +229,12 @@ from (the kernel records the old image's high-water mark at exec), so a side for
 process would report at least this process's size: the side is forked from this small one instead."""
 
 
-def run_child(side: str, src: Path, dst: Path, workers: int) -> dict:
+def run_child(side: str, src: Path, dst: Path, workers: int, write_ratio: float = 1.0) -> dict:
     """One side in a fresh process: its seconds (printed by the side) and its peak RSS."""
     if side == "fp8-rival":
         argv = ["-c", RIVAL_CHILD, str(src), str(dst)]
     elif side == "ceiling":
-        argv = ["-c", CEILING_CHILD, str(src), str(dst), str(CHUNK)]
+        argv = ["-c", CEILING_CHILD, str(src), str(dst), str(CHUNK), str(write_ratio)]
     else:
         argv = ["-c", RLX_CHILD, side, str(src), str(dst), str(workers)]
     done = subprocess.run([sys.executable, "-c", MEASURED_CHILD, sys.executable, *argv], capture_output=True,
@@ -263,6 +267,7 @@ def measure(args, work: Path, console: Console) -> dict:
     if "trainer-to-hf" in args.sides:
         sources["trainer-to-hf"] = work / "run" / "checkpoints" / "step_00000001"
         make_trainer_checkpoint(src, sources["trainer-to-hf"])
+    write_ratio = fp8_output_bytes(src) / total if any(s.startswith("fp8-") for s in args.sides) else 1.0
     runs: dict[str, list[dict]] = {side: [] for side in args.sides}
     verification = None
     for round_index in range(args.rounds):
@@ -270,7 +275,7 @@ def measure(args, work: Path, console: Console) -> dict:
         for side in order:
             evict(files)
             with console.status(f"round {round_index + 1}/{args.rounds}: {side}"):
-                runs[side].append(run_child(side, sources[side], work / side, args.workers))
+                runs[side].append(run_child(side, sources[side], work / side, args.workers, write_ratio))
             if not (round_index == 0 and side in VERIFIED):
                 shutil.rmtree(work / side)
         if round_index == 0 and all(side in args.sides for side in VERIFIED):
@@ -280,11 +285,19 @@ def measure(args, work: Path, console: Console) -> dict:
             shutil.rmtree(work / side, ignore_errors=True)
     baseline = run_child("baseline", src, work / "none", 1)["peak_rss_bytes"]
     return {"source_bytes": total, "source_files": len(files), "baseline_rss_bytes": baseline,
+            "ceiling_write_bytes": round(total * write_ratio),
             "sides": {side: summarize(side_runs, total) for side, side_runs in runs.items()},
             "verification": verification}
 
 
 VERIFIED = ("fp8-block", "fp8-rival")
+
+
+def fp8_output_bytes(src: Path) -> int:
+    """Tensor bytes of ``rlx fp8-convert``'s output (block strategy), from the plan alone."""
+    from rlx.convert.fp8.job import Fp8Options, fp8_job
+
+    return sum(shard.nbytes for shard in fp8_job(src, Fp8Options()).shards)
 
 
 def summarize(side_runs: list[dict], total: int) -> dict:
@@ -350,8 +363,8 @@ def render(report: dict, console: Console) -> None:
     for side in sides:
         seconds = ", ".join(f"{r['seconds']:.2f}" for r in sides[side]["runs"])
         console.print(f"  {side}: {OPS[side]} (runs: {seconds} s)", highlight=False)
-    console.print(f"Source evicted from the page cache before every run; outputs fresh and fsynced. 'above "
-                  f"imports' subtracts a child that only imports rlx's conversion modules "
+    console.print(f"Source evicted from the page cache before every run; outputs fresh and fsynced; the "
+                  f"ceiling wrote {report['ceiling_write_bytes'] / 1e9:.2f} GB. 'above imports' subtracts a child that only imports rlx's conversion modules "
                   f"({report['baseline_rss_bytes'] / 1e9:.2f} GB). Work dir on {report['work_dir']}.",
                   highlight=False)
     _render_verification(report.get("verification"), console)
