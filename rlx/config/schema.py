@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any
+from typing import Any, Optional
 
 from omegaconf import MISSING
 
@@ -138,9 +138,9 @@ class RolloutConfig:
     backend: str = "vllm"
     """Generation backend of the rollout server: vllm or hf (transformers)."""
     servers: list[str] = field(default_factory=list)
-    """Addresses of rollout servers already running (tcp://host:port or ipc://path); empty = launch them."""
-    num_servers: int = 1
-    """Rollout servers to launch when rollout.servers is empty."""
+    """Addresses of rollout servers already running (tcp://host:port or ipc://path), used beside any launched."""
+    num_servers: Optional[int] = None
+    """Rollout servers to launch; unset = 1 when rollout.servers is empty, else 0 (set it to mix both)."""
     host: str = "127.0.0.1"
     """Interface a launched server binds; anything but loopback needs rollout.auth_token."""
     port: int = 0
@@ -172,10 +172,20 @@ class RolloutConfig:
     startup_timeout_s: float = 300.0
     """How long the launcher waits for a server to answer health."""
 
+    @property
+    def servers_to_launch(self) -> int:
+        if self.num_servers is not None:
+            return self.num_servers
+        return 0 if self.servers else 1
+
     def __post_init__(self) -> None:
         check_choice("rollout.backend", self.backend, ("vllm", "hf"))
         check_choice("rollout.device", self.device, ("auto", "cpu", "cuda"))
-        check_range("rollout.num_servers", self.num_servers, 1)
+        if self.num_servers is not None:
+            check_range("rollout.num_servers", self.num_servers, 0)
+        if self.servers_to_launch + len(self.servers) == 0:
+            raise ConfigError("rollout.num_servers=0 and rollout.servers is empty: no server would generate; "
+                              "list running servers in rollout.servers or launch some with rollout.num_servers")
         check_range("rollout.n", self.n, 1, hint="set rollout.n to the samples per prompt")
         check_range("rollout.temperature", self.temperature, 0.0)
         check_range("rollout.top_p", self.top_p, 0.0, 1.0)

@@ -82,7 +82,7 @@ class Launch:
         secret_args, secret_env = secret_overrides(cfg)
         env = dict(_trace_env(cfg, self.run_dir), **secret_env)
         with self.display:
-            addresses = cfg.rollout.servers or self._start_servers([str(config_file), *secret_args], env)
+            addresses = self._start_servers([str(config_file), *secret_args], env) + list(cfg.rollout.servers)
             self._start_ranks([str(config_file), *secret_args], env)
             self.procs.watch(self.stops.report)
             code = self._run_rank0(addresses)
@@ -102,7 +102,7 @@ class Launch:
     def _start_servers(self, config_args: list[str], env: dict) -> list[str]:
         from rlx.rollout.addresses import server_address
 
-        for index in range(self.cfg.rollout.num_servers):
+        for index in range(self.cfg.rollout.servers_to_launch):
             address = server_address(self.cfg, index)
             argv = python_argv("rlx", "rollout-serve", *config_args, "--address", address, "--index", str(index))
             self.procs.start(f"rollout{index}", argv, dict(env, VLLM_LOGGING_LEVEL="WARNING"))

@@ -98,6 +98,29 @@ def test_trainer_syncs_two_tcp_servers_over_gloo_with_verified_weights(tiny_mode
     assert [r["step"] for r in rows] == [1, 2] and all(r["sync_zero_copy"] == 0.0 for r in rows)
 
 
+def test_launched_and_external_servers_mix_and_both_receive_weights(tiny_model_dir, tmp_path, tcp_servers):
+    """``rollout.servers`` lists a server started elsewhere and ``rollout.num_servers=1`` launches one more:
+    the run uses both, and every sync reaches both with verified weights."""
+    addresses, _ = tcp_servers
+    external = addresses[0]
+    config = write_config(tmp_path / "train.yaml", tiny_model_dir, **dict(
+        SECTIONS, trainer=dict(SECTIONS["trainer"], output_dir=str(tmp_path / "run")), trace={"enabled": True}))
+    log = tmp_path / "train.log"
+    proc = start_rlx(["train", str(config), f"rollout.servers=[{external}]", "rollout.num_servers=1",
+                      TOKEN_OVERRIDE], log, ENV)
+    try:
+        proc.wait(400)
+    finally:
+        stop_group(proc)
+    assert proc.returncode == 0, log.read_text()[-4000:]
+    [external_stats] = asyncio.run(wait_ready([external], []))
+    assert external_stats.weight_version == STEPS and external_stats.completed > 0
+    verified = verified_tensors_per_server(Path(tmp_path / "run" / "trace"))
+    assert len(verified) == 2 and f"rollout server {external}" in verified, verified
+    num_params = len(trainer_parameter_names(tiny_model_dir))
+    assert all(count == STEPS * num_params for count in verified.values()), verified
+
+
 def verified_tensors_per_server(trace_dir: Path) -> dict[str, int]:
     """Tensors whose CRC the trainer checked against each server's report, summed over the run."""
     counts: dict[str, int] = {}
