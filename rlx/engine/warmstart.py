@@ -31,13 +31,14 @@ class Recipe:
     num_layers: int
     steps: int
     lr: float
+    batch_size: int = 64
 
 
 # model.build_if_missing -> model shape and supervised steps; stopped where held-out accuracy is
 # well below 1 so RL has something to learn.
 RECIPES = {
     "tiny_math_warmstart": Recipe(hidden_size=128, num_layers=2, steps=DEFAULT_STEPS, lr=1e-3),
-    "running_sum_warmstart": Recipe(hidden_size=256, num_layers=4, steps=RUNNING_SUM_STEPS, lr=1e-3),
+    "running_sum_warmstart": Recipe(hidden_size=256, num_layers=2, steps=RUNNING_SUM_STEPS, lr=1e-3, batch_size=32),
 }
 
 
@@ -45,7 +46,7 @@ def build_warmstart(recipe: str, out_dir: str | Path, task_cfg, seed: int = 0, p
     """Build ``RECIPES[recipe]`` on ``task_cfg``'s train split into ``out_dir``."""
     r = RECIPES[recipe]
     return build_tiny_math_warmstart(out_dir, task_cfg, steps=r.steps, seed=seed, lr=r.lr, progress=progress,
-                                     hidden_size=r.hidden_size, num_layers=r.num_layers)
+                                     hidden_size=r.hidden_size, num_layers=r.num_layers, batch_size=r.batch_size)
 
 
 def build_tiny_math_warmstart(out_dir: str | Path, task_cfg, steps: int = DEFAULT_STEPS, seed: int = 0,

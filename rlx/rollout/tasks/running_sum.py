@@ -2,10 +2,12 @@
 
 The prompt is ``"3+17+5+9="``; the expected completion writes every partial sum, then the total
 after ``#``: ``"3+17=20;20+5=25;25+9=34#34"``. A tiny model cannot add eight numbers in its head,
-so it must write the work (about 10 characters a term: 64-100 tokens at the default 8 terms),
-and one slip anywhere makes the total wrong: generation dominates the step, as in real
-reasoning RL. A completion is correct when the number after its last ``#`` (cut at the first
-newline) is the total; the worked lines are not graded. ``Problem.answer`` holds the whole
+so it must write the work (about 7-10 characters a term: 60-100 tokens at 8-10 terms), and one
+slip anywhere makes the total wrong: generation dominates the step, as in real reasoning RL. A
+completion is correct when the number after its last ``#`` (cut at the first newline) is the
+total. The reward is shaped: the share of the expected steps (each ``a+b=c``, then the total)
+that the completion writes correctly, in order, up to its first wrong one, so a policy that
+gets further earns more and a group of samples rarely all scores the same. ``Problem.answer`` holds the whole
 worked solution (what the warm start imitates); ``total`` reads the graded number back from it.
 Problems are drawn with ``task.seed``: ``task.num_train`` for training, ``task.num_eval`` held
 out, never overlapping.
@@ -64,4 +66,19 @@ class RunningSum:
         return completion.rsplit("#", 1)[-1].strip().split("\n", 1)[0].strip() == total(problem.answer)
 
     def reward(self, completion: str, problem: Problem) -> float:
-        return task_reward(self.reward_fn, lambda: self.is_correct(completion, problem), completion, problem)
+        if self.reward_fn is not None:
+            return task_reward(self.reward_fn, lambda: False, completion, problem)
+        return progress(completion, problem.answer)
+
+
+def progress(completion: str, answer: str) -> float:
+    """Share of ``answer``'s steps (and its total) that ``completion`` writes right before its first slip."""
+    expected = answer.rsplit("#", 1)[0].split(";") + ["#" + total(answer)]
+    work, _, final = completion.split("\n", 1)[0].partition("#")
+    written = work.split(";") + (["#" + final.strip()] if _ else [])
+    right = 0
+    for want, got in zip(expected, written):
+        if want != got.strip():
+            break
+        right += 1
+    return right / len(expected)
