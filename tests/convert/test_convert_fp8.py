@@ -176,7 +176,7 @@ def test_fp8_magnitude_decodes_every_code():
 
 @pytest.mark.parametrize("strategy", fq.STRATEGIES)
 def test_many_small_tasks_write_what_whole_tensors_quantize_to(llama, tmp_path, monkeypatch, strategy):
-    import rlx.convert.fp8.tasks as tasks
+    from rlx.convert.fp8 import tasks
 
     monkeypatch.setattr(tasks, "TASK_BYTES", 32 << 10)  # 128-row blocks, 32-row channel tasks: several per tensor
     job = fp8_job(llama, Fp8Options(strategy=strategy, workers=3))
@@ -197,7 +197,7 @@ def test_many_small_tasks_write_what_whole_tensors_quantize_to(llama, tmp_path, 
 
 
 def test_a_failing_task_leaves_no_destination(llama, tmp_path, monkeypatch):
-    import rlx.convert.fp8.tasks as tasks
+    from rlx.convert.fp8 import tasks
 
     calls = []
 
