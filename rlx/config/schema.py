@@ -50,6 +50,26 @@ def check_all_finite(section: Any, prefix: str = "") -> None:
             check_finite(f"{prefix}{f.name}", value, "" if default is None else f"(default {default!r})")
 
 
+@dataclass
+class LoraConfig:
+    rank: int = 0
+    """LoRA rank r of every adapted layer; 0 = off (the whole model trains)."""
+    alpha: float = 16.0
+    """LoRA scale numerator: an adapter adds (alpha / rank) * B @ A to each adapted weight."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input; > 0 turns off the single-pass logprobs (train and eval forwards differ)."""
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Names (last component) of the linear layers that get adapters, e.g. q_proj, v_proj, gate_proj."""
+
+    def __post_init__(self) -> None:
+        check_range("model.lora.rank", self.rank, 0, hint="0 turns LoRA off")
+        check_range("model.lora.alpha", self.alpha, 0.0)
+        check_range("model.lora.dropout", self.dropout, 0.0, 1.0)
+        if self.rank and not self.target_modules:
+            raise ConfigError("model.lora.target_modules is empty; list the linear layers that get adapters, "
+                              "e.g. [q_proj, k_proj, v_proj, o_proj], or set model.lora.rank=0")
+
+
 DTYPE_CHOICES = ("float32", "bfloat16", "float16")
 BUILD_CHOICES = ("", "tiny_math_warmstart", "running_sum_warmstart", "qwen2_0p5b_random")
 
@@ -356,10 +376,15 @@ class CheckpointConfig:
     """Save a checkpoint after the last step."""
     export_hf: bool = False
     """Also export the final checkpoint as a Hugging Face directory (run_dir/hf)."""
+    plugins: list[str] = field(default_factory=list)
+    """Installed checkpoint plugins to run (entry-point names in the rlx.plugins group), in this order."""
 
     def __post_init__(self) -> None:
         check_range("checkpoint.every", self.every, 0)
         check_range("checkpoint.keep", self.keep, 1)
+        repeated = sorted({name for name in self.plugins if self.plugins.count(name) > 1})
+        if repeated:
+            raise ConfigError(f"checkpoint.plugins names {repeated[0]!r} more than once; list each plugin once")
 
 
 @dataclass
@@ -411,6 +436,9 @@ class RunConfig:
         check_all_finite(self)
         if self.trainer.micro_batch_size > self.trainer.prompts_per_step * self.rollout.n:
             self.trainer.micro_batch_size = self.trainer.prompts_per_step * self.rollout.n
+        if self.model.lora.rank and self.trainer.num_ranks > 1:
+            raise ConfigError(f"model.lora.rank={self.model.lora.rank} with trainer.num_ranks="
+                              f"{self.trainer.num_ranks}: LoRA trains on one rank; set trainer.num_ranks=1")
         if self.rollout.host not in ("127.0.0.1", "localhost", "::1") and not self.rollout.auth_token:
             raise ConfigError(
                 f"rollout.host={self.rollout.host!r} is not loopback; set rollout.auth_token to a shared secret "
