@@ -4,6 +4,13 @@ Full (unsharded) model and optimizer states are gathered with torch's distribute
 state-dict API, so the same code serves one rank and FSDP2; rank 0 writes them into a
 temporary directory, fsyncs, writes the manifest last and renames. Loading verifies the
 manifest first: a corrupt or partial checkpoint is reported and skipped, never loaded.
+
+A LoRA model (``rlx.engine.lora``) saves only its adapter, in PEFT's format
+(``adapter_model.safetensors`` + ``adapter_config.json``), and the optimizer state of the adapter
+weights; the base weights stay in ``model.path``. ``before_manifest`` (the checkpoint plugins' save
+hook) runs on the staged directory once every rlx file is written and before the manifest and the
+rename: what it adds is hashed into the manifest, and when it raises the staged directory is
+removed, so the newest complete checkpoint stays the previous one.
 """
 
 from __future__ import annotations
@@ -12,13 +19,13 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from rlx.engine.checkpoint_format import (CorruptCheckpoint, fsync_dir, list_checkpoints, step_dir_name,
+from rlx.engine.checkpoint_format import (ADAPTER_CONFIG, ADAPTER_FILE, CorruptCheckpoint, fsync_dir, list_checkpoints, step_dir_name,
                                           verify_checkpoint, write_manifest)
 
 HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -32,11 +39,15 @@ def _options():
 
 
 def save_checkpoint(root: Path, step: int, model, optimizer, scheduler, model_path: str,
-                    trainer_state: dict[str, Any], keep: int) -> Path | None:
+                    trainer_state: dict[str, Any], keep: int,
+                    before_manifest: Callable[[Path], None] | None = None) -> Path | None:
     """All ranks call this (gathering is collective); rank 0 writes. Returns the new directory on rank 0."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    model_sd = get_model_state_dict(model, options=_options())
+    from rlx.engine.lora import is_lora
+
+    lora = is_lora(model)
+    model_sd = _adapter_or_model_state(model, lora)
     optim_sd = get_optimizer_state_dict(model, optimizer, options=_options())
     if dist.is_initialized() and dist.get_rank() != 0:
         return None
@@ -45,23 +56,54 @@ def save_checkpoint(root: Path, step: int, model, optimizer, scheduler, model_pa
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    if getattr(model.config, "tie_word_embeddings", False):
-        model_sd.pop("lm_head.weight", None)
-    _save_tensors({k: v.contiguous() for k, v in model_sd.items()}, tmp / "model.safetensors")
-    optim_tensors, optim_groups = _flatten_optimizer(optim_sd)
-    _save_tensors(optim_tensors, tmp / "optimizer.safetensors")
-    state = dict(trainer_state, scheduler=scheduler.state_dict(), optimizer_param_groups=optim_groups)
-    _save_tensors({"torch_cpu": torch.get_rng_state()}, tmp / "rng.safetensors")
-    _write_json(tmp / "trainer_state.json", state)
-    _copy_hf_files(Path(model_path), tmp / "hf")
-    write_manifest(tmp, step, ["model.safetensors"], {"model_dtype": str(next(iter(model_sd.values())).dtype)})
-    fsync_dir(tmp)
+    try:
+        model_file = _write_staged(tmp, model, model_sd, optim_sd, scheduler, model_path, trainer_state, lora)
+        if before_manifest is not None:
+            before_manifest(tmp)
+        extra = {"model_dtype": str(next(iter(model_sd.values())).dtype), "lora": lora}
+        write_manifest(tmp, step, [model_file], extra)
+        fsync_dir(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-written step behind
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     fsync_dir(root)
     _prune(root, keep)
     return final
+
+
+def _adapter_or_model_state(model, lora: bool) -> dict[str, torch.Tensor]:
+    """The LoRA adapter under PEFT's names, or the full model state (gathered: a collective)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    if lora:
+        from rlx.engine.lora import adapter_state
+
+        return adapter_state(model)
+    model_sd = get_model_state_dict(model, options=_options())
+    if getattr(model.config, "tie_word_embeddings", False):
+        model_sd.pop("lm_head.weight", None)
+    return model_sd
+
+
+def _write_staged(tmp: Path, model, model_sd, optim_sd, scheduler, model_path: str, trainer_state: dict,
+                  lora: bool) -> str:
+    """Every file of the checkpoint but the manifest; returns the weights file's name."""
+    model_file = ADAPTER_FILE if lora else "model.safetensors"
+    _save_tensors({k: v.contiguous() for k, v in model_sd.items()}, tmp / model_file)
+    if lora:
+        from rlx.engine.lora import adapter_config
+
+        _write_json(tmp / ADAPTER_CONFIG, adapter_config(model, model_path))
+    optim_tensors, optim_groups = _flatten_optimizer(optim_sd)
+    _save_tensors(optim_tensors, tmp / "optimizer.safetensors")
+    state = dict(trainer_state, scheduler=scheduler.state_dict(), optimizer_param_groups=optim_groups)
+    _save_tensors({"torch_cpu": torch.get_rng_state()}, tmp / "rng.safetensors")
+    _write_json(tmp / "trainer_state.json", state)
+    _copy_hf_files(Path(model_path), tmp / "hf")
+    return model_file
 
 
 def newest_complete_checkpoint(root: Path) -> tuple[Path | None, list[str]]:
@@ -95,10 +137,17 @@ def resume_checkpoint(run_dir: Path) -> tuple[Path | None, list[str]]:
                       "trainer.output_dir to a new directory")
 
 
-def check_resumable(ckpt: Path, model_path: str, data_seed: int, num_problems: int) -> None:
-    """Refuse a checkpoint this config cannot continue: another model, or another data order."""
+def check_resumable(ckpt: Path, model_path: str, data_seed: int, num_problems: int, lora: bool = False) -> None:
+    """Refuse a checkpoint this config cannot continue: another model, LoRA on one side only, or another
+    data order."""
     from rlx.config.errors import ConfigError
 
+    saved_lora = (ckpt / ADAPTER_FILE).is_file()
+    if saved_lora != lora:
+        held = "a LoRA adapter" if saved_lora else "full model weights"
+        fix = "set model.lora as in that run" if saved_lora else "set model.lora.rank=0"
+        raise ConfigError(f"cannot resume from {ckpt}: it holds {held} and this config has model.lora.rank "
+                          f"{'> 0' if lora else '= 0'}; {fix}, or run without --resume")
     changed = _config_changes(ckpt / "hf" / "config.json", Path(model_path) / "config.json")
     if changed:
         raise ConfigError(f"cannot resume from {ckpt}: model.path={model_path!r} is not the model it was trained "
@@ -158,13 +207,18 @@ def load_checkpoint(ckpt: Path, model, optimizer, scheduler) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     verify_checkpoint(ckpt, check_hashes=False)  # hashes were checked when it was chosen
-    model_sd = load_file(str(ckpt / "model.safetensors"))
-    if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in model_sd:
-        embed = next((k for k in model_sd if k.endswith("embed_tokens.weight")), None)
-        if embed is not None:
-            model_sd["lm_head.weight"] = model_sd[embed]
     state = json.loads((ckpt / "trainer_state.json").read_text())
-    set_model_state_dict(model, model_sd, options=_options())
+    if (ckpt / ADAPTER_FILE).is_file():
+        from rlx.engine.lora import load_adapter_state
+
+        load_adapter_state(model, load_file(str(ckpt / ADAPTER_FILE)))
+    else:
+        model_sd = load_file(str(ckpt / "model.safetensors"))
+        if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in model_sd:
+            embed = next((k for k in model_sd if k.endswith("embed_tokens.weight")), None)
+            if embed is not None:
+                model_sd["lm_head.weight"] = model_sd[embed]
+        set_model_state_dict(model, model_sd, options=_options())
     optim_sd = _unflatten_optimizer(load_file(str(ckpt / "optimizer.safetensors")), state["optimizer_param_groups"])
     set_optimizer_state_dict(model, optimizer, optim_sd, options=_options())
     scheduler.load_state_dict(state["scheduler"])

@@ -4,8 +4,11 @@ A checkpoint is a directory ``<run_dir>/checkpoints/step_00000010/``::
 
     manifest.json            written last; lists every file with its size and sha256
     model*.safetensors       full (unsharded) weights with Hugging Face parameter names
+    adapter_model.safetensors, adapter_config.json
+                             instead of model*.safetensors for a LoRA run: the adapter in PEFT's format
     optimizer.safetensors    AdamW state, keys "<param>.exp_avg", "<param>.exp_avg_sq", "<param>.step"
     trainer_state.json       step, data position, scheduler, RNG states, config
+    (files of checkpoint plugins, when they write any; listed in the manifest like the rest)
     hf/                      config.json, generation_config.json and tokenizer files of the model
 
 It is written into a temporary sibling directory, fsynced and renamed, so a directory named
@@ -26,6 +29,7 @@ FORMAT = "rlx-checkpoint"
 VERSION = 1
 MANIFEST = "manifest.json"
 STEP_PREFIX = "step_"
+ADAPTER_FILE, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"
 
 
 class CorruptCheckpoint(ValueError):

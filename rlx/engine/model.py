@@ -75,7 +75,8 @@ def load_tokenizer(path: str):
 
 
 def load_model(cfg, device: torch.device, trainable: bool = True, packed_attention: bool = False):
-    """The model on ``device``; ``packed_attention`` switches it to packed-sequence attention."""
+    """The model on ``device``; ``packed_attention`` switches it to packed-sequence attention. A trainable
+    model gets LoRA adapters when ``model.lora.rank > 0`` (``rlx.engine.lora``); a frozen one stays plain."""
     from transformers import AutoModelForCausalLM
 
     check_model_dir(cfg.model.path)
@@ -86,6 +87,10 @@ def load_model(cfg, device: torch.device, trainable: bool = True, packed_attenti
         from rlx.engine.attention import use_packed_attention
 
         use_packed_attention(model)
+    if trainable and cfg.model.lora.rank:
+        from rlx.engine.lora import apply_lora
+
+        model = apply_lora(model, cfg.model.lora, cfg.model.path)
     if trainable and cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device)

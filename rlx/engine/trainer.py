@@ -59,9 +59,16 @@ class Trainer:
         """The update's detached logprobs are the old ones (see the module docstring)."""
 
     def named_tensors(self):
-        """Full parameters for weight sync / checkpoints, in the engine dtype; all ranks must iterate."""
+        """Full parameters for weight sync, in the engine dtype; all ranks must iterate. With LoRA, the
+        merged weights of a plain model under the base model's names (``rlx.engine.lora``)."""
         dtype = getattr(torch, self.cfg.model.engine_dtype)
-        for name, tensor in full_named_parameters(self.model):
+        if self.cfg.model.lora.rank:
+            from rlx.engine.lora import merged_named_tensors
+
+            tensors = merged_named_tensors(self.model)
+        else:
+            tensors = full_named_parameters(self.model)
+        for name, tensor in tensors:
             yield name, tensor.to(dtype)
 
     def step(self, full: TrainBatch) -> dict[str, float]:
