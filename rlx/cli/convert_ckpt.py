@@ -1,4 +1,5 @@
-"""`rlx convert-ckpt SRC DST`: trainer checkpoint -> Hugging Face, Hugging Face <-> Megatron torch_dist."""
+"""`rlx convert-ckpt SRC DST`: trainer checkpoint -> Hugging Face (or, from a LoRA run, a PEFT adapter),
+Hugging Face <-> Megatron torch_dist."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ def convert_ckpt(
     src: Path = typer.Argument(..., help="Trainer checkpoint (step dir, checkpoints/ or run dir), Hugging "
                                          "Face directory, or Megatron torch_dist checkpoint."),
     dst: Path = typer.Argument(..., help="Output directory (must not exist unless --overwrite)."),
-    to: Optional[str] = typer.Option(None, "--to", help="Target format: hf | torch_dist. Default: hf, "
-                                                        "except from a Hugging Face source (required)."),
+    to: Optional[str] = typer.Option(None, "--to", help="Target format: hf | torch_dist | peft. Default: hf; "
+                                                        "peft for a LoRA trainer checkpoint; required from a "
+                                                        "Hugging Face source."),
     dtype: str = typer.Option("auto", "--dtype", help="Output dtype of floating tensors: auto (keep) | "
                                                       "float32 | bfloat16 | float16."),
     shard_size: str = typer.Option("5GB", "--shard-size", help="Largest safetensors shard (e.g. 5GB, 500MB)."),
@@ -42,7 +44,7 @@ def convert_ckpt(
                                        "multiple of this (Megatron's make-vocab-size-divisible-by x TP)."),
     workers: int = typer.Option(2, "--workers", help="Shards written in parallel."),
 ) -> None:
-    """Convert a checkpoint between rlx trainer, Hugging Face and Megatron torch_dist formats."""
+    """Convert a checkpoint between rlx trainer, Hugging Face, Megatron torch_dist and PEFT adapter formats."""
     with convert_errors():
         from rlx.convert.convert_ckpt import ConvertOptions, build_job
         from rlx.convert.destination import check_destination

@@ -11,11 +11,12 @@ Modules:
     safetensors_writer plan shards and write them tensor by tensor, with a byte-exact index
     destination        destination checks (--overwrite) and the atomic temporary directory
     trainer_ckpt       find and verify an rlx trainer checkpoint
+    peft_export        a LoRA trainer checkpoint's adapter -> PEFT adapter directory
     hf_write           write an HF directory (weights + config + tokenizer) from a tensor stream
     plan               the --dry-run plan: tensors, bytes, mapping
     megatron/          Llama / Qwen2 / Qwen3 <-> megatron-core GPTModel torch_dist
     fp8/               FP8 quantization (block / channel / tensor) in the formats vLLM loads
 
-Left out: LoRA adapters, pickle-based ``.bin`` / ``.pt`` weights (refused), MoE models for the
+Left out: merging a LoRA adapter into the base weights, pickle-based ``.bin`` / ``.pt`` weights (refused), MoE models for the
 Megatron mapping.
 """

@@ -1,8 +1,9 @@
 """``convert-ckpt`` as a library call: detect what the source is and build the conversion job.
 
 Sources: an rlx trainer checkpoint (step dir, checkpoints/ dir or run dir), a Hugging Face
-directory, or a Megatron torch_dist checkpoint. Targets: ``hf`` or ``torch_dist``. Every job has
-``plan(dst)`` (for --dry-run) and ``run(dst)``; the CLI checks the destination first.
+directory, or a Megatron torch_dist checkpoint. Targets: ``hf``, ``torch_dist``, or ``peft`` (the
+default for a LoRA run's checkpoint, which holds only the adapter). Every job has ``plan(dst)``
+(for --dry-run) and ``run(dst)``; the CLI checks the destination first.
 
 Left out: printing (``rlx.cli.convert_ckpt``).
 """
@@ -19,7 +20,7 @@ from rlx.convert.megatron.layout import is_torch_dist
 from rlx.convert.safetensors_io import INDEX_NAME, SafetensorsDir
 from rlx.convert.trainer_ckpt import is_trainer_checkpoint, resolve_trainer_checkpoint
 
-TARGETS = ("hf", "torch_dist")
+TARGETS = ("hf", "torch_dist", "peft")
 
 
 @dataclass
@@ -56,30 +57,54 @@ def detect_source(src: Path) -> str:
 
 def build_job(src: Path, options: ConvertOptions):
     kind = detect_source(src)
+    if kind == "trainer":
+        return _from_trainer(resolve_trainer_checkpoint(src), options)
     to = options.to or ("hf" if kind != "hf" else None)
     if to is None:
         raise ConvertError(f"{src} is already a Hugging Face directory: pass --to torch_dist to convert it for "
                            "Megatron, or --to hf to re-shard / cast it")
-    if to not in TARGETS:
-        raise ConvertError(f"--to {to} is not a target; use one of {', '.join(TARGETS)}")
+    _check_target(to)
+    if to == "peft":
+        raise ConvertError(f"--to peft exports the adapter of a LoRA trainer checkpoint; {src} is a {kind} "
+                           "checkpoint, convert it with --to hf or --to torch_dist")
     dtype = parse_dtype(options.dtype)
     if kind == "torch_dist":
         return _from_torch_dist(src, to, dtype, options)
-    if kind == "hf":
-        read_model_config(src)  # a broken config fails here, before the destination is touched
-    if kind == "trainer":
-        ckpt = resolve_trainer_checkpoint(src)
-        if to == "hf":
-            return trainer_to_hf_job(ckpt, dtype, options.shard_bytes, options.workers)
-        source, template, notes = SafetensorsDir(ckpt.path, files=ckpt.model_files), ckpt.hf_dir, ckpt.skipped
-    else:
-        if to == "hf":
-            return hf_to_hf_job(src, dtype, options.shard_bytes, options.workers)
-        source, template, notes = SafetensorsDir(src), src, []
+    read_model_config(src)  # a broken config fails here, before the destination is touched
+    if to == "hf":
+        return hf_to_hf_job(src, dtype, options.shard_bytes, options.workers)
+    return _to_torch_dist(SafetensorsDir(src), src, dtype, options, [])
+
+
+def _check_target(to: str) -> None:
+    if to not in TARGETS:
+        raise ConvertError(f"--to {to} is not a target; use one of {', '.join(TARGETS)}")
+
+
+def _from_trainer(ckpt, options: ConvertOptions):
+    """A trainer checkpoint: full weights -> hf (default) or torch_dist; a LoRA adapter -> peft."""
+    from rlx.convert.peft_export import PeftJob, holds_adapter
+
+    adapter = holds_adapter(ckpt)
+    to = options.to or ("peft" if adapter else "hf")
+    _check_target(to)
+    dtype = parse_dtype(options.dtype)
+    if adapter and to != "peft":
+        raise ConvertError(f"{ckpt.path} holds a LoRA adapter (model.lora.rank > 0), not full weights; export "
+                           "it with --to peft (the default for it), then load it onto the base model with peft")
+    if to == "peft":
+        return PeftJob(ckpt, dtype)
+    if to == "hf":
+        return trainer_to_hf_job(ckpt, dtype, options.shard_bytes, options.workers)
+    source = SafetensorsDir(ckpt.path, files=ckpt.model_files)
+    return _to_torch_dist(source, ckpt.hf_dir, dtype, options, ckpt.skipped)
+
+
+def _to_torch_dist(source: SafetensorsDir, template: Path, dtype, options: ConvertOptions, skipped: list[str]):
     from rlx.convert.megatron.to_torch_dist import hf_to_torch_dist_job
 
     job = hf_to_torch_dist_job(source, template, dtype, options.vocab_multiple, options.iteration or 0)
-    job.notes += [f"skipped: {reason}" for reason in notes]
+    job.notes += [f"skipped: {reason}" for reason in skipped]
     return job
 
 

@@ -1,0 +1,100 @@
+"""LoRA trainer checkpoint -> Hugging Face PEFT adapter directory.
+
+A LoRA run's checkpoint (``rlx.engine.lora``) already holds the adapter in PEFT's format:
+``adapter_model.safetensors`` (keys ``base_model.model.<module>.lora_A.weight``) and
+``adapter_config.json`` (``base_model_name_or_path`` = the run's ``model.path``). The export
+copies both, verified, casting floating tensors with ``--dtype``, plus the tokenizer files, into
+a directory that ``peft.PeftModel.from_pretrained(base, dir)`` and vLLM's LoRA loading read.
+
+Left out: merging the adapter into the base weights (load the adapter with peft and call
+``merge_and_unload()``), and adapters made by other tools.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from rlx.convert.destination import staged_directory
+from rlx.convert.errors import ConvertError
+from rlx.convert.hf_job import RunSummary
+from rlx.convert.hf_write import target_dtype
+from rlx.convert.plan import Plan, PlanRow
+from rlx.convert.safetensors_io import SafetensorsDir
+from rlx.convert.trainer_ckpt import TrainerCheckpoint
+from rlx.engine.checkpoint_format import ADAPTER_CONFIG, ADAPTER_FILE
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "tokenizer.model", "chat_template.jinja")
+
+
+def holds_adapter(ckpt: TrainerCheckpoint) -> bool:
+    return ADAPTER_FILE in ckpt.model_files
+
+
+@dataclass
+class PeftJob:
+    ckpt: TrainerCheckpoint
+    dtype: torch.dtype | None
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not holds_adapter(self.ckpt):
+            raise ConvertError(f"{self.ckpt.path} holds full model weights, not a LoRA adapter; export it with "
+                               "--to hf (a PEFT adapter comes from a run with model.lora.rank > 0)")
+        self.source = SafetensorsDir(self.ckpt.path, files=[ADAPTER_FILE])
+        self.config = _read_adapter_config(self.ckpt.path / ADAPTER_CONFIG)
+        self.notes = [f"skipped: {reason}" for reason in self.ckpt.skipped] + [
+            f"base model: {self.config.get('base_model_name_or_path')} (adapter_config.json "
+            "base_model_name_or_path; load the adapter onto that model)"]
+
+    def plan(self, destination: Path) -> Plan:
+        rows = []
+        for name in sorted(self.source.tensors):
+            info = self.source.tensors[name]
+            dtype = target_dtype(info.torch_dtype, self.dtype)
+            nbytes = info.nbytes // info.torch_dtype.itemsize * dtype.itemsize
+            rows.append(PlanRow(name, (name,), info.shape, str(dtype).removeprefix("torch."), nbytes, ADAPTER_FILE))
+        return Plan(f"LoRA trainer checkpoint (step {self.ckpt.step}) -> PEFT adapter", str(self.ckpt.path),
+                    str(destination), rows, self.source.total_bytes, 2 * self.source.total_bytes, list(self.notes))
+
+    def run(self, destination: Path, console: Console | None = None, show_progress: bool = True) -> RunSummary:
+        from safetensors.torch import save_file
+
+        start = time.perf_counter()
+        tensors = {name: self._read(name) for name in sorted(self.source.tensors)}
+        with staged_directory(destination) as tmp:
+            save_file(tensors, str(tmp / ADAPTER_FILE), metadata={"format": "pt"})
+            (tmp / ADAPTER_CONFIG).write_text(json.dumps(self.config, indent=2) + "\n")
+            for name in TOKENIZER_FILES:
+                if (self.ckpt.hf_dir / name).is_file():
+                    shutil.copy2(self.ckpt.hf_dir / name, tmp / name)
+        files = sorted(p.name for p in destination.iterdir())
+        bytes_out = (destination / ADAPTER_FILE).stat().st_size
+        return RunSummary(destination, files, self.source.total_bytes, bytes_out, time.perf_counter() - start,
+                          list(self.notes))
+
+    def _read(self, name: str) -> torch.Tensor:
+        tensor = self.source.read(name)
+        return tensor.to(target_dtype(tensor.dtype, self.dtype)).contiguous()
+
+
+def _read_adapter_config(path: Path) -> dict:
+    try:
+        config = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise ConvertError(f"{path.parent} has {ADAPTER_FILE} but no {ADAPTER_CONFIG}; the checkpoint is "
+                           "incomplete, pass an earlier step_* directory") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConvertError(f"{path} is not valid JSON ({exc}); the checkpoint is corrupt") from None
+    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
+        raise ConvertError(f"{path} is not a LoRA adapter config (peft_type={config.get('peft_type')!r} "
+                           "expected 'LORA'); the checkpoint is corrupt" if isinstance(config, dict) else
+                           f"{path} holds no JSON object; the checkpoint is corrupt")
+    return config
