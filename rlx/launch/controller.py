@@ -20,6 +20,7 @@ from rlx.engine.batch import broadcast_batch
 from rlx.engine.checkpoint import load_checkpoint, resume_checkpoint, save_checkpoint
 from rlx.engine.trainer import Trainer
 from rlx.launch.ranks import Command, RankBus
+from rlx.plugins import Plugins
 from rlx.rollout.client import RolloutClient
 from rlx.rollout.collector import Collected, Collector
 from rlx.rollout.tasks import DataStream, build_task
@@ -43,6 +44,7 @@ class Controller:
                                    num_buffers=cfg.sync.num_buffers, timeout_s=cfg.sync.timeout_s,
                                    verify=cfg.sync.verify, device=trainer.device.type, arena=self.arena)
         self.ckpt_root = run_dir / "checkpoints"
+        self.plugins = Plugins.load(cfg.checkpoint.plugins)
         self.start_step = self._resume() if cfg.trainer.resume else 0
         self.metrics = MetricsLogger(cfg, run_dir, self.start_step if cfg.trainer.resume else None)
         self._prefetch: asyncio.Task | None = None
@@ -71,6 +73,7 @@ class Controller:
                 metrics["time_step"] = time.perf_counter() - started
             self.metrics.log(step, metrics)
             self.display.step(step, metrics)
+            self.plugins.call("after_step", step, metrics)
             last = metrics
         return last
 
@@ -120,7 +123,8 @@ class Controller:
             self.bus.announce(Command.CHECKPOINT, step)
             state = {"step": step, "data": self._data_state_for_resume(), "run_name": self.cfg.run_name}
             save_checkpoint(self.ckpt_root, step, self.trainer.model, self.trainer.optimizer, self.trainer.scheduler,
-                            self.cfg.model.path, state, c.keep)
+                            self.cfg.model.path, state, c.keep,
+                            before_manifest=lambda staged: self.plugins.call("on_save", staged, step))
         return time.perf_counter() - started
 
     def _data_state_for_resume(self) -> dict:
@@ -138,6 +142,7 @@ class Controller:
         self.bus.announce(Command.LOAD, step)
         state = load_checkpoint(ckpt, self.trainer.model, self.trainer.optimizer, self.trainer.scheduler)
         self.stream.load_state(state["data"])
+        self.plugins.call("on_load", ckpt, step)
         self.display.note(f"resumed from {ckpt} (step {step})")
         return step
 
@@ -145,6 +150,7 @@ class Controller:
         """The trainer's weights moved into the transport's shared buffer, when one rank sends them as they are."""
         cfg = self.cfg
         if not (cfg.sync.zero_copy and not self.bus.active and cfg.model.engine_dtype == cfg.model.dtype
+                and not cfg.model.lora.rank  # LoRA sends merged weights, computed per sync: nothing to adopt
                 and self._transport() == {"cpu": "shm", "cuda": "cuda_ipc"}.get(self.trainer.device.type)):
             return None
         from rlx.sync.arena import WeightArena

@@ -1,6 +1,7 @@
 """Checks that run before any process of `rlx train` starts: the run directory, model directory
 (built first when ``model.build_if_missing`` asks for it), task data and reward function, the
-checkpoint ``--resume`` continues from, stale weight-sync buffers. A mistake found here is one
+checkpoint plugins (installed under the names the config gives), the checkpoint ``--resume``
+continues from, stale weight-sync buffers. A mistake found here is one
 line naming the fix; nothing has been started and nothing in the run directory was written.
 """
 
@@ -17,12 +18,15 @@ from rlx.sync.transports.shm import remove_stale_segments
 
 
 def preflight(cfg, display: Display) -> None:
-    """Fail before any process starts: run directory, model directory, task data, reward function, resume."""
+    """Fail before any process starts: run directory, plugins, model directory, task data, reward function,
+    resume."""
     from rlx.engine.model import check_model_dir
+    from rlx.plugins import check_installed
     from rlx.rollout.tasks import build_task
 
     run_dir = Path(cfg.trainer.output_dir).resolve()
     check_output_dir(run_dir)
+    check_installed(cfg.checkpoint.plugins)
     if cfg.model.build_if_missing and not Path(cfg.model.path, "config.json").is_file():
         build_model(cfg, display)
     check_model_dir(cfg.model.path)
@@ -70,4 +74,4 @@ def check_resume(cfg, run_dir: Path, num_problems: int, display: Display) -> Non
     for reason in skipped:
         display.note(f"skipping checkpoint: {escape(reason)}")
     if ckpt is not None:
-        check_resumable(ckpt, cfg.model.path, cfg.task.seed, num_problems)
+        check_resumable(ckpt, cfg.model.path, cfg.task.seed, num_problems, lora=bool(cfg.model.lora.rank))
