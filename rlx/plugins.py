@@ -58,7 +58,7 @@ class Plugins:
     plugins: list[tuple[str, Any]]
 
     @classmethod
-    def load(cls, names: list[str]) -> "Plugins":
+    def load(cls, names: list[str]) -> Plugins:
         check_installed(names)
         available = installed()
         made = []

@@ -50,9 +50,10 @@ class PeftJob:
                                "--to hf (a PEFT adapter comes from a run with model.lora.rank > 0)")
         self.source = SafetensorsDir(self.ckpt.path, files=[ADAPTER_FILE])
         self.config = _read_adapter_config(self.ckpt.path / ADAPTER_CONFIG)
-        self.notes = [f"skipped: {reason}" for reason in self.ckpt.skipped] + [
-            f"base model: {self.config.get('base_model_name_or_path')} (adapter_config.json "
-            "base_model_name_or_path; load the adapter onto that model)"]
+        base = self.config.get("base_model_name_or_path")
+        self.notes = [f"skipped: {reason}" for reason in self.ckpt.skipped]
+        self.notes.append(f"base model: {base} (adapter_config.json base_model_name_or_path; load the adapter "
+                          "onto that model)")
 
     def plan(self, destination: Path) -> Plan:
         rows = []

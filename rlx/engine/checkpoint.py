@@ -18,15 +18,24 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from rlx.engine.checkpoint_format import (ADAPTER_CONFIG, ADAPTER_FILE, CorruptCheckpoint, fsync_dir, list_checkpoints, step_dir_name,
-                                          verify_checkpoint, write_manifest)
+from rlx.engine.checkpoint_format import (
+    ADAPTER_CONFIG,
+    ADAPTER_FILE,
+    CorruptCheckpoint,
+    fsync_dir,
+    list_checkpoints,
+    step_dir_name,
+    verify_checkpoint,
+    write_manifest,
+)
 
 HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
             "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
@@ -204,7 +213,10 @@ def _problem(ckpt: Path) -> str | None:
 
 def load_checkpoint(ckpt: Path, model, optimizer, scheduler) -> dict[str, Any]:
     """Restore model, optimizer, scheduler and RNG on every rank; return the trainer state."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     verify_checkpoint(ckpt, check_hashes=False)  # hashes were checked when it was chosen
     state = json.loads((ckpt / "trainer_state.json").read_text())
