@@ -5,7 +5,9 @@ to requests by id, so any number of requests can be in flight on one socket. Eve
 carries a deadline and every wait is bounded by it: a dead, hung or unreachable server
 becomes ``RolloutServerError`` naming its address, never a hang. Generate requests go to the
 server with the fewest requests in flight. ``channel(i)`` adapts server ``i`` to the
-``rlx.sync`` sender's ``SyncChannel`` so weights stream over the same socket.
+``rlx.sync`` sender's ``SyncChannel`` so weights stream over the same socket: each sync request
+travels as its own bytes in one ``UpdateWeights``, untouched. The socket plumbing (request-id
+frames, deadlines) is ``rlx.sync.rpc.RpcClient``, shared with the sync channel.
 """
 
 from __future__ import annotations
@@ -15,42 +17,15 @@ import itertools
 import time
 from typing import Sequence
 
-import zmq
 import zmq.asyncio
 
 from rlx.rollout import protocol as p
-from rlx.sync.messages import BucketAck, SyncBegin, SyncBucket, SyncEnd, SyncPing
+from rlx.sync.messages import BucketAck, encode
+from rlx.sync.rpc import RpcClient, RpcError
 
 
 class RolloutServerError(RuntimeError):
     """A rollout server failed a request, answered with an error, or did not answer in time."""
-
-
-class _Peer:
-    def __init__(self, ctx: zmq.asyncio.Context, address: str) -> None:
-        self.address = address
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.SNDHWM, 0)
-        self.sock.setsockopt(zmq.RCVHWM, 0)
-        self.sock.connect(address)
-        self.pending: dict[int, asyncio.Future] = {}
-        self.reader: asyncio.Task | None = None
-
-    async def read_loop(self) -> None:
-        while True:
-            frames = await self.sock.recv_multipart()
-            try:
-                reply = p.decode_reply(frames[-1])
-            except Exception as exc:  # a broken reply fails nothing but itself
-                for future in self.pending.values():
-                    if not future.done():
-                        future.set_exception(RolloutServerError(f"{self.address} sent an undecodable reply: {exc}"))
-                self.pending.clear()
-                continue
-            future = self.pending.pop(reply.id, None)
-            if future is not None and not future.done():
-                future.set_result(reply)
 
 
 class RolloutClient:
@@ -60,7 +35,7 @@ class RolloutClient:
         self.token = token
         self.timeout_s = timeout_s
         self._ctx = zmq.asyncio.Context()
-        self._peers = [_Peer(self._ctx, a) for a in addresses]
+        self._peers = [RpcClient(a, f"rollout server {a}", p.decode_reply, self._ctx, hwm=0) for a in addresses]
         self._ids = itertools.count(1)
 
     @property
@@ -70,27 +45,18 @@ class RolloutClient:
     async def call(self, index: int, body, timeout_s: float | None = None):
         """Send ``body`` to server ``index`` and return the reply body; raise naming the server."""
         peer = self._peers[index]
-        if peer.reader is None or peer.reader.done():
-            peer.reader = asyncio.create_task(peer.read_loop())
         timeout = self.timeout_s if timeout_s is None else timeout_s
         request = p.Request(id=next(self._ids), body=body, deadline=time.time() + timeout, token=self.token)
-        future = asyncio.get_running_loop().create_future()
-        peer.pending[request.id] = future
         try:
-            await peer.sock.send(p.encode(request))
-            reply = await asyncio.wait_for(future, timeout)
-        except asyncio.TimeoutError:
-            raise RolloutServerError(
-                f"rollout server {peer.address} did not answer {type(body).__name__} within {timeout:.1f}s: "
-                "it is dead, hung or unreachable (check its log)") from None
-        finally:
-            peer.pending.pop(request.id, None)
+            reply = await peer.call(p.encode(request), timeout, type(body).__name__)
+        except RpcError as exc:
+            raise RolloutServerError(str(exc)) from None
         if not reply.ok:
             raise RolloutServerError(f"rollout server {peer.address} failed {type(body).__name__}: {reply.error}")
         return reply.body
 
     def _least_loaded(self) -> int:
-        return min(range(len(self._peers)), key=lambda i: len(self._peers[i].pending))
+        return min(range(len(self._peers)), key=lambda i: self._peers[i].in_flight)
 
     async def generate(self, prompts: Sequence[str | list[int]], sampling: p.SamplingSpec,
                        timeout_s: float | None = None) -> list[p.PromptResult]:
@@ -145,9 +111,7 @@ class RolloutClient:
 
     def close(self) -> None:
         for peer in self._peers:
-            if peer.reader is not None:
-                peer.reader.cancel()
-            peer.sock.close(0)
+            peer.close()
         self._ctx.term()
 
 
@@ -161,16 +125,7 @@ class ServerChannel:
         self.name = f"rollout server {self.address}"
 
     async def call(self, request, timeout_s: float) -> BucketAck:
-        if isinstance(request, SyncBegin):
-            body = p.UpdateBegin(begin=request)
-        elif isinstance(request, SyncBucket):
-            body = p.UpdateBucket(bucket=request)
-        elif isinstance(request, SyncEnd):
-            body = p.UpdateEnd(end=request)
-        elif isinstance(request, SyncPing):
-            await self.client.call(self.index, p.Health(), timeout_s)
-            return BucketAck(sync_id=-1, bucket_id=-1, ok=True)
-        else:
-            raise TypeError(f"not a sync message: {type(request).__name__}")
-        result = await self.client.call(self.index, body, timeout_s)
-        return result.ack
+        """Any sync request, carried as its own bytes in one ``UpdateWeights``; the server's handler
+        answers it."""
+        body = p.UpdateWeights(payload=encode(request))
+        return (await self.client.call(self.index, body, timeout_s)).ack

@@ -2,8 +2,10 @@
 
 Every message is an envelope (``Request`` / ``Reply``) carrying the protocol version, a
 request id, an absolute deadline and the auth token; the body is a tagged union, so a
-decoder accepts only the structs listed here. Nothing is ever pickled. The weight-update
-bodies wrap the ``rlx.sync.messages`` structs that the sender and receiver share.
+decoder accepts only the structs listed here. Nothing is ever pickled. A weight update is one
+body, ``UpdateWeights``, carrying an ``rlx.sync.messages`` request as its own bytes: the client
+and the server pass it on untouched and the backend's ``rlx.sync.handler.SyncHandler`` decodes and
+answers it (``AckResult``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Union
 
 import msgspec
 
-from rlx.sync.messages import BucketAck, SyncBegin, SyncBucket, SyncEnd
+from rlx.sync.messages import BucketAck
 
 PROTOCOL_VERSION = 1
 
@@ -59,19 +61,14 @@ class Shutdown(msgspec.Struct, tag="shutdown"):
     pass
 
 
-class UpdateBegin(msgspec.Struct, tag="update_begin"):
-    begin: SyncBegin
+class UpdateWeights(msgspec.Struct, tag="update_weights"):
+    """One weight-sync request (begin, bucket, end, ...), msgpack-encoded by ``rlx.sync.messages``;
+    answered with an ``AckResult``."""
+
+    payload: bytes
 
 
-class UpdateBucket(msgspec.Struct, tag="update_bucket"):
-    bucket: SyncBucket
-
-
-class UpdateEnd(msgspec.Struct, tag="update_end"):
-    end: SyncEnd
-
-
-RequestBody = Union[Generate, Pause, Resume, Health, Stats, Shutdown, UpdateBegin, UpdateBucket, UpdateEnd]
+RequestBody = Union[Generate, Pause, Resume, Health, Stats, Shutdown, UpdateWeights]
 
 
 class Request(msgspec.Struct):

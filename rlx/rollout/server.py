@@ -3,7 +3,9 @@
 Socket invariants: the server binds (``ipc://`` or loopback TCP unless remote binding was asked
 for explicitly, which then requires a token); clients connect DEALER sockets; each request is
 handled in its own task, so many generate requests run concurrently and the engine batches
-them. Weight-update messages are applied strictly one at a time, in arrival order. A
+them. A weight update is one ``UpdateWeights`` request whose payload goes to the backend's
+``update_weights`` untouched, strictly one at a time, in arrival order; the ack comes back as it
+is. A ROUTER reply echoes the frames before the payload (an ``rlx.sync.rpc`` request id). A
 malformed, expired, wrong-version or unauthenticated message gets an error reply and a log
 line; the server keeps serving. High-water marks are 0 (unbounded): back-pressure is the
 client's number of requests in flight, not dropped messages.
@@ -34,7 +36,8 @@ import zmq.asyncio
 
 from rlx.rollout import protocol as p
 from rlx.rollout.backends.base import Backend
-from rlx.sync.messages import BucketAck
+from rlx.sync.messages import BucketAck, SyncAbort, encode
+from rlx.sync.rpc import reply_frames
 from rlx.trace import tracer
 
 log = logging.getLogger("rlx.rollout.server")
@@ -89,7 +92,7 @@ class RolloutServer:
         self.started = time.time()
         self.death = ""
         self._died = asyncio.Event()
-        self._sync_id: int | None = None  # the weight update in progress
+        self._sync_open = False  # the backend's last ack said a weight update is still open
         self._sync_touched = 0.0  # time.monotonic() of its last message
         self._update_lock = asyncio.Lock()
         self._stop = asyncio.Event()
@@ -153,25 +156,34 @@ class RolloutServer:
                 self._died.set()
                 asyncio.get_running_loop().call_later(drain_s, self._stop.set)
                 return
-            if self._sync_id is not None and time.monotonic() - self._sync_touched > self.sync_timeout_s:
+            if self._sync_open and time.monotonic() - self._sync_touched > self.sync_timeout_s:
                 await self._expire_sync()
 
     async def _expire_sync(self) -> None:
+        """Abort an open weight update whose sender went silent, through the one update path."""
         async with self._update_lock:
-            if self._sync_id is None or time.monotonic() - self._sync_touched <= self.sync_timeout_s:
+            if not self._sync_open or time.monotonic() - self._sync_touched <= self.sync_timeout_s:
                 return
-            await self._abort_sync(f"its sender sent nothing for {self.sync_timeout_s:g} s (sync.timeout_s)")
+            reason = f"its sender sent nothing for {self.sync_timeout_s:g} s (sync.timeout_s)"
+            log.warning("weight update aborted: %s; the weights may mix old and new until the next sync, "
+                        "generation goes on", reason)
+            try:
+                with tracer.span("sync.abort"):
+                    self._sync_open = (await self.backend.update_weights(encode(SyncAbort(reason)))).in_sync
+            except Exception:  # the watchdog must go on watching the backend
+                log.exception("aborting the weight update in the %s backend failed", self.backend.name)
+                self._sync_open = False
 
     async def _handle(self, frames: list[bytes]) -> None:
-        identity, payload = frames[0], frames[-1]
+        payload = frames[-1]
         try:
             request = p.decode_request(payload)
         except p.MalformedRequest as exc:
             log.warning("malformed message from a client (%d bytes): %s", len(payload), exc)
-            await self._send(identity, p.Reply(id=exc.request_id, ok=False, error=str(exc)))
+            await self._send(frames, p.Reply(id=exc.request_id, ok=False, error=str(exc)))
             return
         reply = await self._reply_to(request)
-        await self._send(identity, reply)
+        await self._send(frames, reply)
 
     async def _reply_to(self, request: p.Request) -> p.Reply:
         problem = self._reject_reason(request)
@@ -239,7 +251,7 @@ class RolloutServer:
         if isinstance(body, p.Shutdown):
             self._stop.set()
             return p.Ok()
-        return p.AckResult(ack=await self._update(body))
+        return p.AckResult(ack=await self._update(body.payload))
 
     async def _generate(self, body: p.Generate, request_id: int, deadline: float) -> p.GenerateResult:
         problem = p.generate_problem(body, self.max_model_len)
@@ -284,73 +296,25 @@ class RolloutServer:
         self.generated_tokens += tokens
         return result
 
-    async def _update(self, body) -> BucketAck:
+    async def _update(self, payload: bytes) -> BucketAck:
+        """One weight-sync request, passed to the backend as it came; the ack says what happened."""
         async with self._update_lock:
             try:
-                if isinstance(body, p.UpdateBegin):
-                    return await self._update_begin(body.begin)
-                sync_id = body.bucket.meta.sync_id if isinstance(body, p.UpdateBucket) else body.end.sync_id
-                if sync_id != self._sync_id:
-                    return BucketAck(sync_id=sync_id, bucket_id=-1, ok=False,
-                                     error=f"{type(body).__name__} of sync {sync_id}, but the weight update in "
-                                           f"progress is {self._sync_id} (an aborted sync ends here; start a new one)")
-                if isinstance(body, p.UpdateBucket):
-                    return await self._update_bucket(body.bucket)
-                return await self._update_end(body.end)
+                with tracer.span("sync.load") as span:
+                    ack = await self.backend.update_weights(payload)
+                    span.set(sync_id=ack.sync_id, bucket_id=ack.bucket_id, ok=ack.ok)
             finally:
                 self._sync_touched = time.monotonic()
+            self._sync_open = ack.in_sync
+            if ack.completed:
+                self.weight_version += 1
+            if not ack.ok:
+                log.warning("weight update failed and was aborted: %s; the weights may mix old and new until the "
+                            "next sync, generation goes on", ack.error)
+            return ack
 
-    async def _update_begin(self, begin) -> BucketAck:
-        if self._sync_id is not None:
-            await self._abort_sync(f"sync {begin.sync_id} began before it ended")
-        with tracer.span("sync.begin"):
-            try:
-                await self.backend.update_begin(begin)
-            except Exception:
-                await self._abort_backend_sync()
-                raise
-        self._sync_id = begin.sync_id
-        return BucketAck(sync_id=begin.sync_id, bucket_id=-1, ok=True)
-
-    async def _update_bucket(self, bucket) -> BucketAck:
-        meta = bucket.meta
-        try:
-            with tracer.span("sync.load", bucket_id=meta.bucket_id, bytes=sum(c.nbytes for c in meta.chunks)):
-                ack = await self.backend.update_bucket(bucket)
-        except Exception as exc:
-            await self._abort_sync(f"bucket {meta.bucket_id} raised {type(exc).__name__}: {exc}")
-            raise
-        if not ack.ok:  # the sender gives up on a failed bucket and sends no SyncEnd
-            await self._abort_sync(f"bucket {meta.bucket_id} failed: {ack.error}")
-        return ack
-
-    async def _update_end(self, end) -> BucketAck:
-        self._sync_id = None
-        try:
-            with tracer.span("sync.end"):
-                ack = await self.backend.update_end(end)
-        except Exception:
-            await self._abort_backend_sync()
-            raise
-        if ack.ok:
-            self.weight_version += 1
-        return ack
-
-    async def _abort_sync(self, why: str) -> None:
-        log.warning("weight update %s aborted: %s; the weights may mix old and new until the next sync, "
-                    "generation goes on", self._sync_id, why)
-        self._sync_id = None
-        with tracer.span("sync.abort"):
-            await self._abort_backend_sync()
-
-    async def _abort_backend_sync(self) -> None:
-        try:
-            await self.backend.update_abort()
-        except Exception:  # the next sync begins afresh either way
-            log.exception("aborting the weight update in the %s backend failed", self.backend.name)
-
-    async def _send(self, identity: bytes, reply: p.Reply) -> None:
-        await self._sock.send_multipart([identity, p.encode(reply)])
+    async def _send(self, frames: list[bytes], reply: p.Reply) -> None:
+        await self._sock.send_multipart(reply_frames(frames, p.encode(reply)))
 
 
 async def run_server(backend: Backend, address: str, token: str = "", **limits) -> None:

@@ -52,6 +52,8 @@ class BucketAck(msgspec.Struct):
     ok: bool
     error: str = ""
     checksums: dict[str, int] | None = None  # of the tensors the receiver loaded from the bucket
+    in_sync: bool = False  # a sync is still open on the receiver after this request
+    completed: bool = False  # this request (a SyncEnd) completed a sync: the engine holds the new weights
 
 
 class SyncBegin(msgspec.Struct, tag="begin"):
@@ -79,6 +81,14 @@ class SyncPing(msgspec.Struct, tag="ping"):
     version: int = PROTOCOL_VERSION
 
 
+class SyncAbort(msgspec.Struct, tag="abort"):
+    """Drop the sync in progress, if any (its sender went silent); answered ok. Sent by a host
+    (the rollout server's watchdog), never by a sender."""
+
+    reason: str
+    version: int = PROTOCOL_VERSION
+
+
 class SyncPlainBroadcast(msgspec.Struct, tag="plain_broadcast"):
     """Bench only (``rlx bench-sync``'s ceiling for ``gloo`` / ``nccl``): between SyncBegin and SyncEnd,
     receive one plain broadcast of each of ``sizes`` bytes over the sync's group into destinations
@@ -89,7 +99,7 @@ class SyncPlainBroadcast(msgspec.Struct, tag="plain_broadcast"):
     version: int = PROTOCOL_VERSION
 
 
-SyncRequest = SyncBegin | SyncBucket | SyncEnd | SyncPing | SyncPlainBroadcast
+SyncRequest = SyncBegin | SyncBucket | SyncEnd | SyncPing | SyncAbort | SyncPlainBroadcast
 
 _encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(SyncRequest)
@@ -100,7 +110,7 @@ def encode(message: msgspec.Struct) -> bytes:
     return _encoder.encode(message)
 
 
-def decode_request(data: bytes) -> SyncBegin | SyncBucket | SyncEnd | SyncPing | SyncPlainBroadcast:
+def decode_request(data: bytes) -> SyncRequest:
     """Decode a request; raises ``msgspec.DecodeError``/``ValidationError`` on anything else."""
     return _request_decoder.decode(data)
 

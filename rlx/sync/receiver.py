@@ -1,6 +1,6 @@
 """Receiver side of weight sync: maps the sender's buffer and hands out each bucket's tensors.
 
-The host (a vLLM worker extension, or ``receiver_process`` in tests and the bench) calls, per sync::
+``rlx.sync.handler.SyncHandler`` (the one dispatcher every host uses) calls, per sync::
 
     receiver.begin(req)                      # SyncBegin: map the buffer
     for each SyncBucket:
@@ -14,8 +14,8 @@ is read, and split tensors must arrive in order; a bad bucket raises ``ValueErro
 ``fail``). ``end`` fails when tensors are incomplete, when fewer tensors arrived than announced,
 or when the consumer still holds views into the buffer. A resident buffer (``rlx.sync.arena``, the
 trainer's weights in shared memory) stays mapped from one sync to the next; its views are dropped
-all the same. This module leaves out sockets
-(``receiver_process``) and what loading means (the consumer).
+all the same. This module leaves out sockets, the error path (``handler``) and what loading means
+(the consumer).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""A receiver process: a ROUTER socket serving one ``WeightReceiver`` (bench, tests, reference).
+"""A receiver process: a ROUTER socket in front of one ``rlx.sync.handler.SyncHandler`` (bench, tests).
 
-``SyncRequestHandler`` turns request bytes into reply bytes around a ``WeightReceiver`` and a
-consumer -- the part a rollout server's worker extension reuses with ``model.load_weights`` as
-the consumer. ``serve`` is the socket loop; ``main`` runs it as
+``serve`` is the socket loop; ``main`` runs it as
 ``python -m rlx.sync.receiver_process --address ipc:///tmp/x.sock``, with a consumer that copies
-each tensor into its own preallocated destination (standing in for ``load_weights``).
-
-A request that cannot be decoded, names another protocol version or fails while loading gets an
-error ``BucketAck`` and the loop keeps serving. The process exits on SIGTERM/SIGINT and when its
+each tensor into its own preallocated destination (standing in for ``load_weights``). The
+handler answers every request, failed ones with an error ``BucketAck``, and the loop keeps serving. The process exits on SIGTERM/SIGINT and when its
 parent (``--parent-pid``) is gone, so a crashed bench never leaves it behind.
 """
 
@@ -21,95 +17,19 @@ import os
 import signal
 import sys
 import time
-from typing import Callable
 
-import msgspec
 import torch
 import zmq
 
 from rlx.sync.checksum import tensor_checksum
 from rlx.sync.copy import copy_bytes
-from rlx.sync.messages import (
-    NO_ID,
-    PROTOCOL_VERSION,
-    BucketAck,
-    SyncBegin,
-    SyncBucket,
-    SyncEnd,
-    SyncPing,
-    SyncPlainBroadcast,
-    decode_request,
-    encode,
-)
+from rlx.sync.handler import Consumer, SyncHandler
+from rlx.sync.messages import NO_ID, BucketAck, encode
 from rlx.sync.receiver import WeightReceiver
-
-log = logging.getLogger(__name__)
-
-# consume(tensors, verify) loads the tensors; returns checksums of what it loaded when verify
-# is on (or None to let the receiver checksum the views it handed out).
-Consumer = Callable[[list[tuple[str, torch.Tensor]], bool], "dict[str, int] | None"]
+from rlx.sync.rpc import reply_frames
 
 
-class SyncRequestHandler:
-    """Serves decoded sync requests with ``receiver`` and ``consume``; never raises."""
-
-    def __init__(self, receiver: WeightReceiver, consume: Consumer):
-        self.receiver, self.consume = receiver, consume
-
-    def handle_bytes(self, data: bytes) -> bytes:
-        try:
-            request = decode_request(data)
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:  # too deep: RecursionError
-            reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
-            log.warning("%s: malformed sync request: %s", self.receiver.name, reason)
-            return encode(BucketAck(NO_ID, NO_ID, ok=False, error=f"{self.receiver.name}: malformed sync request: "
-                                    f"{reason}"))
-        return encode(self.handle(request))
-
-    def handle(self, request: SyncBegin | SyncBucket | SyncEnd | SyncPing | SyncPlainBroadcast) -> BucketAck:
-        if request.version != PROTOCOL_VERSION:
-            return BucketAck(getattr(request, "sync_id", NO_ID), NO_ID, ok=False,
-                             error=f"{self.receiver.name}: sync protocol version {request.version} from the sender, "
-                                   f"this receiver speaks {PROTOCOL_VERSION}; run the same rlx version on both sides")
-        if isinstance(request, SyncBucket):
-            return self._bucket(request)
-        sync_id = getattr(request, "sync_id", NO_ID)
-        try:
-            if isinstance(request, SyncBegin):
-                self.receiver.begin(request)
-                return BucketAck(sync_id, NO_ID, ok=True)
-            if isinstance(request, SyncEnd):
-                return self.receiver.end(request)
-            if isinstance(request, SyncPlainBroadcast):
-                self._plain_broadcast(request)
-                return BucketAck(sync_id, NO_ID, ok=True)
-            return BucketAck(NO_ID, NO_ID, ok=True)
-        except Exception as exc:  # noqa: BLE001 - reported to the sender, the loop keeps serving
-            log.warning("%s: %s failed: %s", self.receiver.name, type(request).__name__, exc)
-            return BucketAck(sync_id, NO_ID, ok=False, error=f"{self.receiver.name}: {exc}")
-
-    def _plain_broadcast(self, request: SyncPlainBroadcast) -> None:
-        """The bench's ceiling: the same bytes as plain broadcasts into destinations kept from the last time."""
-        mapping = self.receiver.mapping
-        if mapping is None or not mapping.moves_bytes:
-            raise ValueError("a plain broadcast needs a gloo / nccl sync in progress")
-        if getattr(self, "_plain", None) is None or [t.numel() for t in self._plain] != request.sizes:
-            self._plain = [torch.zeros(n, dtype=torch.uint8, device=mapping.device) for n in request.sizes]
-        mapping.fetch(0, [(0, dst) for dst in self._plain])
-
-    def _bucket(self, request: SyncBucket) -> BucketAck:
-        meta = request.meta
-        try:
-            tensors = self.receiver.tensors(meta)
-            loaded = self.consume(tensors, self.receiver.verifying)
-            del tensors
-            return self.receiver.ack(meta, loaded)
-        except Exception as exc:  # noqa: BLE001
-            log.warning("%s: bucket %d of sync %d failed: %s", self.receiver.name, meta.bucket_id, meta.sync_id, exc)
-            return self.receiver.fail(meta.sync_id, meta.bucket_id, str(exc))
-
-
-class CopyConsumer:
+class CopyConsumer(Consumer):
     """Copies each tensor into its own destination, allocated the first time its name is seen.
 
     ``hold_s`` sleeps before returning (so the ack comes late) and, with ``check_intact``, then
@@ -121,7 +41,7 @@ class CopyConsumer:
         self.destinations: dict[str, torch.Tensor] = {}
         self.hold_s, self.check_intact = hold_s, check_intact
 
-    def __call__(self, tensors: list[tuple[str, torch.Tensor]], verify: bool) -> dict[str, int] | None:
+    def load(self, tensors: list[tuple[str, torch.Tensor]], verify: bool) -> dict[str, int] | None:
         before = {name: tensor_checksum(t) for name, t in tensors} if self.check_intact else None
         for name, t in tensors:
             dst = self.destination(name, t.dtype, list(t.shape), t.device)
@@ -144,7 +64,7 @@ class CopyConsumer:
         return dst
 
 
-def serve(address: str, handler: SyncRequestHandler, parent_pid: int | None = None, poll_s: float = 0.5) -> None:
+def serve(address: str, handler: SyncHandler, parent_pid: int | None = None, poll_s: float = 0.5) -> None:
     """Serve requests on ``address`` until SIGTERM/SIGINT or the parent process is gone.
 
     Socket invariants (ROUTER): it binds, senders connect (one DEALER each); every request gets
@@ -164,7 +84,7 @@ def serve(address: str, handler: SyncRequestHandler, parent_pid: int | None = No
             if socket.poll(int(poll_s * 1000), zmq.POLLIN):
                 socket.send_multipart(frames_reply(socket.recv_multipart(), handler))
     finally:
-        handler.receiver.close()
+        handler.close()
         socket.close(linger=0)
         context.term()
         if address.startswith("ipc://"):
@@ -172,12 +92,12 @@ def serve(address: str, handler: SyncRequestHandler, parent_pid: int | None = No
                 os.unlink(address.removeprefix("ipc://"))
 
 
-def frames_reply(frames: list[bytes], handler: SyncRequestHandler) -> list[bytes]:
+def frames_reply(frames: list[bytes], handler: SyncHandler) -> list[bytes]:
     """``[identity, request_id, request]`` -> ``[identity, request_id, reply]``; a request of any
     other shape gets an error reply with an empty request id."""
     if len(frames) == 3:
-        return [frames[0], frames[1], handler.handle_bytes(frames[2])]
-    error = BucketAck(NO_ID, NO_ID, ok=False, error=f"{handler.receiver.name}: malformed sync request: expected "
+        return reply_frames(frames, handler.handle_bytes(frames[2]))
+    error = BucketAck(NO_ID, NO_ID, ok=False, error=f"{handler.name}: malformed sync request: expected "
                       f"[request_id, payload] frames, got {len(frames) - 1}")
     return [frames[0], b"", encode(error)]
 
@@ -191,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     assemble = consumer.destination if args.assemble_in_place else None
     receiver = WeightReceiver(args.name, assemble_into=assemble)
     try:
-        serve(args.address, SyncRequestHandler(receiver, consumer), args.parent_pid)
+        serve(args.address, SyncHandler(receiver, consumer), args.parent_pid)
     except KeyboardInterrupt:
         pass
 

@@ -70,8 +70,7 @@ def test_every_failed_weight_update_leaves_the_server_generating_and_syncing(ser
         assert result[0].samples[0].token_ids
 
     async def begin(client, sync_id, buffer, num_tensors=-1):
-        handle = buffer.handle()
-        return await client.call(0, p.UpdateBegin(begin=SyncBegin(sync_id, handle, num_tensors, -1, False)))
+        return await client.channel(0).call(SyncBegin(sync_id, buffer.handle(), num_tensors, -1, False), 60.0)
 
     async def scenario(client):
         version = (await client.health())[0].weight_version
@@ -80,8 +79,8 @@ def test_every_failed_weight_update_leaves_the_server_generating_and_syncing(ser
             # begin: a handle naming a file outside the rlx segments is refused before anything is opened
             bad = buffer.handle()
             bad.payload["name"] = "../../etc/passwd"
-            with pytest.raises(RolloutServerError, match="not an rlx sync segment"):
-                await client.call(0, p.UpdateBegin(begin=SyncBegin(9001, bad, -1, -1, False)))
+            ack = await client.channel(0).call(SyncBegin(9001, bad, -1, -1, False), 60.0)
+            assert not ack.ok and "not an rlx sync segment" in ack.error and not ack.in_sync
             await generates(client)
             # mid-bucket: a tensor the model does not have fails its bucket; the sender gives up
             with WeightSender(transport="shm", bucket_mb=1, timeout_s=30.0) as sender, pytest.raises(SyncError):
@@ -89,11 +88,11 @@ def test_every_failed_weight_update_leaves_the_server_generating_and_syncing(ser
             await generates(client)
             # end: fewer tensors arrived than the begin announced
             await begin(client, 9002, buffer, num_tensors=3)
-            ack = (await client.call(0, p.UpdateEnd(end=SyncEnd(9002)))).ack
+            ack = await client.channel(0).call(SyncEnd(9002), 60.0)
             assert not ack.ok and "announced 3" in ack.error
             await generates(client)
             # a sender that vanishes after its begin: the next sync aborts the stale one
-            await begin(client, 9003, buffer)
+            assert (await begin(client, 9003, buffer)).in_sync
             if silent_sender_expires:  # ... and on its own, after sync.timeout_s, generation goes on
                 await generates(client)
             with WeightSender(transport="shm", bucket_mb=1, timeout_s=60.0, verify=True) as sender:
@@ -134,15 +133,13 @@ def test_out_of_range_generate_requests_are_refused_naming_the_field(server):
 def test_malformed_messages_get_an_error_reply_fast_and_the_server_stays_up(server):
     address = server.address
     deep = b"\x91" * 200_000 + b"\xc0"  # a msgpack array nested 200k deep
-    handle = {"kind": "shm", "slot_bytes": 1, "num_slots": 1, "payload": {"name": "DEEP"}}
-    begin = {"type": "begin", "sync_id": 1, "handle": handle, "num_tensors": 1, "total_bytes": 1, "verify": False}
-    nested = msgspec.msgpack.encode({"id": 41, "body": {"type": "update_begin", "begin": begin}})
+    nested = msgspec.msgpack.encode({"id": 41, "body": {"type": "generate", "prompts": "DEEP"}})
     nested = nested.replace(msgspec.msgpack.encode("DEEP"), deep)
     messages = [(b"\x00\x01not msgpack", -1, "malformed request"),
                 (msgspec.msgpack.encode({"id": 42, "body": {"type": "format_disk"}}), 42, "malformed request"),
                 (msgspec.msgpack.encode({"id": 43, "body": {"type": "generate", "sampling": {"stop": [[[]]]}}}),
                  43, "malformed request"),
-                (nested, -1, "nested too deeply")]
+                (nested, -1, "malformed request")]  # refused at the first level that has the wrong type
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlx.rollout import protocol as p
-from rlx.rollout.client import RolloutClient, RolloutServerError
+from rlx.rollout.client import RolloutClient
 from rlx.sync.errors import SyncError
 from rlx.sync.messages import SyncBegin, SyncEnd, TransportHandle
 from rlx.sync.sender import WeightSender
@@ -88,8 +88,8 @@ def test_begin_bucket_and_end_failures_leave_the_server_syncing_over_gloo(hf_ser
         # begin: a group whose sender is not there fails within its timeout, naming the sender
         nobody = TransportHandle("gloo", 4096, 2, {"host": "127.0.0.1", "port": 9, "group": "g", "rank": 1,
                                                    "world_size": 2, "timeout_s": 1.0})
-        with pytest.raises(RolloutServerError, match=r"cannot join the sender at 127\.0\.0\.1:9"):
-            await client.call(0, p.UpdateBegin(begin=SyncBegin(7001, nobody, -1, -1, False)), timeout_s=30)
+        ack = await client.channel(0).call(SyncBegin(7001, nobody, -1, -1, False), 30.0)
+        assert not ack.ok and "cannot join the sender at 127.0.0.1:9" in ack.error and not ack.in_sync
         assert (await client.generate(["3+4="], greedy, timeout_s=60))[0].samples
         # bucket: a tensor the model does not have fails its bucket; the group is torn down
         with WeightSender("gloo", bucket_mb=1, timeout_s=SYNC_TIMEOUT_S) as sender, pytest.raises(SyncError):
@@ -112,8 +112,8 @@ def test_begin_bucket_and_end_failures_leave_the_server_syncing_over_gloo(hf_ser
         assert report.verified and report.transport == "gloo" and report.num_tensors == len(weights)
         assert (await client.generate(["3+4="], greedy, timeout_s=60))[0].samples
         assert (await client.health())[0].weight_version == version + 1
-        stale = await client.call(0, p.UpdateEnd(end=SyncEnd(report.sync_id)))
-        assert not stale.ack.ok  # that sync is over; the server still answers
+        stale = await client.channel(0).call(SyncEnd(report.sync_id), 30.0)
+        assert not stale.ok and "sync in progress is None" in stale.error  # that sync is over; the server still answers
 
     async def go():
         client = RolloutClient([hf_server], timeout_s=60.0)

@@ -1,4 +1,4 @@
-"""WeightReceiver and SyncRequestHandler in one process over a real shared-memory buffer."""
+"""WeightReceiver and SyncHandler in one process over a real shared-memory buffer."""
 
 import os
 
@@ -6,10 +6,21 @@ import msgspec
 import pytest
 import torch
 
-from rlx.sync.messages import (BucketMeta, SyncBegin, SyncBucket, SyncEnd, SyncPing, TensorChunk, TransportHandle,
-                               decode_ack, decode_request, encode)
+from rlx.sync.handler import SyncHandler
+from rlx.sync.messages import (
+    BucketMeta,
+    SyncBegin,
+    SyncBucket,
+    SyncEnd,
+    SyncPing,
+    TensorChunk,
+    TransportHandle,
+    decode_ack,
+    decode_request,
+    encode,
+)
 from rlx.sync.receiver import WeightReceiver
-from rlx.sync.receiver_process import CopyConsumer, SyncRequestHandler
+from rlx.sync.receiver_process import CopyConsumer
 from rlx.sync.transports.shm import ShmBuffer
 
 SLOT = 4096
@@ -122,8 +133,9 @@ def test_foreign_shm_names_are_refused():
 
 
 def test_handler_answers_malformed_bytes_and_keeps_serving(buffer):
-    handler = SyncRequestHandler(WeightReceiver(name="h"), CopyConsumer())
-    for junk in (b"", b"\xc1", encode(TensorChunk("x", "float32", [1], 0, 4, 0, 4)), b'{"json": 1}'):
+    handler = SyncHandler(WeightReceiver(name="h"), CopyConsumer())
+    for junk in (b"", b"\xc1", encode(TensorChunk("x", "float32", [1], 0, 4, 0, 4)), b'{"json": 1}',
+                 b"\x91" * 200_000 + b"\xc0"):
         ack = decode_ack(handler.handle_bytes(junk))
         assert not ack.ok and "malformed" in ack.error
     assert decode_ack(handler.handle_bytes(encode(SyncPing()))).ok

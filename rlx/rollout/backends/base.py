@@ -1,13 +1,16 @@
 """The interface a rollout backend implements; the server speaks to nothing else.
 
 A backend generates completions (with the logprobs of the sampled tokens), pauses and
-resumes scheduling, and loads weights bucket by bucket from an ``rlx.sync`` receiver.
+resumes scheduling, and takes weight updates: ``update_weights`` gets the bytes of one sync
+request as the sender encoded them and hands them to an ``rlx.sync.handler.SyncHandler`` where
+the weights live (the vLLM workers, or the hf model); the handler's ``BucketAck`` is the reply.
+A failed request aborts the sync inside the handler, so the backend generates again and takes the
+next sync; ``ack.in_sync`` says whether a sync is still open (generation stays paused meanwhile).
 
 The server validates every request before a backend sees it (``rlx.rollout.protocol``), caps
-``max_tokens`` to the room the prompt leaves in the context, and drives the sync state: after
-``update_begin`` the backend gets ``update_end`` or, when the sync failed or its sender vanished,
-``update_abort``; either must leave it able to generate and to begin the next sync. ``failure``
-is polled: a non-empty answer (the engine died) makes the server fail its requests and exit.
+``max_tokens`` to the room the prompt leaves in the context, and sends a ``SyncAbort`` through
+``update_weights`` when an open sync's sender goes silent. ``failure`` is polled: a non-empty
+answer (the engine died) makes the server fail its requests and exit.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from rlx.rollout.protocol import PromptResult, SamplingSpec
-from rlx.sync.messages import BucketAck, SyncBegin, SyncBucket, SyncEnd
+from rlx.sync.messages import BucketAck
 
 
 class Backend(ABC):
@@ -40,17 +43,9 @@ class Backend(ABC):
     async def resume(self) -> None: ...
 
     @abstractmethod
-    async def update_begin(self, req: SyncBegin) -> None: ...
-
-    @abstractmethod
-    async def update_bucket(self, req: SyncBucket) -> BucketAck: ...
-
-    @abstractmethod
-    async def update_end(self, req: SyncEnd) -> BucketAck: ...
-
-    @abstractmethod
-    async def update_abort(self) -> None:
-        """Drop the sync in progress (no ``update_end`` will come) and let generation run again."""
+    async def update_weights(self, payload: bytes) -> BucketAck:
+        """Serve one weight-sync request (``rlx.sync.messages``, encoded) and return its ack; a
+        failure is an error ack, never an exception, and leaves no sync open."""
 
     def failure(self) -> str:
         """Why the backend can no longer serve (its engine died), or "" while it is healthy."""

@@ -9,8 +9,10 @@ out continuous batching and paged KV caches: that is what the vllm backend is fo
 Every request carries a deadline: a request whose deadline passed (or whose caller gave up) is
 dropped from the queue, and a running batch stops generating a request's rows once its deadline
 passes (a stopping criterion checked at every token), so no request holds the model longer than
-its deadline. A weight update holds the model lock from ``update_begin`` to ``update_end`` or
-``update_abort``; each of them, failing or not, leaves the backend able to generate.
+its deadline. ``update_weights`` hands each sync request to an ``rlx.sync.handler.SyncHandler``
+(in a worker thread) whose consumer copies the tensors into the parameters, and holds the model
+lock while a sync is open: a failed request aborts the sync, so the lock is released and the
+backend generates again.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ import asyncio
 import time
 from typing import NamedTuple
 
+import msgspec
+
 from rlx.rollout.backends.base import Backend
 from rlx.rollout.protocol import PromptResult, Sample, SamplingSpec
-from rlx.sync.messages import BucketAck, SyncBegin, SyncBucket, SyncEnd
+from rlx.sync.handler import Consumer
+from rlx.sync.messages import BucketAck
 
 MAX_BATCH_PROMPTS = 64
 
@@ -38,8 +43,7 @@ class HfBackend(Backend):
         self._model_lock = asyncio.Lock()
         self._sync_holds_lock = False
         self._batcher: asyncio.Task | None = None
-        self._receiver = None
-        self._targets = None  # name -> parameter or buffer, for receiving in place
+        self._handler = None  # the weight-sync handler, made at the first update
 
     async def start(self) -> None:
         await asyncio.to_thread(self._load)
@@ -82,7 +86,8 @@ class HfBackend(Backend):
             if not pending:
                 continue
             spec = pending[0].sampling
-            batch = [item for item in pending if item.sampling == spec][:MAX_BATCH_PROMPTS]
+            key = _batch_key(spec)
+            batch = [item for item in pending if _batch_key(item.sampling) == key][:MAX_BATCH_PROMPTS]
             pending = [item for item in pending if item not in batch]
             async with self._model_lock:
                 try:
@@ -149,69 +154,24 @@ class HfBackend(Backend):
     async def resume(self) -> None:
         self._running.set()
 
-    async def update_begin(self, req: SyncBegin) -> None:
-        from rlx.sync.receiver import WeightReceiver
+    async def update_weights(self, payload: bytes) -> BucketAck:
+        if self._handler is None:
+            from rlx.sync.handler import SyncHandler
+            from rlx.sync.receiver import WeightReceiver
 
+            loader = _ModelLoader(self.model)
+            self._handler = SyncHandler(WeightReceiver("hf backend", assemble_into=loader.destination), loader)
         if not self._sync_holds_lock:
-            await self._model_lock.acquire()  # no generate until update_end / update_abort
+            await self._model_lock.acquire()  # no generate while a sync is open
             self._sync_holds_lock = True
+        ack = None
         try:
-            self._receiver = self._receiver or WeightReceiver(assemble_into=self._parameter_for)
-            # in a thread: a gloo / nccl begin waits for its group's rendezvous
-            await asyncio.to_thread(self._receiver.begin, req)
-        except BaseException:
-            await self.update_abort()
-            raise
-
-    def _parameter_for(self, name: str, dtype, shape: list[int], device):
-        """The parameter (or buffer) ``name`` when it takes the sender's bytes as they are, so the
-        receiver assembles split tensors, and a gloo / nccl broadcast lands, straight in it."""
-        if self._targets is None:
-            self._targets = {**dict(self.model.named_buffers()), **dict(self.model.named_parameters())}
-        tensor = self._targets.get(name)
-        if (tensor is None or tensor.dtype != dtype or list(tensor.shape) != shape or tensor.device != device
-                or not tensor.is_contiguous()):
-            return None
-        return tensor.detach()
-
-    async def update_bucket(self, req: SyncBucket) -> BucketAck:
-        return await asyncio.to_thread(self._load_bucket, req)
-
-    def _load_bucket(self, req: SyncBucket) -> BucketAck:
-        import torch
-
-        meta = req.meta
-        try:
-            named = dict(self.model.named_parameters())
-            named.update(self.model.named_buffers())
-            tensors = self._receiver.tensors(meta)
-            with torch.no_grad():
-                for name, tensor in tensors:
-                    if name not in named:
-                        raise KeyError(f"the model has no parameter {name!r}")
-                    if tensor.data_ptr() != named[name].data_ptr() or tensor.numel() == 0:  # else: already in place
-                        named[name].copy_(tensor.view(named[name].shape))
-            del tensors
-            return self._receiver.ack(meta)
-        except Exception as exc:
-            return BucketAck(sync_id=meta.sync_id, bucket_id=meta.bucket_id, ok=False,
-                             error=f"{type(exc).__name__}: {exc}")
-
-    async def update_end(self, req: SyncEnd) -> BucketAck:
-        try:
-            return self._receiver.end(req)
+            # in a thread: a gloo / nccl begin waits for its group's rendezvous, a bucket copies
+            ack = await asyncio.to_thread(self._handler.handle, payload)
         finally:
-            self._release_model()
-
-    async def update_abort(self) -> None:
-        """Forget the sync in progress (its sender failed or vanished) and let generation run again;
-        the weights are then a mix of old and new until the next sync completes."""
-        receiver, self._receiver = self._receiver, None
-        try:
-            if receiver is not None:
-                receiver.close()
-        finally:
-            self._release_model()
+            if ack is None or not ack.in_sync:
+                self._release_model()
+        return ack
 
     def _release_model(self) -> None:
         if self._sync_holds_lock:
@@ -226,6 +186,33 @@ class HfBackend(Backend):
     async def close(self) -> None:
         if self._batcher is not None:
             self._batcher.cancel()
+
+
+class _ModelLoader(Consumer):
+    """The handler's consumer: copies each tensor into the parameter (or buffer) of its name."""
+
+    def __init__(self, model) -> None:
+        self.targets = {**dict(model.named_buffers()), **dict(model.named_parameters())}
+
+    def destination(self, name: str, dtype, shape: list[int], device):
+        """The parameter (or buffer) ``name`` when it takes the sender's bytes as they are, so the
+        receiver assembles split tensors, and a gloo / nccl broadcast lands, straight in it."""
+        tensor = self.targets.get(name)
+        if (tensor is None or tensor.dtype != dtype or list(tensor.shape) != shape or tensor.device != device
+                or not tensor.is_contiguous()):
+            return None
+        return tensor.detach()
+
+    def load(self, tensors, verify: bool) -> None:
+        import torch
+
+        with torch.no_grad():
+            for name, tensor in tensors:
+                if name not in self.targets:
+                    raise KeyError(f"the model has no parameter {name!r}")
+                target = self.targets[name]
+                if tensor.data_ptr() != target.data_ptr() or tensor.numel() == 0:  # else: already in place
+                    target.copy_(tensor.view(target.shape))
 
 
 class _Item(NamedTuple):
@@ -247,3 +234,10 @@ class _PastDeadline:
 
         now = time.time()
         return torch.tensor([now >= d for d in self.row_deadlines], dtype=torch.bool, device=input_ids.device)
+
+
+def _batch_key(spec: SamplingSpec) -> SamplingSpec:
+    """Requests that differ only in their seed share one ``generate`` call, seeded with the first one's
+    seed: one stream drawn across all rows keeps every sample independent, and a step's prompts (each
+    with its own seed) still run as one batch instead of one call each."""
+    return msgspec.structs.replace(spec, seed=None)

@@ -2,11 +2,11 @@
 
 Generation is one vLLM request per prompt with ``n`` samples; logprobs are vLLM's
 ``processed_logprobs`` (the distribution actually sampled from, temperature included).
-Weight updates run inside the engine's workers (``vllm_worker.WeightSyncExtension``);
-this class forwards the sync messages, keeps generation paused from ``update_begin`` until
-``update_end`` or ``update_abort`` (a client's Resume meanwhile takes effect when the sync is
-over: a step during a layerwise reload would run on half-loaded layers), and resets the prefix
-cache afterwards.
+Weight updates run inside the engine's workers: ``update_weights`` hands each request's bytes to
+every worker in one ``collective_rpc`` (``vllm_worker.WeightSyncExtension.rlx_update_weights``),
+keeps generation paused while a sync is open (a client's Resume meanwhile takes effect when the
+sync is over: a step during a layerwise reload would run on half-loaded layers), and resets the
+prefix cache when it closes.
 
 ``failure`` reports the engine's death: vLLM's engine core runs in a child process, and when it
 exits (killed, crashed) the engine is dead for good; the server then fails its requests and
@@ -16,13 +16,15 @@ exits instead of waiting on an engine that will never answer.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
-
-import msgspec
 
 from rlx.rollout.backends.base import Backend
 from rlx.rollout.protocol import PromptResult, Sample, SamplingSpec
-from rlx.sync.messages import BucketAck, SyncBegin, SyncBucket, SyncEnd
+from rlx.sync.handler import merge_acks
+from rlx.sync.messages import NO_ID, BucketAck, SyncAbort, decode_ack, encode
+
+log = logging.getLogger(__name__)
 
 EXTENSION = "rlx.rollout.backends.vllm_worker.WeightSyncExtension"
 
@@ -36,8 +38,7 @@ class VllmBackend(Backend):
         self.engine = None
         self._ids = itertools.count()
         self._client_paused = False
-        self._syncing = False  # paused by update_begin until update_end / update_abort
-        self._ack_decoder = msgspec.msgpack.Decoder(BucketAck)
+        self._syncing = False  # paused while a weight update is open in the workers
 
     async def start(self) -> None:
         from vllm import AsyncEngineArgs
@@ -84,40 +85,32 @@ class VllmBackend(Backend):
         if not self._syncing:
             await self.engine.resume_generation()
 
-    async def update_begin(self, req: SyncBegin) -> None:
+    async def update_weights(self, payload: bytes) -> BucketAck:
         if not self._syncing:
             if not self._client_paused:
                 await self.engine.pause_generation(mode="keep", clear_cache=False)
             self._syncing = True
         try:
-            replies = await self.engine.collective_rpc("rlx_sync_begin", args=(msgspec.msgpack.encode(req),))
-            ack = _merge_acks([self._ack_decoder.decode(r) for r in replies])
-        except Exception:
-            await self.update_abort()
-            raise
-        if not ack.ok:
-            await self.update_abort()
-            raise RuntimeError(f"SyncBegin of sync {req.sync_id} failed: {ack.error}")
-
-    async def update_bucket(self, req: SyncBucket) -> BucketAck:
-        replies = await self.engine.collective_rpc("rlx_sync_bucket", args=(msgspec.msgpack.encode(req),))
-        return _merge_acks([self._ack_decoder.decode(r) for r in replies])
-
-    async def update_end(self, req: SyncEnd) -> BucketAck:
-        try:
-            replies = await self.engine.collective_rpc("rlx_sync_end", args=(msgspec.msgpack.encode(req),))
-            ack = _merge_acks([self._ack_decoder.decode(r) for r in replies])
-            await self.engine.reset_prefix_cache()
-        finally:
-            await self._end_sync()
+            ack = await self._workers_update(payload)
+            if not ack.ok and ack.in_sync:  # a worker failed, another still holds the sync open
+                ack.in_sync = (await self._workers_update(encode(SyncAbort(ack.error)))).in_sync
+        except Exception as exc:  # noqa: BLE001 - the workers did not answer: abort there too, if they still can
+            ack = BucketAck(NO_ID, NO_ID, ok=False, error=f"the vLLM workers failed the update: "
+                                                          f"{type(exc).__name__}: {exc}")
+            try:
+                await self._workers_update(encode(SyncAbort(ack.error)))
+            except Exception:  # the engine is gone; failure() reports it
+                log.exception("aborting the weight update in the vLLM workers failed")
+        if not ack.in_sync:
+            try:
+                await self.engine.reset_prefix_cache()
+            finally:
+                await self._end_sync()
         return ack
 
-    async def update_abort(self) -> None:
-        try:
-            await self.engine.collective_rpc("rlx_sync_abort")
-            await self.engine.reset_prefix_cache()
-        finally:
-            await self._end_sync()
+    async def _workers_update(self, payload: bytes) -> BucketAck:
+        replies = await self.engine.collective_rpc("rlx_update_weights", args=(payload,))
+        return merge_acks([decode_ack(r) for r in replies])
 
     async def _end_sync(self) -> None:
         if self._syncing:
@@ -145,9 +138,3 @@ class VllmBackend(Backend):
 
 def _sampled_logprob(step: dict, token_id: int) -> float:
     return float(step[token_id].logprob)
-
-
-def _merge_acks(acks: list[BucketAck]) -> BucketAck:
-    """Tensor-parallel workers each load the bucket; it is done only if all of them are."""
-    failed = [a for a in acks if not a.ok]
-    return failed[0] if failed else acks[0]
