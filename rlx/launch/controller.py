@@ -31,7 +31,7 @@ from rlx.trace.sinks import MetricsLogger
 class Controller:
     def __init__(self, cfg, run_dir: Path, client: RolloutClient, trainer: Trainer, display) -> None:
         from rlx.engine.model import load_tokenizer
-        from rlx.sync.sender import WeightSender
+        from rlx.sync.factory import make_sender
 
         self.cfg, self.run_dir, self.client, self.trainer, self.display = cfg, run_dir, client, trainer, display
         self.task = build_task(cfg.task)
@@ -39,10 +39,12 @@ class Controller:
         tokenizer = load_tokenizer(cfg.model.path)
         self.collector = Collector(cfg, client, self.task, tokenizer.pad_token_id)
         self.bus = RankBus(trainer.device)
-        self.arena = self._weight_arena()
-        self.sender = WeightSender(transport=self._transport(), bucket_mb=cfg.sync.bucket_mb,
-                                   num_buffers=cfg.sync.num_buffers, timeout_s=cfg.sync.timeout_s,
-                                   verify=cfg.sync.verify, device=trainer.device.type, arena=self.arena)
+        # one rank sending its weights in the engine's dtype sends them as they are (zero-copy where the
+        # transport allows); LoRA sends merged weights, computed per sync: nothing to adopt
+        as_they_are = not self.bus.active and cfg.model.engine_dtype == cfg.model.dtype and not cfg.model.lora.rank
+        self.sender = make_sender(cfg.sync, trainer.device.type, client.addresses,
+                                  module=trainer.model if as_they_are else None)
+        self.arena = self.sender.arena
         self.ckpt_root = run_dir / "checkpoints"
         self.plugins = Plugins.load(cfg.checkpoint.plugins)
         self.start_step = self._resume() if cfg.trainer.resume else 0
@@ -145,29 +147,6 @@ class Controller:
         self.plugins.call("on_load", ckpt, step)
         self.display.note(f"resumed from {ckpt} (step {step})")
         return step
-
-    def _weight_arena(self):
-        """The trainer's weights moved into the transport's shared buffer, when one rank sends them as they are."""
-        cfg = self.cfg
-        if not (cfg.sync.zero_copy and not self.bus.active and cfg.model.engine_dtype == cfg.model.dtype
-                and not cfg.model.lora.rank  # LoRA sends merged weights, computed per sync: nothing to adopt
-                and self._transport() == {"cpu": "shm", "cuda": "cuda_ipc"}.get(self.trainer.device.type)):
-            return None
-        from rlx.sync.arena import WeightArena
-
-        return WeightArena.adopt(self.trainer.model)
-
-    def _transport(self) -> str:
-        """``auto``: a broadcast (nccl / gloo) to every server when any is on another host, since one sync
-        uses one transport and the group reaches local servers too; else shared memory (cuda_ipc / shm)."""
-        if self.cfg.sync.transport != "auto":
-            return self.cfg.sync.transport
-        from rlx.rollout.server import is_loopback_address
-
-        cuda = self.trainer.device.type == "cuda"
-        if not all(is_loopback_address(a) for a in self.client.addresses):
-            return "nccl" if cuda else "gloo"
-        return "cuda_ipc" if cuda else "shm"
 
     def close(self) -> None:
         if self._prefetch is not None:

@@ -166,13 +166,10 @@ async def run_bench(opts: BenchOptions, on_row: Callable[[BenchRow], None] = lam
 
 async def _bench_model(opts: BenchOptions, model: ModelTensors, transport: str, device: str,
                        result: BenchResult, on_row) -> None:
-    from rlx.sync.arena import WeightArena
-    from rlx.sync.transports import SHARED_TRANSPORTS
+    from rlx.sync.factory import arena_for
 
-    arena = resident = None
-    if transport in SHARED_TRANSPORTS:
-        arena = WeightArena.sized_for((t for _, t in model.tensors), device)
-        resident = arena.place_all(model.tensors)  # the zero-copy sender's source; the others read model.tensors
+    # the zero-copy sender's source, where the transport shares memory; the others read model.tensors
+    arena, resident = arena_for(transport, device, model.tensors)
     rows = []
     try:
         async with TARGETS[opts.target](opts, device) as channels:
@@ -198,11 +195,16 @@ async def _bench_model(opts: BenchOptions, model: ModelTensors, transport: str, 
 async def _bench_bucket(opts: BenchOptions, model: ModelTensors, transport: str, device: str, bucket_mb: int,
                         channels: list[SyncChannel], ceiling: "Ceiling | BroadcastCeiling", failures: list[str],
                         arena: "WeightArena | None", resident: list[tuple[str, torch.Tensor]] | None) -> list[BenchRow]:
-    runs = {mode: (WeightSender(transport, bucket_mb, num_buffers, opts.timeout_s, device=device), model.tensors)
+    from rlx.config.schema import SyncConfig
+    from rlx.sync.factory import make_sender
+
+    def config(num_buffers: int) -> SyncConfig:
+        return SyncConfig(transport=transport, bucket_mb=bucket_mb, num_buffers=num_buffers, timeout_s=opts.timeout_s)
+
+    runs = {mode: (make_sender(config(num_buffers), device), model.tensors)
             for mode, num_buffers in (("lock-step", 1), ("double", 2))}
     if arena is not None:
-        runs["zero-copy"] = (WeightSender(transport, bucket_mb, 2, opts.timeout_s, device=device, arena=arena),
-                             resident)
+        runs["zero-copy"] = (make_sender(config(2), device, arena=arena), resident)
     times: dict[str, list[float]] = {mode: [] for mode in runs}
     try:
         for repeat in range(opts.repeats + 1):  # the first round is the warm-up

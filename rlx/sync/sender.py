@@ -43,6 +43,7 @@ from rlx.sync.checksum import tensor_checksum
 from rlx.sync.copy import memmove_at
 from rlx.sync.dtypes import dtype_name
 from rlx.sync.errors import SyncError
+from rlx.sync.factory import pick_transport
 from rlx.sync.layout import (
     ALIGN_BYTES,
     Bucket,
@@ -60,7 +61,7 @@ from rlx.sync.messages import (
     SyncEnd,
     request_label,
 )
-from rlx.sync.transports import SHARED_TRANSPORTS, create_buffer, resolve_transport
+from rlx.sync.transports import SHARED_TRANSPORTS, create_buffer
 from rlx.sync.transports.base import SenderBuffer
 from rlx.trace import tracer
 
@@ -110,7 +111,7 @@ class WeightSender:
             raise ValueError(f"num_buffers={num_buffers} must be >= 1 (2 = double buffering, 1 = lock-step)")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s={timeout_s} must be > 0; set sync.timeout_s to the per-bucket ack deadline")
-        self.transport = resolve_transport(transport, device)
+        self.transport = pick_transport(transport, device)
         if arena is not None and self.transport not in SHARED_TRANSPORTS:
             raise ValueError(f"a weight arena is shared memory; transport {self.transport} sends from the tensors "
                              "themselves already (set sync.zero_copy=false or use shm / cuda_ipc)")

@@ -2,7 +2,7 @@
 ``gloo`` / ``nccl`` (a torch.distributed broadcast, across hosts; ``dist.py``).
 
 Each implementation is imported inside its factory branch, so using ``shm`` never touches CUDA
-or torch.distributed.
+or torch.distributed. Which transport a sync uses is decided in ``rlx.sync.factory``.
 """
 
 from __future__ import annotations
@@ -15,15 +15,6 @@ if TYPE_CHECKING:
 
 TRANSPORTS = ("shm", "cuda_ipc", "gloo", "nccl")
 SHARED_TRANSPORTS = ("shm", "cuda_ipc")  # one host: receivers read the sender's memory in place
-
-
-def resolve_transport(kind: str, device: str) -> str:
-    """``auto`` -> ``cuda_ipc`` for a CUDA device, else ``shm``; other names are checked."""
-    if kind == "auto":
-        return "cuda_ipc" if device.startswith("cuda") else "shm"
-    if kind not in TRANSPORTS:
-        raise ValueError(f"unknown weight transport {kind!r}; choose one of auto, {', '.join(TRANSPORTS)}")
-    return kind
 
 
 def create_buffer(kind: str, slot_bytes: int, num_slots: int, device: str = "cpu",
