@@ -308,7 +308,9 @@ class RolloutServer:
             self._sync_open = ack.in_sync
             if ack.completed:
                 self.weight_version += 1
+                tracer.event("sync.end", sync_id=ack.sync_id, weight_version=self.weight_version)
             if not ack.ok:
+                tracer.event("sync.abort", sync_id=ack.sync_id, bucket_id=ack.bucket_id, error=ack.error)
                 log.warning("weight update failed and was aborted: %s; the weights may mix old and new until the "
                             "next sync, generation goes on", ack.error)
             return ack
