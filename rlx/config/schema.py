@@ -193,6 +193,10 @@ class RolloutConfig:
     """Deadline of one generate request."""
     startup_timeout_s: float = 300.0
     """How long the launcher waits for a server to answer health."""
+    restart_on_failure: bool = False
+    """Restart a launched server that dies mid-run (it rejoins with the newest weights); off = the run stops."""
+    max_restarts: int = 3
+    """Restarts allowed per launched server with rollout.restart_on_failure; one more death stops the run."""
 
     @property
     def servers_to_launch(self) -> int:
@@ -218,6 +222,8 @@ class RolloutConfig:
         check_range("rollout.max_model_len", self.max_model_len, 2)
         check_range("rollout.request_timeout_s", self.request_timeout_s, 0.1)
         check_range("rollout.startup_timeout_s", self.startup_timeout_s, 0.1)
+        check_range("rollout.max_restarts", self.max_restarts, 0, hint="set rollout.max_restarts to the restarts "
+                    "allowed per launched server")
         for address in self.servers:
             if not address.startswith(("tcp://", "ipc://")):
                 raise ConfigError(f"rollout.servers entry {address!r} must start with tcp:// or ipc://")

@@ -6,6 +6,10 @@ generating step k+1 before training step k, so generation overlaps the update an
 samples are at most one step stale (corrected with the engine's logprobs, see
 ``RunConfig.correction``). Weight updates pause the servers (keeping in-flight requests)
 and resume them after.
+
+A launched server that died and was restarted (``server_restarted``, rollout.restart_on_failure)
+gets nothing to generate until it holds the trainer's current weights: a sync to that server alone,
+as soon as it answers health, between two commands of the trainer ranks (``ranks_busy``).
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ class Controller:
         self._prefetch: asyncio.Task | None = None
         self._state_before_prefetch = self.stream.state()
         self.first_eval = float("nan")
+        self.rollout_restarts = 0
+        self.ranks_busy = asyncio.Lock()  # one command of the trainer ranks at a time (train, sync, checkpoint)
+        self._rejoining: dict[int, asyncio.Task] = {}
 
     async def run(self) -> dict[str, float]:
         t = self.cfg.trainer
@@ -67,12 +74,16 @@ class Controller:
                 started = time.perf_counter()
                 collected = await self.next_batch(step)
                 metrics = dict(collected.metrics)
-                metrics.update(await asyncio.to_thread(self.train, collected))
+                async with self.ranks_busy:
+                    metrics.update(await asyncio.to_thread(self.train, collected))
                 metrics["time_sync"], metrics["sync_zero_copy"] = await self.sync_weights()
-                metrics["time_checkpoint"] = self.maybe_checkpoint(step)
+                async with self.ranks_busy:
+                    metrics["time_checkpoint"] = self.maybe_checkpoint(step)
                 if t.eval_every and (step % t.eval_every == 0 or step == t.total_steps):
                     metrics["eval_accuracy"] = await self.collector.evaluate(self.task.eval)
                 metrics["time_step"] = time.perf_counter() - started
+                if self.cfg.rollout.restart_on_failure:
+                    metrics["rollout_restarts"] = self.rollout_restarts
             self.metrics.log(step, metrics)
             self.display.step(step, metrics)
             self.plugins.call("after_step", step, metrics)
@@ -104,16 +115,77 @@ class Controller:
         return self.trainer.step(batch)
 
     async def sync_weights(self) -> tuple[float, float]:
-        """Seconds the sync took, and 1.0 when it sent from the weight arena (0.0: through buckets)."""
+        """Seconds the sync took, and 1.0 when it sent from the weight arena (0.0: through buckets).
+
+        Goes to the live servers; when one dies during it, the sync is repeated to those left (a
+        restarted server gets its own sync when it rejoins)."""
         started = time.perf_counter()
+        report = None
         with tracer.span("sync"):
-            self.bus.announce(Command.SYNC)
-            await self.client.pause()
-            try:
-                report = await self.sender.send(self.trainer.named_tensors(), self.client.channels())
-            finally:
+            async with self.ranks_busy:
+                while report is None and self.client.live_indices():
+                    report = await self._sync_to(self.client.live_indices(), regular=True)
+        return time.perf_counter() - started, float(report.zero_copy if report else 0.0)
+
+    async def _sync_to(self, servers: list[int], regular: bool = False):
+        """One sync to ``servers``; the caller holds ``ranks_busy``. ``regular``: the live servers are
+        paused around it, and it returns None when one of them died during it."""
+        self.bus.announce(Command.SYNC)
+        tensors = self.trainer.named_tensors()
+        try:
+            if regular:
+                await self.client.pause()
+            return await self.sender.send(tensors, [self.client.channel(i) for i in servers])
+        except Exception:
+            if self.bus.active:
+                for _ in tensors:  # the other ranks gather every tensor: finish the collectives with them
+                    pass
+            if regular and not set(servers) <= set(self.client.live_indices()):
+                return None
+            raise
+        finally:
+            if regular:
                 await self.client.resume()
-        return time.perf_counter() - started, float(report.zero_copy)
+
+    def server_restarted(self, index: int, on_failure) -> None:
+        """Launched server ``index`` died and was started again: route nothing to it until a sync to it
+        alone has given it the current weights. ``on_failure(message)`` stops the run if it cannot."""
+        address = self.client.addresses[index]
+        self.rollout_restarts += 1
+        tracer.event("rollout.restart", server=f"rollout{index}", address=address, restarts=self.rollout_restarts)
+        self.client.mark_down(index)
+        if index in self._rejoining:
+            self._rejoining.pop(index).cancel()
+        task = asyncio.create_task(self._rejoin(index))
+        self._rejoining[index] = task
+
+        def done(task: asyncio.Task) -> None:
+            if not task.cancelled() and task.exception() is not None:
+                self.display.log(f"rollout server {address} could not rejoin: {task.exception()!r}")
+                on_failure(f"rollout server {address} was restarted but could not rejoin the run: {task.exception()}")
+
+        task.add_done_callback(done)
+
+    async def _rejoin(self, index: int) -> None:
+        from rlx.rollout.protocol import Health
+
+        deadline = time.time() + self.cfg.rollout.startup_timeout_s
+        while True:
+            try:
+                await self.client.call(index, Health(), timeout_s=2.0)
+                break
+            except Exception:
+                if time.time() > deadline:
+                    raise
+        async with self.ranks_busy:
+            with tracer.span("sync", server=f"rollout{index}"):
+                await self._sync_to([index])  # the server generates nothing yet: no pause needed
+            self.client.mark_up(index)
+        version = (await self.client.call(index, Health(), timeout_s=10.0)).weight_version
+        tracer.event("rollout.rejoined", server=f"rollout{index}", address=self.client.addresses[index],
+                     weight_version=version)
+        self.display.note(f"rollout server {self.client.addresses[index]} is back, with the trainer's current "
+                          f"weights (weight version {version})")
 
     def maybe_checkpoint(self, step: int) -> float:
         c, t = self.cfg.checkpoint, self.cfg.trainer
@@ -151,6 +223,8 @@ class Controller:
     def close(self) -> None:
         if self._prefetch is not None:
             self._prefetch.cancel()
+        for task in self._rejoining.values():
+            task.cancel()
         try:
             self.bus.announce(Command.STOP)
         finally:  # the sync buffers and the arena are model-sized /dev/shm segments: never leave them

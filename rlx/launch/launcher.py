@@ -9,6 +9,9 @@ the traceback; the exit code is non-zero and the teardown is always the same: ch
 process group, the shared memory they left removed, the weight-sync buffers unlinked, the run's
 socket files removed.
 
+A launched rollout server that dies mid-run is restarted when rollout.restart_on_failure is on
+(``rlx.launch.restarts``); the run goes on.
+
 Start-up overlaps: the servers are started first, and while they load their engines (about 20 s
 for vLLM) rank 0 builds the trainer and the controller (model, optimizer, task, weight arena);
 only then does it wait for the servers.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 from pathlib import Path
 
 from rich.markup import escape
@@ -26,13 +30,21 @@ from rich.markup import escape
 from rlx.launch.display import Display
 from rlx.launch.preflight import preflight
 from rlx.launch.processes import ProcessSet, python_argv
-from rlx.launch.run_dir import archive_previous_run, remove_sockets, secret_overrides, write_config
+from rlx.launch.restarts import ServerRestarts
+from rlx.launch.run_dir import (
+    SECRET_ENV,
+    archive_previous_run,
+    remove_sockets,
+    secret_overrides,
+    write_config,
+)
 from rlx.launch.stops import ChildDied, RunStopped, StopWatch
 
 
 def run_train(cfg) -> int:
     """The whole run; returns the exit code. User errors found before any process starts propagate."""
     run_dir = Path(cfg.trainer.output_dir).resolve()
+    cfg.rollout.auth_token = cfg.rollout.auth_token or os.environ.get(SECRET_ENV["rollout.auth_token"], "")
     display = Display(cfg.trainer.total_steps, enabled=cfg.logging.console)
     stops = StopWatch()
     with stops.installed():
@@ -75,6 +87,8 @@ class Launch:
         self.cfg, self.run_dir, self.display, self.stops = cfg, run_dir, display, stops
         self.procs = ProcessSet(run_dir / "logs", emit=display.log_line)
         self.own_addresses: list[str] = []  # the ipc sockets of the servers this run started
+        self.restarts = ServerRestarts(self.procs, cfg.rollout.max_restarts, cfg.rollout.restart_on_failure,
+                                       stop=stops.report, note=lambda text: display.note(escape(text)))
 
     def run(self) -> int:
         cfg = self.cfg
@@ -84,7 +98,7 @@ class Launch:
         with self.display:
             addresses = self._start_servers([str(config_file), *secret_args], env) + list(cfg.rollout.servers)
             self._start_ranks([str(config_file), *secret_args], env)
-            self.procs.watch(self.stops.report)
+            self.procs.watch(self.restarts.on_death)
             code = self._run_rank0(addresses)
         if code == 0 and cfg.checkpoint.export_hf:
             code = _export_hf(self.run_dir, self.display)
@@ -92,7 +106,9 @@ class Launch:
 
     def tear_down(self) -> None:
         """Children stopped by process group, what they left in /dev/shm and their sockets removed."""
+        started = time.monotonic()
         removed = self.procs.stop_all()
+        self.display.log(f"stopped every child in {time.monotonic() - started:.1f} s")
         if removed:  # vLLM leaves its psm_* buffers even when stopped cleanly: worth a log line, not a console one
             self.display.log(f"removed what stopped children left in /dev/shm: {', '.join(removed)}")
         remove_sockets(self.own_addresses)
@@ -151,9 +167,11 @@ class Launch:
             alive = lambda: all(c.alive() for c in self.procs.children)
             await client.wait_ready(cfg.rollout.startup_timeout_s, is_alive=alive)
             self.display.note(f"rollout servers ready: {', '.join(addresses)}")
+            self.restarts.attach(controller)
             last = await controller.run()
             return dict(last, first_eval=controller.first_eval)
         finally:
+            self.restarts.detach()
             if controller is not None:
                 controller.close()
             client.close()

@@ -3,9 +3,10 @@
 Every child is a session leader (``start_new_session``), so ending it means signalling its
 process group: the child and anything it spawned (vLLM's engine core and workers) go
 together, and nothing is ever found or killed by name. A watcher thread notices a child
-that exits while the run still needs it and calls ``on_death`` with a message naming it; it
-also records the shared memory each child maps, so that what a dead child leaves in /dev/shm
-is removed (``rlx.launch.leftovers``).
+that exits while the run still needs it and calls ``on_death`` with it and a message naming it;
+``on_death`` may ``restart`` it (same name, argv and environment, its log appended, a new process
+group) and keep the watch going. The watcher also records the shared memory each child maps, so
+that what a dead child leaves in /dev/shm is removed (``rlx.launch.leftovers``).
 
 Python children run with a safe import path (``-P``, and ``PYTHONSAFEPATH=1`` for whatever they
 start): a stray ``typer.py`` or ``torch.py`` in the directory `rlx train` was started from is
@@ -33,9 +34,10 @@ from rlx.launch.leftovers import ShmLeftovers
 class Child:
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path,
                  emit: Callable[[str], None]) -> None:
-        self.name = name
+        self.name, self.argv, self.env = name, argv, env
         self.log_path = log_path
         self.expected_exit = False
+        self.restarts = 0  # how many times this child was started again after dying
         self._log: TextIO = open(log_path, "a", buffering=1)
         self._log.write(f"rlx: starting {name}: {' '.join(argv)}\n")
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -130,6 +132,7 @@ class ProcessSet:
         self.leftovers = ShmLeftovers()
         self._watching = False
         self._watcher: threading.Thread | None = None
+        self._lock = threading.Lock()  # a restart and the teardown never interleave
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -144,23 +147,40 @@ class ProcessSet:
         pids = {child.name: child.pid for child in self.children}
         (self.log_dir / "pids.json").write_text(json.dumps(pids, indent=2) + "\n")
 
-    def watch(self, on_death: Callable[[str], None], interval_s: float = 0.5) -> None:
-        """Call ``on_death`` once, when a child exits unexpectedly; meanwhile record the children's shm."""
+    def restart(self, child: Child) -> Child | None:
+        """Start ``child`` again in its place: same name, argv, environment and log (appended);
+        None when the run is being torn down."""
+        with self._lock:
+            if not self._watching:
+                return None
+            return self._restart(child)
+
+    def _restart(self, child: Child) -> Child:
+        child.stop(timeout_s=0.0)  # whatever of its group is left (vLLM's engine core), and its log pump
+        self.leftovers.remove_unused([child.pid])  # what the dead group left and nobody uses
+        fresh = Child(child.name, child.argv, child.env, child.log_path, self.emit)
+        fresh.restarts = child.restarts + 1
+        self.children[self.children.index(child)] = fresh
+        self._write_pids()
+        return fresh
+
+    def watch(self, on_death: Callable[[Child, str], bool], interval_s: float = 0.5) -> None:
+        """Call ``on_death`` when a child exits unexpectedly; the watch goes on while it returns True
+        (it restarted the child); meanwhile record the children's shm."""
         self._watching = True
         self._watcher = threading.Thread(target=self._watch, args=(on_death, interval_s), daemon=True,
                                          name="child-watcher")
         self._watcher.start()
 
-    def _watch(self, on_death: Callable[[str], None], interval_s: float) -> None:
+    def _watch(self, on_death: Callable[[Child, str], bool], interval_s: float) -> None:
         recorded_at = 0.0
         while self._watching:
             if time.monotonic() - recorded_at >= self.record_every_s:
                 self.record_shm()
                 recorded_at = time.monotonic()
             dead = self.dead_children()
-            if dead:
+            if dead and not on_death(*dead[0]):
                 self._watching = False
-                on_death(dead[0][1])
                 self.leftovers.remove_unused([dead[0][0].pid])  # what its group left and nobody uses
                 return
             time.sleep(interval_s)
@@ -183,7 +203,8 @@ class ProcessSet:
 
     def stop_all(self, timeout_s: float = 10.0) -> list[str]:
         """Stop every child's process group; return the /dev/shm files they left, all removed by now."""
-        self._watching = False
+        with self._lock:
+            self._watching = False
         for child in self.children:
             child.expected_exit = True
         self.record_shm()

@@ -4,7 +4,10 @@ Socket invariants: one DEALER per server, connected (the server binds); replies 
 to requests by id, so any number of requests can be in flight on one socket. Every request
 carries a deadline and every wait is bounded by it: a dead, hung or unreachable server
 becomes ``RolloutServerError`` naming its address, never a hang. Generate requests go to the
-server with the fewest requests in flight. ``channel(i)`` adapts server ``i`` to the
+live server with the fewest requests in flight. A server the launcher restarts is marked down
+(``mark_down``): its requests in flight fail at once and generate re-issues them to a live server
+(waiting for one, within the request's deadline), broadcasts leave it out, and nothing is routed to
+it until ``mark_up`` (once it holds the trainer's weights again). ``channel(i)`` adapts server ``i`` to the
 ``rlx.sync`` sender's ``SyncChannel`` so weights stream over the same socket: each sync request
 travels as its own bytes in one ``UpdateWeights``, untouched. The socket plumbing (request-id
 frames, deadlines) is ``rlx.sync.rpc.RpcClient``, shared with the sync channel.
@@ -37,6 +40,20 @@ class RolloutClient:
         self._ctx = zmq.asyncio.Context()
         self._peers = [RpcClient(a, f"rollout server {a}", p.decode_reply, self._ctx, hwm=0) for a in addresses]
         self._ids = itertools.count(1)
+        self._down: set[int] = set()  # servers being restarted: nothing is routed to them
+        self._epochs = [0] * len(addresses)  # times each server was marked down
+
+    def live_indices(self) -> list[int]:
+        return [i for i in range(len(self._peers)) if i not in self._down]
+
+    def mark_down(self, index: int) -> None:
+        """Server ``index`` died: fail its requests in flight (generate re-issues them), route nothing to it."""
+        self._down.add(index)
+        self._epochs[index] += 1
+        self._peers[index].close()  # pending calls fail now; the next call opens a fresh socket
+
+    def mark_up(self, index: int) -> None:
+        self._down.discard(index)
 
     @property
     def addresses(self) -> list[str]:
@@ -55,23 +72,45 @@ class RolloutClient:
             raise RolloutServerError(f"rollout server {peer.address} failed {type(body).__name__}: {reply.error}")
         return reply.body
 
-    def _least_loaded(self) -> int:
-        return min(range(len(self._peers)), key=lambda i: self._peers[i].in_flight)
+    async def _least_loaded(self, deadline: float) -> int:
+        """The live server with the fewest requests in flight; waits for one while all are down."""
+        while not self.live_indices():
+            if time.time() > deadline:
+                raise RolloutServerError(f"no rollout server came back up before the request's deadline; "
+                                         f"{self.addresses} are all restarting (see their logs)")
+            await asyncio.sleep(0.1)
+        return min(self.live_indices(), key=lambda i: self._peers[i].in_flight)
 
     async def generate(self, prompts: Sequence[str | list[int]], sampling: p.SamplingSpec,
                        timeout_s: float | None = None) -> list[p.PromptResult]:
-        """One request per prompt, each routed to the least-loaded server; results in prompt order."""
+        """One request per prompt, each routed to the least-loaded live server; results in prompt order.
+        A request whose server dies under it is re-issued to a live one, within the same deadline."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+
         async def one(prompt):
-            index = self._least_loaded()
             body = p.Generate(prompt_token_ids=[prompt]) if isinstance(prompt, list) else p.Generate(prompts=[prompt])
             body.sampling = sampling
-            result = await self.call(index, body, timeout_s)
-            return result.results[0]
+            deadline = time.time() + timeout
+            while True:
+                index = await self._least_loaded(deadline)
+                epoch = self._epochs[index]
+                try:
+                    return (await self.call(index, body, max(deadline - time.time(), 0.1))).results[0]
+                except RolloutServerError:
+                    if self._epochs[index] == epoch or time.time() > deadline:
+                        raise  # the server is alive: its error is the answer
 
         return list(await asyncio.gather(*(one(prompt) for prompt in prompts)))
 
     async def broadcast(self, body, timeout_s: float | None = None) -> list:
-        return list(await asyncio.gather(*(self.call(i, body, timeout_s) for i in range(len(self._peers)))))
+        """``body`` to every live server; one that dies meanwhile is left out of the replies."""
+        live = self.live_indices()
+        epochs = [self._epochs[i] for i in live]
+        replies = await asyncio.gather(*(self.call(i, body, timeout_s) for i in live), return_exceptions=True)
+        for i, epoch, reply in zip(live, epochs, replies):
+            if isinstance(reply, BaseException) and self._epochs[i] == epoch:
+                raise reply
+        return [reply for reply in replies if not isinstance(reply, BaseException)]
 
     async def health(self, timeout_s: float = 5.0) -> list[p.HealthResult]:
         return await self.broadcast(p.Health(), timeout_s)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from rlx.rollout.client import RolloutClient
 from rlx.rollout.collector import Collector
 from rlx.rollout.tasks import Problem
@@ -27,14 +29,28 @@ def _collector(address: str, tmp_path, tiny_model_dir) -> tuple[Collector, Rollo
     return Collector(cfg, client, _Task(), pad_id=0), client
 
 
-def test_the_same_prompt_twice_in_a_step_gets_different_samples(vllm_server, tmp_path, tiny_model_dir):
+@pytest.fixture(params=["vllm", "hf"])
+def server(request, tmp_path_factory, tiny_model_dir):
+    if request.param == "vllm":
+        yield request.getfixturevalue("vllm_server")
+        return
+    from tests.helpers import serve
+
+    with serve(tiny_model_dir, "hf", tmp_path_factory.mktemp("hf_server")) as (address, _):
+        yield address
+
+
+def test_the_same_prompt_twice_in_a_step_gets_different_samples(server, tmp_path, tiny_model_dir):
     """With one seed for the whole step, sample j of every prompt came from the same stream, so two
-    copies of a prompt got identical groups and the batch's samples were correlated across prompts."""
-    collector, client = _collector(vllm_server, tmp_path, tiny_model_dir)
+    copies of a prompt got identical groups and the batch's samples were correlated across prompts.
+    The hf backend batches requests that differ only in their seed and draws all rows from one stream."""
+    collector, client = _collector(server, tmp_path, tiny_model_dir)
     try:
         problems = [Problem(id=i, prompt="3+4=", answer="7") for i in range(3)]
-        first = asyncio.run(collector.collect(problems, seed=11))
-        again = asyncio.run(collector.collect(problems, seed=11))
+        async def twice():
+            return await collector.collect(problems, seed=11), await collector.collect(problems, seed=11)
+
+        first, again = asyncio.run(twice())
     finally:
         client.close()
     groups = [first.completions[i * 4:(i + 1) * 4] for i in range(3)]
