@@ -60,7 +60,7 @@ def test_a_killed_child_loses_only_the_shared_memory_nobody_else_uses(shm_files,
     deaths = []
     try:
         wait_for(ready.exists)
-        procs.watch(deaths.append, interval_s=0.05)
+        procs.watch(lambda child, message: deaths.append(message), interval_s=0.05)
         time.sleep(0.5)  # a few recordings
         os.killpg(child.pid, signal.SIGKILL)  # no clean-up of its own
         wait_for(lambda: deaths)
