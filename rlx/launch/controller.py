@@ -140,12 +140,22 @@ class Controller:
             if self.bus.active:
                 for _ in tensors:  # the other ranks gather every tensor: finish the collectives with them
                     pass
-            if regular and not set(servers) <= set(self.client.live_indices()):
+            if regular and await self._lost_one_of(servers):
                 return None
             raise
         finally:
             if regular:
                 await self.client.resume()
+
+    async def _lost_one_of(self, servers: list[int], within_s: float = 2.0) -> bool:
+        """Whether one of ``servers`` died (and is being restarted); the launcher notices a death within
+        a second, a transport may fail on it sooner."""
+        deadline = time.monotonic() + (within_s if self.cfg.rollout.restart_on_failure else 0.0)
+        while set(servers) <= set(self.client.live_indices()):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     def server_restarted(self, index: int, on_failure) -> None:
         """Launched server ``index`` died and was started again: route nothing to it until a sync to it
@@ -177,6 +187,7 @@ class Controller:
             except Exception:
                 if time.time() > deadline:
                     raise
+                await asyncio.sleep(0.2)
         async with self.ranks_busy:
             with tracer.span("sync", server=f"rollout{index}"):
                 await self._sync_to([index])  # the server generates nothing yet: no pause needed

@@ -49,5 +49,8 @@ class ServerRestarts:
             return False
         self.note(f"{message}; restarted it as pid {fresh.pid} (restart {fresh.restarts} of {self.max_restarts})")
         index = int(child.name.removeprefix(SERVER_PREFIX))
-        loop.call_soon_threadsafe(controller.server_restarted, index, self.stop)
+        try:
+            loop.call_soon_threadsafe(controller.server_restarted, index, self.stop)
+        except RuntimeError:  # the run's event loop has closed: the run is over, the teardown stops it
+            return False
         return True
