@@ -57,3 +57,18 @@ def test_the_same_prompt_twice_in_a_step_gets_different_samples(server, tmp_path
     token_groups = [tuple(map(tuple, first.batch.completion_ids[i * 4:(i + 1) * 4].tolist())) for i in range(3)]
     assert len(set(token_groups)) == 3, f"copies of one prompt drew the same samples: {groups}"
     assert first.completions == again.completions, "the same step seed must give the same samples"
+
+
+def test_a_seeded_step_larger_than_one_engine_step_generates(vllm_server, tmp_path, tiny_model_dir):
+    """Enough prompt tokens in one step that vLLM would split a prefill across engine steps: its CPU
+    worker then fails every seeded request ("CPU Generator does not use offset"), so the CPU engine
+    runs without chunked prefill."""
+    collector, client = _collector(vllm_server, tmp_path, tiny_model_dir)
+    prompt = "+".join(["7"] * 40) + "="  # 80 tokens; 48 prompts x 4 samples is about 15k prompt tokens
+    try:
+        collected = asyncio.run(collector.collect([Problem(id=i, prompt=prompt, answer="280") for i in range(48)],
+                                                  seed=5))
+    finally:
+        client.close()
+    assert collected.batch.size == 48 * 4
+    assert int(collected.batch.mask.sum()) > 0

@@ -50,7 +50,7 @@ class VllmBackend(Backend):
             model=self.model_path, dtype=self.cfg.model.engine_dtype, seed=self.cfg.trainer.seed,
             gpu_memory_utilization=r.gpu_memory_utilization, max_model_len=r.max_model_len,
             enforce_eager=r.enforce_eager, worker_extension_cls=EXTENSION,
-            logprobs_mode="processed_logprobs", disable_log_stats=True)
+            logprobs_mode="processed_logprobs", disable_log_stats=True, **_cpu_scheduling(r))
         self.engine = AsyncLLM.from_engine_args(args)
 
     def prompt_len(self, prompt: str | list[int]) -> int:
@@ -178,3 +178,14 @@ def _kill_survivors(processes: list) -> None:
 
 def _sampled_logprob(step: dict, token_id: int) -> float:
     return float(step[token_id].logprob)
+
+
+def _cpu_scheduling(r) -> dict:
+    """On CPUs, prompts are never split across engine steps: vLLM's CPU worker fails a seeded request
+    whose prefill was split ("CPU Generator does not use offset" when it rewinds the request's
+    generator), and rlx seeds every request. GPUs keep vLLM's chunked prefill."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return {}
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(r.max_model_len, 8192)}
