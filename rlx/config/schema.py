@@ -87,7 +87,7 @@ class ModelConfig:
     attn_implementation: str = "sdpa"
     """transformers attention implementation for training: sdpa or eager."""
     build_if_missing: str = ""
-    """If set and model.path does not exist, build it: tiny_math_warmstart, running_sum_warmstart (a 4-layer
+    """If set and model.path does not exist, build it: tiny_math_warmstart, running_sum_warmstart (a 2-layer
     256-wide tiny model warm-started on the task) or qwen2_0p5b_random."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """Train LoRA adapters instead of the whole model (model.lora.rank > 0)."""
