@@ -80,6 +80,10 @@ class RpcClient(Generic[R]):
         except TimeoutError:
             raise RpcTimeout(f"{self.name} did not answer {label} within {timeout_s:g} s: it is dead, hung or "
                              "unreachable (check its log)") from None
+        except asyncio.CancelledError:
+            if reply.done() and not reply.cancelled():  # close() under a waiting send cancels the send
+                raise reply.exception() from None
+            raise
         finally:
             self._pending.pop(request_id, None)
 
