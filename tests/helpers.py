@@ -80,15 +80,8 @@ def group_alive(pgid: int) -> bool:
 @contextlib.contextmanager
 def serve(model_dir: Path, backend: str, work: Path, env: dict | None = None):
     """A real `rlx rollout-serve` process for ``model_dir``; yields (address, process), ends its group."""
-    config = write_config(work / f"serve-{backend}.yaml", model_dir, rollout={"backend": backend})
-    address = f"ipc://{work}/{backend}.sock"
-    log = work / f"server-{backend}.log"
-    proc = start_rlx(["rollout-serve", str(config), "--address", address], log, env)
-    try:
-        wait_ready(address, proc, log)
-        yield address, proc
-    finally:
-        stop_group(proc)
+    with serve_with(model_dir, work, f"server-{backend}", env, rollout={"backend": backend}) as served:
+        yield served
 
 
 @contextlib.contextmanager

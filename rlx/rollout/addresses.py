@@ -1,8 +1,10 @@
-"""Default addresses of a run's rollout servers."""
+"""Addresses of rollout servers: a run's defaults, and whether an address stays on this host."""
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
+from urllib.parse import urlparse
 
 
 def server_address(cfg, index: int) -> str:
@@ -12,3 +14,19 @@ def server_address(cfg, index: int) -> str:
     path = Path(cfg.trainer.output_dir).resolve() / f"rollout-{index}.sock"
     path.parent.mkdir(parents=True, exist_ok=True)
     return f"ipc://{path}"
+
+
+def is_loopback_address(address: str) -> bool:
+    """``ipc://``/``inproc://``, or ``tcp://`` to a loopback host."""
+    if address.startswith(("ipc://", "inproc://")):
+        return True
+    return is_loopback_host(urlparse(address).hostname or "")
+
+
+def is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

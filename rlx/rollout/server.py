@@ -24,35 +24,22 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import logging
 import signal
 import time
-from urllib.parse import urlparse
 
 import msgspec
 import zmq
 import zmq.asyncio
 
 from rlx.rollout import protocol as p
+from rlx.rollout.addresses import is_loopback_address
 from rlx.rollout.backends.base import Backend
 from rlx.sync.messages import BucketAck, SyncAbort, encode
 from rlx.sync.rpc import reply_frames
 from rlx.trace import tracer
 
 log = logging.getLogger("rlx.rollout.server")
-
-
-def is_loopback_address(address: str) -> bool:
-    if address.startswith(("ipc://", "inproc://")):
-        return True
-    host = urlparse(address).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_bind_address(address: str, allow_remote: bool, token: str) -> None:

@@ -41,7 +41,7 @@ def pick_transport(kind: str, device: str, peers: Sequence[str] = ()) -> str:
             raise ValueError(f"unknown weight transport {kind!r}; choose one of auto, {', '.join(TRANSPORTS)}")
         return kind
     if peers:
-        from rlx.rollout.server import is_loopback_address
+        from rlx.rollout.addresses import is_loopback_address
 
         if not all(is_loopback_address(a) for a in peers):
             return "nccl" if device.startswith("cuda") else "gloo"

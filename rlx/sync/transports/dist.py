@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import ipaddress
 import os
 import secrets
 import socket
@@ -40,6 +39,7 @@ from urllib.parse import urlparse
 
 import torch
 
+from rlx.rollout.addresses import is_loopback_host
 from rlx.sync.errors import SyncError
 from rlx.sync.messages import TransportHandle
 from rlx.sync.transports.base import ReceiverMapping, SenderBuffer
@@ -201,27 +201,18 @@ def advertised_host(peers: list[str]) -> str:
     peer (``tcp://host:port`` or ``ipc://...``) is on this host."""
     for peer in peers:
         host = urlparse(peer).hostname if peer.startswith("tcp://") else None
-        if host and not _is_loopback(host):
+        if host and not is_loopback_host(host):
             return route_to(host)
     return "127.0.0.1"
 
 
 def route_to(host: str) -> str:
     """The local address the kernel would send from to reach ``host`` (no packet is sent)."""
-    if _is_loopback(host):
+    if is_loopback_host(host):
         return "127.0.0.1"
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((host, 9))
         return s.getsockname()[0]
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _wait_all(works: list, timeout_s: float, peer: str) -> None:
