@@ -119,13 +119,13 @@ class Controller:
 
         Goes to the live servers; when one dies during it, the sync is repeated to those left (a
         restarted server gets its own sync when it rejoins)."""
-        started = time.perf_counter()
         report = None
-        with tracer.span("sync"):
-            async with self.ranks_busy:
+        async with self.ranks_busy:  # a restarted server's own sync goes first when it is waiting
+            started = time.perf_counter()
+            with tracer.span("sync"):
                 while report is None and self.client.live_indices():
                     report = await self._sync_to(self.client.live_indices(), regular=True)
-        return time.perf_counter() - started, float(report.zero_copy if report else 0.0)
+            return time.perf_counter() - started, float(report.zero_copy if report else 0.0)
 
     async def _sync_to(self, servers: list[int], regular: bool = False):
         """One sync to ``servers``; the caller holds ``ranks_busy``. ``regular``: the live servers are
@@ -191,10 +191,10 @@ class Controller:
         async with self.ranks_busy:
             with tracer.span("sync", server=f"rollout{index}"):
                 await self._sync_to([index])  # the server generates nothing yet: no pause needed
+            version = (await self.client.call(index, Health(), timeout_s=10.0)).weight_version
             self.client.mark_up(index)
-        version = (await self.client.call(index, Health(), timeout_s=10.0)).weight_version
-        tracer.event("rollout.rejoined", server=f"rollout{index}", address=self.client.addresses[index],
-                     weight_version=version)
+            tracer.event("rollout.rejoined", server=f"rollout{index}", address=self.client.addresses[index],
+                         weight_version=version)
         self.display.note(f"rollout server {self.client.addresses[index]} is back, with the trainer's current "
                           f"weights (weight version {version})")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import start_rlx, stop_group
+from tests.helpers import start_rlx, stop_group, wait_ready
 from tests.launch.test_train import (
     assert_no_children_alive,
     child_pids,
@@ -58,13 +58,18 @@ def start_run(tmp_path: Path, tiny_model_dir: Path, *overrides: str):
     return proc, tmp_path / "run", log
 
 
-def test_a_killed_server_is_restarted_with_the_newest_weights_and_the_run_finishes(tiny_model_dir, tmp_path):
-    proc, run_dir, log = start_run(tmp_path, tiny_model_dir)
+@pytest.mark.parametrize("num_servers", [1, 2])
+def test_a_killed_server_is_restarted_with_the_newest_weights_and_the_run_finishes(num_servers, tiny_model_dir,
+                                                                                   tmp_path):
+    """One server: generation waits for it. Two: the other generates and takes the syncs meanwhile. The run
+    is held (in its reward) until the restarted server answers, so that it rejoins before the run ends."""
+    proc, run_dir, log = start_run(tmp_path, tiny_model_dir, f"rollout.num_servers={num_servers}")
     try:
         wait_for(lambda: (tmp_path / "held").exists(), 300, proc, log)
         killed = child_pids(run_dir)["rollout0"]
         os.killpg(killed, signal.SIGKILL)
         wait_for(lambda: child_pids(run_dir)["rollout0"] != killed, 60, proc, log)
+        wait_ready(f"ipc://{run_dir / 'rollout-0.sock'}", proc, log)  # so it rejoins before the run ends
         (tmp_path / "go").touch()
         proc.wait(400)
     finally:
@@ -83,14 +88,15 @@ def test_a_killed_server_is_restarted_with_the_newest_weights_and_the_run_finish
     [restart] = [r for r in trainer if r.get("n") == "rollout.restart"]
     [rejoined] = [r for r in trainer if r.get("n") == "rollout.rejoined"]
     assert restart["a"]["server"] == "rollout0" and rejoined["a"]["weight_version"] == 1
-    # every sync after the rejoin reached the restarted server (the only one) and was verified there
+    # every sync after the rejoin reached the restarted server and was verified there
     syncs_after = [r for r in trainer if r.get("n") == "sync" and r["t"] > rejoined["t"] and "server" not in r.get("a", {})]
     assert syncs_after, "the run ended before a regular sync reached the restarted server"
     server = trace_records(run_dir / "trace" / f"rollout0.{restarted}.jsonl")
     versions = [r["a"]["weight_version"] for r in server if r.get("n") == "sync.end"]
     assert versions == list(range(1, len(syncs_after) + 2)), (versions, len(syncs_after))
     verified = [r for r in trainer if r.get("n") == "sync.verified" and r["t"] > rejoined["t"]]
-    assert verified and all(r["a"]["peer"].endswith("rollout-0.sock") for r in verified)
+    restarted_peer = f"rollout server {restart['a']['address']}"
+    assert sum(r["a"]["peer"] == restarted_peer for r in verified) >= len(syncs_after), verified
     assert_no_children_alive(run_dir)
 
 
