@@ -43,6 +43,7 @@ def rollout_serve(
     from rlx.config import load_config
     from rlx.engine.model import check_model_dir
     from rlx.rollout.backends.base import make_backend
+    from rlx.rollout.priority import apply_from_env
     from rlx.rollout.server import BackendDied, run_server
     from rlx.trace import tracer
 
@@ -52,6 +53,8 @@ def rollout_serve(
         cfg.rollout.auth_token = cfg.rollout.auth_token or _token_from_env(auth_token_env)
         address = _bind_address(cfg, address, host, port, index, allow_remote)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if apply_from_env():
+        logging.getLogger("rlx.rollout.server").info("running at idle CPU priority (rollout.yield_cpu)")
     tracer.configure_from_env("rollout", f"rollout{index}")
     limits = {"max_model_len": cfg.rollout.max_model_len, "request_timeout_s": cfg.rollout.request_timeout_s,
               "sync_timeout_s": cfg.sync.timeout_s}

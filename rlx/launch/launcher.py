@@ -29,6 +29,7 @@ from rich.markup import escape
 
 from rlx.launch.display import Display
 from rlx.launch.preflight import preflight
+from rlx.rollout.priority import ENV_SCHED_IDLE
 from rlx.launch.processes import ProcessSet, python_argv
 from rlx.launch.restarts import ServerRestarts
 from rlx.launch.run_dir import (
@@ -121,7 +122,8 @@ class Launch:
         for index in range(self.cfg.rollout.servers_to_launch):
             address = server_address(self.cfg, index)
             argv = python_argv("rlx", "rollout-serve", *config_args, "--address", address, "--index", str(index))
-            self.procs.start(f"rollout{index}", argv, dict(env, VLLM_LOGGING_LEVEL="WARNING"))
+            server_env = dict(env, VLLM_LOGGING_LEVEL="WARNING", **_server_priority(self.cfg))
+            self.procs.start(f"rollout{index}", argv, server_env)
             self.own_addresses.append(address)
         return list(self.own_addresses)
 
@@ -199,6 +201,14 @@ def _trace_env(cfg, run_dir: Path) -> dict:
     from rlx.trace import ENV_TRACE_DIR
 
     return {ENV_TRACE_DIR: str(_trace_dir(cfg, run_dir))} if cfg.trace.enabled else {}
+
+
+def _server_priority(cfg) -> dict:
+    """``rollout.yield_cpu``: servers on this CPU-only host yield to the trainer in sync mode, where the
+    trainer waits while they generate and they wait (spinning, for vLLM) while it trains."""
+    if cfg.rollout.yield_cpu and cfg.trainer.mode == "sync" and _device_type(cfg) == "cpu":
+        return {ENV_SCHED_IDLE: "1"}
+    return {}
 
 
 def _device_type(cfg) -> str:

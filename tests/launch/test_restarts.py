@@ -84,7 +84,7 @@ def test_a_killed_server_is_restarted_with_the_newest_weights_and_the_run_finish
     assert restarted != killed
     assert "rlx: starting rollout0" in (run_dir / "logs" / "rollout0.log").read_text().split(str(killed))[-1]
 
-    trainer = trace_records(next((run_dir / "trace").glob("trainer0.*.jsonl")))
+    trainer = [r for path in sorted((run_dir / "trace").glob("trainer0.*.jsonl")) for r in trace_records(path)]
     [restart] = [r for r in trainer if r.get("n") == "rollout.restart"]
     [rejoined] = [r for r in trainer if r.get("n") == "rollout.rejoined"]
     assert restart["a"]["server"] == "rollout0" and rejoined["a"]["weight_version"] == 1
