@@ -7,8 +7,10 @@ through the model's keyword arguments to this function. No token attends across 
 - CUDA, bf16/fp16, with ``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10), sequences
   shorter than ``LONG_SEQUENCE`` on average: one variable-length flash-attention call, no
   padding and no mask.
-- otherwise (CPU, float32, long sequences): ``scaled_dot_product_attention`` once per sequence
-  with ``is_causal=True`` -- padding per sequence without the padding. On an H100 (torch 2.11)
+- otherwise, short sequences (CPU, float32): one batched ``scaled_dot_product_attention`` over the
+  sequences laid out as padded rows with a causal and key-padding mask (one call, not one per
+  sequence: on a CPU a quickstart micro-batch of 256 sequences took 2.5x as long one call each);
+- long sequences: ``scaled_dot_product_attention`` once per sequence with ``is_causal=True``. On an H100 (torch 2.11)
   sdpa's causal kernel runs one 16k sequence in half the time varlen_attn takes, while for
   eight 1280-token sequences one varlen call takes half the time of eight sdpa calls.
 
@@ -48,11 +50,29 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
     if _varlen_ok(query, scaling) and query.shape[2] < LONG_SEQUENCE * num_sequences:
         return _varlen(query, key, value, cu_seqlens, int(kwargs["max_length_q"]), scaling), None
     groups = query.shape[1] // key.shape[1]
+    if query.shape[2] < LONG_SEQUENCE * num_sequences:
+        return _padded(query, key, value, cu_seqlens, scaling, groups > 1), None
     bounds = cu_seqlens.tolist()
     outputs = [F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], is_causal=True,
                                               scale=scaling, enable_gqa=groups > 1)
                for s, e in itertools.pairwise(bounds)]
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _padded(query, key, value, cu_seqlens, scaling, gqa: bool):
+    """Short sequences without varlen: one batched sdpa call over the sequences laid out as padded rows
+    (``[sequences, heads, longest, head_dim]``, causal and key-padding mask), then the real positions
+    gathered back in order. One kernel call instead of one per sequence, which dominates on CPUs."""
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    longest = int(lengths.max())
+    offsets = torch.arange(longest, device=query.device)
+    valid = offsets[None, :] < lengths[:, None]                                # [S, L]
+    index = (cu_seqlens[:-1, None] + offsets[None, :]).clamp(max=query.shape[2] - 1)
+    rows = [t[0][:, index].transpose(0, 1) for t in (query, key, value)]        # [S, heads, L, d]
+    causal = torch.ones(longest, longest, dtype=torch.bool, device=query.device).tril()
+    mask = causal[None, None] & valid[:, None, None, :]
+    out = F.scaled_dot_product_attention(*rows, attn_mask=mask, scale=scaling, enable_gqa=gqa)
+    return out.transpose(1, 2)[valid].unsqueeze(0)                              # [1, N, heads, d]
 
 
 def _varlen_ok(query: torch.Tensor, scaling) -> bool:
