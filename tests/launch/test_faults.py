@@ -84,7 +84,8 @@ def test_a_fault_mid_run_is_one_line_and_a_logged_traceback(fault, tiny_model_di
         stop_group(proc)
     output = log.read_text()
     assert proc.returncode == 1, output[-3000:]
-    expected = "reward model unreachable" if fault == "reward_raises" else "did not answer Generate"
+    # a stopped server misses a Generate, or a Pause/Resume when the stop lands in a weight sync
+    expected = "reward model unreachable" if fault == "reward_raises" else "did not answer"
     logged = assert_one_line_failure(output, run_dir, "the run failed", expected)
     assert expected in logged
     assert_no_children_alive(run_dir)
