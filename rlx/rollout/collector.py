@@ -13,6 +13,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
+import msgspec
+
 from rlx.engine.batch import TrainBatch, build_batch
 from rlx.rollout.client import RolloutClient
 from rlx.rollout.protocol import SamplingSpec
@@ -45,11 +47,10 @@ class Collector:
             self.client.generate([p.prompt], self._seeded(seed, i), timeout_s=self.cfg.rollout.request_timeout_s)
             for i, p in enumerate(problems)))
         results = [r[0] for r in results]
-        sampling = self.sampling
         time_generate = time.perf_counter() - start
         start = time.perf_counter()
         prompt_ids, completion_ids, logps, rewards, texts, correct = [], [], [], [], [], []
-        with tracer.span("reward", samples=len(problems) * sampling.n):
+        with tracer.span("reward", samples=len(problems) * self.sampling.n):
             for problem, result in zip(problems, results):
                 for sample in result.samples:
                     prompt_ids.append(result.prompt_token_ids)
@@ -77,7 +78,7 @@ class Collector:
         ``n`` samples of one request ``seed, seed + 1, ...``. One seed for every prompt would draw
         sample ``j`` of every prompt from the same random stream, correlating the whole batch."""
         spaced = (seed * MAX_PROMPTS_PER_STEP + index) * self.sampling.n
-        return SamplingSpec(**{**_fields(self.sampling), "seed": spaced})
+        return msgspec.structs.replace(self.sampling, seed=spaced)
 
     async def evaluate(self, problems: list[Problem]) -> float:
         """Greedy accuracy on ``problems`` (the held-out split)."""
@@ -90,7 +91,3 @@ class Collector:
                                                  timeout_s=self.cfg.rollout.request_timeout_s)
         hits = [self.task.is_correct(r.samples[0].text, p) for p, r in zip(problems, results)]
         return sum(hits) / len(hits)
-
-
-def _fields(spec: SamplingSpec) -> dict:
-    return {name: getattr(spec, name) for name in spec.__struct_fields__}
