@@ -45,8 +45,10 @@ class TrainBatch:
 
 
 def build_batch(prompt_ids: list[list[int]], completion_ids: list[list[int]], rollout_logps: list[list[float]],
-                rewards: list[float], pad_id: int) -> TrainBatch:
-    """One row per sample; ``prompt_ids[i]`` is the prompt of sample ``i``."""
+                rewards: list[float], pad_id: int, token_masks: list[list[float]] | None = None) -> TrainBatch:
+    """One row per sample; ``prompt_ids[i]`` is the prompt of sample ``i``. ``token_masks[i]`` (one value per
+    completion token) marks which completion tokens the loss covers, e.g. 0 on a multi-turn episode's
+    observations (``rlx.rollout.agent.episode``); without it every completion token counts."""
     rows = len(prompt_ids)
     prompt_len = max(len(p) for p in prompt_ids)
     completion_len = max(1, max(len(c) for c in completion_ids))
@@ -61,7 +63,7 @@ def build_batch(prompt_ids: list[list[int]], completion_ids: list[list[int]], ro
         input_ids[i, prompt_len:prompt_len + len(completion)] = torch.tensor(completion, dtype=torch.long)
         attention[i, start:prompt_len + len(completion)] = 1
         completions[i, :len(completion)] = torch.tensor(completion, dtype=torch.long)
-        mask[i, :len(completion)] = 1.0
+        mask[i, :len(completion)] = torch.tensor(token_masks[i]) if token_masks is not None else 1.0
         rollout_logp[i, :len(logps)] = torch.tensor(logps)
     position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)
     return TrainBatch(input_ids, attention, position_ids, completions, mask, rollout_logp,
