@@ -181,8 +181,11 @@ class RolloutConfig:
     """Maximum completion tokens per sample."""
     stop: list[str] = field(default_factory=list)
     """Stop strings that end a completion."""
-    gpu_memory_utilization: float = 0.2
-    """vLLM memory fraction (KV cache); on CPU builds the fraction of host memory."""
+    gpu_memory_utilization: Optional[float] = None
+    """vLLM memory fraction of its GPU; unset = follows from placement (separate 0.9, colocated a share;
+    rlx.launch.placement). On CPU builds the fraction of host memory (unset = 0.2)."""
+    tensor_parallel_size: int = 1
+    """GPUs one vLLM engine shards its model over (tensor parallelism); several servers = data parallelism."""
     max_model_len: int = 512
     """vLLM context length (prompt + completion tokens)."""
     enforce_eager: bool = True
@@ -219,7 +222,13 @@ class RolloutConfig:
         check_range("rollout.temperature", self.temperature, 0.0)
         check_range("rollout.top_p", self.top_p, 0.0, 1.0)
         check_range("rollout.max_tokens", self.max_tokens, 1)
-        check_range("rollout.gpu_memory_utilization", self.gpu_memory_utilization, 0.01, 1.0)
+        if self.gpu_memory_utilization is not None:
+            check_range("rollout.gpu_memory_utilization", self.gpu_memory_utilization, 0.01, 1.0)
+        check_range("rollout.tensor_parallel_size", self.tensor_parallel_size, 1)
+        if self.tensor_parallel_size > 1 and self.backend != "vllm":
+            raise ConfigError(f"rollout.tensor_parallel_size={self.tensor_parallel_size} needs rollout.backend=vllm "
+                              "(the hf backend runs on one device); set rollout.backend=vllm or "
+                              "rollout.tensor_parallel_size=1")
         check_range("rollout.port", self.port, 0, 65535)
         check_range("rollout.top_k", self.top_k, -1, hint="-1 turns top-k sampling off")
         check_range("rollout.max_model_len", self.max_model_len, 2)
@@ -425,6 +434,46 @@ class TraceConfig:
     """Trace directory; empty = run_dir/trace."""
 
 
+PLACEMENT_CHOICES = ("separate", "colocated")
+
+
+@dataclass
+class PlacementConfig:
+    mode: str = "separate"
+    """separate (each trainer rank and each rollout server its own GPUs) or colocated (the servers on the trainer's
+    GPUs, taking turns: engines sleep while the trainer trains, the trainer offloads while they generate)."""
+    rollout_gpus: int = 0
+    """GPUs of the launched rollout servers; 0 = rollout.num_servers x rollout.tensor_parallel_size."""
+    sleep_level: int = 1
+    """colocated: engines sleep during training; 1 = weights to CPU and KV cache freed, 2 = both freed (the
+    sync brings the weights back), 0 = never sleep."""
+    offload: bool = True
+    """colocated: the trainer moves parameters and optimizer state to CPU while the engines generate."""
+    gpu_memory_gb: float = 0.0
+    """Memory budget per GPU in GiB that each rlx process respects (a smaller GPU emulated); 0 = the whole GPU."""
+
+    def __post_init__(self) -> None:
+        check_choice("placement.mode", self.mode, PLACEMENT_CHOICES)
+        check_range("placement.rollout_gpus", self.rollout_gpus, 0)
+        check_range("placement.sleep_level", self.sleep_level, 0, 2, hint="0 = the engine never sleeps")
+        check_range("placement.gpu_memory_gb", self.gpu_memory_gb, 0.0, hint="0 = the whole GPU")
+
+
+def check_colocated(cfg) -> None:
+    """placement.mode=colocated: what taking turns rules out, whatever the host's devices."""
+    if cfg.placement.mode != "colocated":
+        return
+    if cfg.trainer.mode != "sync":
+        raise ConfigError(f"placement.mode=colocated with trainer.mode={cfg.trainer.mode}: colocated roles take turns, "
+                          "so generation cannot overlap training; set trainer.mode=sync or placement.mode=separate")
+    if cfg.rollout.servers:
+        raise ConfigError("placement.mode=colocated with rollout.servers: only servers this run launches share the "
+                          "trainer's GPUs; empty rollout.servers or set placement.mode=separate")
+    if cfg.placement.offload and cfg.trainer.num_ranks > 1:
+        raise ConfigError(f"placement.offload with trainer.num_ranks={cfg.trainer.num_ranks}: offloading runs on one "
+                          "trainer rank; set trainer.num_ranks=1 or placement.offload=false")
+
+
 @dataclass
 class RunConfig:
     run_name: str = "run"
@@ -447,9 +496,12 @@ class RunConfig:
     """Metric sinks."""
     trace: TraceConfig = field(default_factory=TraceConfig)
     """Span tracing."""
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    """Which GPUs each role gets: separate, or colocated (taking turns); see rlx.launch.placement."""
 
     def __post_init__(self) -> None:
         check_all_finite(self)
+        check_colocated(self)
         if self.trainer.micro_batch_size > self.trainer.prompts_per_step * self.rollout.n:
             self.trainer.micro_batch_size = self.trainer.prompts_per_step * self.rollout.n
         if self.model.lora.rank and self.trainer.num_ranks > 1:

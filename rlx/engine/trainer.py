@@ -28,6 +28,8 @@ from rlx.engine.algorithms.correction import rollout_correction
 from rlx.engine.algorithms.kl import kl_estimate, kl_penalized_rewards
 from rlx.engine.algorithms.policy_loss import policy_loss
 from rlx.engine.batch import TrainBatch
+from rlx.engine.critic import Critic
+from rlx.engine.distill import distill_advantages, make_teacher
 from rlx.engine.logprobs import can_split_head, completion_logprobs
 from rlx.engine.model import (
     full_named_parameters,
@@ -50,12 +52,14 @@ class Trainer:
         self.model = load_model(cfg, self.device, packed_attention=packed)
         self.ref_model = (load_model(cfg, self.device, trainable=False, packed_attention=packed)
                           if cfg.algorithm.kl_coef > 0 else None)
+        self.critic = Critic(cfg, self.device, packed) if cfg.algorithm.advantage == "gae" else None
+        self.teacher = make_teacher(cfg, self.device)  # on-policy distillation (rlx.engine.distill)
         self.optimizer = build_optimizer(self.model, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
         self.split_head = self.world == 1 and can_split_head(self.model)
         self.fused_logprobs = (cfg.trainer.epochs_per_step == 1 and cfg.trainer.mode == "sync"
-                               and self.ref_model is None and not has_dropout(self.model))
+                               and self.ref_model is None and self.teacher is None and not has_dropout(self.model))
         """The update's detached logprobs are the old ones (see the module docstring)."""
 
     def named_tensors(self):
@@ -80,16 +84,44 @@ class Trainer:
             with tracer.span("logprob", rows=sum(mb.batch.size for mb in micro)):
                 self._score(micro)
         time_logprob = time.perf_counter() - start
-        advantages = compute_advantages(a.advantage, self._shaped_rewards(full, micro), self.cfg.rollout.n)
+        advantages, metrics = self._advantages(full, micro)
         for mb in micro:
             mb.batch.advantages = advantages[mb.rows].to(self.device)
         agg = LossAgg(a.loss_agg, global_tokens=float(full.mask.sum()), global_seqs=float(full.size),
                       max_len=self.cfg.rollout.max_tokens)
         start = time.perf_counter()
-        metrics = self._update(micro, agg)
+        if self.critic is None or not self.critic.warming_up:  # critic warm-up: only the critic trains
+            metrics.update(self._update(micro, agg))
+        if self.critic is not None:
+            metrics.update(self.critic.update(micro))
         metrics["time_update"] = time.perf_counter() - start
         metrics["time_logprob"] = time_logprob
         return metrics
+
+    def _advantages(self, full: TrainBatch, micro: list[MicroBatch]) -> tuple[torch.Tensor, dict[str, float]]:
+        """[B] or per-token [B, T] advantages (the estimator, or GAE with the critic; then distillation), and
+        their metrics."""
+        a, metrics = self.cfg.algorithm, {}
+        rewards = self._shaped_rewards(full, micro)
+        if self.critic is not None:
+            advantages, metrics = self.critic.advantages(full.mask, rewards, micro)
+        else:
+            advantages = compute_advantages(a.advantage, rewards, self.cfg.rollout.n)
+        if self.teacher is not None:
+            with tracer.span("teacher_logprob", rows=full.size):
+                advantages, distilled = distill_advantages(self.teacher, full, micro, advantages, a.distill.coef,
+                                                           a.distill.reward_coef)
+            metrics.update(distilled)
+        return advantages, metrics
+
+    def save_extra(self, directory) -> None:
+        """Write what a checkpoint holds beside the policy (the critic) into the staged ``directory``."""
+        if self.critic is not None:
+            self.critic.save(directory)
+
+    def load_extra(self, directory) -> None:
+        if self.critic is not None:
+            self.critic.load(directory)
 
     @torch.no_grad()
     def _score(self, micro: list[MicroBatch]) -> None:

@@ -209,8 +209,12 @@ class Controller:
             state = {"step": step, "data": self._data_state_for_resume(), "run_name": self.cfg.run_name}
             save_checkpoint(self.ckpt_root, step, self.trainer.model, self.trainer.optimizer, self.trainer.scheduler,
                             self.cfg.model.path, state, c.keep,
-                            before_manifest=lambda staged: self.plugins.call("on_save", staged, step))
+                            before_manifest=lambda staged: self._before_manifest(staged, step))
         return time.perf_counter() - started
+
+    def _before_manifest(self, staged: Path, step: int) -> None:
+        self.trainer.save_extra(staged)  # the critic, hashed into the manifest with the rest
+        self.plugins.call("on_save", staged, step)
 
     def _data_state_for_resume(self) -> dict:
         """The data position that makes a resumed run draw the next step's prompts next."""
@@ -226,6 +230,7 @@ class Controller:
         step = int(ckpt.name.split("_")[-1])
         self.bus.announce(Command.LOAD, step)
         state = load_checkpoint(ckpt, self.trainer.model, self.trainer.optimizer, self.trainer.scheduler)
+        self.trainer.load_extra(ckpt)
         self.stream.load_state(state["data"])
         self.plugins.call("on_load", ckpt, step)
         self.display.note(f"resumed from {ckpt} (step {step})")

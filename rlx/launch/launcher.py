@@ -28,6 +28,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from rlx.launch.display import Display
+from rlx.launch.placement import plan, visible_gpus
 from rlx.launch.preflight import preflight
 from rlx.rollout.priority import ENV_SCHED_IDLE
 from rlx.launch.processes import ProcessSet, python_argv
@@ -88,6 +89,7 @@ class Launch:
         self.cfg, self.run_dir, self.display, self.stops = cfg, run_dir, display, stops
         self.procs = ProcessSet(run_dir / "logs", emit=display.log_line)
         self.own_addresses: list[str] = []  # the ipc sockets of the servers this run started
+        self.placement = plan(cfg, visible_gpus())  # checked in pre-flight
         self.restarts = ServerRestarts(self.procs, cfg.rollout.max_restarts, cfg.rollout.restart_on_failure,
                                        stop=stops.report, note=lambda text: display.note(escape(text)))
 
@@ -97,6 +99,7 @@ class Launch:
         secret_args, secret_env = secret_overrides(cfg)
         env = dict(_trace_env(cfg, self.run_dir), **secret_env)
         with self.display:
+            self.display.log(self.placement.describe())
             addresses = self._start_servers([str(config_file), *secret_args], env) + list(cfg.rollout.servers)
             self._start_ranks([str(config_file), *secret_args], env)
             self.procs.watch(self.restarts.on_death)
@@ -121,8 +124,11 @@ class Launch:
 
         for index in range(self.cfg.rollout.servers_to_launch):
             address = server_address(self.cfg, index)
-            argv = python_argv("rlx", "rollout-serve", *config_args, "--address", address, "--index", str(index))
-            server_env = dict(env, VLLM_LOGGING_LEVEL="WARNING", **_server_priority(self.cfg))
+            slot = self.placement.server(index)
+            argv = python_argv("rlx", "rollout-serve", *config_args, *slot.overrides(), "--address", address,
+                               "--index", str(index))
+            server_env = dict(env, VLLM_LOGGING_LEVEL="WARNING", **_server_priority(self.cfg),
+                              **slot.env(os.environ.get("CUDA_VISIBLE_DEVICES")))
             self.procs.start(f"rollout{index}", argv, server_env)
             self.own_addresses.append(address)
         return list(self.own_addresses)
@@ -134,7 +140,8 @@ class Launch:
         port = _free_port()
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK="0")
         for rank in range(1, world):
-            rank_env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank))
+            rank_env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
+                            **self.placement.rank(rank).env(os.environ.get("CUDA_VISIBLE_DEVICES")))
             self.procs.start(f"trainer{rank}", python_argv("rlx.launch.ranks", *config_args), rank_env)
 
     def _run_rank0(self, addresses: list[str]) -> int:

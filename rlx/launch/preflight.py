@@ -24,7 +24,10 @@ def preflight(cfg, display: Display) -> None:
     from rlx.plugins import check_installed
     from rlx.rollout.tasks import build_task
 
+    from rlx.launch import placement
+
     run_dir = Path(cfg.trainer.output_dir).resolve()
+    placement.check(cfg, placement.visible_gpus())
     check_output_dir(run_dir)
     check_installed(cfg.checkpoint.plugins)
     if cfg.model.build_if_missing and not Path(cfg.model.path, "config.json").is_file():

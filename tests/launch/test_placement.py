@@ -1,0 +1,83 @@
+"""Placement: which GPUs each child gets and every layout error, as a pure function (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlx.config import load_config
+from rlx.config.errors import ConfigError
+from rlx.launch import placement
+from tests.helpers import write_config
+
+
+def cfg(tmp_path, *overrides: str):
+    path = write_config(tmp_path / "run.yaml", tmp_path / "model")
+    return load_config(str(path), list(overrides))
+
+
+def test_cpu_host_assigns_nothing_and_keeps_the_engine_setting(tmp_path):
+    c = cfg(tmp_path)
+    placement.check(c, 0)
+    p = placement.plan(c, 0)
+    assert [s.name for s in (*p.trainer, *p.rollout)] == ["trainer0", "rollout0"]
+    assert all(s.env("0,1") == {} and s.overrides() == [] for s in (*p.trainer, *p.rollout))
+    assert placement.engine_memory_fraction(c, cpu_platform=True) == placement.CPU_FRACTION
+    # trainer.device=cpu on a GPU host: the same no-op
+    assert placement.plan(cfg(tmp_path, "trainer.device=cpu"), 8).rollout[0].devices == ()
+
+
+def test_separate_gives_each_role_its_own_gpus(tmp_path):
+    c = cfg(tmp_path, "trainer.num_ranks=2", "rollout.num_servers=2", "rollout.tensor_parallel_size=2")
+    placement.check(c, 6)
+    p = placement.plan(c, 6)
+    assert [s.devices for s in p.trainer] == [(0,), (1,)]
+    assert [s.devices for s in p.rollout] == [(2, 3), (4, 5)]
+    assert p.rollout[1].env(None) == {"CUDA_VISIBLE_DEVICES": "4,5"}
+    assert p.rollout[1].env("3,5,6,7,8,9") == {"CUDA_VISIBLE_DEVICES": "8,9"}  # through the launcher's own list
+    assert p.rollout[0].overrides() == [f"rollout.gpu_memory_utilization={placement.SEPARATE_FRACTION:.4g}"]
+    assert "rollout1: GPU 4,5" in p.describe()
+
+
+def test_colocated_shares_the_trainers_gpus_and_the_memory_follows_the_turns(tmp_path):
+    base = ("placement.mode=colocated", "trainer.num_ranks=1", "rollout.num_servers=2")
+    c = cfg(tmp_path, *base)
+    placement.check(c, 1)
+    p = placement.plan(c, 1)
+    assert [s.devices for s in p.rollout] == [(0,), (0,)]
+    assert [s.memory_fraction for s in p.rollout] == [placement.TURN_FRACTION / 2] * 2
+    kept = placement.plan(cfg(tmp_path, *base, "placement.offload=false"), 1)
+    assert kept.rollout[0].memory_fraction == placement.SHARED_FRACTION / 2  # the trainer keeps its state there
+    two = placement.plan(cfg(tmp_path, "placement.mode=colocated", "trainer.num_ranks=2", "placement.offload=false",
+                             "rollout.backend=vllm", "rollout.tensor_parallel_size=2"), 2)
+    assert two.rollout[0].devices == (0, 1) and two.rollout[0].memory_fraction == placement.SHARED_FRACTION
+
+
+@pytest.mark.parametrize("overrides, gpus, fix", [
+    (("trainer.num_ranks=2", "rollout.num_servers=2"), 3, "needs 4 GPUs"),
+    (("rollout.tensor_parallel_size=2", "placement.rollout_gpus=3"), 8, "does not divide placement.rollout_gpus=3"),
+    (("rollout.tensor_parallel_size=2", "placement.rollout_gpus=4"), 8, "set rollout.num_servers=2"),
+    (("trainer.device=cuda",), 0, "sees no GPU"),
+    (("placement.mode=colocated", "rollout.num_servers=2", "placement.sleep_level=0"), 1, "placement.sleep_level=1"),
+    (("placement.mode=colocated", "trainer.num_ranks=3", "placement.offload=false", "rollout.num_servers=2",
+      "rollout.tensor_parallel_size=2"), 4, "does not divide the 3 colocated GPUs"),
+    (("placement.mode=colocated", "rollout.tensor_parallel_size=2"), 4, "spans more GPUs than the 1"),
+    (("placement.mode=colocated", "trainer.num_ranks=2", "placement.offload=false"), 1, "set trainer.num_ranks <= 1"),
+])
+def test_layout_errors_name_the_fix(tmp_path, overrides, gpus, fix):
+    c = cfg(tmp_path, "rollout.backend=vllm", *overrides)
+    with pytest.raises(ConfigError, match=fix):
+        placement.check(c, gpus)
+
+
+@pytest.mark.parametrize("overrides, fix", [
+    (("placement.mode=colocated", "trainer.mode=one_step_off"), "set trainer.mode=sync"),
+    (("placement.mode=colocated", "rollout.servers=[tcp://10.0.0.1:5555]", "rollout.auth_token=x"),
+     "empty rollout.servers"),
+    (("placement.mode=colocated", "trainer.num_ranks=2"), "placement.offload=false"),
+    (("rollout.backend=hf", "rollout.tensor_parallel_size=2"), "needs rollout.backend=vllm"),
+    (("placement.mode=stacked",), "placement.mode"),
+    (("placement.sleep_level=3",), "placement.sleep_level"),
+])
+def test_config_errors_whatever_the_host(tmp_path, overrides, fix):
+    with pytest.raises(ConfigError, match=fix):
+        cfg(tmp_path, *overrides)
