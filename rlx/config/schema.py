@@ -14,6 +14,7 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 from rlx.config.errors import ConfigError
+from rlx.store.config import FiltersConfig, StoreConfig, check_reuse
 
 
 def check_choice(where: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -203,6 +204,17 @@ class RolloutConfig:
     """Restart a launched server that dies mid-run (it rejoins with the newest weights); off = the run stops."""
     max_restarts: int = 3
     """Restarts allowed per launched server with rollout.restart_on_failure; one more death stops the run."""
+    dump_dir: str = ""
+    """Write every step's samples here (safetensors + JSON, checksummed manifest); empty = no dump."""
+    reuse: str = ""
+    """Train on a dump instead of generating: replay (every step), first_k (rollout.reuse_steps steps, then
+    generate) or mix (rollout.reuse_fraction of each step's prompts from the dump); empty = off."""
+    reuse_dir: str = ""
+    """The dump rollout.reuse reads (an earlier run's rollout.dump_dir)."""
+    reuse_steps: int = 0
+    """first_k: steps taken from the dump before generating."""
+    reuse_fraction: float = 0.5
+    """mix: fraction of each step's prompts (whole groups) taken from the dump."""
 
     @property
     def servers_to_launch(self) -> int:
@@ -236,6 +248,7 @@ class RolloutConfig:
         check_range("rollout.startup_timeout_s", self.startup_timeout_s, 0.1)
         check_range("rollout.max_restarts", self.max_restarts, 0, hint="set rollout.max_restarts to the restarts "
                     "allowed per launched server")
+        check_reuse(self)
         for address in self.servers:
             if not address.startswith(("tcp://", "ipc://")):
                 raise ConfigError(f"rollout.servers entry {address!r} must start with tcp:// or ipc://")
@@ -305,6 +318,9 @@ class TrainerConfig:
     """sync (on-policy, lock-step) or one_step_off (generation of step k+1 overlaps training of step k)."""
     num_ranks: int = 1
     """Trainer processes (torch.distributed ranks); > 1 shards the model with FSDP2."""
+    data_plane: str = "store"
+    """How ranks > 0 get a step's batch: store (each pulls its own rows from the sample store; rank 0 sends a
+    fixed-size notice) or broadcast (rank 0 broadcasts every tensor to every rank)."""
     device: str = "auto"
     """Training device: auto (cuda when available), cpu or cuda."""
     total_steps: int = 20
@@ -351,6 +367,7 @@ class TrainerConfig:
         check_choice("trainer.device", self.device, ("auto", "cpu", "cuda"))
         check_choice("trainer.lr_schedule", self.lr_schedule, ("constant", "cosine"))
         check_range("trainer.num_ranks", self.num_ranks, 1)
+        check_choice("trainer.data_plane", self.data_plane, ("store", "broadcast"))
         check_range("trainer.total_steps", self.total_steps, 1)
         check_range("trainer.prompts_per_step", self.prompts_per_step, 1)
         check_range("trainer.micro_batch_size", self.micro_batch_size, 1)
@@ -490,6 +507,10 @@ class RunConfig:
     """Optimisation, ranks and the step loop."""
     sync: SyncConfig = field(default_factory=SyncConfig)
     """Trainer -> rollout weight transfer."""
+    store: StoreConfig = field(default_factory=StoreConfig)
+    """The sample store the trainer ranks pull their rows from (trainer.data_plane=store)."""
+    filters: FiltersConfig = field(default_factory=FiltersConfig)
+    """DAPO sampling filters applied to each step's groups before training."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpoint cadence and retention."""
     logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -89,6 +89,11 @@ def pad_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
     return TrainBatch(**padded)
 
 
+def batch_bytes(batch: TrainBatch) -> int:
+    """The bytes ``broadcast_batch`` sends each rank: its shape header and every tensor it carries."""
+    return 3 * 8 + sum(getattr(batch, name).numel() * getattr(batch, name).element_size() for name in TENSOR_FIELDS)
+
+
 def broadcast_batch(batch: TrainBatch | None, device: torch.device, src: int = 0) -> TrainBatch:
     """Send rank ``src``'s batch to every rank: a shape header, then each tensor (on ``device``)."""
     header = torch.zeros(3, dtype=torch.long, device=device)

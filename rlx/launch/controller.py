@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from rlx.engine.batch import broadcast_batch
+from rlx.engine.batch import batch_bytes, broadcast_batch
 from rlx.engine.checkpoint import load_checkpoint, resume_checkpoint, save_checkpoint
 from rlx.engine.trainer import Trainer
 from rlx.launch.ranks import Command, RankBus
@@ -43,6 +43,11 @@ class Controller:
         tokenizer = load_tokenizer(cfg.model.path)
         self.collector = Collector(cfg, client, self.task, tokenizer.pad_token_id)
         self.bus = RankBus(trainer.device)
+        self.plane = None  # trainer.data_plane=store: ranks > 0 pull their rows from the sample store
+        if self.bus.active and cfg.trainer.data_plane == "store":
+            from rlx.store.plane import DataPlane
+
+            self.plane = DataPlane(cfg.store, tokenizer.pad_token_id, trainer.device)
         # one rank sending its weights in the engine's dtype sends them as they are (zero-copy where the
         # transport allows); LoRA sends merged weights, computed per sync: nothing to adopt
         as_they_are = not self.bus.active and cfg.model.engine_dtype == cfg.model.dtype and not cfg.model.lora.rank
@@ -108,11 +113,20 @@ class Controller:
         return asyncio.create_task(self.collector.collect(problems, seed=seed))
 
     def train(self, collected: Collected) -> dict[str, float]:
+        sent = self.bus.bytes_sent
         self.bus.announce(Command.TRAIN)
         batch = collected.batch
-        if self.bus.active:
+        if self.plane is not None:
+            self.bus.bytes_sent += self.plane.send(batch)
+        elif self.bus.active:
+            self.bus.bytes_sent += batch_bytes(batch)
             batch = broadcast_batch(batch, self.trainer.device).to(torch.device("cpu"))
-        return self.trainer.step(batch)
+        metrics = self.trainer.step(batch)
+        if self.plane is not None:
+            metrics.update(self.plane.done())
+        if self.bus.active:
+            metrics["rank_bus_bytes"] = float(self.bus.bytes_sent - sent)  # what rank 0 sent the others to train
+        return metrics
 
     async def sync_weights(self) -> tuple[float, float]:
         """Seconds the sync took, and 1.0 when it sent from the weight arena (0.0: through buckets).
@@ -245,6 +259,8 @@ class Controller:
             self.bus.announce(Command.STOP)
         finally:  # the sync buffers and the arena are model-sized /dev/shm segments: never leave them
             self.sender.close()
+            if self.plane is not None:
+                self.plane.close()
             if self.arena is not None:
                 self.arena.close()
             self.metrics.close()

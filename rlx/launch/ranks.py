@@ -34,10 +34,12 @@ class RankBus:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.active = dist.is_initialized() and dist.get_world_size() > 1
+        self.bytes_sent = 0  # by rank 0 to the others, commands and what follows them (a batch or its notice)
 
     def announce(self, command: Command, step: int = 0) -> None:
         if self.active:
             dist.broadcast(torch.tensor([int(command), step], device=self.device), 0)
+            self.bytes_sent += 16
 
 
 def receive(device: torch.device) -> tuple[Command, int]:
@@ -58,16 +60,28 @@ def init_distributed(device_type: str) -> None:
 
 def follow(cfg) -> None:
     """Ranks 1..N-1: run whatever rank 0 announces until STOP."""
-    from rlx.engine.batch import broadcast_batch
-    from rlx.engine.checkpoint import load_checkpoint, save_checkpoint
     from rlx.engine.trainer import Trainer
+    from rlx.store.plane import Puller
 
     trainer = Trainer(cfg)
     ckpt_root = Path(cfg.trainer.output_dir) / "checkpoints"
+    puller = Puller(trainer.device) if cfg.trainer.data_plane == "store" else None
+    try:
+        _follow(cfg, trainer, ckpt_root, puller)
+    finally:
+        if puller is not None:
+            puller.close()
+
+
+def _follow(cfg, trainer, ckpt_root: Path, puller) -> None:
+    from rlx.engine.batch import broadcast_batch
+    from rlx.engine.checkpoint import load_checkpoint, save_checkpoint
+
     while True:
         command, step = receive(trainer.device)
         if command == Command.TRAIN:
-            trainer.step(broadcast_batch(None, trainer.device).to(torch.device("cpu")))
+            trainer.step(puller.receive() if puller is not None
+                         else broadcast_batch(None, trainer.device).to(torch.device("cpu")))
         elif command == Command.SYNC:
             for _ in trainer.named_tensors():
                 pass

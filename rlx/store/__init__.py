@@ -1,0 +1,12 @@
+"""The sample store (data plane), rollout dumps and DAPO's sampling filters.
+
+- ``base``: what a sample is, the producer/reader interface, ``create_store`` / ``open_reader``.
+- ``shm`` / ``tcp``: the transports (one /dev/shm segment; rows fetched from rank 0 over ZeroMQ).
+- ``plane``: trainer ranks >= 2 pull their share of a step's rows (``trainer.data_plane=store``);
+  used by ``rlx.launch.controller`` (rank 0) and ``rlx.launch.ranks`` (the others).
+- ``dump``: ``rollout.dump_dir`` writes each step as safetensors + JSON with a checksummed manifest;
+  ``rollout.reuse`` reads it back (checked by pre-flight before any process starts).
+- ``filters``: DAPO's dynamic sampling, overlong filtering / soft punishment, a token cap per group;
+  applied by ``rlx.rollout.collector``.
+- ``config``: their config sections (imported by ``rlx.config.schema``; no torch).
+"""

@@ -1,0 +1,165 @@
+"""The trainer ranks' data plane: rank 0 puts a step's rows into the store, the others pull their share.
+
+With ``trainer.data_plane=store`` and several ranks, rank 0 (the controller) puts every row of the
+step's batch into the sample store and broadcasts one fixed-size ``BatchNotice`` frame (the store's
+handle, the first row and the row count, the batch's padded widths) after the rank bus's TRAIN
+command. Each other rank reads the rows' table entries (lengths, rewards, loss-token counts: a few
+numbers per row, from the store, not from rank 0), computes the same micro-batch plan as every
+rank (``rlx.engine.packing``), and reads from the store only the rows its plan gives it. What rank
+0 sends per step is therefore the same number of bytes whatever the batch's size or token count.
+
+``StoredBatch`` is the batch a pulling rank hands to ``Trainer.step``: the per-row counts are real
+(the attention mask rebuilt from the lengths, the loss mask's row sums, the rewards), and ``rows``
+reads the asked-for rows from the store, so the trainer's plan and losses are those of the full
+batch. The other token tensors are zero-stride placeholders that the trainer never reads.
+
+Rows are laid out exactly as ``rlx.engine.batch.build_batch`` lays them out (prompts left-padded,
+completions right-padded to the batch's widths, the same pad id), so a rank's rows are the bytes
+that ``broadcast_batch`` would have sent it.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import torch
+import torch.distributed as dist
+
+from rlx.engine.batch import TrainBatch
+from rlx.store.base import Sample, SampleStore, StoreHandle, StoreReader, create_store, open_reader
+
+NOTICE_BYTES = 256  # one frame per step whatever the batch: the handle, a row range and three widths
+
+
+class BatchNotice(msgspec.Struct, array_like=True):
+    handle: StoreHandle
+    first_row: int
+    num_rows: int
+    prompt_len: int
+    completion_len: int
+    pad_id: int
+
+
+def batch_to_samples(batch: TrainBatch) -> list[Sample]:
+    """One sample per row of a ``build_batch`` batch (real tokens only)."""
+    completion_len = batch.completion_ids.shape[1]
+    prompt_len = batch.input_ids.shape[1] - completion_len
+    attention = batch.attention_mask.bool()
+    samples = []
+    for i in range(batch.size):
+        t = int(attention[i, prompt_len:].sum())
+        samples.append(Sample(batch.input_ids[i, :prompt_len][attention[i, :prompt_len]], batch.completion_ids[i, :t],
+                              batch.rollout_logp[i, :t], float(batch.rewards[i]), batch.mask[i, :t]))
+    return samples
+
+
+def samples_to_batch(samples: list[Sample], prompt_len: int, completion_len: int, pad_id: int) -> TrainBatch:
+    """The ``build_batch`` layout of ``samples`` at the given widths."""
+    rows = len(samples)
+    input_ids = torch.full((rows, prompt_len + completion_len), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(input_ids)
+    completions = torch.full((rows, completion_len), pad_id, dtype=torch.long)
+    mask = torch.zeros(rows, completion_len)
+    logp = torch.zeros(rows, completion_len)
+    for i, s in enumerate(samples):
+        p, t = len(s.prompt_ids), len(s.completion_ids)
+        input_ids[i, prompt_len - p:prompt_len] = s.prompt_ids
+        input_ids[i, prompt_len:prompt_len + t] = s.completion_ids
+        attention[i, prompt_len - p:prompt_len + t] = 1
+        completions[i, :t] = s.completion_ids
+        mask[i, :t] = s.mask()
+        logp[i, :t] = s.logprobs
+    position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)
+    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+    return TrainBatch(input_ids, attention, position_ids, completions, mask, logp, rewards)
+
+
+class StoredBatch(TrainBatch):
+    """A step batch whose rows stay in the store until ``rows`` asks for them (see the module docstring)."""
+
+    @classmethod
+    def open(cls, reader: StoreReader, notice: BatchNotice) -> "StoredBatch":
+        ids = list(range(notice.first_row, notice.first_row + notice.num_rows))
+        meta = reader.meta(ids)
+        p, t, b = notice.prompt_len, notice.completion_len, notice.num_rows
+        columns = torch.arange(p + t)
+        prompt = torch.from_numpy(meta["prompt_len"].copy()).unsqueeze(1)
+        completion = torch.from_numpy(meta["completion_len"].copy()).unsqueeze(1)
+        attention = ((columns >= p - prompt) & (columns < p + completion)).long()
+        loss_tokens = torch.from_numpy(meta["loss_tokens"].copy()).unsqueeze(1)
+        mask = (torch.arange(t) < loss_tokens).float()  # only its row sums are read
+        rewards = torch.from_numpy(meta["reward"].astype("float32"))
+        unread = torch.zeros((), dtype=torch.long).expand(b, p + t)
+        batch = cls(unread, attention, unread, unread[:, :t], mask, unread[:, :t].float(), rewards)
+        batch._reader, batch._notice = reader, notice
+        return batch
+
+    def rows(self, index) -> TrainBatch:
+        n = self._notice
+        rows = torch.arange(n.num_rows)[index].tolist()
+        samples = self._reader.get([n.first_row + i for i in rows])
+        return samples_to_batch(samples, n.prompt_len, n.completion_len, n.pad_id)
+
+
+class DataPlane:
+    """Rank 0's side: ``send`` before its train step, ``done`` after it."""
+
+    def __init__(self, store_cfg, pad_id: int, device: torch.device) -> None:
+        self.store: SampleStore = create_store(store_cfg.transport, store_cfg.capacity_mb, store_cfg.max_rows)
+        self.pad_id, self.device = pad_id, device
+        self._rows: list[int] = []
+
+    def send(self, batch: TrainBatch) -> int:
+        """Put ``batch`` and broadcast its notice; the bytes broadcast (the same every step)."""
+        self._rows = self.store.put(batch_to_samples(batch))
+        completion_len = batch.completion_ids.shape[1]
+        notice = BatchNotice(self.store.handle(), self._rows[0], len(self._rows),
+                             batch.input_ids.shape[1] - completion_len, completion_len, self.pad_id)
+        return broadcast_notice(notice, self.device)
+
+    def done(self) -> dict[str, float]:
+        """Release the step's rows (every rank has read them: the step's collectives are behind) and
+        the store's metrics."""
+        stats = self.store.stats()
+        self.store.release(self._rows)
+        self._rows = []
+        return stats
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def broadcast_notice(notice: BatchNotice | None, device: torch.device) -> int:
+    frame = torch.zeros(NOTICE_BYTES, dtype=torch.uint8)
+    if notice is not None:
+        encoded = msgspec.msgpack.encode(notice)
+        if len(encoded) + 2 > NOTICE_BYTES:
+            raise ValueError(f"a batch notice of {len(encoded)} bytes does not fit the {NOTICE_BYTES}-byte frame")
+        frame[:2] = torch.tensor([len(encoded) >> 8, len(encoded) & 0xFF], dtype=torch.uint8)
+        frame[2:2 + len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
+    frame = frame.to(device)
+    dist.broadcast(frame, 0)
+    return NOTICE_BYTES
+
+
+class Puller:
+    """A rank other than 0: the step batch it trains on, from the notice rank 0 broadcasts."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._readers: dict[tuple[str, str], StoreReader] = {}
+
+    def receive(self) -> StoredBatch:
+        frame = torch.zeros(NOTICE_BYTES, dtype=torch.uint8, device=self.device)
+        dist.broadcast(frame, 0)
+        frame = frame.cpu()
+        length = (int(frame[0]) << 8) | int(frame[1])
+        notice = msgspec.msgpack.decode(bytes(frame[2:2 + length].numpy()), type=BatchNotice)
+        key = (notice.handle.kind, notice.handle.name)
+        if key not in self._readers:
+            self._readers[key] = open_reader(notice.handle)
+        return StoredBatch.open(self._readers[key], notice)
+
+    def close(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()

@@ -1,0 +1,101 @@
+"""Two trainer steps at rank RANK of WORLD_SIZE, once with the batch broadcast, once pulled from the store.
+
+Rank 0 drives as ``Controller.train`` does (rank bus command, then the store notice or the batch
+broadcast); the other ranks run the real ``rlx.launch.ranks.follow``. Every rank prints one RESULT
+line (JSON) per data plane; each plane starts from a freshly loaded model. Used by test_data_plane.py through real processes (gloo). Not a test module itself.
+"""
+
+import json
+import sys
+
+import torch
+
+
+def batches():
+    from rlx.engine.batch import build_batch
+
+    generator = torch.Generator().manual_seed(123)
+    out = []
+    for rows, longest in ((12, 5), (24, 40)):  # the second: twice the rows, much longer completions
+        prompts, completions, logps, rewards = [], [], [], []
+        for i in range(rows):
+            prompts.append(torch.randint(4, 40, (2 + i % 3,), generator=generator).tolist())
+            completion = torch.randint(4, 40, (1 + (i * 7) % longest,), generator=generator).tolist()
+            completions.append(completion)
+            logps.append([-1.0 - 0.1 * j for j in range(len(completion))])
+            rewards.append(float((i * 5) % 3 == 0))
+        out.append(build_batch(prompts, completions, logps, rewards, pad_id=0))
+    return out
+
+
+def main(model_dir: str, output_dir: str) -> None:
+    import torch.distributed as dist
+
+    from rlx.config.schema import ModelConfig, RunConfig, TrainerConfig
+    from rlx.launch.ranks import init_distributed
+
+    init_distributed("cpu")
+    torch.manual_seed(0)
+    results = {}
+    for data_plane in ("broadcast", "store"):
+        torch.manual_seed(0)
+        cfg = RunConfig(model=ModelConfig(path=model_dir),
+                        trainer=TrainerConfig(micro_batch_size=3, micro_batch_tokens=64, lr=1e-3, num_ranks=2,
+                                              data_plane=data_plane, output_dir=output_dir))
+        cfg.rollout.n = 4
+        results[data_plane] = lead(cfg) if dist.get_rank() == 0 else follow_recording(cfg)
+    print("RESULT" + json.dumps(results), flush=True)
+    dist.destroy_process_group()
+
+
+def lead(cfg) -> dict:
+    from rlx.engine.batch import batch_bytes, broadcast_batch
+    from rlx.engine.packing import plan_packed
+    from rlx.engine.trainer import Trainer
+    from rlx.launch.ranks import Command, RankBus
+    from rlx.store.plane import DataPlane
+
+    trainer = Trainer(cfg)
+    bus = RankBus(trainer.device)
+    plane = DataPlane(cfg.store, 0, trainer.device) if cfg.trainer.data_plane == "store" else None
+    losses, control_bytes, plans, store_stats = [], [], [], []
+    for batch in batches():
+        sent = bus.bytes_sent
+        bus.announce(Command.TRAIN)
+        if plane is not None:
+            bus.bytes_sent += plane.send(batch)
+        else:
+            bus.bytes_sent += batch_bytes(batch)
+            batch = broadcast_batch(batch, trainer.device)
+        losses.append(trainer.step(batch)["loss"])
+        if plane is not None:
+            store_stats.append(plane.done())
+        control_bytes.append(bus.bytes_sent - sent)
+        lengths = batch.attention_mask.sum(dim=1).tolist()
+        plans.append([sorted(r for mb in rank for r in mb) for rank in plan_packed(lengths, 2, 64)])
+    bus.announce(Command.STOP)
+    if plane is not None:
+        plane.close()
+    return {"loss": losses, "control_bytes": control_bytes, "plans": plans, "store": store_stats}
+
+
+def follow_recording(cfg) -> dict:
+    from rlx.launch.ranks import follow
+    from rlx.store.plane import StoredBatch
+
+    fetched: list[list[int]] = []
+    rows = StoredBatch.rows
+
+    def recording(self, index):
+        if not fetched or fetched[-1][0] != self._notice.first_row:
+            fetched.append([self._notice.first_row])
+        fetched[-1].extend(torch.arange(self._notice.num_rows)[index].tolist())
+        return rows(self, index)
+
+    StoredBatch.rows = recording
+    follow(cfg)
+    return {"fetched": [sorted(set(f[1:])) for f in fetched]}
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
