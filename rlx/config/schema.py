@@ -254,7 +254,37 @@ class RolloutConfig:
                 raise ConfigError(f"rollout.servers entry {address!r} must start with tcp:// or ipc://")
 
 
-ADVANTAGE_CHOICES = ("grpo", "drgrpo", "rloo", "reinforce_pp")
+ADVANTAGE_CHOICES = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gae")
+TEACHER_PLACEMENT_CHOICES = ("colocated", "served")
+
+
+@dataclass
+class DistillConfig:
+    teacher: str = ""
+    """Local Hugging Face directory of the teacher (same tokenizer as model.path); empty = no distillation."""
+    coef: float = 1.0
+    """Weight of the per-token reverse-KL advantage coef * (teacher_logp - student_logp) on the sampled tokens."""
+    reward_coef: float = 0.0
+    """Weight of the task reward's advantage added to it; 0 = pure on-policy distillation."""
+    teacher_placement: str = "colocated"
+    """colocated (the teacher runs in the trainer process) or served (an `rlx rollout-serve` of the teacher)."""
+    teacher_server: str = ""
+    """teacher_placement=served: address (tcp://host:port or ipc://path) of the teacher's rollout server."""
+    teacher_micro_batch: int = 64
+    """colocated: sequences per teacher forward pass."""
+    timeout_s: float = 120.0
+    """served: deadline of one scoring request."""
+
+    def __post_init__(self) -> None:
+        check_choice("algorithm.distill.teacher_placement", self.teacher_placement, TEACHER_PLACEMENT_CHOICES)
+        check_range("algorithm.distill.coef", self.coef, 0.0)
+        check_range("algorithm.distill.reward_coef", self.reward_coef, 0.0)
+        check_range("algorithm.distill.teacher_micro_batch", self.teacher_micro_batch, 1)
+        check_range("algorithm.distill.timeout_s", self.timeout_s, 0.1)
+        served = self.teacher and self.teacher_placement == "served"
+        if served and not self.teacher_server.startswith(("tcp://", "ipc://")):
+            raise ConfigError(f"algorithm.distill.teacher_server={self.teacher_server!r}: teacher_placement=served "
+                              "needs the address of a running `rlx rollout-serve` of the teacher (tcp:// or ipc://)")
 POLICY_LOSS_CHOICES = ("ppo", "gspo")
 LOSS_AGG_CHOICES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 KL_CHOICES = ("k1", "k2", "k3")
@@ -264,7 +294,7 @@ CORRECTION_CHOICES = ("none", "tis", "icepop")
 @dataclass
 class AlgorithmConfig:
     advantage: str = "grpo"
-    """Advantage estimator: grpo, drgrpo (no std normalisation), rloo or reinforce_pp."""
+    """Advantage estimator: grpo, drgrpo (no std normalisation), rloo, reinforce_pp or gae (PPO with a critic)."""
     policy_loss: str = "ppo"
     """Policy loss: ppo (token-level clipped ratio) or gspo (sequence-level ratio)."""
     clip_low: float = 0.2
@@ -293,6 +323,18 @@ class AlgorithmConfig:
     """IcePop: weights below this are zeroed."""
     icepop_high: float = 2.0
     """IcePop: weights above this are zeroed."""
+    gamma: float = 1.0
+    """advantage=gae: discount per completion token."""
+    lam: float = 0.95
+    """advantage=gae: GAE lambda (1 = Monte-Carlo returns minus the value, 0 = one-step TD)."""
+    value_clip: float = 0.2
+    """advantage=gae: the critic's new values stay within +-value_clip of the old ones in the loss; 0 = off."""
+    critic_warmup_steps: int = 0
+    """advantage=gae: first steps in which only the critic trains (the policy is not updated)."""
+    critic_lr: float = 0.0
+    """advantage=gae: learning rate of the critic's AdamW; 0 = trainer.lr."""
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    """On-policy distillation from a teacher model (algorithm.distill.teacher)."""
 
     def __post_init__(self) -> None:
         check_choice("algorithm.advantage", self.advantage, ADVANTAGE_CHOICES)
@@ -307,6 +349,11 @@ class AlgorithmConfig:
             raise ConfigError(f"algorithm.dual_clip={self.dual_clip} must be > 1 (or 0 to turn it off)")
         check_range("algorithm.kl_coef", self.kl_coef, 0.0)
         check_range("algorithm.tis_cap", self.tis_cap, 1.0)
+        check_range("algorithm.gamma", self.gamma, 0.0, 1.0)
+        check_range("algorithm.lam", self.lam, 0.0, 1.0)
+        check_range("algorithm.value_clip", self.value_clip, 0.0, hint="0 turns value clipping off")
+        check_range("algorithm.critic_warmup_steps", self.critic_warmup_steps, 0)
+        check_range("algorithm.critic_lr", self.critic_lr, 0.0, hint="0 uses trainer.lr")
         if not 0 <= self.icepop_low < 1 < self.icepop_high:
             raise ConfigError(
                 f"algorithm.icepop_low={self.icepop_low}, icepop_high={self.icepop_high}: need 0 <= low < 1 < high")
@@ -525,6 +572,9 @@ class RunConfig:
         check_colocated(self)
         if self.trainer.micro_batch_size > self.trainer.prompts_per_step * self.rollout.n:
             self.trainer.micro_batch_size = self.trainer.prompts_per_step * self.rollout.n
+        if self.algorithm.advantage == "gae" and self.trainer.num_ranks > 1:
+            raise ConfigError(f"algorithm.advantage=gae with trainer.num_ranks={self.trainer.num_ranks}: the critic "
+                              "trains on one rank; set trainer.num_ranks=1")
         if self.model.lora.rank and self.trainer.num_ranks > 1:
             raise ConfigError(f"model.lora.rank={self.model.lora.rank} with trainer.num_ranks="
                               f"{self.trainer.num_ranks}: LoRA trains on one rank; set trainer.num_ranks=1")

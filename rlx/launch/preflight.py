@@ -33,6 +33,10 @@ def preflight(cfg, display: Display) -> None:
     if cfg.model.build_if_missing and not Path(cfg.model.path, "config.json").is_file():
         build_model(cfg, display)
     check_model_dir(cfg.model.path)
+    if cfg.algorithm.distill.teacher:
+        from rlx.engine.distill import check_same_tokenizer
+
+        check_same_tokenizer(cfg.model.path, cfg.algorithm.distill.teacher)
     task = build_task(cfg.task)
     if cfg.trainer.resume:
         check_resume(cfg, run_dir, len(task.train), display)
