@@ -395,11 +395,7 @@ class TrainerConfig:
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm; 0 = off."""
     logprob_chunk_size: int = 1024
-    """Tokens per chunk when computing logprobs/entropy, bounding the float32 logits held at once."""
-    logits_memory_mb: int = 8192
-    """Memory a micro-batch's LM-head logits may keep (in the model's dtype) for the backward pass.
-    Within it the backward reuses them; beyond it each chunk's logits are recomputed (one more head
-    matmul per chunk). 0 = always recompute."""
+    """Tokens per chunk when computing logprobs/entropy, bounding the logits held at once."""
     eval_every: int = 5
     """Evaluate held-out accuracy every this many steps (and at start and end); 0 = off."""
     seed: int = 0
@@ -426,7 +422,6 @@ class TrainerConfig:
         check_range("trainer.max_grad_norm", self.max_grad_norm, 0.0, hint="0 turns clipping off")
         check_range("trainer.warmup_steps", self.warmup_steps, 0)
         check_range("trainer.logprob_chunk_size", self.logprob_chunk_size, 1)
-        check_range("trainer.logits_memory_mb", self.logits_memory_mb, 0)
         check_range("trainer.eval_every", self.eval_every, 0)
         check_finite("trainer.betas", self.betas)
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):

@@ -2,12 +2,9 @@
 
 The model's base (``model.model``) gives the final hidden states; only the positions that
 score a completion token are kept (``[M, hidden]``), and the LM head is applied to chunks of
-``chunk_size`` of them inside ``HeadLogprob``, an autograd function. So float32 ``[chunk, vocab]``
-exists for one chunk at a time, in forward and backward, and the prompt positions never meet the
-head. What the backward needs of the logits depends on ``keep_logits_bytes``: when the micro-batch's
-``[M, vocab]`` logits in the model's dtype fit in it (``trainer.logits_memory_mb``; a 16k-token row of
-a 152k vocabulary in bf16 is 4.6 GiB), each chunk keeps its logits and the backward reuses them;
-otherwise the chunk keeps nothing and its backward recomputes the logits (one more head matmul).
+``chunk_size`` of them inside ``HeadLogprob``, an autograd function that keeps nothing of the
+logits: its backward recomputes the chunk's logits once. So float32 ``[chunk, vocab]`` exists
+for one chunk at a time, in forward and backward, and the prompt positions never meet the head.
 
 Entropy comes from the logits the chunk already holds (one more pass over them, no matmul)
 and is always returned for logging; its gradient is computed only when the loss uses it
@@ -36,19 +33,16 @@ def can_split_head(model) -> bool:
 
 
 def completion_logprobs(model, mb, temperature: float, chunk_size: int, *, split_head: bool,
-                        entropy_grad: bool = False, keep_logits_bytes: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                        entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logp [b, T], entropy [b, T])`` of the micro-batch's completion tokens; 0 where the mask is 0.
 
-    Entropy is detached unless ``entropy_grad``. The backward reuses the logits when all of them take
-    at most ``keep_logits_bytes``, and recomputes them per chunk otherwise.
+    Entropy is detached unless ``entropy_grad``.
     """
     scored = mb.batch.mask.bool()
     targets = mb.batch.completion_ids[scored]
     features = _features(model, mb, split_head)
     weight = model.get_output_embeddings().weight if split_head else None
-    vocab = weight.shape[0] if weight is not None else features.shape[-1]
-    keep = features.shape[0] * vocab * features.element_size() <= keep_logits_bytes
-    logp, entropy = chunked_logprobs(features, weight, targets, temperature, chunk_size, keep_logits=keep)
+    logp, entropy = chunked_logprobs(features, weight, targets, temperature, chunk_size)
     if not entropy_grad:
         entropy = entropy.detach()
     zeros = torch.zeros(scored.shape, dtype=logp.dtype, device=logp.device)
@@ -73,14 +67,12 @@ def _features(model, mb, split_head: bool) -> torch.Tensor:
 
 
 def chunked_logprobs(features: torch.Tensor, weight: torch.Tensor | None, targets: torch.Tensor,
-                     temperature: float, chunk_size: int, keep_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token ``(logp [M], entropy [M])`` in float32, ``chunk_size`` tokens at a time; ``keep_logits``:
-    each chunk keeps its logits for the backward instead of recomputing them."""
+                     temperature: float, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token ``(logp [M], entropy [M])`` in float32, ``chunk_size`` tokens at a time."""
     if features.shape[0] == 0:  # a filler micro-batch: keep the graph so backward still reaches every layer
         empty = features.sum(dim=-1).float() * 0.0
         return empty, empty
-    pieces = [HeadLogprob.apply(features[s:s + chunk_size], weight, targets[s:s + chunk_size], temperature,
-                                keep_logits)
+    pieces = [HeadLogprob.apply(features[s:s + chunk_size], weight, targets[s:s + chunk_size], temperature)
               for s in range(0, features.shape[0], chunk_size)]
     return torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])
 
@@ -120,34 +112,29 @@ def _fused(fn, logits: torch.Tensor):
 class HeadLogprob(torch.autograd.Function):
     """logp and entropy of ``targets`` under softmax(head(features) / temperature), for one chunk.
 
-    Saves its inputs and two floats per token, and the chunk's logits when ``keep_logits`` (else the
-    backward recomputes them).
+    Saves only its inputs and two floats per token; backward recomputes the chunk's logits.
     """
 
     @staticmethod
-    def forward(ctx, features, weight, targets, temperature, keep_logits=False):
+    def forward(ctx, features, weight, targets, temperature):
         logits = F.linear(features, weight) if weight is not None else features
         logp, entropy, lse = _fused(_stats, logits)(logits, targets, temperature)
-        kept = logits if keep_logits and weight is not None else None
-        ctx.save_for_backward(features, weight, targets, lse, entropy, kept)
+        ctx.save_for_backward(features, weight, targets, lse, entropy)
         ctx.temperature = temperature
         ctx.set_materialize_grads(False)
         return logp, entropy
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
-        features, weight, targets, lse, entropy, kept = ctx.saved_tensors
+        features, weight, targets, lse, entropy = ctx.saved_tensors
         if grad_logp is None and grad_entropy is None:
-            return None, None, None, None, None
+            return None, None, None, None
         if grad_logp is None:
             grad_logp = torch.zeros_like(lse)
-        if kept is not None:
-            logits = kept
-        else:
-            logits = F.linear(features, weight) if weight is not None else features
+        logits = F.linear(features, weight) if weight is not None else features
         grad = _fused(_grad_logits, logits)(logits, targets, lse, entropy, grad_logp, grad_entropy,
                                            ctx.temperature)
         if weight is None:
-            return grad, None, None, None, None
+            return grad, None, None, None
         grad_weight = grad.t() @ features if ctx.needs_input_grad[1] else None
-        return grad @ weight, grad_weight, None, None, None
+        return grad @ weight, grad_weight, None, None

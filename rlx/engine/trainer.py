@@ -135,9 +135,8 @@ class Trainer:
 
     def _logprobs(self, model, mb: MicroBatch, split_head: bool | None = None, entropy_grad: bool = False):
         split_head = self.split_head if split_head is None else split_head
-        t = self.cfg.trainer
-        return completion_logprobs(model, mb, self.temperature, t.logprob_chunk_size, split_head=split_head,
-                                   entropy_grad=entropy_grad, keep_logits_bytes=t.logits_memory_mb << 20)
+        return completion_logprobs(model, mb, self.temperature, self.cfg.trainer.logprob_chunk_size,
+                                   split_head=split_head, entropy_grad=entropy_grad)
 
     def _shaped_rewards(self, full: TrainBatch, micro: list[MicroBatch]) -> torch.Tensor:
         """Rewards [B]; with KL in the reward, minus each sequence's KL penalty (summed over ranks)."""
