@@ -48,6 +48,9 @@ class Controller:
             from rlx.store.plane import DataPlane
 
             self.plane = DataPlane(cfg.store, tokenizer.pad_token_id, trainer.device)
+        from rlx.store.source import StepSource  # DAPO filters, rollout.dump_dir, rollout.reuse
+
+        self.source = StepSource(cfg, self.collector, self.stream.next_batch, tokenizer.pad_token_id)
         # one rank sending its weights in the engine's dtype sends them as they are (zero-copy where the
         # transport allows); LoRA sends merged weights, computed per sync: nothing to adopt
         as_they_are = not self.bus.active and cfg.model.engine_dtype == cfg.model.dtype and not cfg.model.lora.rank
@@ -110,7 +113,7 @@ class Controller:
         self._state_before_prefetch = self.stream.state()
         problems = self.stream.next_batch(self.cfg.trainer.prompts_per_step)
         seed = self.cfg.trainer.seed * 1_000_003 + step
-        return asyncio.create_task(self.collector.collect(problems, seed=seed))
+        return asyncio.create_task(self.source.collect(step, problems, seed))
 
     def train(self, collected: Collected) -> dict[str, float]:
         sent = self.bus.bytes_sent

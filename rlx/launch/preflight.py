@@ -42,6 +42,18 @@ def preflight(cfg, display: Display) -> None:
         check_resume(cfg, run_dir, len(task.train), display)
     for path in remove_stale_segments():
         display.note(f"removed {path}, the weight-sync buffer of an rlx run that was killed")
+    check_store(cfg, display)
+
+
+def check_store(cfg, display: Display) -> None:
+    """The dump ``rollout.reuse`` reads (``rlx.store.dump.check_dump``); sample stores of killed runs."""
+    from rlx.store.dump import check_dump
+    from rlx.store.shm import remove_stale_segments as remove_stale_stores
+
+    for path in remove_stale_stores():
+        display.note(f"removed {path}, the sample store of an rlx run that was killed")
+    if cfg.rollout.reuse:
+        check_dump(cfg)
 
 
 def build_model(cfg, display: Display) -> None:

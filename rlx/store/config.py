@@ -6,7 +6,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from rlx.config.errors import ConfigError
+
+
+def ConfigError(message: str) -> Exception:  # noqa: N802 -- raised like the class it returns
+    """``rlx.config.errors.ConfigError``, imported late: ``rlx.config`` imports this module."""
+    from rlx.config.errors import ConfigError as error
+
+    return error(message)
 
 REUSE_CHOICES = ("", "replay", "first_k", "mix")
 OVERLONG_CHOICES = ("off", "filter", "soft")
