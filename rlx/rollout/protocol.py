@@ -61,6 +61,21 @@ class Shutdown(msgspec.Struct, tag="shutdown"):
     pass
 
 
+class Sleep(msgspec.Struct, tag="sleep"):
+    """Free the accelerator for the trainer (colocated placement): stop scheduling, then ``level`` 1 moves the
+    weights to CPU and frees the KV cache, 2 frees both (the next sync brings the weights). Answered with
+    ``MemoryResult``."""
+
+    level: int = 1
+
+
+class WakeUp(msgspec.Struct, tag="wake_up"):
+    """Take back what ``Sleep`` freed: ``tags`` ``["weights"]`` before a sync, then ``["kv_cache"]`` to generate
+    again; empty = everything. Scheduling resumes once nothing sleeps. Answered with ``MemoryResult``."""
+
+    tags: list[str] = []
+
+
 class UpdateWeights(msgspec.Struct, tag="update_weights"):
     """One weight-sync request (begin, bucket, end, ...), msgpack-encoded by ``rlx.sync.messages``;
     answered with an ``AckResult``."""
@@ -68,16 +83,7 @@ class UpdateWeights(msgspec.Struct, tag="update_weights"):
     payload: bytes
 
 
-class ScoreTokens(msgspec.Struct, tag="score_tokens"):
-    """Log-probabilities under the served model (temperature 1) of given token sequences, e.g. a distillation
-    teacher scoring a student's samples: for sequence i, every token from ``start[i]`` on, given the ones before
-    it. Answered with ``ScoreResult``."""
-
-    token_ids: list[list[int]]
-    start: list[int]
-
-
-RequestBody = Union[Generate, Pause, Resume, Health, Stats, Shutdown, UpdateWeights, ScoreTokens]
+RequestBody = Union[Generate, Pause, Resume, Health, Stats, Shutdown, UpdateWeights, Sleep, WakeUp]
 
 
 class Request(msgspec.Struct):
@@ -128,16 +134,21 @@ class StatsResult(msgspec.Struct, tag="stats_result"):
     uptime_s: float
 
 
+class MemoryResult(msgspec.Struct, tag="memory_result"):
+    """The backend after a Sleep or WakeUp: what still sleeps, and its accelerator memory in GiB."""
+
+    asleep: list[str]
+    memory_gb: float = 0.0
+    """Accelerator memory the engine holds now (0 on a CPU-only host)."""
+    peak_memory_gb: float = 0.0
+    """Its high-water mark since the previous Sleep or WakeUp: the phase that just ended."""
+
+
 class AckResult(msgspec.Struct, tag="ack_result"):
     ack: BucketAck
 
 
-class ScoreResult(msgspec.Struct, tag="score_result"):
-    logprobs: list[list[float]]
-    """Per sequence, the logprob of each token from its ``start`` on."""
-
-
-ReplyBody = Union[GenerateResult, Ok, HealthResult, StatsResult, AckResult, ScoreResult]
+ReplyBody = Union[GenerateResult, Ok, HealthResult, StatsResult, AckResult, MemoryResult]
 
 
 class Reply(msgspec.Struct):
@@ -225,20 +236,6 @@ def sampling_problem(s: SamplingSpec, max_model_len: int) -> str:
     for field, value, ok, allowed in checks:
         if not ok:
             return f"sampling.{field}={value!r} is out of range; allowed: {allowed}"
-    return ""
-
-
-def score_problem(body: ScoreTokens, max_model_len: int) -> str:
-    """Why the server refuses a ``ScoreTokens`` request, or "" when it is acceptable."""
-    if len(body.token_ids) != len(body.start):
-        return f"score request has {len(body.token_ids)} sequences and {len(body.start)} starts; send one start each"
-    for i, (ids, start) in enumerate(zip(body.token_ids, body.start)):
-        if not 1 <= start < len(ids):
-            return f"start[{i}]={start} must be in [1, {len(ids) - 1}]: a scored token needs one token before it"
-        if len(ids) > max_model_len:
-            return f"sequence {i} is {len(ids)} tokens, longer than rollout.max_model_len={max_model_len}"
-        if min(ids) < 0:
-            return f"token_ids[{i}] holds a negative token id; token ids are >= 0"
     return ""
 
 

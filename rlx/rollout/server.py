@@ -220,11 +220,6 @@ class RolloutServer:
     async def _dispatch(self, body, request_id: int, deadline: float):
         if isinstance(body, p.Generate):
             return await self._generate(body, request_id, deadline)
-        if isinstance(body, p.ScoreTokens):
-            problem = p.score_problem(body, self.max_model_len)
-            if problem:
-                raise RequestRefused(problem)
-            return p.ScoreResult(logprobs=await self.backend.score(body.token_ids, body.start))
         if isinstance(body, p.Health):
             return p.HealthResult(backend=self.backend.name, model=self.backend.model_path, paused=self.paused,
                                   weight_version=self.weight_version)
@@ -243,6 +238,8 @@ class RolloutServer:
         if isinstance(body, p.Shutdown):
             self._stop.set()
             return p.Ok()
+        if isinstance(body, (p.Sleep, p.WakeUp)):
+            return await self._sleep_or_wake(body)
         return p.AckResult(ack=await self._update(body.payload))
 
     async def _generate(self, body: p.Generate, request_id: int, deadline: float) -> p.GenerateResult:
@@ -287,6 +284,18 @@ class RolloutServer:
                      finish_reason=result.samples[0].finish_reason if result.samples else "")
         self.generated_tokens += tokens
         return result
+
+    async def _sleep_or_wake(self, body) -> p.MemoryResult:
+        """Sleep or WakeUp (colocated placement), one at a time with weight updates; traced as engine.sleep /
+        engine.wake_up with the memory the phase that just ended peaked at."""
+        async with self._update_lock:
+            _, peak_gb = await self.backend.memory_gb()  # the phase that ends here
+            sleep = isinstance(body, p.Sleep)
+            with tracer.span("engine.sleep" if sleep else "engine.wake_up", peak_memory_gb=peak_gb) as span:
+                asleep = await (self.backend.sleep(body.level) if sleep else self.backend.wake_up(list(body.tags)))
+                now_gb, _ = await self.backend.memory_gb()
+                span.set(asleep=",".join(asleep), memory_gb=now_gb)
+            return p.MemoryResult(asleep=asleep, memory_gb=now_gb, peak_memory_gb=peak_gb)
 
     async def _update(self, payload: bytes) -> BucketAck:
         """One weight-sync request, passed to the backend as it came; the ack says what happened."""

@@ -47,10 +47,18 @@ class Backend(ABC):
         """Serve one weight-sync request (``rlx.sync.messages``, encoded) and return its ack; a
         failure is an error ack, never an exception, and leaves no sync open."""
 
-    async def score(self, token_ids: list[list[int]], start: list[int]) -> list[list[float]]:
-        """Logprobs (temperature 1) of each sequence's tokens from ``start[i]`` on (``protocol.ScoreTokens``)."""
-        raise NotImplementedError(f"the {self.name} backend cannot score tokens; serve the teacher with "
-                                  "rollout.backend=hf")
+    async def sleep(self, level: int) -> list[str]:
+        """Stop scheduling and free the accelerator (``protocol.Sleep``); returns what now sleeps."""
+        raise NotImplementedError(f"the {self.name} backend cannot sleep; set placement.mode=separate")
+
+    async def wake_up(self, tags: list[str]) -> list[str]:
+        """Take back ``tags`` (weights, kv_cache; empty = all); schedule again once nothing sleeps."""
+        raise NotImplementedError(f"the {self.name} backend cannot sleep; set placement.mode=separate")
+
+    async def memory_gb(self) -> tuple[float, float]:
+        """Accelerator memory (GiB) held now, and its high-water mark since the previous call (which
+        starts a new one); zeros on a CPU-only host."""
+        return 0.0, 0.0
 
     def failure(self) -> str:
         """Why the backend can no longer serve (its engine died), or "" while it is healthy."""

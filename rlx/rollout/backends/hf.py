@@ -39,6 +39,9 @@ class HfBackend(Backend):
         self.model_path = cfg.model.path
         self._queue: asyncio.Queue = asyncio.Queue()
         self._running = asyncio.Event()
+        self._awake = asyncio.Event()  # cleared while asleep (colocated placement)
+        self._awake.set()
+        self._asleep: set[str] = set()
         self._running.set()
         self._model_lock = asyncio.Lock()
         self._sync_holds_lock = False
@@ -62,6 +65,10 @@ class HfBackend(Backend):
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device).eval()
         torch.manual_seed(self.cfg.trainer.seed)
+        if self.device == "cuda":
+            from rlx.launch.placement import apply_memory_budget
+
+            apply_memory_budget(self.cfg.placement.gpu_memory_gb)
 
     def prompt_len(self, prompt: str | list[int]) -> int:
         return len(prompt) if isinstance(prompt, list) else len(self._token_ids(prompt))
@@ -82,6 +89,7 @@ class HfBackend(Backend):
                 pending.append(await self._queue.get())
             while not self._queue.empty():
                 pending.append(self._queue.get_nowait())
+            await self._awake.wait()  # a request that came in as it fell asleep waits too
             pending = [item for item in pending if not item.future.done()]  # the caller gave up
             if not pending:
                 continue
@@ -148,25 +156,40 @@ class HfBackend(Backend):
         text = self.tokenizer.decode(kept, skip_special_tokens=True)
         return Sample(token_ids=kept, logprobs=[float(x) for x in logprobs[:length]], text=text, finish_reason=finish)
 
-    async def score(self, token_ids: list[list[int]], start: list[int]) -> list[list[float]]:
+    async def sleep(self, level: int) -> list[str]:
+        """The queue is held and, once the running batch is done, the model moves to CPU at either level: it
+        keeps no KV cache between batches, and the sync copies into its parameters wherever they are."""
+        self._awake.clear()
         async with self._model_lock:
-            return await asyncio.to_thread(self._score_batch, token_ids, start)
+            await asyncio.to_thread(self._move_model, "cpu")
+        self._asleep = {"weights", "kv_cache"}
+        return sorted(self._asleep)
 
-    def _score_batch(self, token_ids: list[list[int]], start: list[int]) -> list[list[float]]:
-        """Right-padded batches of ``MAX_BATCH_PROMPTS`` sequences; float32 log-softmax of the logits."""
+    async def wake_up(self, tags: list[str]) -> list[str]:
+        tags = set(tags) or {"weights", "kv_cache"}
+        if "weights" in tags & self._asleep:
+            async with self._model_lock:
+                await asyncio.to_thread(self._move_model, self.device)
+        self._asleep -= tags
+        if not self._asleep:
+            self._awake.set()
+        return sorted(self._asleep)
+
+    def _move_model(self, device: str) -> None:
         import torch
 
-        out = []
-        for b in range(0, len(token_ids), MAX_BATCH_PROMPTS):
-            rows = token_ids[b:b + MAX_BATCH_PROMPTS]
-            width = max(len(ids) for ids in rows)
-            ids = torch.tensor([r + [self.tokenizer.pad_token_id] * (width - len(r)) for r in rows], device=self.device)
-            attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=self.device)
-            with torch.no_grad():
-                logits = self.model(input_ids=ids, attention_mask=attention).logits.float()
-            logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-            out += [logp[i, s - 1:len(r) - 1].tolist() for i, (r, s) in enumerate(zip(rows, start[b:b + len(rows)]))]
-        return out
+        if self.device == "cuda":  # on a CPU-only host there is nothing to free
+            self.model.to(device)
+            torch.cuda.empty_cache()
+
+    async def memory_gb(self) -> tuple[float, float]:
+        import torch
+
+        if self.device != "cuda":
+            return 0.0, 0.0
+        now, peak = torch.cuda.memory_reserved() / 2**30, torch.cuda.max_memory_reserved() / 2**30
+        torch.cuda.reset_peak_memory_stats()
+        return now, peak
 
     async def pause(self) -> None:
         self._running.clear()

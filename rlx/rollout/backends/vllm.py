@@ -40,15 +40,22 @@ class VllmBackend(Backend):
         self._ids = itertools.count()
         self._client_paused = False
         self._syncing = False  # paused while a weight update is open in the workers
+        self._asleep: set[str] = set()  # what sleeps (colocated placement): weights, kv_cache
 
     async def start(self) -> None:
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from vllm.platforms import current_platform
+
+        from rlx.launch.placement import engine_memory_fraction
+
         r = self.cfg.rollout
         args = AsyncEngineArgs(
             model=self.model_path, dtype=self.cfg.model.engine_dtype, seed=self.cfg.trainer.seed,
-            gpu_memory_utilization=r.gpu_memory_utilization, max_model_len=r.max_model_len,
+            gpu_memory_utilization=engine_memory_fraction(self.cfg, current_platform.is_cpu()),
+            max_model_len=r.max_model_len, tensor_parallel_size=r.tensor_parallel_size,
+            enable_sleep_mode=_sleep_mode(self.cfg, current_platform),
             enforce_eager=r.enforce_eager, worker_extension_cls=EXTENSION,
             logprobs_mode="processed_logprobs", disable_log_stats=True, **_cpu_scheduling(r))
         self.engine = AsyncLLM.from_engine_args(args)
@@ -78,17 +85,17 @@ class VllmBackend(Backend):
 
     async def pause(self) -> None:
         self._client_paused = True
-        if not self._syncing:
+        if not (self._syncing or self._asleep):
             await self.engine.pause_generation(mode="keep", clear_cache=False)
 
     async def resume(self) -> None:
         self._client_paused = False
-        if not self._syncing:
+        if not (self._syncing or self._asleep):
             await self.engine.resume_generation()
 
     async def update_weights(self, payload: bytes) -> BucketAck:
         if not self._syncing:
-            if not self._client_paused:
+            if not (self._client_paused or self._asleep):  # asleep: the engine schedules nothing already
                 await self.engine.pause_generation(mode="keep", clear_cache=False)
             self._syncing = True
         try:
@@ -111,13 +118,35 @@ class VllmBackend(Backend):
 
     async def _workers_update(self, payload: bytes) -> BucketAck:
         replies = await self.engine.collective_rpc("rlx_update_weights", args=(payload,))
-        return merge_acks([decode_ack(r) for r in replies])
+        return merge_worker_acks([decode_ack(r) for r in replies])
 
     async def _end_sync(self) -> None:
         if self._syncing:
             self._syncing = False
-            if not self._client_paused:
+            if not (self._client_paused or self._asleep):  # its KV cache wakes last, and schedules again
                 await self.engine.resume_generation()
+
+    async def sleep(self, level: int) -> list[str]:
+        """vLLM's sleep mode (``enable_sleep_mode``, GPUs only): level 1 offloads the weights to CPU and frees the
+        KV cache, level 2 frees both. Requests in flight are aborted: the controller sleeps engines only
+        between generation phases. vLLM's CPU build accepts the call and frees nothing."""
+        await self.engine.sleep(level)
+        self._asleep = {"weights", "kv_cache"}
+        return sorted(self._asleep)
+
+    async def wake_up(self, tags: list[str]) -> list[str]:
+        tags = set(tags) or set(self._asleep)
+        if tags & self._asleep:
+            await self.engine.wake_up(sorted(tags & self._asleep))
+        self._asleep -= tags
+        if not self._asleep and (self._client_paused or self._syncing):
+            await self.engine.pause_generation(mode="keep", clear_cache=False)  # the last wake resumed the scheduler
+        return sorted(self._asleep)
+
+    async def memory_gb(self) -> tuple[float, float]:
+        """The most any worker (one per GPU) holds now and held at its peak since the previous call."""
+        replies = await self.engine.collective_rpc("rlx_memory_gb")
+        return max(now for now, _ in replies), max(peak for _, peak in replies)
 
     def failure(self) -> str:
         if self.engine is None:
@@ -174,6 +203,26 @@ def _kill_survivors(processes: list) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(alive, timeout=2.0)
+
+
+def merge_worker_acks(acks: list[BucketAck]) -> BucketAck:
+    """One ack from the engine's workers. With tensor parallelism every worker receives each tensor whole
+    and its ``load_weights`` keeps its own shard (vLLM's weight loaders narrow by TP rank, as when reading a
+    checkpoint), so all of them must have read the same bytes and completed the same sync."""
+    merged = merge_acks(acks)
+    if merged.ok and any(a.checksums != acks[0].checksums for a in acks[1:]):
+        merged.ok = False
+        merged.error = (f"the {len(acks)} tensor-parallel workers read different bytes from the same bucket; "
+                        "the weights may mix old and new until the next sync")
+    merged.completed = merged.ok and all(a.completed for a in acks)
+    return merged
+
+
+def _sleep_mode(cfg, platform) -> bool:
+    """Colocated engines sleep while the trainer trains; vLLM refuses sleep mode where the platform has none
+    (its CPU build), where the calls are accepted anyway and free nothing."""
+    wanted = cfg.placement.mode == "colocated" and cfg.placement.sleep_level > 0
+    return wanted and platform.is_sleep_mode_available()
 
 
 def _sampled_logprob(step: dict, token_id: int) -> float:

@@ -36,6 +36,16 @@ class _ExpectedReloadWarnings(logging.Filter):
 
 
 class WeightSyncExtension:
+    def rlx_memory_gb(self) -> tuple[float, float]:
+        """GiB this worker's torch allocator holds now, and its peak since the previous call (0 on a CPU)."""
+        import torch
+
+        if not torch.cuda.is_available():
+            return 0.0, 0.0
+        now, peak = torch.cuda.memory_reserved() / 2**30, torch.cuda.max_memory_reserved() / 2**30
+        torch.cuda.reset_peak_memory_stats()
+        return now, peak
+
     def rlx_update_weights(self, payload: bytes) -> bytes:
         handler = getattr(self, "_rlx_handler", None)
         if handler is None:
