@@ -53,7 +53,11 @@ class Controller:
         self.source = StepSource(cfg, self.collector, self.stream.next_batch, tokenizer.pad_token_id)
         # one rank sending its weights in the engine's dtype sends them as they are (zero-copy where the
         # transport allows); LoRA sends merged weights, computed per sync: nothing to adopt
+        from rlx.launch.colocation import Colocation
+
+        self.colocation = Colocation(cfg, client, trainer)  # placement.mode=colocated: trainer and engines take turns
         as_they_are = not self.bus.active and cfg.model.engine_dtype == cfg.model.dtype and not cfg.model.lora.rank
+        as_they_are = as_they_are and not self.colocation.moves_weights  # an offload takes them out of any arena
         self.sender = make_sender(cfg.sync, trainer.device.type, client.addresses,
                                   module=trainer.model if as_they_are else None)
         self.arena = self.sender.arena
@@ -72,6 +76,7 @@ class Controller:
         t = self.cfg.trainer
         if self.start_step > 0:
             await self.sync_weights()  # servers start from model.path; bring them to the checkpoint
+        await self.colocation.start()
         last = {}
         if t.eval_every and self.start_step == 0:
             last["eval_accuracy"] = self.first_eval = await self.collector.evaluate(self.task.eval)
@@ -82,9 +87,13 @@ class Controller:
                 started = time.perf_counter()
                 collected = await self.next_batch(step)
                 metrics = dict(collected.metrics)
+                await self.colocation.before_train()
                 async with self.ranks_busy:
                     metrics.update(await asyncio.to_thread(self.train, collected))
+                await self.colocation.before_sync()
                 metrics["time_sync"], metrics["sync_zero_copy"] = await self.sync_weights()
+                await self.colocation.after_sync()
+                metrics.update(self.colocation.metrics())
                 async with self.ranks_busy:
                     metrics["time_checkpoint"] = self.maybe_checkpoint(step)
                 if t.eval_every and (step % t.eval_every == 0 or step == t.total_steps):
