@@ -105,6 +105,7 @@ class ModelConfig:
 
 
 TASK_CHOICES = ("tiny_math", "gsm8k", "running_sum")
+DATA_FORMAT_CHOICES = ("auto", "jsonl", "parquet", "hf_disk")
 
 
 @dataclass
@@ -117,8 +118,19 @@ class TaskConfig:
     """gsm8k: optional held-out file; empty = hold out task.num_eval rows of task.path."""
     prompt_template: str = "{question}"
     """Prompt text; {question} is replaced by the question."""
+    format: str = "auto"
+    """gsm8k: file format of task.path: auto (by suffix; a directory = hf_disk), jsonl, parquet or hf_disk
+    (a `datasets` save_to_disk directory)."""
     question_key: str = "question"
     """Column holding the question (gsm8k)."""
+    messages_key: str = ""
+    """gsm8k: column holding chat messages [{role, content}] used as the prompt instead of question_key."""
+    tools_key: str = ""
+    """gsm8k: column holding tool schemas passed to the chat template (apply_chat_template(tools=...))."""
+    system_prompt: str = ""
+    """gsm8k: system message put first in every prompt (when the row's messages have none)."""
+    chat_template: str = "auto"
+    """gsm8k: prompts through the tokenizer's chat template: auto (when it has one), on, or off (plain text)."""
     answer_key: str = "answer"
     """Column holding the ground truth (gsm8k); the number after '####' is used when present."""
     answer_pattern: str = r"(-?\d+(?:\.\d+)?)"
@@ -142,6 +154,8 @@ class TaskConfig:
         check_choice("task.name", self.name, TASK_CHOICES)
         if self.name == "gsm8k" and not self.path:
             raise ConfigError("task.name=gsm8k needs task.path; set task.path to a local .jsonl or .parquet file")
+        check_choice("task.format", self.format, DATA_FORMAT_CHOICES)
+        check_choice("task.chat_template", self.chat_template, ("auto", "on", "off"))
         check_range("task.num_eval", self.num_eval, 0)
         check_range("task.max_operand", self.max_operand, 1)
         if self.name == "tiny_math":
@@ -584,4 +598,3 @@ class RunConfig:
         if self.algorithm.rollout_correction != "auto":
             return self.algorithm.rollout_correction
         return "tis" if self.trainer.mode == "one_step_off" else "none"
-

@@ -38,7 +38,7 @@ class Controller:
         from rlx.sync.factory import make_sender
 
         self.cfg, self.run_dir, self.client, self.trainer, self.display = cfg, run_dir, client, trainer, display
-        self.task = build_task(cfg.task)
+        self.task = build_task(cfg.task, cfg.model.path)
         self.stream = DataStream(self.task.train, seed=cfg.task.seed)
         tokenizer = load_tokenizer(cfg.model.path)
         self.collector = Collector(cfg, client, self.task, tokenizer.pad_token_id)

@@ -37,7 +37,7 @@ def preflight(cfg, display: Display) -> None:
         from rlx.engine.distill import check_same_tokenizer
 
         check_same_tokenizer(cfg.model.path, cfg.algorithm.distill.teacher)
-    task = build_task(cfg.task)
+    task = build_task(cfg.task, cfg.model.path)
     if cfg.trainer.resume:
         check_resume(cfg, run_dir, len(task.train), display)
     for path in remove_stale_segments():

@@ -16,8 +16,9 @@ from rlx.rollout.tasks.reward_fn import load_reward_fn
 __all__ = ["DataStream", "Problem", "Task", "build_task", "load_reward_fn"]
 
 
-def build_task(cfg) -> Task:
-    """The task named by ``cfg.name`` (a ``rlx.config.schema.TaskConfig``), with the user reward if set."""
+def build_task(cfg, tokenizer_path: str = "") -> Task:
+    """The task named by ``cfg.name`` (a ``rlx.config.schema.TaskConfig``), with the user reward if set;
+    ``tokenizer_path`` (model.path) supplies the chat template of dataset prompts."""
     reward_fn = load_reward_fn(cfg.reward, "task.reward") if cfg.reward else None
     if cfg.name == "tiny_math":
         from rlx.rollout.tasks.tiny_math import TinyMath
@@ -26,7 +27,7 @@ def build_task(cfg) -> Task:
     if cfg.name == "gsm8k":
         from rlx.rollout.tasks.gsm8k import Gsm8k
 
-        return Gsm8k.from_config(cfg, reward_fn)
+        return Gsm8k.from_config(cfg, reward_fn, tokenizer_path)
     if cfg.name == "running_sum":
         from rlx.rollout.tasks.running_sum import RunningSum
 

@@ -1,8 +1,10 @@
-"""gsm8k-style math from a local JSONL or Parquet file, with a configurable prompt and extraction.
+"""gsm8k-style math from a local JSONL / Parquet file or datasets directory, with a configurable prompt
+and extraction (reading, column mapping and chat prompts: ``rlx.rollout.tasks.dataset``).
 
 Each row has a question (``task.question_key``) and an answer (``task.answer_key``); the
 ground truth is the text after the last ``####`` when present (GSM8K's convention), else the
-whole answer. The prompt is ``task.prompt_template.format(question=...)``. A completion's
+whole answer. The prompt is ``task.prompt_template.format(question=...)`` (or the row's messages, with
+``task.messages_key``), through the tokenizer's chat template when ``task.chat_template`` asks. A completion's
 answer is the last match of ``task.answer_pattern`` (group 1 if the pattern has a group) after
 thousands separators are removed; numbers compare as floats with a 1e-6 tolerance, anything
 else as stripped text. The eval split is ``task.eval_path``, or the last ``task.num_eval``
@@ -19,19 +21,21 @@ from pathlib import Path
 
 from rlx.config.errors import ConfigError
 from rlx.rollout.tasks.base import Problem, RewardFn, task_reward
+from rlx.rollout.tasks.dataset import PromptMaker, check_columns, read_dataset
 
 THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
 
 
-def read_rows(path: str, config_key: str = "task.path") -> list[dict]:
-    """Rows of a local .jsonl/.json (one object per line) or .parquet file."""
+def read_rows(path: str, config_key: str = "task.path", fmt: str = "") -> list[dict]:
+    """Rows of a local .jsonl/.json (one object per line) or .parquet file; ``fmt`` (jsonl or parquet)
+    overrides the suffix."""
     file = Path(path).expanduser()
     if not file.is_file():
         raise FileNotFoundError(f"{config_key}={path!r}: no such file; set {config_key} to a local "
                                 ".jsonl or .parquet file")
-    if file.suffix == ".parquet":
+    if fmt == "parquet" or (not fmt and file.suffix == ".parquet"):
         return _read_parquet(file, config_key)
-    if file.suffix not in (".jsonl", ".json"):
+    if not fmt and file.suffix not in (".jsonl", ".json"):
         raise ConfigError(f"{config_key}={path!r}: unknown format {file.suffix!r}; use a .jsonl or .parquet file")
     try:
         text = file.read_text(encoding="utf-8")
@@ -74,17 +78,10 @@ def ground_truth(answer) -> str:
     return plain
 
 
-def to_problems(rows: list[dict], cfg, first_id: int, config_key: str) -> list[Problem]:
-    problems = []
-    for i, row in enumerate(rows):
-        for key, field_name in ((cfg.question_key, "task.question_key"), (cfg.answer_key, "task.answer_key")):
-            if not isinstance(row, dict) or key not in row:
-                found = sorted(row) if isinstance(row, dict) else type(row).__name__
-                raise ConfigError(f"{config_key} row {i} has no column {key!r} (found {found}); "
-                                  f"set {field_name} to the column name")
-        prompt = cfg.prompt_template.format(question=row[cfg.question_key])
-        problems.append(Problem(id=first_id + i, prompt=prompt, answer=ground_truth(row[cfg.answer_key])))
-    return problems
+def to_problems(rows: list[dict], cfg, first_id: int, config_key: str, make_prompt: PromptMaker) -> list[Problem]:
+    check_columns(rows, {**make_prompt.columns(), cfg.answer_key: "task.answer_key"}, config_key)
+    return [Problem(id=first_id + i, prompt=make_prompt(row, f"{config_key} row {i}"),
+                    answer=ground_truth(row[cfg.answer_key])) for i, row in enumerate(rows)]
 
 
 def extract_answer(completion: str, pattern: re.Pattern) -> str | None:
@@ -112,12 +109,14 @@ class Gsm8k:
     name: str = field(default="gsm8k", init=False)
 
     @classmethod
-    def from_config(cls, cfg, reward_fn: RewardFn | None = None) -> "Gsm8k":
+    def from_config(cls, cfg, reward_fn: RewardFn | None = None, tokenizer_path: str = "") -> "Gsm8k":
         pattern = _compile(cfg.answer_pattern)
         _check_template(cfg.prompt_template)
-        train = to_problems(read_rows(cfg.path), cfg, 0, "task.path")
+        make_prompt = PromptMaker(cfg, tokenizer_path)
+        train = to_problems(read_dataset(cfg.path, cfg.format), cfg, 0, "task.path", make_prompt)
         if cfg.eval_path:
-            eval_ = to_problems(read_rows(cfg.eval_path, "task.eval_path"), cfg, len(train), "task.eval_path")
+            eval_rows = read_dataset(cfg.eval_path, cfg.format, "task.eval_path")
+            eval_ = to_problems(eval_rows, cfg, len(train), "task.eval_path", make_prompt)
         elif cfg.num_eval >= len(train):
             raise ConfigError(f"task.num_eval={cfg.num_eval} leaves no training rows out of {len(train)} in "
                               f"{cfg.path}; lower task.num_eval or set task.eval_path")
