@@ -29,6 +29,13 @@ def test_served_and_colocated_teacher_logprobs_agree(tiny_model_dir, teacher_ser
     assert (colocated[batch.mask == 0] == 0).all() and (colocated[batch.mask == 1] < 0).all()
 
 
+def test_a_vllm_teacher_gives_the_colocated_teachers_logprobs(tiny_model_dir, vllm_server):
+    """vLLM's prompt logprobs (the shared vLLM server holds the tiny model's weights in float32)."""
+    batch = ragged_batch(rows=6)
+    colocated = ColocatedTeacher(str(tiny_model_dir), torch.device("cpu"), micro_batch=6).logprobs(batch)
+    torch.testing.assert_close(ServedTeacher(vllm_server).logprobs(batch), colocated, rtol=0, atol=1e-5)
+
+
 def test_a_bad_score_request_gets_an_error_naming_the_field(teacher_server):
     from rlx.rollout.client import RolloutClient, RolloutServerError
     from rlx.rollout.protocol import ScoreTokens

@@ -83,6 +83,26 @@ class VllmBackend(Backend):
         return PromptResult(prompt_token_ids=list(final.prompt_token_ids), samples=samples,
                             generate_s=time.perf_counter() - start)
 
+    async def score(self, token_ids: list[list[int]], start: list[int]) -> list[list[float]]:
+        """vLLM's prompt logprobs (``prompt_logprobs=0``: each given token's own logprob, from the raw logits);
+        one token is generated per sequence and dropped."""
+        import asyncio
+
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+
+        async def one(ids: list[int], first: int) -> list[float]:
+            final = None
+            async for output in self.engine.generate({"prompt_token_ids": ids}, params,
+                                                     request_id=f"rlx-score-{next(self._ids)}"):
+                final = output
+            return [final.prompt_logprobs[i][ids[i]].logprob for i in range(first, len(ids))]
+
+        return list(await asyncio.gather(*(one(ids, first) for ids, first in zip(token_ids, start))))
+
     async def pause(self) -> None:
         self._client_paused = True
         if not (self._syncing or self._asleep):
