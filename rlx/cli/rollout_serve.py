@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import typer
 
@@ -33,8 +34,13 @@ def rollout_serve(
     index: int = typer.Option(0, help="Server index within the run (names its log, trace and default address)."),
     allow_remote: bool = typer.Option(False, "--allow-remote",
                                       help="Allow binding a non-loopback --address (needs an auth token)."),
+    openai_port: int | None = typer.Option(None, min=1, max=65535,
+                                           help="Also serve an OpenAI-compatible HTTP endpoint (/v1/chat/completions) "
+                                                "on this port of rollout.openai_host (default rollout.openai_port "
+                                                "+ index; 0 = off)."),
 ) -> None:
-    """Serve generate / pause / resume / weight-update requests over ZeroMQ.
+    """Serve generate / pause / resume / weight-update requests over ZeroMQ (and, with --openai-port,
+    OpenAI chat completions over HTTP that record episodes for training).
 
     Exits 3 when the backend's engine dies (after answering every pending request with the cause)."""
     import asyncio
@@ -52,6 +58,7 @@ def rollout_serve(
         check_model_dir(cfg.model.path)
         cfg.rollout.auth_token = cfg.rollout.auth_token or _token_from_env(auth_token_env)
         address = _bind_address(cfg, address, host, port, index, allow_remote)
+        http_socket = _openai_socket(cfg, openai_port, index)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if apply_from_env():
         logging.getLogger("rlx.rollout.server").info("running at idle CPU priority (rollout.yield_cpu)")
@@ -59,8 +66,15 @@ def rollout_serve(
     limits = {"max_model_len": cfg.rollout.max_model_len, "request_timeout_s": cfg.rollout.request_timeout_s,
               "sync_timeout_s": cfg.sync.timeout_s}
     code = 0
+    if http_socket is None:
+        serving = run_server(make_backend(cfg), address, cfg.rollout.auth_token, **limits)
+    else:
+        from rlx.rollout.openai_http import run_with_openai
+
+        serving = run_with_openai(make_backend(cfg), address, cfg.rollout.auth_token, http_socket,
+                                  Path(cfg.model.path).name, _default_sampling(cfg), **limits)
     try:
-        asyncio.run(run_server(make_backend(cfg), address, cfg.rollout.auth_token, **limits))
+        asyncio.run(serving)
     except BackendDied as exc:
         err_console.print(f"[bold red]rollout server {address} stopped:[/] {exc}", highlight=False, markup=True)
         code = 3
@@ -79,6 +93,28 @@ def _exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _openai_socket(cfg, port: int | None, index: int):
+    """The OpenAI endpoint's bound socket (--openai-port, else rollout.openai_port + index), or None when off."""
+    port = port if port is not None else cfg.rollout.openai_port + index if cfg.rollout.openai_port else None
+    if port is None:
+        return None
+    from rlx.rollout.openai_http import check_http_bind, listen_socket
+
+    try:
+        check_http_bind(cfg.rollout.openai_host, cfg.rollout.auth_token)
+        return listen_socket(cfg.rollout.openai_host, port)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _default_sampling(cfg):
+    from rlx.rollout.protocol import SamplingSpec
+
+    r = cfg.rollout
+    return SamplingSpec(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens,
+                        stop=list(r.stop))
 
 
 def _token_from_env(variable: str | None) -> str:

@@ -104,14 +104,15 @@ class ModelConfig:
         return self.dtype if self.rollout_dtype == "auto" else self.rollout_dtype
 
 
-TASK_CHOICES = ("tiny_math", "gsm8k", "running_sum")
+TASK_CHOICES = ("tiny_math", "gsm8k", "running_sum", "external")
 DATA_FORMAT_CHOICES = ("auto", "jsonl", "parquet", "hf_disk")
 
 
 @dataclass
 class TaskConfig:
     name: str = "tiny_math"
-    """Built-in task: tiny_math (synthetic arithmetic) or gsm8k (math from a local JSONL/Parquet file)."""
+    """Built-in task: tiny_math (synthetic arithmetic), running_sum, gsm8k (math from a local JSONL/Parquet/
+    datasets file) or external (episodes an agent records on the rollout servers' OpenAI endpoint)."""
     path: str = ""
     """gsm8k: local JSONL or Parquet file with question/answer columns."""
     eval_path: str = ""
@@ -218,6 +219,10 @@ class RolloutConfig:
     """Restart a launched server that dies mid-run (it rejoins with the newest weights); off = the run stops."""
     max_restarts: int = 3
     """Restarts allowed per launched server with rollout.restart_on_failure; one more death stops the run."""
+    openai_port: int = 0
+    """Also serve an OpenAI-compatible HTTP endpoint (/v1/chat/completions) on this port (+ server index); 0 = off."""
+    openai_host: str = "127.0.0.1"
+    """Interface the OpenAI endpoint binds; anything but loopback needs rollout.auth_token (sent as a Bearer token)."""
     dump_dir: str = ""
     """Write every step's samples here (safetensors + JSON, checksummed manifest); empty = no dump."""
     reuse: str = ""
@@ -256,6 +261,7 @@ class RolloutConfig:
                               "(the hf backend runs on one device); set rollout.backend=vllm or "
                               "rollout.tensor_parallel_size=1")
         check_range("rollout.port", self.port, 0, 65535)
+        check_range("rollout.openai_port", self.openai_port, 0, 65535)
         check_range("rollout.top_k", self.top_k, -1, hint="-1 turns top-k sampling off")
         check_range("rollout.max_model_len", self.max_model_len, 2)
         check_range("rollout.request_timeout_s", self.request_timeout_s, 0.1)

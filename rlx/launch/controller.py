@@ -42,6 +42,10 @@ class Controller:
         self.stream = DataStream(self.task.train, seed=cfg.task.seed)
         tokenizer = load_tokenizer(cfg.model.path)
         self.collector = Collector(cfg, client, self.task, tokenizer.pad_token_id)
+        if cfg.task.name == "external":  # the step's batch is the episodes an agent finished
+            from rlx.rollout.tasks.external import ExternalCollector
+
+            self.collector = ExternalCollector(cfg, client, tokenizer.pad_token_id)
         self.bus = RankBus(trainer.device)
         self.plane = None  # trainer.data_plane=store: ranks > 0 pull their rows from the sample store
         if self.bus.active and cfg.trainer.data_plane == "store":

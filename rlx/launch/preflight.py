@@ -37,6 +37,10 @@ def preflight(cfg, display: Display) -> None:
         from rlx.engine.distill import check_same_tokenizer
 
         check_same_tokenizer(cfg.model.path, cfg.algorithm.distill.teacher)
+    if cfg.task.name == "external":
+        from rlx.rollout.tasks.external import check_config
+
+        check_config(cfg)
     task = build_task(cfg.task, cfg.model.path)
     if cfg.trainer.resume:
         check_resume(cfg, run_dir, len(task.train), display)

@@ -83,7 +83,14 @@ class UpdateWeights(msgspec.Struct, tag="update_weights"):
     payload: bytes
 
 
-RequestBody = Union[Generate, Pause, Resume, Health, Stats, Shutdown, UpdateWeights, Sleep, WakeUp]
+class TakeEpisodes(msgspec.Struct, tag="take_episodes"):
+    """Hand over (and forget) up to ``max_episodes`` episodes an external agent finished on the
+    server's OpenAI endpoint (``rlx.rollout.openai_http``), oldest first; answered with ``EpisodesResult``."""
+
+    max_episodes: int = 1
+
+
+RequestBody = Union[Generate, Pause, Resume, Health, Stats, Shutdown, UpdateWeights, Sleep, WakeUp, TakeEpisodes]
 
 
 class Request(msgspec.Struct):
@@ -148,7 +155,27 @@ class AckResult(msgspec.Struct, tag="ack_result"):
     ack: BucketAck
 
 
-ReplyBody = Union[GenerateResult, Ok, HealthResult, StatsResult, AckResult, MemoryResult]
+class EpisodeTurn(msgspec.Struct):
+    """One model call of an episode, token-in/token-out: the prompt as the engine saw it and what it sampled."""
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    weight_version: int = 0
+    """The server's weight version when the call was answered."""
+
+
+class RecordedEpisode(msgspec.Struct):
+    id: str
+    turns: list[EpisodeTurn]
+    reward: float
+
+
+class EpisodesResult(msgspec.Struct, tag="episodes_result"):
+    episodes: list[RecordedEpisode]
+
+
+ReplyBody = Union[GenerateResult, Ok, HealthResult, StatsResult, AckResult, MemoryResult, EpisodesResult]
 
 
 class Reply(msgspec.Struct):

@@ -84,6 +84,7 @@ class RolloutServer:
         self._update_lock = asyncio.Lock()
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
+        self.episodes = None  # the OpenAI endpoint's EpisodeStore (rlx.rollout.openai_http), when it serves one
 
     async def serve(self, watch_interval_s: float = 0.5, drain_s: float = 1.0) -> None:
         """Serve until Shutdown, SIGTERM/SIGINT or the backend's death (then raise ``BackendDied``)."""
@@ -169,10 +170,11 @@ class RolloutServer:
             log.warning("malformed message from a client (%d bytes): %s", len(payload), exc)
             await self._send(frames, p.Reply(id=exc.request_id, ok=False, error=str(exc)))
             return
-        reply = await self._reply_to(request)
+        reply = await self.answer(request)
         await self._send(frames, reply)
 
-    async def _reply_to(self, request: p.Request) -> p.Reply:
+    async def answer(self, request: p.Request) -> p.Reply:
+        """The reply to one request: the one path every request takes, from ZeroMQ or the OpenAI endpoint."""
         problem = self._reject_reason(request)
         if problem:
             # An expired deadline is routine (a client gave up, e.g. start-up health polls).
@@ -238,6 +240,11 @@ class RolloutServer:
         if isinstance(body, p.Shutdown):
             self._stop.set()
             return p.Ok()
+        if isinstance(body, p.TakeEpisodes):
+            if self.episodes is None:
+                raise RequestRefused("this server records no episodes; start it with --openai-port (or set "
+                                     "rollout.openai_port) so an agent can drive episodes over HTTP")
+            return p.EpisodesResult(episodes=self.episodes.take(body.max_episodes))
         if isinstance(body, (p.Sleep, p.WakeUp)):
             return await self._sleep_or_wake(body)
         return p.AckResult(ack=await self._update(body.payload))

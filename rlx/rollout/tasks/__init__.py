@@ -2,8 +2,9 @@
 
 ``build_task(cfg.task)`` returns a ``Task`` (``base.Task``): train and eval lists of
 ``Problem`` plus ``reward`` and ``is_correct``. Built in: ``tiny_math`` (synthetic
-arithmetic), ``running_sum`` (long worked sums) and ``gsm8k`` (math from a local
-JSONL/Parquet file). ``task.reward`` swaps in a
+arithmetic), ``running_sum`` (long worked sums), ``gsm8k`` (math from a local
+JSONL/Parquet/datasets file, ``dataset``) and ``external`` (episodes an agent records on the servers'
+OpenAI endpoint, ``external``). ``task.reward`` swaps in a
 user function ``module:function`` (completion, answer) -> float. The order in which train
 problems are used is ``base.DataStream``'s job.
 """
@@ -32,4 +33,8 @@ def build_task(cfg, tokenizer_path: str = "") -> Task:
         from rlx.rollout.tasks.running_sum import RunningSum
 
         return RunningSum.from_config(cfg, reward_fn)
-    raise ValueError(f"task.name={cfg.name!r} is unknown; use tiny_math, gsm8k or running_sum")
+    if cfg.name == "external":
+        from rlx.rollout.tasks.external import External
+
+        return External()
+    raise ValueError(f"task.name={cfg.name!r} is unknown; use tiny_math, gsm8k, running_sum or external")

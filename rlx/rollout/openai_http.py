@@ -1,0 +1,312 @@
+"""An OpenAI-compatible HTTP endpoint on `rlx rollout-serve` that records episodes for training.
+
+Routes: ``POST /v1/chat/completions`` (non-streaming), ``GET /v1/models`` and
+``POST /v1/episodes/{id}/finish`` (``{"reward": r}``). It is served by starlette on uvicorn (what
+vLLM's own OpenAI server runs on; both come with vLLM), in the rollout server's event loop: a
+completion becomes one ``protocol.Generate`` of token ids answered by ``RolloutServer.answer``, the
+path every ZeroMQ request takes, so it shares the backend, its batching, pauses and weight updates.
+
+Prompts come from the tokenizer's chat template (with ``tools``), or the message contents
+concatenated when the tokenizer has none; ``rlx.prompt_format`` in the response says which.
+A request carrying an episode id (header ``X-Episode-Id``, else the ``user`` field) is recorded:
+prompt ids, sampled ids and their logprobs. A follow-up request that repeats the conversation plus
+the model's answer gets the model's own tokens as its prefix (``ChatFormat.continuation``), so a
+multi-request conversation is one token-in/token-out episode. Finishing it with a reward queues it
+for the trainer, which takes it with ``protocol.TakeEpisodes`` (``rlx.rollout.tasks.external``).
+
+Binding: loopback unless ``rollout.openai_host`` names another interface, which needs
+``rollout.auth_token``; with a token set, every request must send ``Authorization: Bearer TOKEN``.
+Left out: streaming, the legacy ``/v1/completions`` route, tool-call parsing of the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import itertools
+import math
+import socket
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+
+import msgspec
+
+from rlx.rollout import protocol as p
+from rlx.rollout.addresses import is_loopback_host
+from rlx.rollout.chat import ChatFormat
+from rlx.trace import tracer
+
+MAX_EPISODES = 10_000
+"""Most episodes held at once (open + finished but not yet taken by the trainer)."""
+HTTP_REQUEST_IDS = 1 << 48
+"""Request ids of HTTP completions start here, apart from a ZeroMQ client's."""
+
+
+class ChatRequest(msgspec.Struct):
+    """The fields of an OpenAI chat-completion request rlx reads; others (tool_choice, ...) are ignored."""
+
+    messages: list[dict]
+    model: str = ""
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    tools: list[dict] | None = None
+    logprobs: bool = False
+    user: str | None = None
+    stream: bool = False
+
+
+class Finish(msgspec.Struct):
+    reward: float
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class _OpenEpisode:
+    turns: list[p.EpisodeTurn] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)
+    """The last request's messages, which a follow-up repeats."""
+    text: str = ""
+    """The model's last answer, decoded."""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """One request of an episode at a time: each builds on the one before."""
+
+
+class EpisodeStore:
+    """Open episodes by id, and finished ones queued (oldest first) until the trainer takes them."""
+
+    def __init__(self, max_episodes: int = MAX_EPISODES) -> None:
+        self.max_episodes = max_episodes
+        self.open: dict[str, _OpenEpisode] = {}
+        self.finished: deque[p.RecordedEpisode] = deque()
+
+    def get_or_open(self, episode_id: str) -> _OpenEpisode:
+        if episode_id not in self.open:
+            if len(self.open) + len(self.finished) >= self.max_episodes:
+                raise HttpError(429, f"{self.max_episodes} episodes are open or waiting for the trainer; finish "
+                                     "open ones (POST /v1/episodes/ID/finish) or let the trainer take some")
+            self.open[episode_id] = _OpenEpisode()
+        return self.open[episode_id]
+
+    def finish(self, episode_id: str, reward: float) -> p.RecordedEpisode:
+        episode = self.open.get(episode_id)
+        if episode is None or not episode.turns:
+            raise HttpError(404, f"no open episode {episode_id!r}; an episode opens with a /v1/chat/completions "
+                                 "request carrying its id (X-Episode-Id header or the user field), and finishes once")
+        del self.open[episode_id]
+        recorded = p.RecordedEpisode(id=episode_id, turns=episode.turns, reward=reward)
+        self.finished.append(recorded)
+        return recorded
+
+    def take(self, max_episodes: int) -> list[p.RecordedEpisode]:
+        count = min(max(max_episodes, 0), len(self.finished))
+        return [self.finished.popleft() for _ in range(count)]
+
+
+class OpenAIEndpoint:
+    def __init__(self, server, tokenizer, defaults: p.SamplingSpec, model_name: str) -> None:
+        self.server = server
+        self.tokenizer = tokenizer
+        self.chat = ChatFormat(tokenizer, "auto", where="the OpenAI endpoint")
+        self.defaults = defaults
+        self.model_name = model_name
+        self.episodes = EpisodeStore()
+        self._ids = itertools.count(HTTP_REQUEST_IDS)
+
+    def app(self):
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        return Starlette(routes=[
+            Route("/v1/chat/completions", self._endpoint(self.chat_completion), methods=["POST"]),
+            Route("/v1/models", self._endpoint(self.models), methods=["GET"]),
+            Route("/v1/episodes/{episode_id}/finish", self._endpoint(self.finish), methods=["POST"]),
+        ])
+
+    def _endpoint(self, handler):
+        """``handler(request) -> dict`` as a starlette endpoint: bearer check, JSON in and out, errors shaped
+        like OpenAI's (``{"error": {"message", "type"}}``)."""
+        from starlette.responses import Response
+
+        async def endpoint(request):
+            try:
+                self._check_auth(request.headers.get("authorization", ""))
+                status, body = 200, await handler(request)
+            except HttpError as exc:
+                status, body = exc.status, _error(exc.status, str(exc))
+            return Response(msgspec.json.encode(body), status_code=status, media_type="application/json")
+
+        return endpoint
+
+    def _check_auth(self, header: str) -> None:
+        token = self.server.token
+        if token and not hmac.compare_digest(header.encode(), f"Bearer {token}".encode()):
+            raise HttpError(401, "bad or missing auth token; send the header 'Authorization: Bearer TOKEN' with "
+                                 "the server's rollout.auth_token")
+
+    async def models(self, request) -> dict:
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": int(self.server.started),
+                                            "owned_by": "rlx"}]}
+
+    async def finish(self, request) -> dict:
+        body = _decode(await request.body(), Finish)
+        if not math.isfinite(body.reward):
+            raise HttpError(400, f"reward={body.reward} is not a finite number; send a float")
+        recorded = self.episodes.finish(request.path_params["episode_id"], body.reward)
+        tracer.event("episode.finish", episode_id=recorded.id, turns=len(recorded.turns), reward=body.reward)
+        return {"id": recorded.id, "object": "episode", "turns": len(recorded.turns), "reward": body.reward,
+                "waiting_for_trainer": len(self.episodes.finished)}
+
+    async def chat_completion(self, request) -> dict:
+        body = _decode(await request.body(), ChatRequest)
+        if body.stream:
+            raise HttpError(400, "stream=true is not supported; send stream=false")
+        if not body.messages:
+            raise HttpError(400, "messages is empty; send at least one {role, content} message")
+        episode_id = request.headers.get("x-episode-id") or body.user or ""
+        if episode_id and body.n != 1:
+            raise HttpError(400, f"n={body.n} in episode {episode_id!r}: an episode records one answer per request; "
+                                 "send n=1, or give each sample its own episode id")
+        if not episode_id:
+            return await self._complete(body, self.chat.prompt_ids(body.messages, body.tools), "")
+        episode = self.episodes.get_or_open(episode_id)
+        async with episode.lock:
+            prompt_ids = self._prompt_ids(body, episode)
+            response = await self._complete(body, prompt_ids, episode_id)
+            if episode_id in self.episodes.open:  # not finished while this request ran
+                result = response.pop("_sample")
+                episode.turns.append(p.EpisodeTurn(prompt_ids, result.token_ids, result.logprobs,
+                                                   self.server.weight_version))
+                episode.messages, episode.text = list(body.messages), result.text
+        response.pop("_sample", None)
+        return response
+
+    def _prompt_ids(self, body: ChatRequest, episode: _OpenEpisode) -> list[int]:
+        """Token-in/token-out: a follow-up starts with the episode's own tokens; else the rendered messages."""
+        if episode.turns:
+            last = episode.turns[-1]
+            added = self.chat.continuation(episode.messages, body.messages, episode.text, last.token_ids, body.tools)
+            if added is not None:
+                return last.prompt_token_ids + last.token_ids + added
+        return self.chat.prompt_ids(body.messages, body.tools)
+
+    async def _complete(self, body: ChatRequest, prompt_ids: list[int], episode_id: str) -> dict:
+        sampling = self._sampling(body)
+        request = p.Request(id=next(self._ids), body=p.Generate(prompt_token_ids=[prompt_ids], sampling=sampling),
+                            deadline=time.time() + self.server.request_timeout_s, token=self.server.token)
+        reply = await self.server.answer(request)
+        if not reply.ok:
+            raise HttpError(503 if self.server.death else 400, reply.error)
+        result = reply.body.results[0]
+        choices = [self._choice(i, sample, body.logprobs) for i, sample in enumerate(result.samples)]
+        completion_tokens = sum(len(s.token_ids) for s in result.samples)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": body.model or self.model_name, "choices": choices,
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
+                      "total_tokens": len(prompt_ids) + completion_tokens},
+            "rlx": {"episode_id": episode_id or None, "prompt_format": self.chat.kind,
+                    "weight_version": self.server.weight_version, "prompt_token_ids": prompt_ids,
+                    "completion_token_ids": [s.token_ids for s in result.samples]},
+            "_sample": result.samples[0],
+        }
+
+    def _sampling(self, body: ChatRequest) -> p.SamplingSpec:
+        d = self.defaults
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        max_tokens = next((v for v in (body.max_completion_tokens, body.max_tokens) if v is not None), d.max_tokens)
+        return p.SamplingSpec(n=body.n, temperature=d.temperature if body.temperature is None else body.temperature,
+                              top_p=d.top_p if body.top_p is None else body.top_p, top_k=d.top_k,
+                              max_tokens=max_tokens, stop=stop, seed=body.seed)
+
+    def _choice(self, index: int, sample: p.Sample, with_logprobs: bool) -> dict:
+        choice = {"index": index, "message": {"role": "assistant", "content": sample.text},
+                  "finish_reason": sample.finish_reason or "stop", "logprobs": None}
+        if with_logprobs:
+            choice["logprobs"] = {"content": [
+                {"token": self.tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
+                for t, lp in zip(sample.token_ids, sample.logprobs)]}
+        return choice
+
+
+def _decode(data: bytes, kind):
+    try:
+        return msgspec.json.decode(data, type=kind)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise HttpError(400, f"bad request body: {exc}") from None
+
+
+def _error(status: int, message: str) -> dict:
+    kind = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}.get(
+        status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "code": status}}
+
+
+def check_http_bind(host: str, token: str) -> None:
+    """A non-loopback interface needs the auth token; raises ValueError naming the fix."""
+    if not is_loopback_host(host) and not token:
+        raise ValueError(f"binding the OpenAI endpoint to {host} needs an auth token (clients send it as "
+                         "'Authorization: Bearer TOKEN'); set rollout.auth_token or export it in "
+                         "RLX_ROLLOUT_AUTH_TOKEN, or bind rollout.openai_host=127.0.0.1")
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The endpoint's listening socket, bound before the model loads so a taken port (or a missing
+    library) fails at once."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise ValueError("the OpenAI endpoint needs starlette and uvicorn: pip install 'rlx[openai]'") from None
+    try:
+        return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as exc:
+        raise ValueError(f"cannot listen on {host}:{port} for the OpenAI endpoint ({exc.strerror}); pick another "
+                         "--openai-port / rollout.openai_port") from None
+
+
+def _uvicorn_server(app):
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):  # the rollout server owns SIGTERM/SIGINT and stops this server itself
+            yield
+
+    return Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+
+
+async def run_with_openai(backend, address: str, token: str, sock: socket.socket, model_name: str,
+                          defaults: p.SamplingSpec, **limits) -> None:
+    """``rlx.rollout.server.run_server`` plus the HTTP endpoint on ``sock``, in one event loop."""
+    from transformers import AutoTokenizer
+
+    from rlx.rollout.server import RolloutServer
+
+    tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, backend.model_path)
+    with tracer.span("rollout.start", backend=backend.name):
+        await backend.start()
+    server = RolloutServer(backend, address, token, **limits)
+    endpoint = OpenAIEndpoint(server, tokenizer, defaults, model_name)
+    server.episodes = endpoint.episodes
+    http = _uvicorn_server(endpoint.app())
+    http_task = asyncio.create_task(http.serve(sockets=[sock]))
+    try:
+        await server.serve()
+    finally:
+        http.should_exit = True
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.wait_for(http_task, 5.0)
+        sock.close()

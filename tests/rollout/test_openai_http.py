@@ -1,0 +1,202 @@
+"""The OpenAI-compatible endpoint of `rlx rollout-serve`: completions, recorded episodes, auth, and a
+real `rlx train` run (task.name=external) that trains on episodes an outside client drove over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+
+import httpx
+import pytest
+
+from rlx.rollout import protocol as p
+from rlx.rollout.client import RolloutClient
+from rlx.rollout.tasks.external import episode_rows
+from tests.helpers import start_rlx, stop_group, write_config
+
+TOKEN = "test-secret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, proc, log, headers=None, timeout_s: float = 240.0) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(f"{url}/v1/models", headers=headers, timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} not ready:\n{log.read_text()[-4000:]}")
+
+
+@pytest.fixture(scope="module")
+def endpoint(tiny_model_dir, tmp_path_factory):
+    """A real hf-backend server whose OpenAI endpoint binds every interface, which needs the token."""
+    work = tmp_path_factory.mktemp("openai")
+    port = free_port()
+    config = write_config(work / "serve.yaml", tiny_model_dir,
+                          rollout={"backend": "hf", "openai_host": "0.0.0.0", "openai_port": port})
+    address = f"ipc://{work}/serve.sock"
+    log = work / "serve.log"
+    proc = start_rlx(["rollout-serve", str(config), "--address", address], log,
+                     env={"RLX_ROLLOUT_AUTH_TOKEN": TOKEN})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url, proc, log, AUTH)
+        yield url, address
+    finally:
+        stop_group(proc)
+
+
+def zmq_call(address: str, body):
+    async def call():
+        client = RolloutClient([address], token=TOKEN)
+        try:
+            return await client.call(0, body, timeout_s=60.0)
+        finally:
+            client.close()
+
+    return asyncio.run(call())
+
+
+def chat(url: str, messages, episode: str | None = None, **extra) -> dict:
+    headers = dict(AUTH, **({"X-Episode-Id": episode} if episode else {}))
+    reply = httpx.post(f"{url}/v1/chat/completions", headers=headers, timeout=60.0,
+                       json={"model": "tiny", "messages": messages, **extra})
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def test_completion_returns_text_usage_logprobs_and_records_what_the_engine_sampled(endpoint):
+    url, address = endpoint
+    messages = [{"role": "user", "content": "12+7="}]
+    response = chat(url, messages, episode="single", max_tokens=6, temperature=0.0, logprobs=True)
+    choice, usage, meta = response["choices"][0], response["usage"], response["rlx"]
+    assert response["object"] == "chat.completion" and choice["message"]["role"] == "assistant"
+    assert meta["prompt_format"] == "plain"  # the tiny character tokenizer has no chat template
+    sampled = meta["completion_token_ids"][0]
+    assert usage["completion_tokens"] == len(sampled) >= 1
+    assert usage["prompt_tokens"] == len(meta["prompt_token_ids"]) == len("12+7=")
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    logprobs = [t["logprob"] for t in choice["logprobs"]["content"]]
+    assert len(logprobs) == len(sampled) and all(lp <= 0 for lp in logprobs)
+
+    # the same prompt ids through the ZeroMQ side give the same greedy tokens: one engine behind both
+    greedy = p.SamplingSpec(temperature=0.0, max_tokens=6)
+    direct = zmq_call(address, p.Generate(prompt_token_ids=[meta["prompt_token_ids"]], sampling=greedy))
+    assert direct.results[0].samples[0].token_ids == sampled
+
+    finish = httpx.post(f"{url}/v1/episodes/single/finish", headers=AUTH, json={"reward": 0.5}, timeout=10.0)
+    assert finish.status_code == 200 and finish.json()["turns"] == 1
+    taken = zmq_call(address, p.TakeEpisodes(max_episodes=8)).episodes
+    assert [e.id for e in taken] == ["single"] and taken[0].reward == 0.5
+    turn = taken[0].turns[0]
+    assert turn.prompt_token_ids == meta["prompt_token_ids"] and turn.token_ids == sampled
+    assert turn.logprobs == pytest.approx(logprobs)
+    assert zmq_call(address, p.TakeEpisodes(max_episodes=8)).episodes == []  # taken once
+
+
+def test_two_requests_form_one_token_in_token_out_episode(endpoint, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    url, address = endpoint
+    first = [{"role": "system", "content": "Add."}, {"role": "user", "content": "2+3="}]
+    one = chat(url, first, episode="two", max_tokens=4)
+    answer = one["choices"][0]["message"]["content"]
+    follow_up = first + [{"role": "assistant", "content": answer}, {"role": "user", "content": "+1="}]
+    two = chat(url, follow_up, user="two", max_tokens=4)  # the `user` field names the episode too
+    context = one["rlx"]["prompt_token_ids"] + one["rlx"]["completion_token_ids"][0]
+    assert two["rlx"]["prompt_token_ids"][:len(context)] == context  # the model's own tokens, not re-tokenized
+    assert httpx.post(f"{url}/v1/episodes/two/finish", headers=AUTH, json={"reward": 1.0}).status_code == 200
+
+    (episode,) = zmq_call(address, p.TakeEpisodes(max_episodes=8)).episodes
+    (row,) = episode_rows(episode)
+    prompt, completion, logps, mask = row.row()
+    observation = two["rlx"]["prompt_token_ids"][len(context):]
+    assert prompt == one["rlx"]["prompt_token_ids"]
+    assert AutoTokenizer.from_pretrained(tiny_model_dir).decode(observation) == "+1="  # plain: contents concatenated
+    n1, n2 = len(one["rlx"]["completion_token_ids"][0]), len(two["rlx"]["completion_token_ids"][0])
+    assert completion == context[len(prompt):] + observation + two["rlx"]["completion_token_ids"][0]
+    assert mask == [1.0] * n1 + [0.0] * len(observation) + [1.0] * n2
+
+
+def test_auth_and_request_errors_are_clear(endpoint):
+    url, _ = endpoint
+    body = {"messages": [{"role": "user", "content": "1+1="}], "max_tokens": 2}
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        reply = httpx.post(f"{url}/v1/chat/completions", headers=headers, json=body)
+        assert reply.status_code == 401 and "Authorization: Bearer" in reply.json()["error"]["message"]
+    reply = httpx.post(f"{url}/v1/episodes/nope/finish", headers=AUTH, json={"reward": 1.0})
+    assert reply.status_code == 404 and "no open episode 'nope'" in reply.json()["error"]["message"]
+    reply = httpx.post(f"{url}/v1/chat/completions", headers=dict(AUTH, **{"X-Episode-Id": "e"}), json=dict(body, n=2))
+    assert reply.status_code == 400 and "send n=1" in reply.json()["error"]["message"]
+    reply = httpx.post(f"{url}/v1/chat/completions", headers=AUTH, json=dict(body, max_tokens=0))
+    assert reply.status_code == 400 and "max_tokens" in reply.json()["error"]["message"]
+
+
+def test_off_loopback_endpoint_without_a_token_is_refused_before_start(tiny_model_dir, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from rlx.cli import app
+
+    monkeypatch.delenv("RLX_ROLLOUT_AUTH_TOKEN", raising=False)
+    config = write_config(tmp_path / "c.yaml", tiny_model_dir, rollout={"backend": "hf", "openai_host": "0.0.0.0"})
+    result = CliRunner().invoke(app, ["rollout-serve", str(config), "--address", f"ipc://{tmp_path}/s.sock",
+                                      "--openai-port", str(free_port())])
+    assert result.exit_code == 2, result.output
+    assert "binding the OpenAI endpoint to 0.0.0.0 needs an auth token" in result.output
+
+
+@pytest.mark.slow
+def test_train_on_episodes_an_external_client_finished(endpoint, tiny_model_dir, tmp_path):
+    """Last in this module: the run syncs its weights into the shared server."""
+    url, address = endpoint
+    for episode, reward in (("a", 1.0), ("b", 0.0)):
+        first = [{"role": "user", "content": "3+4="}]
+        one = chat(url, first, episode=episode, max_tokens=4)
+        follow = first + [{"role": "assistant", "content": one["choices"][0]["message"]["content"]},
+                          {"role": "user", "content": "+2="}]
+        chat(url, follow, episode=episode, max_tokens=4)
+        assert httpx.post(f"{url}/v1/episodes/{episode}/finish", headers=AUTH, json={"reward": reward}).status_code == 200
+    run_dir = tmp_path / "run"
+    config = write_config(
+        tmp_path / "run.yaml", tiny_model_dir, task={"name": "external"},
+        rollout={"backend": "hf", "n": 1, "max_tokens": 4, "servers": [address], "num_servers": 0},
+        algorithm={"advantage": "reinforce_pp"},
+        trainer={"prompts_per_step": 2, "total_steps": 1, "micro_batch_size": 2, "output_dir": str(run_dir)})
+    log = tmp_path / "train.log"
+    proc = start_rlx(["train", str(config)], log, env={"RLX_ROLLOUT_AUTH_TOKEN": TOKEN})
+    try:
+        assert proc.wait(300) == 0, log.read_text()[-4000:]
+    finally:
+        stop_group(proc)
+    (step,) = [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if m.get("step") == 1]
+    assert step["episodes"] == 2 and step["episode_turns_mean"] == 2 and step["reward_mean"] == 0.5
+    assert step["episode_rows"] == 2 and step["grad_norm"] > 0
+    # the weight sync reached the server: the agent's next request is answered by the trained weights
+    after = chat(url, [{"role": "user", "content": "3+4="}], max_tokens=2)
+    assert after["rlx"]["weight_version"] >= 1
+
+
+def test_external_task_needs_groupless_settings(tiny_model_dir, tmp_path):
+    from rlx.config import load_config
+    from rlx.config.errors import ConfigError
+    from rlx.rollout.tasks.external import check_config
+
+    config = write_config(tmp_path / "run.yaml", tiny_model_dir, task={"name": "external"}, rollout={"n": 4})
+    with pytest.raises(ConfigError, match="set rollout.n=1 and algorithm.advantage=reinforce_pp"):
+        check_config(load_config(str(config), []))
+    launched = load_config(str(config), ["rollout.n=1", "algorithm.advantage=reinforce_pp"])
+    with pytest.raises(ConfigError, match="set rollout.openai_port"):
+        check_config(launched)
