@@ -553,10 +553,82 @@ def check_colocated(cfg) -> None:
                           "trainer rank; set trainer.num_ranks=1 or placement.offload=false")
 
 
+LAUNCHER_CHOICES = ("local", "ray")
+
+
+RAY_STRATEGY_CHOICES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+@dataclass
+class RayConfig:
+    address: str = ""
+    """Ray cluster to join (launcher=ray): "auto" = the one running here, ray://... or host:port; empty = RAY_ADDRESS, else start a local instance."""
+    trainer_resources: dict[str, float] = field(default_factory=lambda: {"CPU": 1.0})
+    """Ray resources of one trainer rank (its placement-group bundle), e.g. {CPU: 8, GPU: 1}."""
+    rollout_resources: dict[str, float] = field(default_factory=lambda: {"CPU": 1.0})
+    """Ray resources of one launched rollout server (its placement-group bundle), e.g. {CPU: 8, GPU: 1}."""
+    strategy: str = "PACK"
+    """Placement-group strategy of each role's bundles: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD."""
+    placement_timeout_s: float = 120.0
+    """How long to wait for the cluster to grant a role's placement group before naming what is missing."""
+
+    def __post_init__(self) -> None:
+        check_choice("ray.strategy", self.strategy, RAY_STRATEGY_CHOICES)
+        check_range("ray.placement_timeout_s", self.placement_timeout_s, 0.1)
+        for role in ("trainer", "rollout"):
+            for name, amount in getattr(self, f"{role}_resources").items():
+                check_range(f"ray.{role}_resources.{name}", amount, 0.0,
+                            hint=f"set ray.{role}_resources to the amount of each resource one {role} process needs")
+
+
+PLACEMENT_CHOICES = ("separate", "colocated")
+
+
+@dataclass
+class PlacementConfig:
+    mode: str = "separate"
+    """separate (each trainer rank and each rollout server its own GPUs) or colocated (the servers on the trainer's
+    GPUs, taking turns: engines sleep while the trainer trains, the trainer offloads while they generate)."""
+    rollout_gpus: int = 0
+    """GPUs of the launched rollout servers; 0 = rollout.num_servers x rollout.tensor_parallel_size."""
+    sleep_level: int = 1
+    """colocated: engines sleep during training; 1 = weights to CPU and KV cache freed, 2 = both freed (the
+    sync brings the weights back), 0 = never sleep."""
+    offload: bool = True
+    """colocated: the trainer moves parameters and optimizer state to CPU while the engines generate."""
+    gpu_memory_gb: float = 0.0
+    """Memory budget per GPU in GiB that each rlx process respects (a smaller GPU emulated); 0 = the whole GPU."""
+
+    def __post_init__(self) -> None:
+        check_choice("placement.mode", self.mode, PLACEMENT_CHOICES)
+        check_range("placement.rollout_gpus", self.rollout_gpus, 0)
+        check_range("placement.sleep_level", self.sleep_level, 0, 2, hint="0 = the engine never sleeps")
+        check_range("placement.gpu_memory_gb", self.gpu_memory_gb, 0.0, hint="0 = the whole GPU")
+
+
+def check_colocated(cfg) -> None:
+    """placement.mode=colocated: what taking turns rules out, whatever the host's devices."""
+    if cfg.placement.mode != "colocated":
+        return
+    if cfg.trainer.mode != "sync":
+        raise ConfigError(f"placement.mode=colocated with trainer.mode={cfg.trainer.mode}: colocated roles take turns, "
+                          "so generation cannot overlap training; set trainer.mode=sync or placement.mode=separate")
+    if cfg.rollout.servers:
+        raise ConfigError("placement.mode=colocated with rollout.servers: only servers this run launches share the "
+                          "trainer's GPUs; empty rollout.servers or set placement.mode=separate")
+    if cfg.placement.offload and cfg.trainer.num_ranks > 1:
+        raise ConfigError(f"placement.offload with trainer.num_ranks={cfg.trainer.num_ranks}: offloading runs on one "
+                          "trainer rank; set trainer.num_ranks=1 or placement.offload=false")
+
+
 @dataclass
 class RunConfig:
     run_name: str = "run"
     """Name of the run; the default run directory is runs/<run_name>."""
+    launcher: str = "local"
+    """Where `rlx train` starts its processes: local (this host, no Ray) or ray (placement groups on a Ray cluster)."""
+    ray: RayConfig = field(default_factory=RayConfig)
+    """The Ray cluster and per-role resources (launcher=ray)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -584,6 +656,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_all_finite(self)
+        check_choice("launcher", self.launcher, LAUNCHER_CHOICES)
         check_colocated(self)
         if self.trainer.micro_batch_size > self.trainer.prompts_per_step * self.rollout.n:
             self.trainer.micro_batch_size = self.trainer.prompts_per_step * self.rollout.n

@@ -45,6 +45,10 @@ from rlx.launch.stops import ChildDied, RunStopped, StopWatch
 
 def run_train(cfg) -> int:
     """The whole run; returns the exit code. User errors found before any process starts propagate."""
+    if cfg.launcher == "ray":  # the Ray launcher's module is the only one that imports Ray
+        from rlx.launch.ray_launcher import run_ray_train
+
+        return run_ray_train(cfg)
     run_dir = Path(cfg.trainer.output_dir).resolve()
     cfg.rollout.auth_token = cfg.rollout.auth_token or os.environ.get(SECRET_ENV["rollout.auth_token"], "")
     display = Display(cfg.trainer.total_steps, enabled=cfg.logging.console)

