@@ -1,7 +1,7 @@
 """The sample store (data plane), rollout dumps and DAPO's sampling filters.
 
 - ``base``: what a sample is, the producer/reader interface, ``create_store`` / ``open_reader``.
-- ``shm`` / ``tcp``: the transports (one /dev/shm segment; rows fetched from rank 0 over ZeroMQ).
+- ``shm``: the transport (one /dev/shm segment that every rank of the host maps).
 - ``plane``: trainer ranks >= 2 pull their share of a step's rows (``trainer.data_plane=store``);
   used by ``rlx.launch.controller`` (rank 0) and ``rlx.launch.ranks`` (the others).
 - ``dump``: ``rollout.dump_dir`` writes each step as safetensors + JSON with a checksummed manifest;

@@ -21,15 +21,16 @@ OVERLONG_CHOICES = ("off", "filter", "soft")
 @dataclass
 class StoreConfig:
     transport: str = "shm"
-    """How trainer ranks read rows: shm (one /dev/shm segment, one host) or tcp (from rank 0 over ZeroMQ)."""
+    """How trainer ranks read rows: shm (one /dev/shm segment; every rank on rank 0's host)."""
     capacity_mb: int = 64
     """Bytes of sample data the store holds at once, in MiB (a step's batch, two in one_step_off)."""
     max_rows: int = 16384
     """Samples the store holds at once."""
 
     def __post_init__(self) -> None:
-        if self.transport not in ("shm", "tcp"):
-            raise ConfigError(f"store.transport={self.transport!r} is not allowed; set store.transport to shm or tcp")
+        if self.transport != "shm":
+            raise ConfigError(f"store.transport={self.transport!r} is not allowed; set store.transport=shm (ranks on "
+                              "several hosts: trainer.data_plane=broadcast)")
         if self.capacity_mb < 1:
             raise ConfigError(f"store.capacity_mb={self.capacity_mb} must be >= 1; set it to the MiB of samples "
                               "held at once")

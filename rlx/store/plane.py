@@ -156,7 +156,12 @@ class Puller:
         notice = msgspec.msgpack.decode(bytes(frame[2:2 + length].numpy()), type=BatchNotice)
         key = (notice.handle.kind, notice.handle.name)
         if key not in self._readers:
-            self._readers[key] = open_reader(notice.handle)
+            try:
+                self._readers[key] = open_reader(notice.handle)
+            except FileNotFoundError as exc:
+                raise RuntimeError(f"trainer rank {dist.get_rank()} cannot open rank 0's sample store ({exc}); the "
+                                   "shm store needs every trainer rank on rank 0's host: set "
+                                   "trainer.data_plane=broadcast when the ranks span hosts") from None
         return StoredBatch.open(self._readers[key], notice)
 
     def close(self) -> None:
