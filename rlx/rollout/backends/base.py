@@ -60,6 +60,11 @@ class Backend(ABC):
         starts a new one); zeros on a CPU-only host."""
         return 0.0, 0.0
 
+    async def score(self, token_ids: list[list[int]], start: list[int]) -> list[list[float]]:
+        """Logprobs (temperature 1) of each sequence's tokens from ``start[i]`` on (``protocol.ScoreTokens``)."""
+        raise NotImplementedError(f"the {self.name} backend cannot score tokens; serve the teacher with "
+                                  "rollout.backend=hf")
+
     def failure(self) -> str:
         """Why the backend can no longer serve (its engine died), or "" while it is healthy."""
         return ""
