@@ -46,7 +46,10 @@ class Pause(msgspec.Struct, tag="pause"):
 
 
 class Resume(msgspec.Struct, tag="resume"):
-    pass
+    """Schedule again. ``weight_version`` >= 0 (sent after a weight sync) names the policy version the
+    weights now hold: Health reports it and the tokens generated from here on carry it."""
+
+    weight_version: int = -1
 
 
 class Health(msgspec.Struct, tag="health"):
@@ -90,16 +93,7 @@ class TakeEpisodes(msgspec.Struct, tag="take_episodes"):
     max_episodes: int = 1
 
 
-class ScoreTokens(msgspec.Struct, tag="score_tokens"):
-    """Log-probabilities under the served model (temperature 1) of given token sequences, e.g. a distillation
-    teacher scoring a student's samples: for sequence i, every token from ``start[i]`` on, given the ones before
-    it. Answered with ``ScoreResult``."""
-
-    token_ids: list[list[int]]
-    start: list[int]
-
-
-RequestBody = Union[Generate, Pause, Resume, Health, Stats, Shutdown, UpdateWeights, Sleep, WakeUp, TakeEpisodes, ScoreTokens]
+RequestBody = Union[Generate, Pause, Resume, Health, Stats, Shutdown, UpdateWeights, Sleep, WakeUp, TakeEpisodes]
 
 
 class Request(msgspec.Struct):
@@ -117,6 +111,9 @@ class Sample(msgspec.Struct):
     """Log-probability of each sampled token under the engine's sampling distribution."""
     text: str
     finish_reason: str
+    versions: list[int] = []
+    """Weight version that sampled each token (one per token id); a request in flight across a weight
+    update has tokens of two or more versions. Empty from a backend that does not record them."""
 
 
 class PromptResult(msgspec.Struct):
@@ -184,12 +181,7 @@ class EpisodesResult(msgspec.Struct, tag="episodes_result"):
     episodes: list[RecordedEpisode]
 
 
-class ScoreResult(msgspec.Struct, tag="score_result"):
-    logprobs: list[list[float]]
-    """Per sequence, the logprob of each token from its ``start`` on."""
-
-
-ReplyBody = Union[GenerateResult, Ok, HealthResult, StatsResult, AckResult, MemoryResult, EpisodesResult, ScoreResult]
+ReplyBody = Union[GenerateResult, Ok, HealthResult, StatsResult, AckResult, MemoryResult, EpisodesResult]
 
 
 class Reply(msgspec.Struct):
@@ -277,20 +269,6 @@ def sampling_problem(s: SamplingSpec, max_model_len: int) -> str:
     for field, value, ok, allowed in checks:
         if not ok:
             return f"sampling.{field}={value!r} is out of range; allowed: {allowed}"
-    return ""
-
-
-def score_problem(body: ScoreTokens, max_model_len: int) -> str:
-    """Why the server refuses a ``ScoreTokens`` request, or "" when it is acceptable."""
-    if len(body.token_ids) != len(body.start):
-        return f"score request has {len(body.token_ids)} sequences and {len(body.start)} starts; send one start each"
-    for i, (ids, start) in enumerate(zip(body.token_ids, body.start)):
-        if not 1 <= start < len(ids):
-            return f"start[{i}]={start} must be in [1, {len(ids) - 1}]: a scored token needs one token before it"
-        if len(ids) > max_model_len:
-            return f"sequence {i} is {len(ids)} tokens, longer than rollout.max_model_len={max_model_len}"
-        if min(ids) < 0:
-            return f"token_ids[{i}] holds a negative token id; token ids are >= 0"
     return ""
 
 

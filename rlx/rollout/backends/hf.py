@@ -3,8 +3,12 @@
 Requests queue up; a batcher takes up to ``MAX_BATCH_PROMPTS`` prompts with the same sampling
 parameters, left-pads them and runs one ``generate`` call in a worker thread. Logprobs are
 those of the processed distribution (temperature, top-k/top-p applied), like vLLM's
-``processed_logprobs``. Pause lets the running batch finish and holds the queue. It leaves
-out continuous batching and paged KV caches: that is what the vllm backend is for.
+``processed_logprobs``. Pause holds the queue and stops the running batch between two decode
+steps (a ``_StepGate`` the generation thread passes after every token); a weight update waits
+for that stop, not for the batch to finish, so a request in flight across an update is a partial
+rollout: each sample's ``versions`` says which weights sampled each token (the KV cache of the
+tokens before the update is kept, as vLLM keeps it). It leaves out continuous batching and paged
+KV caches: that is what the vllm backend is for.
 
 Every request carries a deadline: a request whose deadline passed (or whose caller gave up) is
 dropped from the queue, and a running batch stops generating a request's rows once its deadline
@@ -18,6 +22,7 @@ backend generates again.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import NamedTuple
 
@@ -45,6 +50,11 @@ class HfBackend(Backend):
         self._running.set()
         self._model_lock = asyncio.Lock()
         self._sync_holds_lock = False
+        self._sync_open = False
+        self._client_paused = False
+        self._gate = _StepGate()
+        self._generating = False  # a batch runs in the generation thread
+        self.weight_version = 0  # the version that labels the tokens sampled from here on
         self._batcher: asyncio.Task | None = None
         self._handler = None  # the weight-sync handler, made at the first update
 
@@ -98,6 +108,7 @@ class HfBackend(Backend):
             batch = [item for item in pending if _batch_key(item.sampling) == key][:MAX_BATCH_PROMPTS]
             pending = [item for item in pending if item not in batch]
             async with self._model_lock:
+                self._generating = True
                 try:
                     results = await asyncio.to_thread(self._generate_batch, batch, spec)
                 except Exception as exc:  # fail these requests, keep serving
@@ -105,6 +116,8 @@ class HfBackend(Backend):
                         if not item.future.done():
                             item.future.set_exception(exc)
                     continue
+                finally:
+                    self._generating = False
             now = time.perf_counter()
             for item, result in zip(batch, results):
                 result.queued_s = max(0.0, now - item.queued_at - result.generate_s)
@@ -112,10 +125,18 @@ class HfBackend(Backend):
                     item.future.set_result(result)
 
     def _generate_batch(self, batch: list[_Item], spec: SamplingSpec) -> list[PromptResult]:
+        self._gate.enter()  # a sync or a pause may hold the weights
+        try:
+            return self._generate_gated(batch, spec)
+        finally:
+            self._gate.leave()
+
+    def _generate_gated(self, batch: list[_Item], spec: SamplingSpec) -> list[PromptResult]:
         import torch
         from transformers import StoppingCriteriaList
 
         start = time.perf_counter()
+        stepper = _VersionedSteps(self._gate, self)
         ids = [self._token_ids(item.prompt) for item in batch]
         inputs = self.tokenizer.pad({"input_ids": ids}, return_tensors="pt").to(self.device)
         if spec.seed is not None:
@@ -128,7 +149,7 @@ class HfBackend(Backend):
                 **inputs, do_sample=not greedy, temperature=spec.temperature or None,
                 top_p=spec.top_p, top_k=spec.top_k if spec.top_k > 0 else None, max_new_tokens=spec.max_tokens,
                 num_return_sequences=rows, stop_strings=list(spec.stop) or None, tokenizer=self.tokenizer,
-                stopping_criteria=StoppingCriteriaList([_PastDeadline(row_deadlines)]),
+                stopping_criteria=StoppingCriteriaList([_PastDeadline(row_deadlines), stepper]),
                 output_scores=True, return_dict_in_generate=True, pad_token_id=self.tokenizer.pad_token_id)
         new_tokens = out.sequences[:, inputs["input_ids"].shape[1]:]
         steps = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [B*n, T, V]
@@ -136,12 +157,12 @@ class HfBackend(Backend):
         elapsed = time.perf_counter() - start
         results = []
         for i, prompt_ids in enumerate(ids):
-            samples = [self._sample(new_tokens[i * rows + j % rows], token_logprobs[i * rows + j % rows], spec)
+            samples = [self._sample(new_tokens[i * rows + j % rows], token_logprobs[i * rows + j % rows], stepper.versions)
                        for j in range(spec.n)]
             results.append(PromptResult(prompt_token_ids=list(prompt_ids), samples=samples, generate_s=elapsed))
         return results
 
-    def _sample(self, tokens, logprobs, spec: SamplingSpec) -> Sample:
+    def _sample(self, tokens, logprobs, versions: list[int]) -> Sample:
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         token_list = tokens.tolist()
         length, finish = len(token_list), "length"
@@ -154,7 +175,8 @@ class HfBackend(Backend):
                 break
         kept = token_list[:length]
         text = self.tokenizer.decode(kept, skip_special_tokens=True)
-        return Sample(token_ids=kept, logprobs=[float(x) for x in logprobs[:length]], text=text, finish_reason=finish)
+        return Sample(token_ids=kept, logprobs=[float(x) for x in logprobs[:length]], text=text, finish_reason=finish,
+                      versions=versions[:length])
 
     async def sleep(self, level: int) -> list[str]:
         """The queue is held and, once the running batch is done, the model moves to CPU at either level: it
@@ -191,31 +213,16 @@ class HfBackend(Backend):
         torch.cuda.reset_peak_memory_stats()
         return now, peak
 
-    async def score(self, token_ids: list[list[int]], start: list[int]) -> list[list[float]]:
-        async with self._model_lock:
-            return await asyncio.to_thread(self._score_batch, token_ids, start)
-
-    def _score_batch(self, token_ids: list[list[int]], start: list[int]) -> list[list[float]]:
-        """Right-padded batches of ``MAX_BATCH_PROMPTS`` sequences; float32 log-softmax of the logits."""
-        import torch
-
-        out = []
-        for b in range(0, len(token_ids), MAX_BATCH_PROMPTS):
-            rows = token_ids[b:b + MAX_BATCH_PROMPTS]
-            width = max(len(ids) for ids in rows)
-            ids = torch.tensor([r + [self.tokenizer.pad_token_id] * (width - len(r)) for r in rows], device=self.device)
-            attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=self.device)
-            with torch.no_grad():
-                logits = self.model(input_ids=ids, attention_mask=attention).logits.float()
-            logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-            out += [logp[i, s - 1:len(r) - 1].tolist() for i, (r, s) in enumerate(zip(rows, start[b:b + len(rows)]))]
-        return out
-
     async def pause(self) -> None:
+        self._client_paused = True
         self._running.clear()
+        self._gate.close()
 
     async def resume(self) -> None:
+        self._client_paused = False
         self._running.set()
+        if not self._sync_open:
+            self._gate.open()
 
     async def update_weights(self, payload: bytes) -> BucketAck:
         if self._handler is None:
@@ -224,22 +231,40 @@ class HfBackend(Backend):
 
             loader = _ModelLoader(self.model)
             self._handler = SyncHandler(WeightReceiver("hf backend", assemble_into=loader.destination), loader)
-        if not self._sync_holds_lock:
-            await self._model_lock.acquire()  # no generate while a sync is open
-            self._sync_holds_lock = True
+        if not self._sync_open:
+            await self._hold_model()
         ack = None
         try:
             # in a thread: a gloo / nccl begin waits for its group's rendezvous, a bucket copies
             ack = await asyncio.to_thread(self._handler.handle, payload)
         finally:
+            if ack is not None and ack.completed:
+                self.weight_version += 1  # the server counts the same way; a Resume may name it instead
             if ack is None or not ack.in_sync:
                 self._release_model()
         return ack
 
+    async def _hold_model(self) -> None:
+        """No generation step from here until ``_release_model``: a running batch stops between two
+        decode steps (and goes on after the sync), an idle model is locked."""
+        self._sync_open = True
+        self._gate.close()
+        while True:
+            if not self._model_lock.locked():
+                await self._model_lock.acquire()
+                self._sync_holds_lock = True
+                return
+            if self._generating and self._gate.parked():
+                return
+            await asyncio.sleep(0.001)
+
     def _release_model(self) -> None:
+        self._sync_open = False
         if self._sync_holds_lock:
             self._sync_holds_lock = False
             self._model_lock.release()
+        if not self._client_paused:
+            self._gate.open()
 
     def failure(self) -> str:
         if self._batcher is not None and self._batcher.done() and not self._batcher.cancelled():
@@ -247,6 +272,7 @@ class HfBackend(Backend):
         return ""
 
     async def close(self) -> None:
+        self._gate.open()  # a generation thread waiting between two steps must not outlive the server
         if self._batcher is not None:
             self._batcher.cancel()
 
@@ -297,6 +323,58 @@ class _PastDeadline:
 
         now = time.time()
         return torch.tensor([now >= d for d in self.row_deadlines], dtype=torch.bool, device=input_ids.device)
+
+
+class _StepGate:
+    """Where the generation thread may be stopped: it ``enter``s before a decode step and ``leave``s
+    after it; while the gate is closed ``enter`` waits, so ``parked`` (closed, no step running) means
+    the weights can change under a batch in flight."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._open = True
+        self._stepping = False
+
+    def open(self) -> None:
+        with self._cond:
+            self._open = True
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._open = False
+
+    def parked(self) -> bool:
+        with self._cond:
+            return not self._open and not self._stepping
+
+    def enter(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._open)
+            self._stepping = True
+
+    def leave(self) -> None:
+        with self._cond:
+            self._stepping = False
+
+
+class _VersionedSteps:
+    """A stopping criterion that never stops: called after each decode step, it records the weight version
+    that produced the step's token and lets a pause or a weight update in through the gate."""
+
+    def __init__(self, gate: _StepGate, backend: HfBackend) -> None:
+        self.gate, self.backend = gate, backend
+        self.version = backend.weight_version
+        self.versions: list[int] = []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        self.versions.append(self.version)
+        self.gate.leave()
+        self.gate.enter()
+        self.version = self.backend.weight_version
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 def _batch_key(spec: SamplingSpec) -> SamplingSpec:

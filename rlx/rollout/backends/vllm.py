@@ -8,6 +8,16 @@ keeps generation paused while a sync is open (a client's Resume meanwhile takes 
 sync is over: a step during a layerwise reload would run on half-loaded layers), and resets the
 prefix cache when it closes.
 
+Policy versions per token: vLLM labels every engine step's output with the engine's weight version
+(``AsyncLLM.update_weight_version``, changed only while generation is paused) and hands the spans
+back on the final output (``CompletionOutput.weight_versions``). The backend sets that label before
+each resume (a completed sync counts one up; a ``Resume`` may name the trainer's version instead), so
+a request kept across a pause-sync-resume (vLLM's ``keep`` mode: it stays in the scheduler and
+continues in the same engine) returns the version of each token. What vLLM does not do: the KV cache
+of the tokens before the update is not recomputed (tokens after it are sampled by the new weights
+attending to the old weights' keys and values), and the prefix cache can only be reset when no
+request holds blocks, so with requests in flight across an update it is not reset.
+
 ``failure`` reports the engine's death: vLLM's engine core runs in a child process, and when it
 exits (killed, crashed) the engine is dead for good; the server then fails its requests and
 exits instead of waiting on an engine that will never answer.
@@ -41,6 +51,8 @@ class VllmBackend(Backend):
         self._client_paused = False
         self._syncing = False  # paused while a weight update is open in the workers
         self._asleep: set[str] = set()  # what sleeps (colocated placement): weights, kv_cache
+        self.weight_version = 0  # the label of the tokens sampled after the next resume
+        self._labelled = -1  # the label the engine holds
 
     async def start(self) -> None:
         from vllm import AsyncEngineArgs
@@ -59,6 +71,7 @@ class VllmBackend(Backend):
             enforce_eager=r.enforce_eager, worker_extension_cls=EXTENSION,
             logprobs_mode="processed_logprobs", disable_log_stats=True, **_cpu_scheduling(r))
         self.engine = AsyncLLM.from_engine_args(args)
+        await self._label_version()
 
     def prompt_len(self, prompt: str | list[int]) -> int:
         return len(prompt) if isinstance(prompt, list) else len(self.engine.get_tokenizer().encode(prompt))
@@ -78,7 +91,8 @@ class VllmBackend(Backend):
         async for output in self.engine.generate(engine_prompt, params, request_id=f"rlx-{next(self._ids)}"):
             final = output
         samples = [Sample(token_ids=list(c.token_ids), text=c.text, finish_reason=str(c.finish_reason),
-                          logprobs=[_sampled_logprob(step, tok) for step, tok in zip(c.logprobs, c.token_ids)])
+                          logprobs=[_sampled_logprob(step, tok) for step, tok in zip(c.logprobs, c.token_ids)],
+                          versions=_token_versions(c))
                    for c in final.outputs]
         return PromptResult(prompt_token_ids=list(final.prompt_token_ids), samples=samples,
                             generate_s=time.perf_counter() - start)
@@ -111,7 +125,14 @@ class VllmBackend(Backend):
     async def resume(self) -> None:
         self._client_paused = False
         if not (self._syncing or self._asleep):
+            await self._label_version()
             await self.engine.resume_generation()
+
+    async def _label_version(self) -> None:
+        """Give the engine ``weight_version`` as the label of what it samples next (it is paused or idle)."""
+        if self._labelled != self.weight_version:
+            await self.engine.update_weight_version(str(self.weight_version))
+            self._labelled = self.weight_version
 
     async def update_weights(self, payload: bytes) -> BucketAck:
         if not self._syncing:
@@ -129,6 +150,8 @@ class VllmBackend(Backend):
                 await self._workers_update(encode(SyncAbort(ack.error)))
             except Exception:  # the engine is gone; failure() reports it
                 log.exception("aborting the weight update in the vLLM workers failed")
+        if ack.completed:
+            self.weight_version += 1  # the server counts the same way; a Resume may name it instead
         if not ack.in_sync:
             try:
                 await self.engine.reset_prefix_cache()
@@ -144,6 +167,7 @@ class VllmBackend(Backend):
         if self._syncing:
             self._syncing = False
             if not (self._client_paused or self._asleep):  # its KV cache wakes last, and schedules again
+                await self._label_version()
                 await self.engine.resume_generation()
 
     async def sleep(self, level: int) -> list[str]:
@@ -247,6 +271,14 @@ def _sleep_mode(cfg, platform) -> bool:
 
 def _sampled_logprob(step: dict, token_id: int) -> float:
     return float(step[token_id].logprob)
+
+
+def _token_versions(completion) -> list[int]:
+    """The weight version of each token, from vLLM's spans (empty when the engine reported none)."""
+    versions: list[int] = []
+    for span in completion.weight_versions or []:
+        versions += [int(span.version)] * (span.end - span.start)
+    return versions if len(versions) == len(completion.token_ids) else []
 
 
 def _cpu_scheduling(r) -> dict:

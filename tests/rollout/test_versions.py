@@ -1,0 +1,144 @@
+"""Per-token policy versions: a request in flight across a real weight update (pause, sync, resume) on a
+real hf rollout server returns each token's version, and its logprobs are those of the weights that
+sampled it, so a trainer-side rollout correction weights each token against the right behaviour policy."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from rlx.engine.algorithms.correction import rollout_correction
+from rlx.engine.batch import build_batch
+from rlx.rollout import protocol as p
+from rlx.rollout.client import RolloutClient
+from rlx.sync.sender import WeightSender
+from tests.helpers import serve
+
+pytestmark = pytest.mark.slow
+
+NEW_VERSION = 7  # the version the Resume names: the trainer's step, not the server's count of syncs
+
+
+@pytest.fixture(scope="module")
+def hf_server(tiny_model_dir, tmp_path_factory):
+    with serve(tiny_model_dir, "hf", tmp_path_factory.mktemp("versions")) as (address, _):
+        yield address
+
+
+def _models(model_dir):
+    """The served weights (v0) and v1: v0 with the final norm scaled, which changes every logit but no
+    key or value, so a token sampled after the update has exactly v1's logprob despite the kept KV cache."""
+    from transformers import AutoModelForCausalLM
+
+    v0 = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    v1 = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        v1.model.norm.weight.mul_(2.5)
+    return v0, v1
+
+
+def _logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """Temperature-1 logprob of each completion token from one full forward pass, as a trainer computes it."""
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+    return logits.log_softmax(-1).gather(-1, torch.tensor(completion).unsqueeze(-1)).squeeze(-1)
+
+
+async def _generate_across_update(address: str, v1, seed: int) -> p.PromptResult:
+    client = RolloutClient([address])
+    try:
+        spec = p.SamplingSpec(n=4, temperature=1.0, max_tokens=150, seed=seed)
+        request = asyncio.create_task(client.generate(["12+7="], spec, timeout_s=120))
+        while (await client.stats())[0].in_flight == 0:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)  # some tokens under v0
+        await client.pause()
+        with WeightSender(transport="shm", bucket_mb=1, num_buffers=2) as sender:
+            await sender.send([(n, t.detach().contiguous()) for n, t in v1.named_parameters()], client.channels())
+        await client.broadcast(p.Resume(weight_version=NEW_VERSION))
+        result = (await request)[0]
+        assert (await client.health())[0].weight_version == NEW_VERSION
+        return result
+    finally:
+        client.close()
+
+
+def test_sample_across_a_weight_update_carries_both_versions_and_their_logprobs(hf_server, tiny_model_dir):
+    v0, v1 = _models(tiny_model_dir)
+    spanning = []
+    for seed in (1, 2, 3):  # a sample may end (eos) before the update lands; another seed then
+        result = asyncio.run(_generate_across_update(hf_server, v1, seed))
+        spanning = [s for s in result.samples if 0 in s.versions and NEW_VERSION in s.versions]
+        if spanning:
+            break
+        asyncio.run(_restore(hf_server, v0))
+    assert spanning, "no sample was still generating when the weight update landed"
+    prompt = result.prompt_token_ids
+    for sample in result.samples:
+        assert len(sample.versions) == len(sample.token_ids) == len(sample.logprobs)
+    for sample in spanning:
+        split = sample.versions.index(NEW_VERSION)
+        assert sample.versions == [0] * split + [NEW_VERSION] * (len(sample.token_ids) - split)
+        engine = torch.tensor(sample.logprobs)
+        old, new = _logprobs(v0, prompt, sample.token_ids), _logprobs(v1, prompt, sample.token_ids)
+        torch.testing.assert_close(engine[:split], old[:split], atol=2e-3, rtol=0)
+        torch.testing.assert_close(engine[split:], new[split:], atol=2e-3, rtol=0)
+        assert (engine[split:] - old[split:]).abs().max() > 0.05, "the update did not change the sampling policy"
+
+        # the trainer holds v1: per-token weights are exp(v1 - v0) before the split and 1 after it
+        batch = build_batch([prompt], [sample.token_ids], [sample.logprobs], [1.0], pad_id=0)
+        weights, metrics = rollout_correction(new.unsqueeze(0), batch.rollout_logp, batch.mask, method="tis",
+                                              level="token", tis_cap=1e6, icepop_low=0.0, icepop_high=2.0)
+        torch.testing.assert_close(weights[0, :split], (new[:split] - old[:split]).exp(), atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(weights[0, split:], torch.ones(len(sample.token_ids) - split), atol=1e-2, rtol=0)
+        assert metrics["logprob_diff_mean"] > 0
+
+
+async def _restore(address: str, v0) -> None:
+    client = RolloutClient([address])
+    try:
+        with WeightSender(transport="shm", bucket_mb=1, num_buffers=2) as sender:
+            await client.pause()
+            await sender.send([(n, t.detach().contiguous()) for n, t in v0.named_parameters()], client.channels())
+            await client.broadcast(p.Resume(weight_version=0))
+    finally:
+        client.close()
+
+
+
+def test_vllm_request_kept_across_an_update_returns_the_version_of_each_token(vllm_server, tiny_model_dir):
+    """vLLM labels each engine step with the weight version; the same weights are sent, so the shared server
+    serves on unchanged (only its label moves)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+
+    async def scenario():
+        client = RolloutClient([vllm_server])
+        try:
+            before = (await client.health())[0].weight_version
+            spec = p.SamplingSpec(n=4, temperature=1.0, max_tokens=200, seed=3)
+            request = asyncio.create_task(client.generate(["12+7="], spec, timeout_s=120))
+            while (await client.stats())[0].in_flight == 0:
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(0.1)
+            await client.pause()
+            with WeightSender(transport="shm", bucket_mb=1, num_buffers=2) as sender:
+                await sender.send([(n, t.detach().contiguous()) for n, t in model.named_parameters()],
+                                  client.channels())
+            await client.broadcast(p.Resume(weight_version=before + NEW_VERSION))
+            return before, (await request)[0]
+        finally:
+            client.close()
+
+    before, result = asyncio.run(scenario())
+    after = before + NEW_VERSION
+    for sample in result.samples:
+        assert len(sample.versions) == len(sample.token_ids)
+        split = sample.versions.index(after) if after in sample.versions else len(sample.versions)
+        assert sample.versions == [before] * split + [after] * (len(sample.versions) - split)
+    assert any(before in s.versions and after in s.versions for s in result.samples), \
+        [(len(s.token_ids), s.versions[:3]) for s in result.samples]
