@@ -93,7 +93,16 @@ class TakeEpisodes(msgspec.Struct, tag="take_episodes"):
     max_episodes: int = 1
 
 
-RequestBody = Union[Generate, Pause, Resume, Health, Stats, Shutdown, UpdateWeights, Sleep, WakeUp, TakeEpisodes]
+class ScoreTokens(msgspec.Struct, tag="score_tokens"):
+    """Log-probabilities under the served model (temperature 1) of given token sequences, e.g. a distillation
+    teacher scoring a student's samples: for sequence i, every token from ``start[i]`` on, given the ones before
+    it. Answered with ``ScoreResult``."""
+
+    token_ids: list[list[int]]
+    start: list[int]
+
+
+RequestBody = Union[Generate, Pause, Resume, Health, Stats, Shutdown, UpdateWeights, Sleep, WakeUp, TakeEpisodes, ScoreTokens]
 
 
 class Request(msgspec.Struct):
@@ -181,7 +190,12 @@ class EpisodesResult(msgspec.Struct, tag="episodes_result"):
     episodes: list[RecordedEpisode]
 
 
-ReplyBody = Union[GenerateResult, Ok, HealthResult, StatsResult, AckResult, MemoryResult, EpisodesResult]
+class ScoreResult(msgspec.Struct, tag="score_result"):
+    logprobs: list[list[float]]
+    """Per sequence, the logprob of each token from its ``start`` on."""
+
+
+ReplyBody = Union[GenerateResult, Ok, HealthResult, StatsResult, AckResult, MemoryResult, EpisodesResult, ScoreResult]
 
 
 class Reply(msgspec.Struct):
@@ -269,6 +283,20 @@ def sampling_problem(s: SamplingSpec, max_model_len: int) -> str:
     for field, value, ok, allowed in checks:
         if not ok:
             return f"sampling.{field}={value!r} is out of range; allowed: {allowed}"
+    return ""
+
+
+def score_problem(body: ScoreTokens, max_model_len: int) -> str:
+    """Why the server refuses a ``ScoreTokens`` request, or "" when it is acceptable."""
+    if len(body.token_ids) != len(body.start):
+        return f"score request has {len(body.token_ids)} sequences and {len(body.start)} starts; send one start each"
+    for i, (ids, start) in enumerate(zip(body.token_ids, body.start)):
+        if not 1 <= start < len(ids):
+            return f"start[{i}]={start} must be in [1, {len(ids) - 1}]: a scored token needs one token before it"
+        if len(ids) > max_model_len:
+            return f"sequence {i} is {len(ids)} tokens, longer than rollout.max_model_len={max_model_len}"
+        if min(ids) < 0:
+            return f"token_ids[{i}] holds a negative token id; token ids are >= 0"
     return ""
 
 

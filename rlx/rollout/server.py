@@ -222,6 +222,11 @@ class RolloutServer:
     async def _dispatch(self, body, request_id: int, deadline: float):
         if isinstance(body, p.Generate):
             return await self._generate(body, request_id, deadline)
+        if isinstance(body, p.ScoreTokens):
+            problem = p.score_problem(body, self.max_model_len)
+            if problem:
+                raise RequestRefused(problem)
+            return p.ScoreResult(logprobs=await self.backend.score(body.token_ids, body.start))
         if isinstance(body, p.Health):
             return p.HealthResult(backend=self.backend.name, model=self.backend.model_path, paused=self.paused,
                                   weight_version=self.weight_version)

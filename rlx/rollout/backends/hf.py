@@ -213,6 +213,26 @@ class HfBackend(Backend):
         torch.cuda.reset_peak_memory_stats()
         return now, peak
 
+    async def score(self, token_ids: list[list[int]], start: list[int]) -> list[list[float]]:
+        async with self._model_lock:
+            return await asyncio.to_thread(self._score_batch, token_ids, start)
+
+    def _score_batch(self, token_ids: list[list[int]], start: list[int]) -> list[list[float]]:
+        """Right-padded batches of ``MAX_BATCH_PROMPTS`` sequences; float32 log-softmax of the logits."""
+        import torch
+
+        out = []
+        for b in range(0, len(token_ids), MAX_BATCH_PROMPTS):
+            rows = token_ids[b:b + MAX_BATCH_PROMPTS]
+            width = max(len(ids) for ids in rows)
+            ids = torch.tensor([r + [self.tokenizer.pad_token_id] * (width - len(r)) for r in rows], device=self.device)
+            attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=self.device)
+            with torch.no_grad():
+                logits = self.model(input_ids=ids, attention_mask=attention).logits.float()
+            logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+            out += [logp[i, s - 1:len(r) - 1].tolist() for i, (r, s) in enumerate(zip(rows, start[b:b + len(rows)]))]
+        return out
+
     async def pause(self) -> None:
         self._client_paused = True
         self._running.clear()
