@@ -334,7 +334,7 @@ class AlgorithmConfig:
     entropy_coef: float = 0.0
     """Weight of the entropy bonus."""
     rollout_correction: str = "auto"
-    """Off-policy correction with rollout logprobs: none, tis, icepop; auto = tis in one_step_off, none in sync."""
+    """Off-policy correction with rollout logprobs: none, tis, icepop; auto = none in sync, tis otherwise."""
     correction_level: str = "token"
     """Where correction weights apply: token or sequence."""
     tis_cap: float = 2.0
@@ -382,7 +382,11 @@ class AlgorithmConfig:
 @dataclass
 class TrainerConfig:
     mode: str = "sync"
-    """sync (on-policy, lock-step) or one_step_off (generation of step k+1 overlaps training of step k)."""
+    """sync (on-policy, lock-step), one_step_off (generation of step k+1 overlaps training of step k) or
+    fully_async (generation never stops; partial rollouts across weight updates; see max_staleness)."""
+    max_staleness: int = 1
+    """fully_async: most policy versions a trained sample's oldest token may lag the trainer; older groups are
+    dropped and their prompts generated again. Also bounds generation ahead: (max_staleness + 1) steps."""
     num_ranks: int = 1
     """Trainer processes (torch.distributed ranks); > 1 shards the model with FSDP2."""
     data_plane: str = "store"
@@ -426,7 +430,8 @@ class TrainerConfig:
     """Continue from the newest complete checkpoint in the run directory."""
 
     def __post_init__(self) -> None:
-        check_choice("trainer.mode", self.mode, ("sync", "one_step_off"))
+        check_choice("trainer.mode", self.mode, ("sync", "one_step_off", "fully_async"))
+        check_range("trainer.max_staleness", self.max_staleness, 0, hint="0 trains only on the newest weights' samples")
         check_choice("trainer.device", self.device, ("auto", "cpu", "cuda"))
         check_choice("trainer.lr_schedule", self.lr_schedule, ("constant", "cosine"))
         check_range("trainer.num_ranks", self.num_ranks, 1)
@@ -676,4 +681,4 @@ class RunConfig:
         """The rollout correction in force once 'auto' is resolved."""
         if self.algorithm.rollout_correction != "auto":
             return self.algorithm.rollout_correction
-        return "tis" if self.trainer.mode == "one_step_off" else "none"
+        return "none" if self.trainer.mode == "sync" else "tis"

@@ -4,8 +4,10 @@
 Modes: ``sync`` generates each step's batch with the newest weights; ``one_step_off`` starts
 generating step k+1 before training step k, so generation overlaps the update and its
 samples are at most one step stale (corrected with the engine's logprobs, see
-``RunConfig.correction``). Weight updates pause the servers (keeping in-flight requests)
-and resume them after.
+``RunConfig.correction``); ``fully_async`` never stops generating and trains on prompt
+groups as they finish, within ``trainer.max_staleness`` versions (``rlx.launch.fully_async``).
+Weight updates pause the servers (keeping in-flight requests) and resume them naming the new
+policy version (the step whose update they hold), which labels the tokens sampled after it.
 
 A launched server that died and was restarted (``server_restarted``, rollout.restart_on_failure)
 gets nothing to generate until it holds the trainer's current weights: a sync to that server alone,
@@ -27,6 +29,7 @@ from rlx.launch.ranks import Command, RankBus
 from rlx.plugins import Plugins
 from rlx.rollout.client import RolloutClient
 from rlx.rollout.collector import Collected, Collector
+from rlx.rollout.protocol import Resume
 from rlx.rollout.tasks import DataStream, build_task
 from rlx.trace import tracer
 from rlx.trace.sinks import MetricsLogger
@@ -71,6 +74,8 @@ class Controller:
         self.metrics = MetricsLogger(cfg, run_dir, self.start_step if cfg.trainer.resume else None)
         self._prefetch: asyncio.Task | None = None
         self._state_before_prefetch = self.stream.state()
+        self.policy_version = self.start_step  # the step whose update the servers' weights hold
+        self.fully_async = None  # trainer.mode=fully_async: the producer and its buffer, from the first step
         self.first_eval = float("nan")
         self.rollout_restarts = 0
         self.ranks_busy = asyncio.Lock()  # one command of the trainer ranks at a time (train, sync, checkpoint)
@@ -94,6 +99,7 @@ class Controller:
                 await self.colocation.before_train()
                 async with self.ranks_busy:
                     metrics.update(await asyncio.to_thread(self.train, collected))
+                self.policy_version = step
                 await self.colocation.before_sync()
                 metrics["time_sync"], metrics["sync_zero_copy"] = await self.sync_weights()
                 await self.colocation.after_sync()
@@ -113,6 +119,12 @@ class Controller:
 
     async def next_batch(self, step: int) -> Collected:
         """This step's batch; in one_step_off, also start generating the next one."""
+        if self.cfg.trainer.mode == "fully_async":
+            if self.fully_async is None:
+                from rlx.launch.fully_async import FullyAsyncRollout
+
+                self.fully_async = FullyAsyncRollout(self.cfg, self.collector, self.stream, self.policy_version)
+            return await self.fully_async.next_batch(self.policy_version)
         if self._prefetch is None:
             self._prefetch = self._generate(step)
         collected = await self._prefetch
@@ -175,7 +187,7 @@ class Controller:
             raise
         finally:
             if regular:
-                await self.client.resume()
+                await self.client.broadcast(Resume(weight_version=self.policy_version))
 
     async def _lost_one_of(self, servers: list[int], within_s: float = 2.0) -> bool:
         """Whether one of ``servers`` died (and is being restarted); the launcher notices a death within
@@ -221,6 +233,7 @@ class Controller:
         async with self.ranks_busy:
             with tracer.span("sync", server=f"rollout{index}"):
                 await self._sync_to([index])  # the server generates nothing yet: no pause needed
+            await self.client.call(index, Resume(weight_version=self.policy_version), timeout_s=10.0)  # its label
             version = (await self.client.call(index, Health(), timeout_s=10.0)).weight_version
             self.client.mark_up(index)
             tracer.event("rollout.rejoined", server=f"rollout{index}", address=self.client.addresses[index],
@@ -248,6 +261,8 @@ class Controller:
 
     def _data_state_for_resume(self) -> dict:
         """The data position that makes a resumed run draw the next step's prompts next."""
+        if self.fully_async is not None:
+            return self.fully_async.data_state()
         if self._prefetch is not None:
             return self._state_before_prefetch
         return self.stream.state()
@@ -269,6 +284,8 @@ class Controller:
     def close(self) -> None:
         if self._prefetch is not None:
             self._prefetch.cancel()
+        if self.fully_async is not None:
+            self.fully_async.close()
         for task in self._rejoining.values():
             task.cancel()
         try:

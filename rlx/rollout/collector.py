@@ -17,7 +17,7 @@ import msgspec
 
 from rlx.engine.batch import TrainBatch, build_batch
 from rlx.rollout.client import RolloutClient
-from rlx.rollout.protocol import SamplingSpec
+from rlx.rollout.protocol import PromptResult, SamplingSpec
 from rlx.rollout.tasks import Problem, Task
 from rlx.trace import tracer
 
@@ -43,11 +43,17 @@ class Collector:
 
     async def collect(self, problems: list[Problem], seed: int) -> Collected:
         start = time.perf_counter()
-        results = await asyncio.gather(*(
-            self.client.generate([p.prompt], self._seeded(seed, i), timeout_s=self.cfg.rollout.request_timeout_s)
-            for i, p in enumerate(problems)))
-        results = [r[0] for r in results]
-        time_generate = time.perf_counter() - start
+        results = await asyncio.gather(*(self.generate_group(p, seed, i) for i, p in enumerate(problems)))
+        return self.score(problems, list(results), time.perf_counter() - start)
+
+    async def generate_group(self, problem: Problem, seed: int, index: int) -> PromptResult:
+        """The ``n`` samples of problem ``index`` of a step seeded ``seed`` (one group), as ``collect`` draws them."""
+        results = await self.client.generate([problem.prompt], self._seeded(seed, index),
+                                             timeout_s=self.cfg.rollout.request_timeout_s)
+        return results[0]
+
+    def score(self, problems: list[Problem], results: list[PromptResult], time_generate: float) -> Collected:
+        """Rewards, metrics and the ``TrainBatch`` of one ``PromptResult`` per problem."""
         start = time.perf_counter()
         prompt_ids, completion_ids, logps, rewards, texts, correct = [], [], [], [], [], []
         with tracer.span("reward", samples=len(problems) * self.sampling.n):
