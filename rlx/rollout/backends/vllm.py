@@ -180,6 +180,8 @@ class VllmBackend(Backend):
 
     async def wake_up(self, tags: list[str]) -> list[str]:
         tags = set(tags) or set(self._asleep)
+        if self._asleep and not self._asleep - tags:  # the last wake resumes the scheduler: label what it samples next
+            await self._label_version()
         if tags & self._asleep:
             await self.engine.wake_up(sorted(tags & self._asleep))
         self._asleep -= tags
