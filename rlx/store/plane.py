@@ -89,7 +89,8 @@ class StoredBatch(TrainBatch):
         mask = (torch.arange(t) < loss_tokens).float()  # only its row sums are read
         rewards = torch.from_numpy(meta["reward"].astype("float32"))
         unread = torch.zeros((), dtype=torch.long).expand(b, p + t)
-        batch = cls(unread, attention, unread, unread[:, :t], mask, unread[:, :t].float(), rewards)
+        logp = torch.zeros((), dtype=torch.float32).expand(b, t)
+        batch = cls(unread, attention, unread, unread[:, :t], mask, logp, rewards)
         batch._reader, batch._notice = reader, notice
         return batch
 
