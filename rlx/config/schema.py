@@ -14,6 +14,7 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 from rlx.config.errors import ConfigError
+from rlx.rollout.agent.config import AgentConfig
 from rlx.store.config import FiltersConfig, StoreConfig, check_reuse
 
 
@@ -72,7 +73,7 @@ class LoraConfig:
 
 
 DTYPE_CHOICES = ("float32", "bfloat16", "float16")
-BUILD_CHOICES = ("", "tiny_math_warmstart", "running_sum_warmstart", "qwen2_0p5b_random")
+BUILD_CHOICES = ("", "tiny_math_warmstart", "running_sum_warmstart", "calc_tools_warmstart", "qwen2_0p5b_random")
 
 
 @dataclass
@@ -88,7 +89,7 @@ class ModelConfig:
     attn_implementation: str = "sdpa"
     """transformers attention implementation for training: sdpa or eager."""
     build_if_missing: str = ""
-    """If set and model.path does not exist, build it: tiny_math_warmstart, running_sum_warmstart (a 2-layer
+    """If set and model.path does not exist, build it: tiny_math_warmstart, running_sum_warmstart, calc_tools_warmstart (a 2-layer
     256-wide tiny model warm-started on the task) or qwen2_0p5b_random."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """Train LoRA adapters instead of the whole model (model.lora.rank > 0)."""
@@ -104,7 +105,7 @@ class ModelConfig:
         return self.dtype if self.rollout_dtype == "auto" else self.rollout_dtype
 
 
-TASK_CHOICES = ("tiny_math", "gsm8k", "running_sum", "external")
+TASK_CHOICES = ("tiny_math", "gsm8k", "running_sum", "external", "calc")
 DATA_FORMAT_CHOICES = ("auto", "jsonl", "parquet", "hf_disk")
 
 
@@ -656,6 +657,8 @@ class RunConfig:
     """Metric sinks."""
     trace: TraceConfig = field(default_factory=TraceConfig)
     """Span tracing."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """Multi-turn episodes with tools (rlx.rollout.agent)."""
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     """Which GPUs each role gets: separate, or colocated (taking turns); see rlx.launch.placement."""
 

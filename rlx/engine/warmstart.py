@@ -23,6 +23,7 @@ from rlx.engine.tiny import build_tiny_model
 
 DEFAULT_STEPS = 400
 RUNNING_SUM_STEPS = 600
+CALC_TOOLS_STEPS = 150
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class Recipe:
 RECIPES = {
     "tiny_math_warmstart": Recipe(hidden_size=128, num_layers=2, steps=DEFAULT_STEPS, lr=1e-3),
     "running_sum_warmstart": Recipe(hidden_size=256, num_layers=2, steps=RUNNING_SUM_STEPS, lr=1e-3, batch_size=32),
+    "calc_tools_warmstart": Recipe(hidden_size=128, num_layers=2, steps=CALC_TOOLS_STEPS, lr=1e-3, batch_size=32),
 }
 
 
@@ -67,7 +69,9 @@ def build_tiny_math_warmstart(out_dir: str | Path, task_cfg, steps: int = DEFAUL
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        _train(model, tokenizer, [(p.prompt, p.answer) for p in task.train], steps, seed, batch_size, lr, progress)
+        # a multi-turn task imitates its whole correct episode (tool call, observation, answer)
+        target = getattr(task, "transcript", lambda p: p.answer)
+        _train(model, tokenizer, [(p.prompt, target(p)) for p in task.train], steps, seed, batch_size, lr, progress)
     finally:
         torch.set_num_threads(threads)
     model.save_pretrained(str(tmp), safe_serialization=True)

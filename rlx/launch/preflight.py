@@ -22,6 +22,7 @@ def preflight(cfg, display: Display) -> None:
     resume."""
     from rlx.engine.model import check_model_dir
     from rlx.plugins import check_installed
+    from rlx.rollout.agent.tools import check_agent
     from rlx.rollout.tasks import build_task
 
     from rlx.launch import placement
@@ -42,6 +43,7 @@ def preflight(cfg, display: Display) -> None:
 
         check_config(cfg)
     task = build_task(cfg.task, cfg.model.path)
+    check_agent(cfg, task)
     if cfg.trainer.resume:
         check_resume(cfg, run_dir, len(task.train), display)
     for path in remove_stale_segments():

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import msgspec
 
 from rlx.engine.batch import TrainBatch, build_batch
+from rlx.rollout.agent.collect import EpisodeCollector, is_multi_turn
 from rlx.rollout.client import RolloutClient
 from rlx.rollout.protocol import PromptResult, SamplingSpec
 from rlx.rollout.tasks import Problem, Task
@@ -40,8 +41,16 @@ class Collector:
         r = cfg.rollout
         self.sampling = SamplingSpec(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                      max_tokens=r.max_tokens, stop=list(r.stop))
+        self.agent = None
+        """Multi-turn tasks (tools) run as episodes (``rlx.rollout.agent``)."""
+        if is_multi_turn(cfg, task):
+            from rlx.engine.model import load_tokenizer
+
+            self.agent = EpisodeCollector(cfg, client, task, load_tokenizer(cfg.model.path))
 
     async def collect(self, problems: list[Problem], seed: int) -> Collected:
+        if self.agent is not None:
+            return await self.agent.collect(problems, seed)
         start = time.perf_counter()
         results = await asyncio.gather(*(self.generate_group(p, seed, i) for i, p in enumerate(problems)))
         return self.score(problems, list(results), time.perf_counter() - start)
@@ -88,6 +97,8 @@ class Collector:
 
     async def evaluate(self, problems: list[Problem]) -> float:
         """Greedy accuracy on ``problems`` (the held-out split)."""
+        if self.agent is not None:
+            return await self.agent.evaluate(problems)
         if not problems:
             return float("nan")
         greedy = SamplingSpec(n=1, temperature=0.0, max_tokens=self.cfg.rollout.max_tokens,

@@ -61,6 +61,8 @@ class Episode:
     turns: list[Turn] = field(default_factory=list)
     reward: float = 0.0
     """The episode's reward (0 when the reward function failed)."""
+    env_reward: float | None = None
+    """A reward the environment gave in its last step, if any; it is used instead of the task's reward."""
     correct: bool = False
     """The task's own check of the final answer (for accuracy)."""
     done_reason: str = ""

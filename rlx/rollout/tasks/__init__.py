@@ -2,7 +2,8 @@
 
 ``build_task(cfg.task)`` returns a ``Task`` (``base.Task``): train and eval lists of
 ``Problem`` plus ``reward`` and ``is_correct``. Built in: ``tiny_math`` (synthetic
-arithmetic), ``running_sum`` (long worked sums), ``gsm8k`` (math from a local
+arithmetic), ``running_sum`` (long worked sums), ``calc``
+(two-turn multiplication with a calculator tool, ``rlx.rollout.agent``), ``gsm8k`` (math from a local
 JSONL/Parquet/datasets file, ``dataset``) and ``external`` (episodes an agent records on the servers'
 OpenAI endpoint, ``external``). ``task.reward`` swaps in a
 user function ``module:function`` (completion, answer) -> float. The order in which train
@@ -33,8 +34,12 @@ def build_task(cfg, tokenizer_path: str = "") -> Task:
         from rlx.rollout.tasks.running_sum import RunningSum
 
         return RunningSum.from_config(cfg, reward_fn)
+    if cfg.name == "calc":
+        from rlx.rollout.tasks.calc import Calc
+
+        return Calc.from_config(cfg, reward_fn)
     if cfg.name == "external":
         from rlx.rollout.tasks.external import External
 
         return External()
-    raise ValueError(f"task.name={cfg.name!r} is unknown; use tiny_math, gsm8k, running_sum or external")
+    raise ValueError(f"task.name={cfg.name!r} is unknown; use tiny_math, gsm8k, running_sum, calc or external")

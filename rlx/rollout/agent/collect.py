@@ -1,0 +1,155 @@
+"""A step's multi-turn episodes as a ``TrainBatch``, and their greedy evaluation.
+
+``EpisodeCollector`` runs every (problem, sample) episode at once (``run_episode``), each with its
+own seed; as soon as an episode ends, its reward is computed in the reward workers (the task's
+``reward_ref`` or ``task.reward``; a task without either scores in this process), so rewards and
+tool calls overlap the generation of other episodes. A reward call that fails or times out gives
+that sample 0 and counts in ``reward_errors``. One row per episode: the first prompt, then
+everything after it, with the loss mask on policy tokens only (``Episode.row``).
+
+Metrics, beside the single-turn ones: ``turns_per_episode``, ``tool_calls_per_episode``,
+``tool_call_success_rate`` (calls that returned a result / calls), ``tool_errors``,
+``tool_timeouts``, ``reward_errors``, ``tool_workers_replaced``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+import time
+from numbers import Real
+
+from rlx.engine.batch import build_batch
+from rlx.rollout.agent.env import ToolEnv, ToolStats
+from rlx.rollout.agent.episode import Episode
+from rlx.rollout.agent.loop import run_episode
+from rlx.rollout.agent.tools import is_multi_turn, resolve_tools, tool_entries
+from rlx.rollout.agent.workers import WorkerPool
+from rlx.rollout.protocol import SamplingSpec
+from rlx.rollout.tasks.base import Problem
+from rlx.trace import tracer
+
+MAX_PROMPTS_PER_STEP = 1 << 20
+__all__ = ["EpisodeCollector", "episode_metrics", "is_multi_turn"]
+
+
+class EpisodeCollector:
+    def __init__(self, cfg, client, task, tokenizer) -> None:
+        self.cfg, self.client, self.task, self.tokenizer = cfg, client, task, tokenizer
+        self.tools = resolve_tools(tool_entries(cfg, task))
+        self.reward_ref = cfg.task.reward or getattr(task, "reward_ref", "")
+        r = cfg.rollout
+        self.stop = list(r.stop) + [s for s in getattr(task, "stop", []) if s not in r.stop]
+        self.sampling = SamplingSpec(n=1, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                     max_tokens=r.max_tokens, stop=self.stop)
+        self.max_total_tokens = min(cfg.agent.max_total_tokens, r.max_model_len)
+        self._pools: tuple[WorkerPool | None, WorkerPool | None] | None = None
+        self._starting: asyncio.Lock | None = None
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    async def pools(self) -> tuple[WorkerPool | None, WorkerPool | None]:
+        """(tool pool, reward pool), started on first use in the running event loop."""
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._pools is None:
+                a = self.cfg.agent
+                tools = WorkerPool("tool", a.tool_workers, a.tool_timeout_s, a.tool_memory_mb,
+                                   a.max_tool_output_chars) if self.tools else None
+                rewards = WorkerPool("reward", a.reward_workers, a.reward_timeout_s,
+                                     a.tool_memory_mb) if self.reward_ref else None
+                await asyncio.gather(*(p.start() for p in (tools, rewards) if p is not None))
+                self._pools = (tools, rewards)
+        return self._pools
+
+    async def close(self) -> None:
+        if self._pools is not None:
+            await asyncio.gather(*(p.close() for p in self._pools if p is not None))
+            self._pools = None
+
+    async def episodes(self, problems: list[Problem], sampling: SamplingSpec, n: int,
+                       seed: int | None) -> tuple[list[Episode], ToolStats, int]:
+        """``n`` scored episodes per problem (problem-major), the tool counters and the reward errors."""
+        tool_pool, reward_pool = await self.pools()
+        stats, reward_errors = ToolStats(), [0]
+
+        async def one(index: int, problem: Problem, sample: int) -> Episode:
+            turn_seed = None
+            if seed is not None:
+                turn_seed = ((seed * MAX_PROMPTS_PER_STEP + index) * n + sample) * self.cfg.agent.max_turns
+            spec = sampling if turn_seed is None else _with_seed(sampling, turn_seed)
+            env = ToolEnv(self.tools, tool_pool, self.cfg.agent.tool_format, stats)
+            with tracer.span("agent.episode", problem=problem.id, sample=sample) as span:
+                episode = await run_episode(self.client, env, problem, self.encode, spec, self.cfg.agent.max_turns,
+                                            self.max_total_tokens, self.cfg.rollout.request_timeout_s)
+                episode.correct = bool(self.task.is_correct(episode.final_text, problem))
+                episode.reward = await self._reward(episode, problem, reward_pool, reward_errors)
+                span.set(turns=len(episode.turns), reward=episode.reward, done_reason=episode.done_reason)
+            return episode
+
+        done = await asyncio.gather(*(one(i, p, j) for i, p in enumerate(problems) for j in range(n)))
+        return list(done), stats, reward_errors[0]
+
+    async def _reward(self, episode: Episode, problem: Problem, pool: WorkerPool | None, errors: list[int]) -> float:
+        if episode.env_reward is not None:
+            return float(episode.env_reward)
+        if pool is None:
+            return float(self.task.reward(episode.final_text, problem))
+        with tracer.span("agent.reward"):
+            result = await pool.call(self.reward_ref, episode.final_text, problem.answer)
+        if result.ok and isinstance(result.value, Real) and math.isfinite(result.value):
+            return float(result.value)
+        errors[0] += 1
+        return 0.0
+
+    async def collect(self, problems: list[Problem], seed: int):
+        from rlx.rollout.collector import Collected
+
+        start = time.perf_counter()
+        with tracer.span("agent.collect", prompts=len(problems)):
+            episodes, stats, reward_errors = await self.episodes(problems, self.sampling, self.cfg.rollout.n, seed)
+        elapsed = time.perf_counter() - start
+        rows = [e.row() for e in episodes]
+        rewards = [e.reward for e in episodes]
+        policy_tokens = [sum(len(t.token_ids) for t in e.turns) for e in episodes]
+        metrics = {
+            "reward_mean": statistics.fmean(rewards),
+            "reward_std": statistics.pstdev(rewards),
+            "accuracy": sum(e.correct for e in episodes) / len(episodes),
+            "response_len_mean": statistics.fmean(policy_tokens),
+            "tokens_per_s": sum(policy_tokens) / max(elapsed, 1e-9),
+            "time_generate": elapsed,
+            **episode_metrics(episodes, stats, reward_errors),
+        }
+        batch = build_batch([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], rewards,
+                            self.tokenizer.pad_token_id, token_masks=[r[3] for r in rows])
+        return Collected(batch, metrics, [e.final_text for e in episodes])
+
+    async def evaluate(self, problems: list[Problem]) -> float:
+        """Greedy accuracy of whole episodes (tools included) on ``problems``."""
+        if not problems:
+            return float("nan")
+        greedy = SamplingSpec(n=1, temperature=0.0, max_tokens=self.cfg.rollout.max_tokens, stop=self.stop)
+        with tracer.span("eval", prompts=len(problems)):
+            episodes, _, _ = await self.episodes(problems, greedy, 1, seed=None)
+        return sum(e.correct for e in episodes) / len(episodes)
+
+
+def episode_metrics(episodes: list[Episode], stats: ToolStats, reward_errors: int) -> dict[str, float]:
+    return {
+        "turns_per_episode": statistics.fmean(len(e.turns) for e in episodes),
+        "tool_calls_per_episode": stats.calls / len(episodes),
+        "tool_call_success_rate": stats.ok / stats.calls if stats.calls else 0.0,
+        "tool_errors": float(stats.errors),
+        "tool_timeouts": float(stats.timeouts),
+        "reward_errors": float(reward_errors),
+    }
+
+
+def _with_seed(sampling: SamplingSpec, seed: int) -> SamplingSpec:
+    import msgspec
+
+    return msgspec.structs.replace(sampling, seed=seed)

@@ -1,0 +1,138 @@
+"""Tools and rewards as worker processes: concurrent calls, each with a timeout and a memory limit.
+
+``WorkerPool`` keeps ``num_workers`` processes (``rlx.rollout.agent.worker_main``), each started in
+its own process group with RLIMIT_AS set to ``memory_mb``, and talks to them over stdin/stdout
+pipes in length-prefixed msgpack (no pickle). A worker counts as started once it has said so;
+``call("module:function", *args)`` waits for an idle worker, sends the call and waits at most ``timeout_s``:
+
+- a call that raises (or passes its memory limit) answers ``CallResult(ok=False, kind="error")``;
+- a worker that dies mid-call (a crash, ``os._exit``, a segfault) is ``kind="crashed"`` and is replaced;
+- a call still running after ``timeout_s`` is ``kind="timeout"``: its worker's process group is
+  killed by pid and a fresh worker takes its place;
+- a string result is cut to ``max_output_chars`` inside the worker.
+
+So a bad call costs its sample, never the run. Left out: CPU-time limits per call (the timeout
+bounds wall time) and network isolation (the ``python`` tool adds that for code it runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import struct
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(dict)
+STARTUP_TIMEOUT_S = 60.0
+
+
+@dataclass
+class CallResult:
+    ok: bool
+    value: Any = None
+    error: str = ""
+    kind: str = ""
+    """'' when ok; 'error' (the function raised), 'timeout' or 'crashed'."""
+
+
+class _Worker:
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    async def request(self, body: bytes) -> dict:
+        self.process.stdin.write(struct.pack(">I", len(body)) + body)
+        await self.process.stdin.drain()
+        return await self.read()
+
+    async def read(self) -> dict:
+        header = await self.process.stdout.readexactly(4)
+        (size,) = struct.unpack(">I", header)
+        return _decoder.decode(await self.process.stdout.readexactly(size))
+
+    async def kill(self) -> None:
+        if self.process.returncode is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)  # the worker and anything it started
+            except ProcessLookupError:
+                pass
+        await self.process.wait()
+
+
+class WorkerPool:
+    def __init__(self, name: str, num_workers: int, timeout_s: float, memory_mb: int,
+                 max_output_chars: int = 4096) -> None:
+        self.name, self.num_workers, self.timeout_s = name, num_workers, timeout_s
+        self.memory_mb, self.max_output_chars = memory_mb, max_output_chars
+        self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
+        self._all: set[_Worker] = set()
+        self.replaced = 0
+        """Workers killed (timeout) or lost (crash) and replaced so far."""
+
+    async def start(self) -> "WorkerPool":
+        workers = await asyncio.gather(*(self._spawn() for _ in range(self.num_workers)))
+        for worker in workers:
+            self._idle.put_nowait(worker)
+        return self
+
+    async def _spawn(self) -> _Worker:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "rlx.rollout.agent.worker_main", "--memory-mb", str(self.memory_mb),
+            "--max-output-chars", str(self.max_output_chars),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, start_new_session=True)
+        worker = _Worker(process)
+        self._all.add(worker)
+        try:
+            await asyncio.wait_for(worker.read(), STARTUP_TIMEOUT_S)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
+            await worker.kill()
+            self._all.discard(worker)
+            raise RuntimeError(f"a {self.name} worker did not start within {STARTUP_TIMEOUT_S:g} s "
+                               f"(exit code {process.returncode}); see its stderr above") from exc
+        return worker
+
+    async def call(self, ref: str, *args: Any) -> CallResult:
+        """Run ``ref`` (``module:function``) on ``args`` (msgpack-able values) in a worker."""
+        worker = await self._idle.get()
+        body = _encoder.encode({"fn": ref, "args": list(args)})
+        try:
+            reply = await asyncio.wait_for(worker.request(body), self.timeout_s)
+        except asyncio.TimeoutError:
+            await self._replace(worker)
+            return CallResult(False, error=f"{self.name} call timed out after {self.timeout_s:g} s", kind="timeout")
+        except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError):
+            code = await self._replace(worker)
+            return CallResult(False, error=f"{self.name} worker crashed (exit code {code})", kind="crashed")
+        except BaseException:  # cancelled mid-call: the worker's state is unknown, so it goes
+            await asyncio.shield(self._replace(worker))
+            raise
+        self._idle.put_nowait(worker)
+        if reply.get("ok"):
+            return CallResult(True, reply.get("value"))
+        return CallResult(False, error=str(reply.get("error", "")), kind="error")
+
+    async def _replace(self, worker: _Worker) -> int | None:
+        await worker.kill()
+        self._all.discard(worker)
+        self.replaced += 1
+        self._idle.put_nowait(await self._spawn())
+        return worker.process.returncode
+
+    async def close(self) -> None:
+        """End every worker (by its process group), idle or busy."""
+        workers, self._all = list(self._all), set()
+        for worker in workers:
+            if worker.process.stdin is not None and not worker.process.stdin.is_closing():
+                worker.process.stdin.close()
+        await asyncio.gather(*(w.kill() for w in workers), return_exceptions=True)
+
+    async def __aenter__(self) -> "WorkerPool":
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
