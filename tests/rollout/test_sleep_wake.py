@@ -22,10 +22,10 @@ def sleep_and_wake(address: str) -> None:
             assert isinstance(asleep, p.MemoryResult) and asleep.asleep == ["kv_cache", "weights"]
             assert asleep.memory_gb == 0.0  # a CPU-only host holds no accelerator memory
             with pytest.raises(RolloutServerError, match="did not answer Generate|deadline"):  # queued, never scheduled
-                await client.generate(["1+2="], SAMPLING, timeout_s=3.0)
+                await client.generate(["1+2="], SAMPLING, timeout_s=1.5)
             assert (await client.call(0, p.WakeUp(tags=["weights"]))).asleep == ["kv_cache"]
             with pytest.raises(RolloutServerError, match="did not answer Generate|deadline"):  # the KV cache still sleeps
-                await client.generate(["1+2="], SAMPLING, timeout_s=2.0)
+                await client.generate(["1+2="], SAMPLING, timeout_s=1.0)
             assert (await client.call(0, p.WakeUp(tags=["kv_cache"]))).asleep == []
             result = (await client.generate(["1+2="], SAMPLING, timeout_s=60.0))[0]
             assert len(result.samples) == 2 and all(s.token_ids for s in result.samples)
