@@ -70,6 +70,14 @@ def run_arm(arm: str, seed: int, steps: int, out: Path) -> dict:
             "reverse_kl_first_last": [kl[0], kl[-1]] if kl else None}
 
 
+def machine() -> str:
+    """'<cores>-core <CPU model>' from /proc/cpuinfo, else the platform's name."""
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+             if line.startswith("model name")] if cpuinfo.is_file() else []
+    return f"{len(names)}-core {names[0]}" if names else platform.processor() or platform.machine()
+
+
 def draw(results: list[dict], teacher_acc: float, out: Path) -> None:
     import matplotlib
 
@@ -101,6 +109,7 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--plot", type=Path, default=None, help="draw held-out accuracy per step here (PNG)")
+    parser.add_argument("--machine", default="", help="machine label in the JSON (default: from /proc/cpuinfo)")
     parser.add_argument("--build-teacher", action="store_true", help="only build the teacher, then exit")
     args = parser.parse_args()
 
@@ -127,7 +136,7 @@ def main() -> None:
         accs = " | ".join(f"{a:.3f}" for _, a in r["curve"][1:])
         print(f"| {r['arm']} | {r['seed']} | {r['curve'][0][1]:.3f} | {accs} | {r['median_step_s']:.2f} s "
               f"| {r['wall_s']:.0f} s |")
-    report = {"machine": platform.processor() or platform.machine(), "steps": args.steps, "teacher_accuracy": teacher_acc,
+    report = {"machine": args.machine or machine(), "steps": args.steps, "teacher_accuracy": teacher_acc,
               "teacher_warmstart_steps": TEACHER_STEPS, "results": results}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
