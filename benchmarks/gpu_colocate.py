@@ -45,6 +45,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--model-dir", type=Path, default=None, help="reuse a built model (default: OUT/model)")
     args = parser.parse_args()
+    if args.steps < 2:  # AdamW's state exists only after the first update: step 2 is the one that needs offload
+        parser.error(f"--steps={args.steps}: use 2 or more (the optimizer state the offload moves appears at step 1)")
     args.out.mkdir(parents=True, exist_ok=True)
     model = build_model(args.model_dir or args.out / "model", args.device)
     report = {"device": device_name(args.device), "model": str(model), "steps": args.steps, "runs": {}}
@@ -73,8 +75,8 @@ def main() -> int:
 def budget_runs(args, model: Path, calib: dict, report: dict) -> list[str]:
     need_on, need_off = calib["offload"]["device_peak_gb"], calib["no_offload"]["device_peak_gb"]
     if need_off - need_on < MIN_GAP_GB:
-        return [f"offloading saved only {need_off - need_on:.2f} GiB of device memory (peaks {need_on:.2f} vs "
-                f"{need_off:.2f} GiB); no budget fits one and not the other"]
+        return [(f"offloading saved only {need_off - need_on:.2f} GiB of device memory (peaks {need_on:.2f} vs "
+                 f"{need_off:.2f} GiB); no budget fits one and not the other")]
     budget = (need_on + need_off) / 2
     report["budget_gb"] = budget
     print(f"emulating a GPU with {budget:.2f} GiB free: the midpoint of the device peaks with offload "
@@ -107,7 +109,7 @@ def train(args, model: Path, name: str, offload: bool) -> dict:
     print(f"[{name}] rlx train ... placement.offload={str(offload).lower()}", flush=True)
     started = time.perf_counter()
     with DevicePeak(args.device) as peak, open(log, "w") as out:
-        code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO).returncode
+        code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, check=False).returncode
     text = log.read_text()
     metrics = read_metrics(run_dir)
     row = {"name": name, "offload": offload, "code": code, "log": str(log), "seconds": time.perf_counter() - started,

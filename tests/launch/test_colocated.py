@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.test_train import assert_no_children_alive, read_metrics, run_to_end, small_config
+from tests.launch.test_train import (
+    assert_no_children_alive,
+    read_metrics,
+    run_to_end,
+    small_config,
+)
 
 pytestmark = pytest.mark.slow
 
