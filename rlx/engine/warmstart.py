@@ -23,7 +23,7 @@ from rlx.engine.tiny import build_tiny_model
 
 DEFAULT_STEPS = 400
 RUNNING_SUM_STEPS = 600
-CALC_TOOLS_STEPS = 150
+CALC_TOOLS_STEPS = 105
 
 
 @dataclass(frozen=True)

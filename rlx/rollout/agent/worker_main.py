@@ -5,7 +5,8 @@ length then msgpack (never pickle): request ``{"fn": "module:function", "args": 
 ``{"ok": bool, "value": ..., "error": str}``. The function's own prints go to stderr, so they
 cannot corrupt a reply. The address-space limit (``--memory-mb``, RLIMIT_AS) is set before any
 user code is imported; a string result longer than ``--max-output-chars`` is truncated here, so a
-huge output never crosses the pipe. Timeouts are the pool's job: it kills this process group.
+huge output never crosses the pipe. Timeouts are the pool's job: it kills this process group; the
+worker also dies with the process that started it (PR_SET_PDEATHSIG on Linux).
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--memory-mb", type=int, default=0)
     parser.add_argument("--max-output-chars", type=int, default=4096)
+    parser.add_argument("--parent", type=int, default=0)
     args = parser.parse_args()
+    _die_with_parent(args.parent)
     replies = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -52,6 +55,19 @@ def main() -> None:
         except (TypeError, OverflowError) as exc:
             body = encoder.encode({"ok": False, "value": None, "error": f"result cannot be sent: {exc}"})
         replies.write(struct.pack(">I", len(body)) + body)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: SIGKILL this worker when the process that started it dies, even if a call is stuck."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if parent and os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
 
 
 def _call(functions: dict, request: dict, max_chars: int) -> dict:

@@ -83,7 +83,7 @@ class WorkerPool:
     async def _spawn(self) -> _Worker:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "rlx.rollout.agent.worker_main", "--memory-mb", str(self.memory_mb),
-            "--max-output-chars", str(self.max_output_chars),
+            "--max-output-chars", str(self.max_output_chars), "--parent", str(os.getpid()),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, start_new_session=True)
         worker = _Worker(process)
         self._all.add(worker)
