@@ -180,12 +180,17 @@ class OpenAIEndpoint:
             raise HttpError(400, f"n={body.n} in episode {episode_id!r}: an episode records one answer per request; "
                                  "send n=1, or give each sample its own episode id")
         if not episode_id:
-            return await self._complete(body, self.chat.prompt_ids(body.messages, body.tools), "")
+            return await self._complete(body, self._prompt_ids(body, _OpenEpisode()), "")
         episode = self.episodes.get_or_open(episode_id)
         async with episode.lock:
-            prompt_ids = self._prompt_ids(body, episode)
-            response = await self._complete(body, prompt_ids, episode_id)
-            if episode_id in self.episodes.open:  # not finished while this request ran
+            try:
+                prompt_ids = self._prompt_ids(body, episode)
+                response = await self._complete(body, prompt_ids, episode_id)
+            except HttpError:
+                if not episode.turns:  # nothing recorded: a failed first request opens no episode
+                    self.episodes.open.pop(episode_id, None)
+                raise
+            if self.episodes.open.get(episode_id) is episode:  # not finished while this request ran
                 result = response.pop("_sample")
                 episode.turns.append(p.EpisodeTurn(prompt_ids, result.token_ids, result.logprobs,
                                                    self.server.weight_version))
@@ -197,10 +202,21 @@ class OpenAIEndpoint:
         """Token-in/token-out: a follow-up starts with the episode's own tokens; else the rendered messages."""
         if episode.turns:
             last = episode.turns[-1]
-            added = self.chat.continuation(episode.messages, body.messages, episode.text, last.token_ids, body.tools)
+            added = self._rendered(lambda: self.chat.continuation(episode.messages, body.messages, episode.text,
+                                                                  last.token_ids, body.tools))
             if added is not None:
                 return last.prompt_token_ids + last.token_ids + added
-        return self.chat.prompt_ids(body.messages, body.tools)
+        return self._rendered(lambda: self.chat.prompt_ids(body.messages, body.tools))
+
+    @staticmethod
+    def _rendered(render):
+        """``render()``, with a template that cannot render the messages as a 400 naming why."""
+        import jinja2
+
+        try:
+            return render()
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise HttpError(400, f"the chat template cannot render these messages: {exc}") from None
 
     async def _complete(self, body: ChatRequest, prompt_ids: list[int], episode_id: str) -> dict:
         sampling = self._sampling(body)

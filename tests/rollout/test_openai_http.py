@@ -141,8 +141,11 @@ def test_auth_and_request_errors_are_clear(endpoint):
     assert reply.status_code == 404 and "no open episode 'nope'" in reply.json()["error"]["message"]
     reply = httpx.post(f"{url}/v1/chat/completions", headers=dict(AUTH, **{"X-Episode-Id": "e"}), json=dict(body, n=2))
     assert reply.status_code == 400 and "send n=1" in reply.json()["error"]["message"]
-    reply = httpx.post(f"{url}/v1/chat/completions", headers=AUTH, json=dict(body, max_tokens=0))
+    reply = httpx.post(f"{url}/v1/chat/completions", headers=dict(AUTH, **{"X-Episode-Id": "refused"}),
+                       json=dict(body, max_tokens=0))
     assert reply.status_code == 400 and "max_tokens" in reply.json()["error"]["message"]
+    reply = httpx.post(f"{url}/v1/episodes/refused/finish", headers=AUTH, json={"reward": 1.0})
+    assert reply.status_code == 404  # a refused first request opened no episode
 
 
 def test_off_loopback_endpoint_without_a_token_is_refused_before_start(tiny_model_dir, tmp_path, monkeypatch):
