@@ -41,6 +41,8 @@ from rlx.trace import tracer
 
 MAX_EPISODES = 10_000
 """Most episodes held at once (open + finished but not yet taken by the trainer)."""
+MAX_TURNS = 1024
+"""Most requests one episode may record (a client that sets ``user`` on every request would grow one forever)."""
 HTTP_REQUEST_IDS = 1 << 48
 """Request ids of HTTP completions start here, apart from a ZeroMQ client's."""
 
@@ -183,6 +185,9 @@ class OpenAIEndpoint:
             return await self._complete(body, self._prompt_ids(body, _OpenEpisode()), "")
         episode = self.episodes.get_or_open(episode_id)
         async with episode.lock:
+            if len(episode.turns) >= MAX_TURNS:
+                raise HttpError(400, f"episode {episode_id!r} already has {MAX_TURNS} turns; finish it (POST "
+                                     f"/v1/episodes/{episode_id}/finish) or use a new episode id")
             try:
                 prompt_ids = self._prompt_ids(body, episode)
                 response = await self._complete(body, prompt_ids, episode_id)

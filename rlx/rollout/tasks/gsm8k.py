@@ -109,7 +109,7 @@ class Gsm8k:
     name: str = field(default="gsm8k", init=False)
 
     @classmethod
-    def from_config(cls, cfg, reward_fn: RewardFn | None = None, tokenizer_path: str = "") -> "Gsm8k":
+    def from_config(cls, cfg, reward_fn: RewardFn | None = None, tokenizer_path: str = "") -> Gsm8k:
         pattern = _compile(cfg.answer_pattern)
         _check_template(cfg.prompt_template)
         make_prompt = PromptMaker(cfg, tokenizer_path)
