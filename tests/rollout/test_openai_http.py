@@ -17,6 +17,8 @@ from rlx.rollout.tasks.external import episode_rows
 from tests.helpers import start_rlx, stop_group, write_config
 
 TOKEN = "test-secret-token"
+TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}<eos>\n{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -41,11 +43,26 @@ def wait_http(url: str, proc, log, headers=None, timeout_s: float = 240.0) -> No
 
 
 @pytest.fixture(scope="module")
-def endpoint(tiny_model_dir, tmp_path_factory):
+def chat_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model with a chat template in its tokenizer (characters of its alphabet only)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    path = tmp_path_factory.mktemp("chat_model") / "model"
+    shutil.copytree(tiny_model_dir, path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def endpoint(chat_model_dir, tmp_path_factory):
     """A real hf-backend server whose OpenAI endpoint binds every interface, which needs the token."""
     work = tmp_path_factory.mktemp("openai")
     port = free_port()
-    config = write_config(work / "serve.yaml", tiny_model_dir,
+    config = write_config(work / "serve.yaml", chat_model_dir,
                           rollout={"backend": "hf", "openai_host": "0.0.0.0", "openai_port": port})
     address = f"ipc://{work}/serve.sock"
     log = work / "serve.log"
@@ -78,16 +95,20 @@ def chat(url: str, messages, episode: str | None = None, **extra) -> dict:
     return reply.json()
 
 
-def test_completion_returns_text_usage_logprobs_and_records_what_the_engine_sampled(endpoint):
+def test_completion_returns_text_usage_logprobs_and_records_what_the_engine_sampled(endpoint, chat_model_dir):
+    from transformers import AutoTokenizer
+
     url, address = endpoint
+    tokenizer = AutoTokenizer.from_pretrained(chat_model_dir)
     messages = [{"role": "user", "content": "12+7="}]
     response = chat(url, messages, episode="single", max_tokens=6, temperature=0.0, logprobs=True)
     choice, usage, meta = response["choices"][0], response["usage"], response["rlx"]
     assert response["object"] == "chat.completion" and choice["message"]["role"] == "assistant"
-    assert meta["prompt_format"] == "plain"  # the tiny character tokenizer has no chat template
+    assert meta["prompt_format"] == "chat_template"
+    assert tokenizer.decode(meta["prompt_token_ids"]) == "<user>12+7=<eos>\n<assistant>"
     sampled = meta["completion_token_ids"][0]
     assert usage["completion_tokens"] == len(sampled) >= 1
-    assert usage["prompt_tokens"] == len(meta["prompt_token_ids"]) == len("12+7=")
+    assert usage["prompt_tokens"] == len(meta["prompt_token_ids"])
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     logprobs = [t["logprob"] for t in choice["logprobs"]["content"]]
     assert len(logprobs) == len(sampled) and all(lp <= 0 for lp in logprobs)
@@ -107,7 +128,7 @@ def test_completion_returns_text_usage_logprobs_and_records_what_the_engine_samp
     assert zmq_call(address, p.TakeEpisodes(max_episodes=8)).episodes == []  # taken once
 
 
-def test_two_requests_form_one_token_in_token_out_episode(endpoint, tiny_model_dir):
+def test_two_requests_form_one_token_in_token_out_episode(endpoint, chat_model_dir):
     from transformers import AutoTokenizer
 
     url, address = endpoint
@@ -125,7 +146,10 @@ def test_two_requests_form_one_token_in_token_out_episode(endpoint, tiny_model_d
     prompt, completion, logps, mask = row.row()
     observation = two["rlx"]["prompt_token_ids"][len(context):]
     assert prompt == one["rlx"]["prompt_token_ids"]
-    assert AutoTokenizer.from_pretrained(tiny_model_dir).decode(observation) == "+1="  # plain: contents concatenated
+    tokenizer = AutoTokenizer.from_pretrained(chat_model_dir)
+    # the template's close of the answer (less the <eos> the model sampled itself, if it did), the new turn
+    closing = "\n" if context[-1] == tokenizer.eos_token_id else "<eos>\n"
+    assert tokenizer.decode(observation) == closing + "<user>+1=<eos>\n<assistant>"
     n1, n2 = len(one["rlx"]["completion_token_ids"][0]), len(two["rlx"]["completion_token_ids"][0])
     assert completion == context[len(prompt):] + observation + two["rlx"]["completion_token_ids"][0]
     assert mask == [1.0] * n1 + [0.0] * len(observation) + [1.0] * n2
@@ -165,7 +189,7 @@ def test_off_loopback_endpoint_without_a_token_is_refused_before_start(tiny_mode
 
 
 @pytest.mark.slow
-def test_train_on_episodes_an_external_client_finished(endpoint, tiny_model_dir, tmp_path):
+def test_train_on_episodes_an_external_client_finished(endpoint, chat_model_dir, tmp_path):
     """Last in this module: the run syncs its weights into the shared server."""
     url, address = endpoint
     for episode, reward in (("a", 1.0), ("b", 0.0)):
@@ -177,7 +201,7 @@ def test_train_on_episodes_an_external_client_finished(endpoint, tiny_model_dir,
         assert httpx.post(f"{url}/v1/episodes/{episode}/finish", headers=AUTH, json={"reward": reward}).status_code == 200
     run_dir = tmp_path / "run"
     config = write_config(
-        tmp_path / "run.yaml", tiny_model_dir, task={"name": "external"},
+        tmp_path / "run.yaml", chat_model_dir, task={"name": "external"},
         rollout={"backend": "hf", "n": 1, "max_tokens": 4, "servers": [address], "num_servers": 0},
         algorithm={"advantage": "reinforce_pp"},
         trainer={"prompts_per_step": 2, "total_steps": 1, "micro_batch_size": 2, "output_dir": str(run_dir)})
