@@ -9,7 +9,7 @@ everything after it, with the loss mask on policy tokens only (``Episode.row``).
 
 Metrics, beside the single-turn ones: ``turns_per_episode``, ``tool_calls_per_episode``,
 ``tool_call_success_rate`` (calls that returned a result / calls), ``tool_errors``,
-``tool_timeouts``, ``reward_errors``, ``tool_workers_replaced``.
+``tool_timeouts``, ``reward_errors``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import math
 import statistics
 import time
 from numbers import Real
+
+import msgspec
 
 from rlx.engine.batch import build_batch
 from rlx.rollout.agent.env import ToolEnv, ToolStats
@@ -80,7 +82,7 @@ class EpisodeCollector:
             turn_seed = None
             if seed is not None:
                 turn_seed = ((seed * MAX_PROMPTS_PER_STEP + index) * n + sample) * self.cfg.agent.max_turns
-            spec = sampling if turn_seed is None else _with_seed(sampling, turn_seed)
+            spec = sampling if turn_seed is None else msgspec.structs.replace(sampling, seed=turn_seed)
             env = ToolEnv(self.tools, tool_pool, self.cfg.agent.tool_format, stats)
             with tracer.span("agent.episode", problem=problem.id, sample=sample) as span:
                 episode = await run_episode(self.client, env, problem, self.encode, spec, self.cfg.agent.max_turns,
@@ -147,9 +149,3 @@ def episode_metrics(episodes: list[Episode], stats: ToolStats, reward_errors: in
         "tool_timeouts": float(stats.timeouts),
         "reward_errors": float(reward_errors),
     }
-
-
-def _with_seed(sampling: SamplingSpec, seed: int) -> SamplingSpec:
-    import msgspec
-
-    return msgspec.structs.replace(sampling, seed=seed)

@@ -23,7 +23,6 @@ a container.
 from __future__ import annotations
 
 import ast
-import importlib
 import operator
 import shutil
 import subprocess
@@ -77,7 +76,7 @@ def python(arguments: dict) -> str:
     with tempfile.TemporaryDirectory(prefix="rlx-python-tool-") as workdir:
         try:
             done = subprocess.run(command, capture_output=True, timeout=PYTHON_TIMEOUT_S, cwd=workdir, env={},
-                                  stdin=subprocess.DEVNULL, preexec_fn=_limit_child)
+                                  stdin=subprocess.DEVNULL, preexec_fn=_limit_child, check=False)
         except subprocess.TimeoutExpired:
             raise TimeoutError(f"the code ran past {PYTHON_TIMEOUT_S:g} s") from None
     out = done.stdout.decode(errors="replace")
@@ -104,7 +103,7 @@ def network_isolation() -> bool:
     if _NETWORK_ISOLATION is None:
         unshare = shutil.which("unshare")
         _NETWORK_ISOLATION = bool(unshare) and subprocess.run(
-            [unshare, "--net", "--map-root-user", "true"], capture_output=True).returncode == 0
+            [unshare, "--net", "--map-root-user", "true"], capture_output=True, check=False).returncode == 0
     return _NETWORK_ISOLATION
 
 

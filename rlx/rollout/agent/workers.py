@@ -23,7 +23,7 @@ import signal
 import struct
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import msgspec
 
@@ -74,7 +74,7 @@ class WorkerPool:
         self.replaced = 0
         """Workers killed (timeout) or lost (crash) and replaced so far."""
 
-    async def start(self) -> "WorkerPool":
+    async def start(self) -> WorkerPool:
         workers = await asyncio.gather(*(self._spawn() for _ in range(self.num_workers)))
         for worker in workers:
             self._idle.put_nowait(worker)
@@ -89,7 +89,7 @@ class WorkerPool:
         self._all.add(worker)
         try:
             await asyncio.wait_for(worker.read(), STARTUP_TIMEOUT_S)
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
+        except (TimeoutError, asyncio.IncompleteReadError) as exc:
             await worker.kill()
             self._all.discard(worker)
             raise RuntimeError(f"a {self.name} worker did not start within {STARTUP_TIMEOUT_S:g} s "
@@ -102,7 +102,7 @@ class WorkerPool:
         body = _encoder.encode({"fn": ref, "args": list(args)})
         try:
             reply = await asyncio.wait_for(worker.request(body), self.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self._replace(worker)
             return CallResult(False, error=f"{self.name} call timed out after {self.timeout_s:g} s", kind="timeout")
         except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError):
@@ -131,7 +131,7 @@ class WorkerPool:
                 worker.process.stdin.close()
         await asyncio.gather(*(w.kill() for w in workers), return_exceptions=True)
 
-    async def __aenter__(self) -> "WorkerPool":
+    async def __aenter__(self) -> Self:
         return await self.start()
 
     async def __aexit__(self, *exc) -> None:

@@ -4,6 +4,7 @@ what the engine sampled, turn after turn, and the loss covers the policy's token
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 import torch
@@ -79,7 +80,7 @@ def test_episodes_are_token_in_token_out_and_the_batch_holds_the_engines_tokens(
             context = prompt + turn.token_ids + turn.observation_ids
             assert turn.observation_ids == (encode(f"<o>{k + 1}?</o>\n") if k < 2 else [])
             assert len(turn.logprobs) == len(turn.token_ids) >= 1
-    for (a, b) in zip(prompts, prompts[1:3]):  # turn k+1's prompt starts with turn k's exact ids
+    for a, b in itertools.pairwise(prompts[:3]):  # turn k+1's prompt starts with turn k's exact ids
         assert b[:len(a)] == a and len(b) > len(a)
 
     rows = [e.row() for e in episodes]

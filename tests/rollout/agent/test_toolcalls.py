@@ -35,7 +35,8 @@ def test_calc_is_exact_and_refuses_anything_but_arithmetic():
             calc({"expression": bad})
 
 
-def test_python_tool_runs_isolated_code_with_limits():
+def test_python_tool_runs_isolated_code_with_limits(monkeypatch):
+    monkeypatch.setattr("rlx.rollout.agent.tools.PYTHON_TIMEOUT_S", 1.0)
     assert python({"code": "print(6*7)"}) == "42\n"
     env = python({"code": "import os, sys; print(len(os.environ), sys.flags.isolated, sys.flags.no_site)"})
     assert env.split()[1:] == ["1", "1"]

@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rlx.cli import app
-from tests.launch.test_train import assert_no_children_alive, read_metrics, run_to_end
 from tests.helpers import write_config
+from tests.launch.test_train import assert_no_children_alive, read_metrics, run_to_end
 
 pytestmark = pytest.mark.slow
 

@@ -76,7 +76,6 @@ def test_hermes_calls_and_malformed_json():
 
 
 def test_a_hung_or_failing_reward_gives_the_sample_zero_and_is_counted(tmp_path):
-    from types import SimpleNamespace
 
     from rlx.rollout.agent.collect import EpisodeCollector
     from rlx.rollout.agent.episode import Episode
