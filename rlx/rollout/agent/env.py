@@ -5,14 +5,15 @@ text), and ``step(turn)`` answers one policy turn with a ``StepResult``: the nex
 text, whether the episode is done, and optionally a reward (``None``: the episode's reward
 comes from the task's reward function once it is done).
 
-``ToolEnv`` runs the tool calls a turn makes (``rlx.rollout.agent.toolcalls``) in the tool workers
-and returns their results as the observation; a turn without a call ends the episode. A
+``ToolEnv`` runs the tool calls a turn makes (``rlx.rollout.agent.toolcalls``) in the tool workers,
+all at once, and returns their results as the observation; a turn without a call ends the episode. A
 malformed call, an unknown tool, a tool that raises, crashes, hangs or passes its memory limit
 all become an observation that says so, and are counted in ``ToolStats``; none ends the run.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -65,7 +66,7 @@ class ToolEnv:
         calls = parse_tool_calls(turn.text, self.fmt)
         if not calls:
             return StepResult("", done=True)
-        replies = [await self._run(call) for call in calls]
+        replies = await asyncio.gather(*(self._run(call) for call in calls))
         return StepResult("".join(self._observation(reply) for reply in replies), done=False, tool_calls=calls)
 
     async def _run(self, call: ToolCall) -> str:

@@ -61,3 +61,11 @@ def test_two_step_tool_run_logs_episode_metrics_and_turn_spans(tiny_model_dir, t
             spans.add(record.get("n"))
     assert {"agent.episode", "agent.turn"} <= spans, sorted(s for s in spans if s)
     assert_no_children_alive(run_dir)
+
+
+def test_fully_async_is_refused_for_multi_turn_tasks(tiny_model_dir, tmp_path):
+    config = tools_config(tmp_path, tiny_model_dir)
+    result = CliRunner().invoke(app, ["train", str(config), "trainer.mode=fully_async"])
+    assert result.exit_code == 2, result.output
+    assert "set trainer.mode=sync or one_step_off" in " ".join(result.output.split())
+    assert not (tmp_path / "run" / "logs").exists()

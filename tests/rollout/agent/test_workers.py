@@ -69,6 +69,10 @@ def test_hermes_calls_and_malformed_json():
             ok = await env.step(Turn([], [], text='<tool_call>{"name": "calc", "arguments": {"expression": "3*47+5"}}'
                                                  '</tool_call>'))
             assert ok.observation == "<tool_response>\n146\n</tool_response>\n"
+            two = await env.step(Turn([], [], text='<tool_call>{"name": "calc", "arguments": {"expression": "2*3"}}'
+                                                  '</tool_call><tool_call>{"name": "shout", "arguments": '
+                                                  '{"expression": "hi"}}</tool_call>'))
+            assert two.observation == "<tool_response>\n6\n</tool_response>\n<tool_response>\nHI\n</tool_response>\n"
             bad = await env.step(Turn([], [], text='<tool_call>{"name": calc}</tool_call>'))
             assert "malformed tool call: invalid JSON" in bad.observation and not bad.done
 
