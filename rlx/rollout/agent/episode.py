@@ -66,7 +66,7 @@ class Episode:
     correct: bool = False
     """The task's own check of the final answer (for accuracy)."""
     done_reason: str = ""
-    """Why the episode ended: 'done' (the environment said so), 'max_turns', 'max_total_tokens', 'length'."""
+    """Why the episode ended: 'done' (the environment said so), 'max_turns' or 'max_total_tokens'."""
 
     def context(self) -> list[int]:
         """The ids the next turn's prompt is: prompt + every turn's sampled ids + observation ids."""

@@ -71,6 +71,7 @@ class WorkerPool:
         self.memory_mb, self.max_output_chars = memory_mb, max_output_chars
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
         self._all: set[_Worker] = set()
+        self._closed = False
         self.replaced = 0
         """Workers killed (timeout) or lost (crash) and replaced so far."""
 
@@ -119,12 +120,14 @@ class WorkerPool:
     async def _replace(self, worker: _Worker) -> int | None:
         await worker.kill()
         self._all.discard(worker)
-        self.replaced += 1
-        self._idle.put_nowait(await self._spawn())
+        if not self._closed:
+            self.replaced += 1
+            self._idle.put_nowait(await self._spawn())
         return worker.process.returncode
 
     async def close(self) -> None:
         """End every worker (by its process group), idle or busy."""
+        self._closed = True
         workers, self._all = list(self._all), set()
         for worker in workers:
             if worker.process.stdin is not None and not worker.process.stdin.is_closing():
