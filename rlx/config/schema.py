@@ -52,6 +52,11 @@ def check_all_finite(section: Any, prefix: str = "") -> None:
             check_finite(f"{prefix}{f.name}", value, "" if default is None else f"(default {default!r})")
 
 
+LORA_SYNC_CHOICES = ("auto", "adapter", "merged")
+ADAPTER_SYNC_BACKENDS = ("hf",)
+"""Rollout backends that take an adapter-only sync (rlx.rollout.backends.lora)."""
+
+
 @dataclass
 class LoraConfig:
     rank: int = 0
@@ -62,8 +67,12 @@ class LoraConfig:
     """Dropout on the adapters' input; > 0 turns off the single-pass logprobs (train and eval forwards differ)."""
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     """Names (last component) of the linear layers that get adapters, e.g. q_proj, v_proj, gate_proj."""
+    sync: str = "auto"
+    """What a weight sync moves: adapter (only the LoRA factors; the server merges them), merged (the whole
+    merged model) or auto (adapter where the rollout backend supports it, see RunConfig.lora_sync)."""
 
     def __post_init__(self) -> None:
+        check_choice("model.lora.sync", self.sync, LORA_SYNC_CHOICES)
         check_range("model.lora.rank", self.rank, 0, hint="0 turns LoRA off")
         check_range("model.lora.alpha", self.alpha, 0.0)
         check_range("model.lora.dropout", self.dropout, 0.0, 1.0)
@@ -677,10 +686,23 @@ class RunConfig:
         if self.model.lora.rank and self.trainer.num_ranks > 1:
             raise ConfigError(f"model.lora.rank={self.model.lora.rank} with trainer.num_ranks="
                               f"{self.trainer.num_ranks}: LoRA trains on one rank; set trainer.num_ranks=1")
+        if self.model.lora.sync == "adapter" and self.rollout.backend not in ADAPTER_SYNC_BACKENDS:
+            raise ConfigError(f"model.lora.sync=adapter with rollout.backend={self.rollout.backend}: only "
+                              f"{', '.join(ADAPTER_SYNC_BACKENDS)} merges an adapter sync; set model.lora.sync=merged "
+                              "(or auto) or rollout.backend=hf")
         if self.rollout.host not in ("127.0.0.1", "localhost", "::1") and not self.rollout.auth_token:
             raise ConfigError(
                 f"rollout.host={self.rollout.host!r} is not loopback; set rollout.auth_token to a shared secret "
                 "(every request must carry it) or bind 127.0.0.1")
+
+    @property
+    def lora_sync(self) -> str:
+        """What a sync moves once 'auto' is resolved: adapter, merged, or none (no LoRA: the whole model)."""
+        if not self.model.lora.rank:
+            return "none"
+        if self.model.lora.sync != "auto":
+            return self.model.lora.sync
+        return "adapter" if self.rollout.backend in ADAPTER_SYNC_BACKENDS else "merged"
 
     @property
     def correction(self) -> str:

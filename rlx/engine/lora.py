@@ -6,11 +6,14 @@ change); only the adapter weights require grad, so only they reach the optimizer
 ``merged_named_tensors`` yields the weights a plain model of the base architecture would hold:
 ``W + (alpha / r) * B @ A`` (peft's own ``get_delta_weight``) for adapted layers and the base
 tensor otherwise, under the base model's names, computed out of place: the trainer's weights are
-never merged. The rollout engines therefore load a plain model and the sync carries the full
-model's bytes. ``adapter_state`` / ``load_adapter_state`` move the adapter in PEFT's file format
+never merged (``model.lora.sync=merged``: the engines load a plain model and the sync carries the
+full model's bytes). ``adapter_state`` / ``load_adapter_state`` move the adapter in PEFT's file format
 (keys ``base_model.model.<module>.lora_A.weight``), which ``rlx convert-ckpt --to peft`` copies out.
 
-Left out: adapter-only sync through vLLM's LoRA loading, and sharding (LoRA trains on one rank).
+``adapter_named_tensors`` is the adapter-only sync (``model.lora.sync=adapter``): only the factors move,
+and the rollout server merges them (``rlx.rollout.backends.lora``).
+
+Left out: sharding (LoRA trains on one rank).
 """
 
 from __future__ import annotations
@@ -74,6 +77,16 @@ def merged_named_tensors(model):
             for adapter in layer.active_adapters:
                 tensor = tensor + layer.get_delta_weight(adapter)
         yield f"{module_name}.{leaf}", tensor
+
+
+def adapter_named_tensors(model):
+    """(name, tensor) of the adapter alone, for ``model.lora.sync=adapter``: ``<module>.lora_A.weight`` [r, in]
+    and ``<module>.lora_B.weight`` [out, r] under the base model's module names, in the trainer's dtype (the
+    receiver merges in float32, as ``merged_named_tensors`` does)."""
+    from peft import get_peft_model_state_dict
+
+    for key, value in get_peft_model_state_dict(model, adapter_name=ADAPTER).items():
+        yield key, value.detach()
 
 
 def adapter_state(model) -> dict[str, torch.Tensor]:

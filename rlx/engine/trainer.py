@@ -64,8 +64,14 @@ class Trainer:
 
     def named_tensors(self):
         """Full parameters for weight sync, in the engine dtype; all ranks must iterate. With LoRA, the
-        merged weights of a plain model under the base model's names (``rlx.engine.lora``)."""
+        merged weights of a plain model under the base model's names, or with ``model.lora.sync=adapter`` only
+        the adapter's factors, in the trainer's dtype (``rlx.engine.lora``)."""
         dtype = getattr(torch, self.cfg.model.engine_dtype)
+        if self.cfg.lora_sync == "adapter":
+            from rlx.engine.lora import adapter_named_tensors
+
+            yield from adapter_named_tensors(self.model)
+            return
         if self.cfg.model.lora.rank:
             from rlx.engine.lora import merged_named_tensors
 

@@ -249,7 +249,13 @@ class HfBackend(Backend):
             from rlx.sync.handler import SyncHandler
             from rlx.sync.receiver import WeightReceiver
 
-            loader = _ModelLoader(self.model)
+            lora = self.cfg.model.lora
+            if lora.rank:  # an adapter sync merges into the weights (rlx.rollout.backends.lora says why)
+                from rlx.rollout.backends.lora import AdapterMerger
+
+                loader = AdapterMerger(self.model, lora.alpha / lora.rank)
+            else:
+                loader = _ModelLoader(self.model)
             self._handler = SyncHandler(WeightReceiver("hf backend", assemble_into=loader.destination), loader)
         if not self._sync_open:
             await self._hold_model()

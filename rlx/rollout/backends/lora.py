@@ -1,0 +1,106 @@
+"""Adapter-only weight sync into a plain transformers model (the ``hf`` backend, ``model.lora.sync=adapter``).
+
+The trainer sends only the LoRA factors, ``<module>.lora_A.weight`` [r, in] and ``<module>.lora_B.weight``
+[out, r] under the base model's module names (``rlx.engine.lora.adapter_named_tensors``). ``AdapterMerger``
+keeps, for each adapted module, the base weight as it was before any adapter touched it (copied the first
+time that module's factors arrive, in float32), collects the factors of a sync, and at its end writes
+``W = W_base + (alpha / r) * B @ A`` into the module's weight in place, computed in float32 and cast to the
+engine's dtype -- the same sum, in the same precision, that the trainer's merged sync sends.
+
+Why merge instead of injecting peft's LoRA layers into the server's model: a merged weight is a plain
+``nn.Linear``, so generation runs at the speed of the base model (no two extra matmuls and no peft
+forward per adapted layer and token), the logprob code stays the model's own, and the extra memory is
+one float32 copy of the adapted weights only. The merge is a few small matmuls per sync.
+
+Tensors under any other name are copied into the parameter of that name (a plain merged sync still works),
+except an adapted module's own weight: that one is the merge's output, and overwriting it would leave the
+kept base stale, so it is refused with the fix.
+
+Left out: DoRA, rsLoRA and ``fan_in_fan_out`` layers (rlx's trainer configures none of them).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlx.sync.handler import Consumer
+
+FACTORS = (".lora_A.weight", ".lora_B.weight")
+
+
+def split_factor_name(name: str) -> tuple[str, str] | None:
+    """``("model.layers.0.self_attn.q_proj", "lora_A")`` for a factor's name, ``None`` for any other."""
+    for suffix in FACTORS:
+        if name.endswith(suffix):
+            return name[: -len(suffix)], suffix[1:7]
+    return None
+
+
+class AdapterMerger(Consumer):
+    """The hf backend's sync consumer when factors may arrive: merges them into the adapted weights."""
+
+    def __init__(self, model, scaling: float | None) -> None:
+        self.model = model
+        self.scaling = scaling  # alpha / r of the run's model.lora; None: this server has no LoRA config
+        self.targets = {**dict(model.named_buffers()), **dict(model.named_parameters())}
+        self.base: dict[str, torch.Tensor] = {}  # module name -> its weight before any adapter, float32
+        self.pending: dict[str, dict[str, torch.Tensor]] = {}  # this sync's factors, by module
+
+    def destination(self, name: str, dtype, shape: list[int], device):
+        """A plain parameter the sender's bytes fit as they are (see ``_ModelLoader.destination``)."""
+        tensor = self.targets.get(name)
+        if (tensor is None or tensor.dtype != dtype or list(tensor.shape) != shape or tensor.device != device
+                or not tensor.is_contiguous() or name.removesuffix(".weight") in self.base):
+            return None
+        return tensor.detach()
+
+    def begin(self) -> None:
+        self.pending = {}
+
+    @torch.no_grad()
+    def load(self, tensors, verify: bool) -> None:
+        for name, tensor in tensors:
+            factor = split_factor_name(name)
+            if factor is not None:
+                self._keep_factor(name, *factor, tensor)
+                continue
+            if name not in self.targets:
+                raise KeyError(f"the model has no parameter {name!r}")
+            if name.removesuffix(".weight") in self.base:
+                raise ValueError(f"{name!r} arrived as a whole weight, but this server merges adapters into it "
+                                 "(model.lora.sync=adapter); run the trainer and the server with the same "
+                                 "model.lora.sync")
+            target = self.targets[name]
+            if tensor.data_ptr() != target.data_ptr() or tensor.numel() == 0:
+                target.copy_(tensor.view(target.shape))
+
+    def _keep_factor(self, name: str, module: str, which: str, tensor: torch.Tensor) -> None:
+        if self.scaling is None:
+            raise ValueError(f"{name!r} is a LoRA factor, but this server runs without model.lora; start it "
+                             "with the trainer's model.lora settings")
+        weight = self.targets.get(f"{module}.weight")
+        if weight is None or weight.dim() != 2:
+            raise KeyError(f"{name!r}: the model has no linear layer {module!r} to adapt")
+        self.pending.setdefault(module, {})[which] = tensor.to(torch.float32, copy=True)
+
+    @torch.no_grad()
+    def end(self) -> None:
+        incomplete = sorted(m for m, f in self.pending.items() if len(f) != 2)
+        if incomplete:
+            raise ValueError(f"the sync sent only one of lora_A / lora_B for {incomplete[:3]}; "
+                             "an adapter sync must carry both factors of every adapted layer")
+        for module, factors in self.pending.items():
+            weight = self.targets[f"{module}.weight"]
+            a, b = factors["lora_A"], factors["lora_B"]
+            if a.shape[1] != weight.shape[1] or b.shape[0] != weight.shape[0] or a.shape[0] != b.shape[1]:
+                raise ValueError(f"{module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not fit its "
+                                 f"weight {list(weight.shape)}; the trainer's model.lora and model.path must match "
+                                 "the server's")
+            base = self.base.get(module)
+            if base is None:  # first adapter for this module: the weight is still the checkpoint's
+                base = self.base[module] = weight.detach().to(torch.float32, copy=True)
+            weight.copy_((base + (b.to(base.device) @ a.to(base.device)) * self.scaling).to(weight.dtype))
+        self.pending = {}
+
+    def abort(self) -> None:
+        self.pending = {}  # the weights are only written at the end: an aborted sync changed none

@@ -1,0 +1,111 @@
+"""Adapter-only LoRA sync (``model.lora.sync=adapter``) into a real ``hf`` rollout server: the server's
+logprobs equal those of the merged model, a second sync merges from the base again (not on top of the
+first), only the adapter's bytes move, and a merged weight sent to an adapter server is refused."""
+
+import asyncio
+
+import pytest
+import torch
+
+from rlx.config.errors import ConfigError
+from rlx.config.schema import (
+    LoraConfig,
+    ModelConfig,
+    RolloutConfig,
+    RunConfig,
+    TrainerConfig,
+)
+from rlx.engine.lora import merged_named_tensors
+from rlx.engine.trainer import Trainer
+from rlx.rollout.client import RolloutClient
+from rlx.sync.errors import SyncError
+from rlx.sync.sender import WeightSender
+from tests.helpers import serve_with
+
+LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "gate_proj"]}
+SEQUENCES = [[5, 17, 23, 9, 40, 41, 42, 12], [30, 31, 8, 8, 60, 2], [11, 12, 13, 14, 15, 16, 17, 18, 19]]
+START = [2, 1, 4]
+
+
+def lora_trainer(model_dir) -> Trainer:
+    cfg = RunConfig(model=ModelConfig(path=str(model_dir), lora=LoraConfig(**LORA)),
+                    rollout=RolloutConfig(backend="hf"), trainer=TrainerConfig(device="cpu"))
+    assert cfg.lora_sync == "adapter"  # auto resolves to adapter on the hf backend
+    return Trainer(cfg)
+
+
+@torch.no_grad()
+def perturb_adapter(trainer: Trainer, seed: int) -> None:
+    """Adapter weights as training would leave them (B starts at 0: give both factors values)."""
+    generator = torch.Generator().manual_seed(seed)
+    for name, param in trainer.model.named_parameters():
+        if ".lora_A." in name or ".lora_B." in name:
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+
+
+@torch.no_grad()
+def merged_logprobs(trainer: Trainer, model_dir) -> list[list[float]]:
+    """The reference: a plain model holding the merged weights (what ``model.lora.sync=merged`` sends)."""
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    result = plain.load_state_dict(dict(merged_named_tensors(trainer.model)), strict=False)
+    assert not result.unexpected_keys and set(result.missing_keys) <= {"lm_head.weight"}  # tied to the embedding
+    out = []
+    for ids, start in zip(SEQUENCES, START):
+        x = torch.tensor([ids])
+        logp = plain(input_ids=x).logits.float()[0, :-1].log_softmax(-1).gather(-1, x[0, 1:, None]).squeeze(-1)
+        out.append(logp[start - 1:].tolist())
+    return out
+
+
+def test_adapter_sync_equals_merged_sync_and_moves_only_the_adapter(tiny_model_dir, tmp_path):
+    trainer = lora_trainer(tiny_model_dir)
+    adapter_bytes = sum(p.numel() * p.element_size() for n, p in trainer.model.named_parameters() if p.requires_grad)
+    model_bytes = sum(t.numel() * t.element_size() for _, t in merged_named_tensors(trainer.model))
+
+    async def sync_and_score(client, sender):
+        await client.pause()
+        try:
+            report = await sender.send(trainer.named_tensors(), client.channels())
+        finally:
+            await client.resume()
+        return report, await client.call(0, _score_request(), timeout_s=60.0)
+
+    async def scenario(address):
+        client = RolloutClient([address])
+        try:
+            with WeightSender(transport="shm", bucket_mb=1, timeout_s=60.0, verify=True) as sender:
+                for seed in (1, 2):  # the second merge starts from the kept base, not from the first merge
+                    perturb_adapter(trainer, seed)
+                    report, scored = await sync_and_score(client, sender)
+                    assert report.verified and report.total_bytes == adapter_bytes < model_bytes / 10
+                    assert report.num_tensors == 2 * 3 * 2  # lora_A + lora_B, 3 target modules, 2 layers
+                    expected = merged_logprobs(trainer, tiny_model_dir)
+                    for got, want in zip(scored.logprobs, expected):
+                        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-5)
+                # a whole merged weight into an adapted layer would leave the kept base stale: refused
+                with pytest.raises(SyncError, match="model.lora.sync"):
+                    await sender.send(list(merged_named_tensors(trainer.model)), client.channels())
+        finally:
+            client.close()
+
+    with serve_with(tiny_model_dir, tmp_path, "hf-lora", rollout={"backend": "hf"},
+                    model={"lora": LORA}) as (address, _):
+        asyncio.run(scenario(address))
+
+
+def _score_request():
+    from rlx.rollout.protocol import ScoreTokens
+
+    return ScoreTokens(token_ids=SEQUENCES, start=START)
+
+
+def test_adapter_sync_on_a_backend_that_cannot_merge_is_a_config_error(tiny_model_dir):
+    with pytest.raises(ConfigError, match="model.lora.sync=merged"):
+        RunConfig(model=ModelConfig(path=str(tiny_model_dir), lora=LoraConfig(rank=4, sync="adapter")),
+                  rollout=RolloutConfig(backend="vllm"))
+    merged = RunConfig(model=ModelConfig(path=str(tiny_model_dir), lora=LoraConfig(rank=4)))
+    assert merged.lora_sync == "merged"  # auto on vLLM
+    with pytest.raises(ConfigError, match="model.lora.sync"):
+        LoraConfig(rank=4, sync="delta")
