@@ -225,11 +225,12 @@ class RayRun:
     def _start_ranks(self, secret_args: list[str], env: dict) -> None:
         world = self.cfg.trainer.num_ranks
         handles = self._place("trainer", world, self.cfg.ray.trainer_resources)
-        if len({h.node["node_id"] for h in handles}) > 1 and self.cfg.trainer.data_plane == "store":
-            # the sample store is one host's shared memory: ranks on several nodes take the batch by broadcast
-            self.cfg.trainer.data_plane = "broadcast"
-            self.display.note("trainer ranks span several nodes: trainer.data_plane=broadcast (the sample store "
-                              "is one host's shared memory)")
+        if len({h.node["node_id"] for h in handles}) > 1 and self.cfg.trainer.data_plane == "store" \
+                and self.cfg.store.transport == "shm":
+            # shm is one host's memory: ranks on other nodes fetch their rows from rank 0 over TCP (with the run's token)
+            self.cfg.store.transport = "tcp"
+            self.display.note("trainer ranks span several nodes: store.transport=tcp (rank 0 serves each rank its "
+                              "rows over TCP; the shm store is one host's memory)")
         files = self._config_files()
         master = handles[0].node
         for rank, handle in enumerate(handles):

@@ -8,10 +8,10 @@ consumer, in any process, opens the store from its ``StoreHandle`` and ``get``s 
 told to read. Rows are freed with ``release``; a row read after its release is an error, never
 another sample's bytes.
 
-Transports: ``shm`` (one /dev/shm segment; readers map it) in ``rlx.store.shm``, chosen by
-``create_store(kind)`` on the producer's side and by ``open_reader(handle)`` from the handle's kind.
-A transport across hosts (readers fetching rows from the producer over ZeroMQ, msgspec headers and
-raw tensor bytes in frames) would be one more module beside it; it is not written yet.
+Transports: ``shm`` (one /dev/shm segment; readers map it) in ``rlx.store.shm``, and ``tcp``
+(the producer serves its rows over ZeroMQ to readers on any host: msgspec headers, raw tensor bytes
+in frames) in ``rlx.store.tcp``; chosen by ``create_store(kind)`` on the producer's side and by
+``open_reader(handle)`` from the handle's kind.
 """
 
 from __future__ import annotations
@@ -58,10 +58,11 @@ class StoreHandle(msgspec.Struct):
     """What a consumer needs to open a store: the transport and its payload (no secrets, no paths
     outside the transport's own naming)."""
 
-    kind: str        # "shm"
-    name: str        # shm: segment name in /dev/shm
+    kind: str        # "shm" | "tcp"
+    name: str        # shm: segment name in /dev/shm; tcp: the producer's tcp://ip:port
     size: int = 0    # shm: segment bytes
     max_rows: int = 0
+    timeout_s: float = 0.0  # tcp: a reader's deadline per request
 
 
 class SampleStore(ABC):
@@ -118,12 +119,16 @@ class RowGone(LookupError):
     """A row that was released (or never put) was asked for."""
 
 
-def create_store(kind: str, capacity_mb: int, max_rows: int) -> SampleStore:
+def create_store(kind: str, capacity_mb: int, max_rows: int, timeout_s: float = 60.0) -> SampleStore:
     if kind == "shm":
         from rlx.store.shm import ShmStore
 
         return ShmStore(capacity_mb << 20, max_rows)
-    raise ValueError(f"store transport {kind!r} is unknown; set store.transport=shm")
+    if kind == "tcp":
+        from rlx.store.tcp import TcpStore
+
+        return TcpStore(capacity_mb << 20, max_rows, timeout_s=timeout_s)
+    raise ValueError(f"store transport {kind!r} is unknown; set store.transport to shm or tcp")
 
 
 def open_reader(handle: StoreHandle) -> StoreReader:
@@ -131,4 +136,8 @@ def open_reader(handle: StoreHandle) -> StoreReader:
         from rlx.store.shm import ShmStoreReader
 
         return ShmStoreReader(handle)
-    raise ValueError(f"store handle of kind {handle.kind!r}: this rlx reads shm stores")
+    if handle.kind == "tcp":
+        from rlx.store.tcp import TcpStoreReader
+
+        return TcpStoreReader(handle)
+    raise ValueError(f"store handle of kind {handle.kind!r}: this rlx reads shm and tcp stores")

@@ -21,16 +21,22 @@ OVERLONG_CHOICES = ("off", "filter", "soft")
 @dataclass
 class StoreConfig:
     transport: str = "shm"
-    """How trainer ranks read rows: shm (one /dev/shm segment; every rank on rank 0's host)."""
+    """How trainer ranks read rows: shm (one /dev/shm segment; every rank on rank 0's host) or tcp (rank 0
+    serves its rows over TCP on MASTER_ADDR's interface; ranks on several hosts)."""
     capacity_mb: int = 64
     """Bytes of sample data the store holds at once, in MiB (a step's batch, two in one_step_off)."""
     max_rows: int = 16384
     """Samples the store holds at once."""
+    timeout_s: float = 60.0
+    """tcp: seconds a trainer rank waits for rank 0 to answer one request for rows."""
 
     def __post_init__(self) -> None:
-        if self.transport != "shm":
-            raise ConfigError(f"store.transport={self.transport!r} is not allowed; set store.transport=shm (ranks on "
-                              "several hosts: trainer.data_plane=broadcast)")
+        if self.transport not in ("shm", "tcp"):
+            raise ConfigError(f"store.transport={self.transport!r} is not allowed; set store.transport=shm (every "
+                              "trainer rank on rank 0's host) or store.transport=tcp (ranks on several hosts)")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"store.timeout_s={self.timeout_s} must be > 0; set it to the seconds a rank waits "
+                              "for rank 0's rows")
         if self.capacity_mb < 1:
             raise ConfigError(f"store.capacity_mb={self.capacity_mb} must be >= 1; set it to the MiB of samples "
                               "held at once")

@@ -105,7 +105,8 @@ class DataPlane:
     """Rank 0's side: ``send`` before its train step, ``done`` after it."""
 
     def __init__(self, store_cfg, pad_id: int, device: torch.device) -> None:
-        self.store: SampleStore = create_store(store_cfg.transport, store_cfg.capacity_mb, store_cfg.max_rows)
+        self.store: SampleStore = create_store(store_cfg.transport, store_cfg.capacity_mb, store_cfg.max_rows,
+                                               store_cfg.timeout_s)
         self.pad_id, self.device = pad_id, device
         self._rows: list[int] = []
 
@@ -162,7 +163,7 @@ class Puller:
             except FileNotFoundError as exc:
                 raise RuntimeError(f"trainer rank {dist.get_rank()} cannot open rank 0's sample store ({exc}); the "
                                    "shm store needs every trainer rank on rank 0's host: set "
-                                   "trainer.data_plane=broadcast when the ranks span hosts") from None
+                                   "store.transport=tcp when the ranks span hosts") from None
         return StoredBatch.open(self._readers[key], notice)
 
     def close(self) -> None:

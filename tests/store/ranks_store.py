@@ -37,13 +37,14 @@ def main(model_dir: str, output_dir: str) -> None:
     init_distributed("cpu")
     torch.manual_seed(0)
     results = {}
-    for data_plane in ("broadcast", "store"):
+    for plane in ("broadcast", "store", "store_tcp"):  # store_tcp: store.transport=tcp
         torch.manual_seed(0)
         cfg = RunConfig(model=ModelConfig(path=model_dir),
                         trainer=TrainerConfig(micro_batch_size=3, micro_batch_tokens=64, lr=1e-3, num_ranks=2,
-                                              data_plane=data_plane, output_dir=output_dir))
+                                              data_plane=plane.split("_")[0], output_dir=output_dir))
         cfg.rollout.n = 4
-        results[data_plane] = lead(cfg) if dist.get_rank() == 0 else follow_recording(cfg)
+        cfg.store.transport = "tcp" if plane == "store_tcp" else "shm"
+        results[plane] = lead(cfg) if dist.get_rank() == 0 else follow_recording(cfg)
     print("RESULT" + json.dumps(results), flush=True)
     dist.destroy_process_group()
 
@@ -58,6 +59,7 @@ def lead(cfg) -> dict:
     trainer = Trainer(cfg)
     bus = RankBus(trainer.device)
     plane = DataPlane(cfg.store, 0, trainer.device) if cfg.trainer.data_plane == "store" else None
+    handle = plane.store.handle() if plane is not None else None
     losses, control_bytes, plans, store_stats = [], [], [], []
     for batch in batches():
         sent = bus.bytes_sent
@@ -76,7 +78,9 @@ def lead(cfg) -> dict:
     bus.announce(Command.STOP)
     if plane is not None:
         plane.close()
-    return {"loss": losses, "control_bytes": control_bytes, "plans": plans, "store": store_stats}
+    return {"loss": losses, "control_bytes": control_bytes, "plans": plans, "store": store_stats,
+            "handle_kind": handle.kind if handle else "", "requests_served": getattr(plane and plane.store,
+                                                                                     "requests_served", 0)}
 
 
 def follow_recording(cfg) -> dict:

@@ -41,8 +41,8 @@ def run_world(model_dir, output_dir) -> list[dict]:
 
 def test_ranks_pull_disjoint_shares_and_match_the_broadcast(tiny_model_dir, tmp_path):
     before = set(glob.glob("/dev/shm/rlx-store-*"))
-    lead, follower = run_world(tiny_model_dir, tmp_path)
-    broadcast, store, follower = lead["broadcast"], lead["store"], follower["store"]
+    lead, rank1 = run_world(tiny_model_dir, tmp_path)
+    broadcast, store, follower = lead["broadcast"], lead["store"], rank1["store"]
 
     assert store["loss"] == pytest.approx(broadcast["loss"], abs=1e-5)
     for plan, fetched in zip(store["plans"], follower["fetched"]):  # rank 1 read exactly its plan's rows
@@ -54,3 +54,9 @@ def test_ranks_pull_disjoint_shares_and_match_the_broadcast(tiny_model_dir, tmp_
     assert small < broadcast["control_bytes"][0]
     assert [s["store_bytes_put"] > 0 for s in store["store"]] == [True, True]
     assert set(glob.glob("/dev/shm/rlx-store-*")) <= before  # rank 0 closed it; nothing left behind
+
+    tcp, tcp_follower = lead["store_tcp"], rank1["store_tcp"]  # store.transport=tcp: rows over a socket
+    assert tcp["handle_kind"] == "tcp" and tcp["requests_served"] > 0
+    assert tcp["loss"] == pytest.approx(broadcast["loss"], abs=1e-5)
+    assert [plan[1] for plan in tcp["plans"]] == tcp_follower["fetched"]
+    assert tcp["control_bytes"] == store["control_bytes"]  # only the notice, whatever the transport
