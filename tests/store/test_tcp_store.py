@@ -45,7 +45,8 @@ def test_a_reader_process_gets_exact_rows_and_released_rows_are_refused():
         env = dict(os.environ)
         env.pop("RLX_ROLLOUT_AUTH_TOKEN", None)
         done = subprocess.run([sys.executable, "-c", READER, msgspec.json.encode(handle).decode(),
-                               json.dumps(rows[2:])], env=env, capture_output=True, text=True, timeout=60)
+                               json.dumps(rows[2:])], check=False, env=env, capture_output=True, text=True,
+                               timeout=60)
         assert done.returncode == 0, done.stderr[-2000:]
         got = json.loads(done.stdout)
         for want, g in zip(store.get(rows[2:]), got["rows"]):  # the producer's own bytes
@@ -85,6 +86,15 @@ def test_a_wrong_token_is_refused_and_non_loopback_needs_one():
     if non_loopback:
         with pytest.raises(ValueError, match="needs an auth token: set rollout.auth_token"):
             TcpStore(1 << 16, 8, host=non_loopback, token="")
+        store = TcpStore(1 << 16, 8, host=non_loopback, token="s3cret", timeout_s=10.0)
+        try:
+            assert store.handle().name.startswith(f"tcp://{non_loopback}:")
+            store.put([sample(2)])
+            reader = TcpStoreReader(store.handle(), token="s3cret")
+            assert reader.get([0])[0].prompt_id == 102
+            reader.close()
+        finally:
+            store.close()
 
 
 def test_a_silent_producer_is_named_when_the_deadline_passes():
