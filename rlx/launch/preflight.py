@@ -23,6 +23,7 @@ def preflight(cfg, display: Display) -> None:
     from rlx.engine.model import check_model_dir
     from rlx.plugins import check_installed
     from rlx.rollout.agent.tools import check_agent
+    from rlx.rollout.reward_models import check_reward_model
     from rlx.rollout.tasks import build_task
 
     from rlx.launch import placement
@@ -44,6 +45,7 @@ def preflight(cfg, display: Display) -> None:
         check_config(cfg)
     task = build_task(cfg.task, cfg.model.path)
     check_agent(cfg, task)
+    check_reward_model(cfg)
     if cfg.trainer.resume:
         check_resume(cfg, run_dir, len(task.train), display)
     for path in remove_stale_segments():

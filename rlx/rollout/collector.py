@@ -19,6 +19,7 @@ from rlx.engine.batch import TrainBatch, build_batch
 from rlx.rollout.agent.collect import EpisodeCollector, is_multi_turn
 from rlx.rollout.client import RolloutClient
 from rlx.rollout.protocol import PromptResult, SamplingSpec
+from rlx.rollout.reward_models import Scored, make_reward_model, mix, score_step
 from rlx.rollout.tasks import Problem, Task
 from rlx.trace import tracer
 
@@ -47,13 +48,22 @@ class Collector:
             from rlx.engine.model import load_tokenizer
 
             self.agent = EpisodeCollector(cfg, client, task, load_tokenizer(cfg.model.path))
+        self.reward_model = make_reward_model(cfg) if self.agent is None else None
+        """``task.reward_model``, scored over a step's samples at once (episodes score in ``EpisodeCollector``)."""
 
     async def collect(self, problems: list[Problem], seed: int) -> Collected:
         if self.agent is not None:
             return await self.agent.collect(problems, seed)
         start = time.perf_counter()
-        results = await asyncio.gather(*(self.generate_group(p, seed, i) for i, p in enumerate(problems)))
-        return self.score(problems, list(results), time.perf_counter() - start)
+        results = list(await asyncio.gather(*(self.generate_group(p, seed, i) for i, p in enumerate(problems))))
+        elapsed = time.perf_counter() - start
+        scored = None
+        if self.reward_model is not None:
+            pairs = [(p, s.text) for p, r in zip(problems, results) for s in r.samples]
+            with tracer.span("reward_model", samples=len(pairs)):
+                scored = await score_step(self.reward_model, [p.prompt for p, _ in pairs], [t for _, t in pairs],
+                                          [p.answer for p, _ in pairs])
+        return self.score(problems, results, elapsed, scored)
 
     async def generate_group(self, problem: Problem, seed: int, index: int) -> PromptResult:
         """The ``n`` samples of problem ``index`` of a step seeded ``seed`` (one group), as ``collect`` draws them."""
@@ -61,8 +71,10 @@ class Collector:
                                              timeout_s=self.cfg.rollout.request_timeout_s)
         return results[0]
 
-    def score(self, problems: list[Problem], results: list[PromptResult], time_generate: float) -> Collected:
-        """Rewards, metrics and the ``TrainBatch`` of one ``PromptResult`` per problem."""
+    def score(self, problems: list[Problem], results: list[PromptResult], time_generate: float,
+              model: Scored | None = None) -> Collected:
+        """Rewards, metrics and the ``TrainBatch`` of one ``PromptResult`` per problem; ``model`` holds the
+        reward model's score of each sample (problem-major), mixed in by ``task.reward_model.weight``."""
         start = time.perf_counter()
         prompt_ids, completion_ids, logps, rewards, texts, correct = [], [], [], [], [], []
         with tracer.span("reward", samples=len(problems) * self.sampling.n):
@@ -72,7 +84,10 @@ class Collector:
                     completion_ids.append(sample.token_ids)
                     logps.append(sample.logprobs)
                     texts.append(sample.text)
-                    rewards.append(float(self.task.reward(sample.text, problem)))
+                    reward = float(self.task.reward(sample.text, problem))
+                    if model is not None:
+                        reward = mix(reward, model.scores[len(rewards)], self.cfg.task.reward_model.weight)
+                    rewards.append(reward)
                     correct.append(bool(self.task.is_correct(sample.text, problem)))
         time_reward = time.perf_counter() - start
         lengths = [len(c) for c in completion_ids]
@@ -84,6 +99,7 @@ class Collector:
             "tokens_per_s": sum(lengths) / max(time_generate, 1e-9),
             "time_generate": time_generate,
             "time_reward": time_reward,
+            **(model.metrics if model is not None else {}),
         }
         batch = build_batch(prompt_ids, completion_ids, logps, rewards, self.pad_id)
         return Collected(batch, metrics, texts)

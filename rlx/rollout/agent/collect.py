@@ -29,6 +29,7 @@ from rlx.rollout.agent.loop import run_episode
 from rlx.rollout.agent.tools import is_multi_turn, resolve_tools, tool_entries
 from rlx.rollout.agent.workers import WorkerPool
 from rlx.rollout.protocol import SamplingSpec
+from rlx.rollout.reward_models import make_reward_model, mix, score_step
 from rlx.rollout.tasks.base import Problem
 from rlx.trace import tracer
 
@@ -47,6 +48,8 @@ class EpisodeCollector:
                                      max_tokens=r.max_tokens, stop=self.stop)
         self.max_total_tokens = min(cfg.agent.max_total_tokens, r.max_model_len)
         self._pools: tuple[WorkerPool | None, WorkerPool | None] | None = None
+        self.reward_model = make_reward_model(cfg)
+        """``task.reward_model``: scores every episode's transcript after the prompt, once per step."""
         self._starting: asyncio.Lock | None = None
 
     def encode(self, text: str) -> list[int]:
@@ -115,6 +118,8 @@ class EpisodeCollector:
             episodes, stats, reward_errors = await self.episodes(problems, self.sampling, self.cfg.rollout.n, seed)
         elapsed = time.perf_counter() - start
         rows = [e.row() for e in episodes]
+        per_episode = [p for p in problems for _ in range(self.cfg.rollout.n)]
+        model_metrics = await self._score_with_model(episodes, rows, per_episode)
         rewards = [e.reward for e in episodes]
         policy_tokens = [sum(len(t.token_ids) for t in e.turns) for e in episodes]
         metrics = {
@@ -125,10 +130,23 @@ class EpisodeCollector:
             "tokens_per_s": sum(policy_tokens) / max(elapsed, 1e-9),
             "time_generate": elapsed,
             **episode_metrics(episodes, stats, reward_errors),
+            **model_metrics,
         }
         batch = build_batch([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], rewards,
                             self.tokenizer.pad_token_id, token_masks=[r[3] for r in rows])
         return Collected(batch, metrics, [e.final_text for e in episodes])
+
+    async def _score_with_model(self, episodes: list[Episode], rows, problems: list[Problem]) -> dict[str, float]:
+        """Mix ``task.reward_model``'s scores into the episodes' rewards; its metrics (none without one)."""
+        if self.reward_model is None:
+            return {}
+        transcripts = [self.tokenizer.decode(r[1], skip_special_tokens=True) for r in rows]
+        with tracer.span("reward_model", samples=len(episodes)):
+            scored = await score_step(self.reward_model, [p.prompt for p in problems], transcripts,
+                                      [p.answer for p in problems])
+        for episode, score in zip(episodes, scored.scores):
+            episode.reward = mix(episode.reward, score, self.cfg.task.reward_model.weight)
+        return scored.metrics
 
     async def evaluate(self, problems: list[Problem]) -> float:
         """Greedy accuracy of whole episodes (tools included) on ``problems``."""
