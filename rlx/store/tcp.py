@@ -114,7 +114,8 @@ class TcpStore(SampleStore):
         self.token = token_from_env() if token is None else token
         if not is_loopback_host(ip) and not self.token:
             raise ValueError(f"store.transport=tcp serves rows on {ip}, which is not loopback, and needs an auth "
-                             f"token: set rollout.auth_token (or {TOKEN_ENV} in every trainer rank's environment)")
+                             f"token: set rollout.auth_token (rlx train hands it to every rank as {TOKEN_ENV}), or export "
+                             f"{TOKEN_ENV} on every trainer rank started another way")
         self.timeout_s = timeout_s
         self._rows = ShmStore(capacity_bytes, max_rows)
         self._lock = threading.Lock()  # the server thread reads while the producer puts and releases
