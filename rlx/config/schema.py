@@ -599,46 +599,6 @@ class RayConfig:
                             hint=f"set ray.{role}_resources to the amount of each resource one {role} process needs")
 
 
-PLACEMENT_CHOICES = ("separate", "colocated")
-
-
-@dataclass
-class PlacementConfig:
-    mode: str = "separate"
-    """separate (each trainer rank and each rollout server its own GPUs) or colocated (the servers on the trainer's
-    GPUs, taking turns: engines sleep while the trainer trains, the trainer offloads while they generate)."""
-    rollout_gpus: int = 0
-    """GPUs of the launched rollout servers; 0 = rollout.num_servers x rollout.tensor_parallel_size."""
-    sleep_level: int = 1
-    """colocated: engines sleep during training; 1 = weights to CPU and KV cache freed, 2 = both freed (the
-    sync brings the weights back), 0 = never sleep."""
-    offload: bool = True
-    """colocated: the trainer moves parameters and optimizer state to CPU while the engines generate."""
-    gpu_memory_gb: float = 0.0
-    """Memory budget per GPU in GiB that each rlx process respects (a smaller GPU emulated); 0 = the whole GPU."""
-
-    def __post_init__(self) -> None:
-        check_choice("placement.mode", self.mode, PLACEMENT_CHOICES)
-        check_range("placement.rollout_gpus", self.rollout_gpus, 0)
-        check_range("placement.sleep_level", self.sleep_level, 0, 2, hint="0 = the engine never sleeps")
-        check_range("placement.gpu_memory_gb", self.gpu_memory_gb, 0.0, hint="0 = the whole GPU")
-
-
-def check_colocated(cfg) -> None:
-    """placement.mode=colocated: what taking turns rules out, whatever the host's devices."""
-    if cfg.placement.mode != "colocated":
-        return
-    if cfg.trainer.mode != "sync":
-        raise ConfigError(f"placement.mode=colocated with trainer.mode={cfg.trainer.mode}: colocated roles take turns, "
-                          "so generation cannot overlap training; set trainer.mode=sync or placement.mode=separate")
-    if cfg.rollout.servers:
-        raise ConfigError("placement.mode=colocated with rollout.servers: only servers this run launches share the "
-                          "trainer's GPUs; empty rollout.servers or set placement.mode=separate")
-    if cfg.placement.offload and cfg.trainer.num_ranks > 1:
-        raise ConfigError(f"placement.offload with trainer.num_ranks={cfg.trainer.num_ranks}: offloading runs on one "
-                          "trainer rank; set trainer.num_ranks=1 or placement.offload=false")
-
-
 @dataclass
 class RunConfig:
     run_name: str = "run"
