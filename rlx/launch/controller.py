@@ -233,7 +233,6 @@ class Controller:
         async with self.ranks_busy:
             with tracer.span("sync", server=f"rollout{index}"):
                 await self._sync_to([index])  # the server generates nothing yet: no pause needed
-            await self.client.call(index, Resume(weight_version=self.policy_version), timeout_s=10.0)  # its label
             version = (await self.client.call(index, Health(), timeout_s=10.0)).weight_version
             self.client.mark_up(index)
             tracer.event("rollout.rejoined", server=f"rollout{index}", address=self.client.addresses[index],
