@@ -54,8 +54,20 @@ def check_all_finite(section: Any, prefix: str = "") -> None:
 
 
 LORA_SYNC_CHOICES = ("auto", "adapter", "merged")
-ADAPTER_SYNC_BACKENDS = ("hf",)
-"""Rollout backends that take an adapter-only sync (rlx.rollout.backends.lora)."""
+VLLM_MAX_LORA_RANK = 512
+"""The largest adapter rank vLLM serves as a LoRA (its max_lora_rank choices end there)."""
+
+
+def check_lora_sync(cfg) -> None:
+    """``model.lora.sync=adapter`` needs an adapter, and on vLLM one of a rank it serves."""
+    lora = cfg.model.lora
+    if lora.sync == "adapter" and not lora.rank:
+        raise ConfigError("model.lora.sync=adapter with model.lora.rank=0: there is no adapter to sync; set "
+                          "model.lora.rank > 0 or leave model.lora.sync=auto")
+    if cfg.lora_sync == "adapter" and cfg.rollout.backend == "vllm" and lora.rank > VLLM_MAX_LORA_RANK:
+        raise ConfigError(f"model.lora.rank={lora.rank} with model.lora.sync={lora.sync} on rollout.backend=vllm: "
+                          f"vLLM serves LoRA adapters up to rank {VLLM_MAX_LORA_RANK}; set model.lora.sync=merged "
+                          "or a smaller model.lora.rank")
 
 
 @dataclass
@@ -69,8 +81,8 @@ class LoraConfig:
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     """Names (last component) of the linear layers that get adapters, e.g. q_proj, v_proj, gate_proj."""
     sync: str = "auto"
-    """What a weight sync moves: adapter (only the LoRA factors; the server merges them), merged (the whole
-    merged model) or auto (adapter where the rollout backend supports it, see RunConfig.lora_sync)."""
+    """What a weight sync moves: adapter (only the LoRA factors: the hf server merges them, vLLM serves them as
+    a LoRA), merged (the whole merged model into a plain engine) or auto (= adapter)."""
 
     def __post_init__(self) -> None:
         check_choice("model.lora.sync", self.sync, LORA_SYNC_CHOICES)
@@ -649,10 +661,7 @@ class RunConfig:
         if self.model.lora.rank and self.trainer.num_ranks > 1:
             raise ConfigError(f"model.lora.rank={self.model.lora.rank} with trainer.num_ranks="
                               f"{self.trainer.num_ranks}: LoRA trains on one rank; set trainer.num_ranks=1")
-        if self.model.lora.sync == "adapter" and self.rollout.backend not in ADAPTER_SYNC_BACKENDS:
-            raise ConfigError(f"model.lora.sync=adapter with rollout.backend={self.rollout.backend}: only "
-                              f"{', '.join(ADAPTER_SYNC_BACKENDS)} merges an adapter sync; set model.lora.sync=merged "
-                              "(or auto) or rollout.backend=hf")
+        check_lora_sync(self)
         if self.rollout.host not in ("127.0.0.1", "localhost", "::1") and not self.rollout.auth_token:
             raise ConfigError(
                 f"rollout.host={self.rollout.host!r} is not loopback; set rollout.auth_token to a shared secret "
@@ -665,7 +674,7 @@ class RunConfig:
             return "none"
         if self.model.lora.sync != "auto":
             return self.model.lora.sync
-        return "adapter" if self.rollout.backend in ADAPTER_SYNC_BACKENDS else "merged"
+        return "adapter"  # both backends take it (rlx.rollout.backends.lora)
 
     @property
     def correction(self) -> str:

@@ -11,7 +11,8 @@ from rlx.engine.lora import adapter_state
 from rlx.engine.trainer import Trainer
 from tests.engine.test_trainer_step import ragged_batch
 
-LORA = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "gate_proj"])
+LORA = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "gate_proj"], sync="merged")
+# sync=merged: named_tensors yields the merged model (adapter-only sync: tests/sync/test_lora_sync.py)
 
 
 def lora_trainer(model_dir, lora=LORA, **trainer) -> Trainer:

@@ -1,6 +1,7 @@
-"""Adapter-only LoRA sync (``model.lora.sync=adapter``) into a real ``hf`` rollout server: the server's
-logprobs equal those of the merged model, a second sync merges from the base again (not on top of the
-first), only the adapter's bytes move, and a merged weight sent to an adapter server is refused."""
+"""Adapter-only LoRA sync (``model.lora.sync=adapter``) into real rollout servers -- ``hf`` (merges the
+factors into its weights) and vLLM (serves them as its LoRA): the server's logprobs equal those of the
+merged model, a second sync replaces the first (the hf merge starts from the kept base again, vLLM reloads
+its LoRA in place), only the adapter's bytes move, and a whole weight sent to an adapter server is refused."""
 
 import asyncio
 
@@ -27,10 +28,10 @@ SEQUENCES = [[5, 17, 23, 9, 40, 41, 42, 12], [30, 31, 8, 8, 60, 2], [11, 12, 13,
 START = [2, 1, 4]
 
 
-def lora_trainer(model_dir) -> Trainer:
+def lora_trainer(model_dir, backend: str) -> Trainer:
     cfg = RunConfig(model=ModelConfig(path=str(model_dir), lora=LoraConfig(**LORA)),
-                    rollout=RolloutConfig(backend="hf"), trainer=TrainerConfig(device="cpu"))
-    assert cfg.lora_sync == "adapter"  # auto resolves to adapter on the hf backend
+                    rollout=RolloutConfig(backend=backend), trainer=TrainerConfig(device="cpu"))
+    assert cfg.lora_sync == "adapter"  # what auto resolves to
     return Trainer(cfg)
 
 
@@ -59,8 +60,9 @@ def merged_logprobs(trainer: Trainer, model_dir) -> list[list[float]]:
     return out
 
 
-def test_adapter_sync_equals_merged_sync_and_moves_only_the_adapter(tiny_model_dir, tmp_path):
-    trainer = lora_trainer(tiny_model_dir)
+@pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.slow)])
+def test_adapter_sync_equals_merged_sync_and_moves_only_the_adapter(backend, tiny_model_dir, tmp_path):
+    trainer = lora_trainer(tiny_model_dir, backend)
     adapter_bytes = sum(p.numel() * p.element_size() for n, p in trainer.model.named_parameters() if p.requires_grad)
     model_bytes = sum(t.numel() * t.element_size() for _, t in merged_named_tensors(trainer.model))
 
@@ -82,17 +84,24 @@ def test_adapter_sync_equals_merged_sync_and_moves_only_the_adapter(tiny_model_d
                     assert report.verified and report.total_bytes == adapter_bytes < model_bytes / 10
                     assert report.num_tensors == 2 * 3 * 2  # lora_A + lora_B, 3 target modules, 2 layers
                     expected = merged_logprobs(trainer, tiny_model_dir)
-                    for got, want in zip(scored.logprobs, expected):
-                        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-5)
-                # a whole merged weight into an adapted layer would leave the kept base stale: refused
+                    assert_logprobs(scored.logprobs, expected)
+                # a whole weight at an adapter server (hf: it would leave the kept base stale): refused
                 with pytest.raises(SyncError, match="model.lora.sync"):
                     await sender.send(list(merged_named_tensors(trainer.model)), client.channels())
+                _, scored = await sync_and_score(client, sender)  # and the server still takes adapter syncs
+                assert_logprobs(scored.logprobs, expected)
         finally:
             client.close()
 
-    with serve_with(tiny_model_dir, tmp_path, "hf-lora", rollout={"backend": "hf"},
+    with serve_with(tiny_model_dir, tmp_path, f"{backend}-lora", rollout={"backend": backend},
                     model={"lora": LORA}) as (address, _):
         asyncio.run(scenario(address))
+
+
+def assert_logprobs(got: list[list[float]], expected: list[list[float]]) -> None:
+    assert [len(g) for g in got] == [len(e) for e in expected]
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(torch.tensor(g), torch.tensor(e), rtol=0, atol=1e-5)
 
 
 def _score_request():
@@ -101,11 +110,16 @@ def _score_request():
     return ScoreTokens(token_ids=SEQUENCES, start=START)
 
 
-def test_adapter_sync_on_a_backend_that_cannot_merge_is_a_config_error(tiny_model_dir):
-    with pytest.raises(ConfigError, match="model.lora.sync=merged"):
-        RunConfig(model=ModelConfig(path=str(tiny_model_dir), lora=LoraConfig(rank=4, sync="adapter")),
-                  rollout=RolloutConfig(backend="vllm"))
-    merged = RunConfig(model=ModelConfig(path=str(tiny_model_dir), lora=LoraConfig(rank=4)))
-    assert merged.lora_sync == "merged"  # auto on vLLM
+def test_adapter_sync_that_cannot_run_is_a_config_error(tiny_model_dir):
+    def config(backend="vllm", **lora):
+        return RunConfig(model=ModelConfig(path=str(tiny_model_dir), lora=LoraConfig(**lora)),
+                         rollout=RolloutConfig(backend=backend))
+
+    with pytest.raises(ConfigError, match="vLLM serves LoRA adapters up to rank 512; set model.lora.sync=merged"):
+        config(rank=1024)
+    assert config(backend="hf", rank=1024).lora_sync == "adapter"  # the hf merge has no rank limit
+    assert config(rank=1024, sync="merged").lora_sync == "merged"
+    with pytest.raises(ConfigError, match="no adapter to sync; set model.lora.rank > 0"):
+        config(rank=0, sync="adapter")
     with pytest.raises(ConfigError, match="model.lora.sync"):
         LoraConfig(rank=4, sync="delta")

@@ -104,3 +104,81 @@ class AdapterMerger(Consumer):
 
     def abort(self) -> None:
         self.pending = {}  # the weights are only written at the end: an aborted sync changed none
+
+
+VLLM_ADAPTER = "rlx-adapter"
+VLLM_ADAPTER_ID = 1
+"""The one LoRA the vLLM engine serves: every sync reloads it in place under this name and id."""
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``max_lora_rank`` values vLLM accepts (``vllm.config.lora.MaxLoRARanks``)."""
+
+
+def vllm_max_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds adapters of rank ``rank``."""
+    fitting = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fitting:
+        raise ValueError(f"model.lora.rank={rank} is above vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}; "
+                         "lower model.lora.rank or set model.lora.sync=merged")
+    return fitting[0]
+
+
+def peft_adapter_config(lora, base_model_path: str) -> str:
+    """``adapter_config.json`` of the run's ``model.lora``, as PEFT writes it (what vLLM reads)."""
+    import json
+
+    from rlx.engine.lora import peft_lora_config
+
+    config = peft_lora_config(lora, base_model_path).to_dict()
+    config["inference_mode"] = True
+    return json.dumps({k: sorted(v) if isinstance(v, set) else (str(v.value) if hasattr(v, "value") else v)
+                       for k, v in config.items()})
+
+
+class VllmAdapterLoader(Consumer):
+    """Inside a vLLM worker (``model.lora.sync=adapter``): each sync's factors become a PEFT directory
+    (``adapter_model.safetensors`` under PEFT's names + ``adapter_config.json``) that the worker loads in
+    place as the engine's one LoRA (``VLLM_ADAPTER``, ``load_inplace``), so requests in flight across the
+    update go on with the new adapter, as they go on with new weights in a merged sync.
+
+    vLLM 0.x loads a LoRA only from a directory (no in-memory variant); the directory is the worker's own
+    under the server's private one (``/dev/shm`` where there is one), rewritten at every sync."""
+
+    def __init__(self, worker, directory: str, adapter_config: str) -> None:
+        from pathlib import Path
+
+        self.worker = worker
+        self.path = Path(directory) / f"rank{getattr(worker, 'rank', 0)}"
+        self.adapter_config = adapter_config
+        self.pending: dict[str, torch.Tensor] = {}
+
+    def begin(self) -> None:
+        self.pending = {}
+
+    def load(self, tensors, verify: bool) -> None:
+        from rlx.engine.lora import PEFT_PREFIX
+
+        for name, tensor in tensors:
+            if split_factor_name(name) is None:
+                raise ValueError(f"{name!r} arrived as a whole weight, but this vLLM server serves the adapter "
+                                 "as a LoRA (model.lora.sync=adapter); run the trainer and the server with the "
+                                 "same model.lora.sync")
+            self.pending[PEFT_PREFIX + name] = tensor.to("cpu", copy=True).contiguous()
+
+    def end(self) -> None:
+        import shutil
+
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        staged = self.path.with_name(self.path.name + ".staged")
+        shutil.rmtree(staged, ignore_errors=True)
+        staged.mkdir(parents=True)
+        save_file(self.pending, str(staged / "adapter_model.safetensors"), metadata={"format": "pt"})
+        (staged / "adapter_config.json").write_text(self.adapter_config)
+        shutil.rmtree(self.path, ignore_errors=True)
+        staged.rename(self.path)
+        self.pending = {}
+        self.worker.add_lora(LoRARequest(VLLM_ADAPTER, VLLM_ADAPTER_ID, str(self.path), load_inplace=True))
+
+    def abort(self) -> None:
+        self.pending = {}  # the adapter is only replaced at the end: an aborted sync changed nothing

@@ -18,6 +18,11 @@ of the tokens before the update is not recomputed (tokens after it are sampled b
 attending to the old weights' keys and values), and the prefix cache can only be reset when no
 request holds blocks, so with requests in flight across an update it is not reset.
 
+LoRA (``model.lora.sync=adapter``): the engine starts with vLLM's LoRA support, a sync's factors are
+written by the workers as a PEFT directory and loaded in place as the engine's one LoRA
+(``rlx.rollout.backends.lora.VllmAdapterLoader``), and every request from the first such sync on runs
+with that ``LoRARequest``.
+
 ``failure`` reports the engine's death: vLLM's engine core runs in a child process, and when it
 exits (killed, crashed) the engine is dead for good; the server then fails its requests and
 exits instead of waiting on an engine that will never answer.
@@ -53,6 +58,8 @@ class VllmBackend(Backend):
         self._asleep: set[str] = set()  # what sleeps (colocated placement): weights, kv_cache
         self.weight_version = 0  # the label of the tokens sampled after the next resume
         self._labelled = -1  # the label the engine holds
+        self._adapter_dir = ""  # model.lora.sync=adapter: where the workers write the synced adapter
+        self.lora_request = None  # the synced adapter every request runs with, from the first adapter sync
 
     async def start(self) -> None:
         from vllm import AsyncEngineArgs
@@ -69,9 +76,28 @@ class VllmBackend(Backend):
             max_model_len=r.max_model_len, tensor_parallel_size=r.tensor_parallel_size,
             enable_sleep_mode=_sleep_mode(self.cfg, current_platform),
             enforce_eager=r.enforce_eager, worker_extension_cls=EXTENSION,
-            logprobs_mode="processed_logprobs", disable_log_stats=True, **_cpu_scheduling(r))
+            logprobs_mode="processed_logprobs", disable_log_stats=True, **_cpu_scheduling(r), **self._lora_args())
         self.engine = AsyncLLM.from_engine_args(args)
         await self._label_version()
+        if self.cfg.lora_sync == "adapter":
+            from rlx.rollout.backends.lora import peft_adapter_config
+
+            config = peft_adapter_config(self.cfg.model.lora, self.model_path)
+            await self.engine.collective_rpc("rlx_serve_adapter", args=(self._adapter_dir, config))
+
+    def _lora_args(self) -> dict:
+        """``model.lora.sync=adapter``: vLLM's LoRA support, one adapter of the run's rank, written by the workers
+        into a private directory (in ``/dev/shm`` where there is one) that ``close`` removes."""
+        if self.cfg.lora_sync != "adapter":
+            return {}
+        import os
+        import tempfile
+
+        from rlx.rollout.backends.lora import vllm_max_lora_rank
+
+        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        self._adapter_dir = tempfile.mkdtemp(prefix="rlx-lora-", dir=shm)
+        return {"enable_lora": True, "max_lora_rank": vllm_max_lora_rank(self.cfg.model.lora.rank), "max_loras": 1}
 
     def prompt_len(self, prompt: str | list[int]) -> int:
         return len(prompt) if isinstance(prompt, list) else len(self.engine.get_tokenizer().encode(prompt))
@@ -88,7 +114,8 @@ class VllmBackend(Backend):
         engine_prompt = {"prompt_token_ids": prompt} if isinstance(prompt, list) else prompt
         start = time.perf_counter()
         final = None
-        async for output in self.engine.generate(engine_prompt, params, request_id=f"rlx-{next(self._ids)}"):
+        async for output in self.engine.generate(engine_prompt, params, request_id=f"rlx-{next(self._ids)}",
+                                                 lora_request=self.lora_request):
             final = output
         samples = [Sample(token_ids=list(c.token_ids), text=c.text, finish_reason=str(c.finish_reason),
                           logprobs=[_sampled_logprob(step, tok) for step, tok in zip(c.logprobs, c.token_ids)],
@@ -111,7 +138,8 @@ class VllmBackend(Backend):
         async def one(ids: list[int], first: int) -> list[float]:
             final = None
             async for output in self.engine.generate({"prompt_token_ids": ids}, params,
-                                                     request_id=f"rlx-score-{next(self._ids)}"):
+                                                     request_id=f"rlx-score-{next(self._ids)}",
+                                                     lora_request=self.lora_request):
                 final = output
             return [final.prompt_logprobs[i][ids[i]].logprob for i in range(first, len(ids))]
 
@@ -152,6 +180,12 @@ class VllmBackend(Backend):
                 log.exception("aborting the weight update in the vLLM workers failed")
         if ack.completed:
             self.weight_version += 1  # the server counts the same way; a Resume may name it instead
+            if self._adapter_dir and self.lora_request is None:  # the workers loaded the first adapter
+                from vllm.lora.request import LoRARequest
+
+                from rlx.rollout.backends.lora import VLLM_ADAPTER, VLLM_ADAPTER_ID
+
+                self.lora_request = LoRARequest(VLLM_ADAPTER, VLLM_ADAPTER_ID, f"{self._adapter_dir}/rank0")
         if not ack.in_sync:
             try:
                 await self.engine.reset_prefix_cache()
@@ -215,6 +249,10 @@ class VllmBackend(Backend):
         workers, 5 s more for the engine core) before it kills them anyway. Killing them after the
         grace ends the same way, without the wait. Their shared memory is unlinked by the resource
         tracker they registered it with (a process this kills nothing of)."""
+        if self._adapter_dir:
+            import shutil
+
+            shutil.rmtree(self._adapter_dir, ignore_errors=True)
         if self.engine is None:
             return
         engine_tree = _engine_processes(self.engine)

@@ -53,8 +53,16 @@ class WeightSyncExtension:
             from rlx.sync.receiver import WeightReceiver
 
             name = f"vLLM worker {getattr(self, 'rank', 0)}"
-            handler = self._rlx_handler = SyncHandler(WeightReceiver(name), _VllmLoader(self))
+            consumer = getattr(self, "_rlx_adapter_loader", None) or _VllmLoader(self)
+            handler = self._rlx_handler = SyncHandler(WeightReceiver(name), consumer)
         return handler.handle_bytes(payload)
+
+    def rlx_serve_adapter(self, directory: str, adapter_config: str) -> None:
+        """``model.lora.sync=adapter``: syncs carry LoRA factors, loaded as the engine's LoRA
+        (``rlx.rollout.backends.lora.VllmAdapterLoader``) instead of into the weights."""
+        from rlx.rollout.backends.lora import VllmAdapterLoader
+
+        self._rlx_adapter_loader = VllmAdapterLoader(self, directory, adapter_config)
 
 
 class _VllmLoader(Consumer):
