@@ -7,10 +7,13 @@ up. Losses are normalised by the counts of the whole batch (``LossAgg``), so the
 not depend on the number of ranks or micro-batches.
 
 The old logprobs (the policy before this step's update) need their own pass only when they
-differ from what the update's forward computes: with several epochs, stale samples
-(one_step_off), a reference model, or dropout (the update runs in train mode). Otherwise
-(one epoch, on-policy, no reference model, no dropout) there is no optimizer step between the
-two, so the update's own logprobs, detached, are exactly the old ones and the pass is skipped.
+differ from what the update's forward computes, or are needed before it: with several epochs, a
+reference model or a teacher, or dropout (the update runs in train mode). Otherwise (one epoch,
+no reference model, no dropout) there is no optimizer step between the two, so the update's own
+logprobs, detached, are exactly the old ones and the pass is skipped. That holds for stale samples
+too (one_step_off, fully_async): the policy that sampled them is a third one, whose logprobs the
+engine returned (``rollout_logp``); rollout correction weighs each token by old / rollout, both
+known in the update's forward.
 It leaves out data, rollout and weight transfer: the controller does those.
 """
 
@@ -58,8 +61,7 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
         self.split_head = self.world == 1 and can_split_head(self.model)
-        self.fused_logprobs = (cfg.trainer.epochs_per_step == 1 and cfg.trainer.mode == "sync"
-                               and self.ref_model is None and self.teacher is None and not has_dropout(self.model))
+        self.fused_logprobs = (cfg.trainer.epochs_per_step == 1 and self.ref_model is None and self.teacher is None and not has_dropout(self.model))
         """The update's detached logprobs are the old ones (see the module docstring)."""
 
     def named_tensors(self):

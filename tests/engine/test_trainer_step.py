@@ -88,21 +88,24 @@ def test_packed_step_equals_padded_step(tiny_model_dir):
     assert_same(packed, padded, 1e-5)
 
 
-@pytest.mark.parametrize("budget", [0, 40])
-def test_one_pass_equals_two_passes(tiny_model_dir, budget):
+@pytest.mark.parametrize("budget, mode", [(0, "sync"), (40, "sync"), (40, "one_step_off"), (0, "fully_async")])
+def test_one_pass_equals_two_passes(tiny_model_dir, budget, mode):
+    """Also for stale samples: their rollout logprobs (not the trainer's) differ, and the correction's
+    weights from the update's own detached logprobs equal those of a separate pass."""
     batch = ragged_batch()
-    fused = make_trainer(tiny_model_dir, micro_batch_tokens=budget)
+    fused = make_trainer(tiny_model_dir, micro_batch_tokens=budget, mode=mode)
     assert fused.fused_logprobs
-    two_pass = make_trainer(tiny_model_dir, micro_batch_tokens=budget)
+    two_pass = make_trainer(tiny_model_dir, micro_batch_tokens=budget, mode=mode)
     two_pass.fused_logprobs = False
     one, two = step_and_params(fused, batch), step_and_params(two_pass, batch)
     assert one[0]["ratio_mean"] == 1.0 and one[0]["clip_frac"] == 0.0
+    if mode != "sync":
+        assert one[0]["is_weight_mean"] != pytest.approx(1.0, abs=1e-3)  # the correction acts on this batch
     assert_same(one, two, 1e-6)
 
 
 @pytest.mark.parametrize("kwargs, algorithm", [
     ({"epochs_per_step": 2}, None),
-    ({"mode": "one_step_off"}, None),
     ({}, AlgorithmConfig(kl_coef=0.1)),
 ])
 def test_separate_logprob_pass_where_old_differs_from_current(tiny_model_dir, kwargs, algorithm):
