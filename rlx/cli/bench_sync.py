@@ -30,6 +30,7 @@ def bench_sync(
     memory_gb: Optional[float] = typer.Option(None, "--memory-gb", help="Memory budget in GB (default: 45% of what is free); presets that do not fit lose layers."),
     timeout_s: float = typer.Option(120.0, "--timeout-s", help="Deadline for each acknowledgement, in seconds."),
     assemble_in_place: bool = typer.Option(True, "--assemble-in-place/--no-assemble-in-place", help="The receiver assembles split tensors straight into its destination (one copy fewer)."),
+    lora_rank: int = typer.Option(0, "--lora-rank", help="Also compare LoRA sync of rank R: adapter-only (model.lora.sync=adapter) against merged, same model and sender."),
 ) -> None:
     """Measure weight transfer (trainer -> receiver process) against a one-thread copy and a lock-step baseline."""
     import asyncio
@@ -41,7 +42,8 @@ def bench_sync(
 
     opts = BenchOptions(presets=list(preset), model=str(model) if model else None, transports=list(transport),
                         bucket_mb=list(bucket_mb) if bucket_mb else None, repeats=repeats, dtype=dtype, verify=verify, target=target,
-                        memory_gb=memory_gb, timeout_s=timeout_s, assemble_in_place=assemble_in_place, server=server)
+                        memory_gb=memory_gb, timeout_s=timeout_s, assemble_in_place=assemble_in_place, server=server,
+                        lora_rank=lora_rank)
     with user_errors():
         if model is not None and not model.is_dir():
             raise UserError(f"--model {model} is not a directory; pass a Hugging Face model directory")
@@ -97,6 +99,24 @@ def _table(result):
     return table
 
 
+def _lora_lines(rank: int, rows) -> list[str]:
+    lines = [(f"merged r{rank} / adapter r{rank}: LoRA factors of rank {rank} (float32, the trainer's dtype) on "
+              "every q/k/v/o/gate/up/down weight; merged = each adapted weight merged as it is sent (the trainer's "
+              "model.lora.sync=merged), adapter = the factors alone (model.lora.sync=adapter), alternating rounds, "
+              "one double-buffered sender; the receiver's merge or LoRA load is not in the time.")]
+    pairs = {}
+    for r in rows:
+        if r.mode in (f"merged r{rank}", f"adapter r{rank}"):
+            pairs.setdefault((r.model, r.transport), {})[r.mode.split()[0]] = r
+    for (model, transport), pair in pairs.items():
+        merged, adapter = pair["merged"], pair["adapter"]
+        lines.append(f"{model} {transport}: adapter-only moves {adapter.bytes / 1e6:.1f} MB instead of "
+                     f"{merged.bytes / 1e6:.0f} MB ({merged.bytes / adapter.bytes:.0f}x fewer bytes) in "
+                     f"{adapter.seconds * 1e3:.1f} ms instead of {merged.seconds * 1e3:.0f} ms "
+                     f"({merged.seconds / adapter.seconds:.0f}x faster)")
+    return lines
+
+
 def _footer(opts, result) -> list[str]:
     lines = [f"median of {opts.repeats} timed runs after one warm-up (ceiling: of all rounds, which alternate with "
              "the transfers'); torch pinned to 1 thread in the bench and "
@@ -106,6 +126,8 @@ def _footer(opts, result) -> list[str]:
     if opts.assemble_in_place:
         lines.append("split tensors are assembled straight into the receiver's destinations "
                      "(--no-assemble-in-place measures the extra copy a consumer without one pays).")
+    if opts.lora_rank:
+        lines += _lora_lines(opts.lora_rank, result.rows)
     if opts.verify and not result.failures:
         lines.append("verify: every sender did one more sync with per-tensor CRC-32 checksums; all matched.")
     return lines + [f"note: {note}" for note in result.notes]

@@ -59,6 +59,7 @@ class BenchOptions(msgspec.Struct):
     timeout_s: float = 120.0
     assemble_in_place: bool = True
     server: str | None = None  # --target server: address of a running rollout server (else one is started)
+    lora_rank: int = 0  # > 0: also adapter-only against merged LoRA sync of each model (rlx.sync.bench_lora)
 
 
 # shm pays for mapping the slots at every sync and wants short pipeline fills: small buckets;
@@ -179,6 +180,10 @@ async def _bench_model(opts: BenchOptions, model: ModelTensors, transport: str, 
             for bucket_mb in _bucket_sizes(opts, transport):
                 rows += await _bench_bucket(opts, model, transport, device, bucket_mb, channels, ceiling,
                                             result.failures, arena, resident)
+            if opts.lora_rank:
+                from rlx.sync.bench_lora import bench_lora
+
+                rows += await bench_lora(opts, model, transport, device, _bucket_sizes(opts, transport)[0], channels)
     finally:
         if arena is not None:
             arena.close()
@@ -347,6 +352,8 @@ def _check(opts: BenchOptions) -> None:
             raise ValueError(f"{name} {', '.join(bad)} is not one of {', '.join(allowed)}")
     if opts.repeats < 1 or min(opts.bucket_mb or [1]) < 1:
         raise ValueError("--repeats and --bucket-mb must be >= 1")
+    if opts.lora_rank < 0:
+        raise ValueError(f"--lora-rank {opts.lora_rank} must be >= 0 (0: no LoRA rows)")
     for gpu_only in GPU_TRANSPORTS:
         if gpu_only in opts.transports and not torch.cuda.is_available():
             raise ValueError(f"--transport {gpu_only} needs a CUDA GPU; this machine has none "

@@ -123,3 +123,28 @@ def test_adapter_sync_that_cannot_run_is_a_config_error(tiny_model_dir):
         config(rank=0, sync="adapter")
     with pytest.raises(ConfigError, match="model.lora.sync"):
         LoraConfig(rank=4, sync="delta")
+
+
+def test_bench_sync_lora_rows_move_the_adapter_bytes(tiny_model_dir, tmp_path, our_segments):
+    import json
+
+    from transformers import AutoModelForCausalLM
+    from typer.testing import CliRunner
+
+    from rlx.cli import app
+    from rlx.sync.bench_lora import LORA_TARGETS
+
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(app, ["bench-sync", "--model", str(tiny_model_dir), "--bucket-mb", "1",
+                                      "--repeats", "1", "--lora-rank", "4", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = {row["mode"]: row for row in json.loads(out.read_text())["rows"]}
+    linear = [m for name, m in AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_modules()
+              if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in LORA_TARGETS]
+    assert len(linear) == 2 * 7
+    assert rows["adapter r4"]["bytes"] == sum(4 * (m.in_features + m.out_features) * 4 for m in linear)
+    assert rows["merged r4"]["bytes"] == rows["ceiling"]["bytes"]  # the whole model
+    assert "adapter-only moves" in " ".join(result.output.split())
+    assert our_segments() == []
+    bad = CliRunner().invoke(app, ["bench-sync", "--lora-rank", "-1"])
+    assert bad.exit_code == 2 and "--lora-rank -1 must be >= 0" in bad.output
