@@ -29,9 +29,10 @@ START = [2, 1, 4]
 
 
 def lora_trainer(model_dir, backend: str) -> Trainer:
-    cfg = RunConfig(model=ModelConfig(path=str(model_dir), lora=LoraConfig(**LORA)),
+    sync = "auto" if backend == "hf" else "adapter"  # auto: adapter on hf, merged on vllm
+    cfg = RunConfig(model=ModelConfig(path=str(model_dir), lora=LoraConfig(**LORA, sync=sync)),
                     rollout=RolloutConfig(backend=backend), trainer=TrainerConfig(device="cpu"))
-    assert cfg.lora_sync == "adapter"  # what auto resolves to
+    assert cfg.lora_sync == "adapter"
     return Trainer(cfg)
 
 
@@ -94,7 +95,7 @@ def test_adapter_sync_equals_merged_sync_and_moves_only_the_adapter(backend, tin
             client.close()
 
     with serve_with(tiny_model_dir, tmp_path, f"{backend}-lora", rollout={"backend": backend},
-                    model={"lora": LORA}) as (address, _):
+                    model={"lora": {**LORA, "sync": "adapter"}}) as (address, _):
         asyncio.run(scenario(address))
 
 
@@ -116,9 +117,9 @@ def test_adapter_sync_that_cannot_run_is_a_config_error(tiny_model_dir):
                          rollout=RolloutConfig(backend=backend))
 
     with pytest.raises(ConfigError, match="vLLM serves LoRA adapters up to rank 512; set model.lora.sync=merged"):
-        config(rank=1024)
-    assert config(backend="hf", rank=1024).lora_sync == "adapter"  # the hf merge has no rank limit
-    assert config(rank=1024, sync="merged").lora_sync == "merged"
+        config(rank=1024, sync="adapter")
+    assert config(backend="hf", rank=1024).lora_sync == "adapter"  # auto on hf; its merge has no rank limit
+    assert config(rank=1024).lora_sync == "merged"  # auto on vLLM
     with pytest.raises(ConfigError, match="no adapter to sync; set model.lora.rank > 0"):
         config(rank=0, sync="adapter")
     with pytest.raises(ConfigError, match="model.lora.sync"):

@@ -1,20 +1,22 @@
-"""Adapter-only weight sync into a plain transformers model (the ``hf`` backend, ``model.lora.sync=adapter``).
+"""Adapter-only weight sync (``model.lora.sync=adapter``) on the rollout side: the hf merge and vLLM's LoRA.
 
 The trainer sends only the LoRA factors, ``<module>.lora_A.weight`` [r, in] and ``<module>.lora_B.weight``
-[out, r] under the base model's module names (``rlx.engine.lora.adapter_named_tensors``). ``AdapterMerger``
-keeps, for each adapted module, the base weight as it was before any adapter touched it (copied the first
-time that module's factors arrive, in float32), collects the factors of a sync, and at its end writes
-``W = W_base + (alpha / r) * B @ A`` into the module's weight in place, computed in float32 and cast to the
-engine's dtype -- the same sum, in the same precision, that the trainer's merged sync sends.
+[out, r] under the base model's module names, in the trainer's dtype (``rlx.engine.lora.adapter_named_tensors``).
 
-Why merge instead of injecting peft's LoRA layers into the server's model: a merged weight is a plain
-``nn.Linear``, so generation runs at the speed of the base model (no two extra matmuls and no peft
-forward per adapted layer and token), the logprob code stays the model's own, and the extra memory is
-one float32 copy of the adapted weights only. The merge is a few small matmuls per sync.
+``hf`` backend -- ``AdapterMerger`` keeps, for each adapted module, the base weight as it was before any adapter
+touched it (copied, in float32, the first time that module's factors arrive), collects a sync's factors, and at
+its end writes ``W = W_base + (alpha / r) * B @ A`` into the module's weight in place, computed in float32 and cast
+to the engine's dtype -- the same sum, in the same precision, that the trainer's merged sync sends. Merging
+instead of injecting peft's LoRA layers into the server's model: a merged weight is a plain ``nn.Linear``, so
+generation runs at the base model's speed (no two extra matmuls and no peft forward per adapted layer and
+token), the logprob code stays the model's own, and the extra memory is one float32 copy of the adapted weights.
+Tensors under any other name are copied into the parameter of that name, except an adapted module's own weight:
+that one is the merge's output, and overwriting it would leave the kept base stale, so it is refused with the fix.
 
-Tensors under any other name are copied into the parameter of that name (a plain merged sync still works),
-except an adapted module's own weight: that one is the merge's output, and overwriting it would leave the
-kept base stale, so it is refused with the fix.
+vLLM backend -- ``VllmAdapterLoader`` runs in each engine worker: a sync's factors become a PEFT directory that the
+worker loads in place as the engine's one LoRA; the backend then sends every request with that ``LoRARequest``.
+vLLM applies the adapter at every forward (its punica kernels), so generation pays for it; it keeps the base
+weights untouched and needs no layerwise reload.
 
 Left out: DoRA, rsLoRA and ``fan_in_fan_out`` layers (rlx's trainer configures none of them).
 """
