@@ -59,7 +59,8 @@ class Controller:
 
         self.source = StepSource(cfg, self.collector, self.stream.next_batch, tokenizer.pad_token_id)
         # one rank sending its weights in the engine's dtype sends them as they are (zero-copy where the
-        # transport allows); LoRA sends merged weights, computed per sync: nothing to adopt
+        # transport allows); LoRA sends merged weights or the adapter's factors (model.lora.sync), computed
+        # or gathered per sync: nothing to adopt
         from rlx.launch.colocation import Colocation
 
         self.colocation = Colocation(cfg, client, trainer)  # placement.mode=colocated: trainer and engines take turns
