@@ -28,8 +28,11 @@ def write_config(path: Path, model_dir: Path, **sections) -> Path:
 
 def start_rlx(args: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
     log = open(log_path, "w")
+    # as from a terminal: a suite started in the background (``pytest ... &``) inherits SIGINT ignored, and
+    # Python then never turns Ctrl-C into KeyboardInterrupt
     return subprocess.Popen([sys.executable, "-m", "rlx", *args], stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                             env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
 
 
