@@ -19,7 +19,6 @@ before `rlx train` starts); readers only map. Left out: several producers on one
 from __future__ import annotations
 
 import collections
-import glob
 import os
 import re
 
@@ -27,7 +26,15 @@ import numpy as np
 import torch
 
 from rlx.store.base import RowGone, Sample, SampleStore, StoreFull, StoreHandle, StoreReader
-from rlx.sync.transports.shm import SHM_DIR, _close_mapping, _create, _open, _tensor_over, _unlink
+from rlx.sync.transports.shm import (
+    SHM_DIR,
+    _close_mapping,
+    _create,
+    _open,
+    _tensor_over,
+    _unlink,
+    remove_dead_owners,
+)
 
 _NAME = re.compile(r"rlx-store-[0-9]+-[0-9a-f]+")
 _ALIGN = 64
@@ -220,16 +227,4 @@ class ShmStoreReader(StoreReader):
 
 def remove_stale_segments() -> list[str]:
     """Unlink the store segments of producers that no longer exist; one whose pid lives stays."""
-    removed = []
-    for path in glob.glob(os.path.join(SHM_DIR, "rlx-store-*")):
-        name = os.path.basename(path)
-        if not _NAME.fullmatch(name):
-            continue
-        try:
-            os.kill(int(name.split("-")[2]), 0)
-        except ProcessLookupError:
-            _unlink(path)
-            removed.append(path)
-        except PermissionError:
-            pass
-    return removed
+    return remove_dead_owners("rlx-store-*", _NAME)

@@ -122,13 +122,18 @@ def remove_segments_of(pid: int) -> list[str]:
 def remove_stale_segments() -> list[str]:
     """Unlink the segments of sender processes that no longer exist (a SIGKILLed ``rlx train``
     leaves its buffer behind); a segment whose pid is alive, or cannot be checked, stays."""
+    return remove_dead_owners("rlx-sync-*", _NAME)
+
+
+def remove_dead_owners(pattern: str, name: re.Pattern) -> list[str]:
+    """Unlink the /dev/shm segments matching ``pattern`` whose whole name matches ``name``
+    (``PREFIX-PID-HEX``) and whose owner pid no longer exists; returns their paths."""
     removed = []
-    for path in glob.glob(os.path.join(SHM_DIR, "rlx-sync-*")):
-        name = os.path.basename(path)
-        if not _NAME.fullmatch(name):
+    for path in glob.glob(os.path.join(SHM_DIR, pattern)):
+        if not name.fullmatch(os.path.basename(path)):
             continue
         try:
-            os.kill(int(name.split("-")[2]), 0)
+            os.kill(int(os.path.basename(path).split("-")[2]), 0)
         except ProcessLookupError:
             _unlink(path)
             removed.append(path)
