@@ -443,6 +443,9 @@ class TrainerConfig:
     """AdamW betas."""
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm; 0 = off."""
+    fused_kernels: str = "auto"
+    """Liger's fused RMSNorm and SwiGLU kernels on the trainer's model (CUDA, liger-kernel installed, Llama /
+    Mistral / Qwen2 / Qwen3): auto = where they apply, on = required, off = never (rlx.engine.kernels)."""
     logprob_chunk_size: int = 1024
     """Tokens per chunk when computing logprobs/entropy, bounding the logits held at once."""
     eval_every: int = 5
@@ -472,6 +475,10 @@ class TrainerConfig:
         check_range("trainer.max_grad_norm", self.max_grad_norm, 0.0, hint="0 turns clipping off")
         check_range("trainer.warmup_steps", self.warmup_steps, 0)
         check_range("trainer.logprob_chunk_size", self.logprob_chunk_size, 1)
+        check_choice("trainer.fused_kernels", self.fused_kernels, ("auto", "on", "off"))
+        if self.fused_kernels == "on" and self.device == "cpu":
+            raise ConfigError("trainer.fused_kernels=on with trainer.device=cpu: the fused kernels are CUDA (Triton) "
+                              "only; set trainer.fused_kernels=auto or off")
         check_range("trainer.eval_every", self.eval_every, 0)
         check_finite("trainer.betas", self.betas)
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):

@@ -87,6 +87,10 @@ def load_model(cfg, device: torch.device, trainable: bool = True, packed_attenti
         from rlx.engine.attention import use_packed_attention
 
         use_packed_attention(model)
+    if trainable:
+        from rlx.engine.kernels import apply_fused_kernels
+
+        apply_fused_kernels(model, cfg.trainer.fused_kernels, device)
     if trainable and cfg.model.lora.rank:
         from rlx.engine.lora import apply_lora
 

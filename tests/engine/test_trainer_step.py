@@ -233,3 +233,35 @@ def test_packed_attention_on_gpu_matches_per_sequence_float32(lengths):
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
     for got, want in zip(grads, ref_grads):
         torch.testing.assert_close(got.float(), want, atol=5e-2, rtol=5e-2)
+
+
+def test_fused_kernels_stay_off_on_a_cpu_and_on_is_refused(tiny_model_dir):
+    from rlx.config.errors import ConfigError
+    from rlx.engine.kernels import apply_fused_kernels
+
+    trainer = make_trainer(tiny_model_dir)  # fused_kernels=auto on a CPU: the model keeps its own modules
+    norm = trainer.model.model.norm
+    assert "forward" not in vars(norm) and "forward" not in vars(trainer.model.model.layers[0].mlp)
+    with pytest.raises(ValueError, match="fused_kernels=on: the trainer runs on cpu"):
+        apply_fused_kernels(trainer.model, "on", torch.device("cpu"))
+    with pytest.raises(ConfigError, match="trainer.fused_kernels=on with trainer.device=cpu"):
+        TrainerConfig(fused_kernels="on", device="cpu")
+
+
+@pytest.mark.gpu
+def test_fused_kernels_give_the_same_step_on_gpu(tiny_model_dir):
+    """Liger's RMSNorm and SwiGLU on the trainer's model: same loss, logprobs and gradients as without."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    batch = ragged_batch(rows=16)
+    results = []
+    for mode in ("off", "on"):
+        torch.manual_seed(0)
+        cfg = RunConfig(model=ModelConfig(path=str(tiny_model_dir)),
+                        trainer=TrainerConfig(micro_batch_size=4, micro_batch_tokens=60, device="cuda", lr=1e-3,
+                                              fused_kernels=mode))
+        cfg.rollout.n = 4
+        trainer = Trainer(cfg)
+        assert ("forward" in vars(trainer.model.model.norm)) == (mode == "on")
+        results.append(step_and_params(trainer, batch))
+    assert_same(results[1], results[0], 1e-4)
