@@ -54,25 +54,48 @@ def run_train(cfg) -> int:
     display = Display(cfg.trainer.total_steps, enabled=cfg.logging.console)
     stops = StopWatch()
     with stops.installed():
-        try:
-            preflight(cfg, display)
-            if not cfg.trainer.resume:
-                archive_previous_run(run_dir, display)
-            display.log_to(run_dir / "logs" / "train.log")
-        except (KeyboardInterrupt, RunStopped) as exc:
-            return _stopped(display, exc, "nothing was started")
+        stopped = prepare(cfg, run_dir, display, "train.log")
+        if stopped is not None:
+            return stopped
         launch = Launch(cfg, run_dir, display, stops)
-        try:
-            return launch.run()
-        except (KeyboardInterrupt, RunStopped) as exc:
-            return _stopped(display, exc, "stopping every child process")
-        except Exception as exc:
+
+        def failed() -> str:
             dead = launch.procs.dead_children(within_s=2.0)  # a death often surfaces first as a peer's error
-            display.failure(f"the run failed ({dead[0][1]})" if dead else "the run failed", exc)
-            return 1
-        finally:
-            with stops.shield():
-                launch.tear_down()
+            return f"the run failed ({dead[0][1]})" if dead else "the run failed"
+
+        return supervise(launch, display, stops, "stopping every child process", failed)
+
+
+def prepare(cfg, run_dir: Path, display: Display, log_name: str) -> int | None:
+    """Before anything starts (under ``stops.installed()``): pre-flight, the previous run moved aside, the
+    console logged to ``RUN_DIR/logs/log_name``. The exit code if a stop came meanwhile, else None."""
+    try:
+        preflight(cfg, display)
+        if not cfg.trainer.resume:
+            archive_previous_run(run_dir, display)
+        display.log_to(run_dir / "logs" / log_name)
+    except (KeyboardInterrupt, RunStopped) as exc:
+        return _stopped(display, exc, "nothing was started")
+    return None
+
+
+def supervise(run, display: Display, stops: StopWatch, stopping: str, failed=lambda: "the run failed",
+              passthrough: tuple[type[BaseException], ...] = ()) -> int:
+    """``run.run()``'s exit code, however it ends: a stop or Ctrl-C says ``stopping``; an error is one console
+    line (``failed()``; the traceback in the log) and exit 1, except ``passthrough`` errors, which propagate;
+    ``run.tear_down()`` always runs, shielded from a second stop."""
+    try:
+        return run.run()
+    except (KeyboardInterrupt, RunStopped) as exc:
+        return _stopped(display, exc, stopping)
+    except passthrough:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one line on the console, the traceback in the log
+        display.failure(failed(), exc)
+        return 1
+    finally:
+        with stops.shield():
+            run.tear_down()
 
 
 def _stopped(display: Display, exc: BaseException, what_next: str) -> int:

@@ -129,8 +129,8 @@ def rank0_main(argv: list[str]) -> int:
     """Trainer rank 0 of a Ray run: rank 0's controller of the local launcher, with every peer given."""
     from rlx.config import load_config
     from rlx.launch.display import Display
-    from rlx.launch.launcher import Launch, _stopped
-    from rlx.launch.stops import RunStopped, StopWatch
+    from rlx.launch.launcher import Launch, supervise
+    from rlx.launch.stops import StopWatch
 
     cfg = load_config(argv[0], argv[1:])
     run_dir = Path(cfg.trainer.output_dir)
@@ -140,17 +140,7 @@ def rank0_main(argv: list[str]) -> int:
         display.log_to(run_dir / "logs" / "train.log")
         launch = Launch(cfg, run_dir, display, stops)
         launch._start_ranks = lambda *args: None  # the other ranks are Ray's; RANK etc. come in the environment
-        try:
-            return launch.run()
-        except (KeyboardInterrupt, RunStopped) as exc:
-            return _stopped(display, exc, "stopping")
-        except Exception as exc:  # noqa: BLE001 - one line on the console, the traceback in the log
-            display.failure("the run failed", exc)
-            return 1
-        finally:
-            with stops.shield():
-                launch.tear_down()
-
+        return supervise(launch, display, stops, "stopping")
 
 if __name__ == "__main__":
     sys.exit(rank0_main(sys.argv[1:]))

@@ -38,16 +38,14 @@ from pathlib import Path
 
 from rlx.config.errors import ConfigError
 from rlx.launch.display import Display
-from rlx.launch.launcher import _stopped, _trace_env
-from rlx.launch.preflight import preflight
+from rlx.launch.launcher import _trace_env, prepare, supervise
 from rlx.launch.processes import TracebackFolder
 from rlx.launch.run_dir import (
     SECRET_ENV,
-    archive_previous_run,
     secret_overrides,
     write_config,
 )
-from rlx.launch.stops import ChildDied, RunStopped, StopWatch
+from rlx.launch.stops import ChildDied, StopWatch
 
 POLL_S = 0.5
 RPC_TIMEOUT_S = 60.0
@@ -97,26 +95,11 @@ def run_ray_train(cfg) -> int:
     display = Display(cfg.trainer.total_steps, enabled=cfg.logging.console)
     stops = StopWatch()
     with stops.installed():
-        try:
-            preflight(cfg, display)
-            if not cfg.trainer.resume:
-                archive_previous_run(run_dir, display)
-            display.log_to(run_dir / "logs" / "ray.log")
-        except (KeyboardInterrupt, RunStopped) as exc:
-            return _stopped(display, exc, "nothing was started")
+        stopped = prepare(cfg, run_dir, display, "ray.log")
+        if stopped is not None:
+            return stopped
         run = RayRun(cfg, run_dir, display)
-        try:
-            return run.run()
-        except (KeyboardInterrupt, RunStopped) as exc:
-            return _stopped(display, exc, "stopping every process of the run")
-        except ConfigError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - one line on the console, the traceback in the log
-            display.failure("the run failed", exc)
-            return 1
-        finally:
-            with stops.shield():
-                run.tear_down()
+        return supervise(run, display, stops, "stopping every process of the run", passthrough=(ConfigError,))
 
 
 @dataclass
