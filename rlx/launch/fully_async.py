@@ -86,9 +86,6 @@ class FullyAsyncRollout:
 
     def __init__(self, cfg, collector: Collector, stream: DataStream, version: int) -> None:
         t = cfg.trainer
-        if getattr(collector, "agent", None) is not None or not hasattr(collector, "generate_group"):
-            raise ValueError("trainer.mode=fully_async generates single-turn groups; this task runs multi-turn "
-                             "episodes or external ones: use trainer.mode=sync or one_step_off")
         self.cfg, self.collector, self.stream = cfg, collector, stream
         self.group_size, self.max_staleness = t.prompts_per_step, t.max_staleness
         self.base_version = self.version = version

@@ -54,6 +54,9 @@ def check_config(cfg) -> None:
         raise ConfigError(f"task.name=external with rollout.n={cfg.rollout.n} and algorithm.advantage="
                           f"{cfg.algorithm.advantage}: the agent's episodes come in no groups; set rollout.n=1 and "
                           "algorithm.advantage=reinforce_pp (whitened over the step) or gae")
+    if cfg.trainer.mode == "fully_async":
+        raise ConfigError("task.name=external with trainer.mode=fully_async: the agent drives its own episodes, and "
+                          "fully_async generates single-turn groups itself; set trainer.mode=sync or one_step_off")
     if cfg.rollout.servers_to_launch and not cfg.rollout.openai_port:
         raise ConfigError("task.name=external: the launched rollout servers need an OpenAI endpoint for the agent; "
                           "set rollout.openai_port (server i listens on openai_port + i)")
