@@ -665,9 +665,6 @@ class RunConfig:
         if self.trainer.mode == "fully_async" and (self.filters.active or self.rollout.dump_dir or self.rollout.reuse):
             raise ConfigError("trainer.mode=fully_async trains on prompt groups as they finish and applies no filters.*, "
                               "rollout.dump_dir or rollout.reuse; turn those off or use trainer.mode=sync / one_step_off")
-        if self.model.lora.rank and self.trainer.num_ranks > 1:
-            raise ConfigError(f"model.lora.rank={self.model.lora.rank} with trainer.num_ranks="
-                              f"{self.trainer.num_ranks}: LoRA trains on one rank; set trainer.num_ranks=1")
         check_lora_sync(self)
         if self.rollout.host not in ("127.0.0.1", "localhost", "::1") and not self.rollout.auth_token:
             raise ConfigError(

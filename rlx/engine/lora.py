@@ -13,7 +13,11 @@ full model's bytes). ``adapter_state`` / ``load_adapter_state`` move the adapter
 ``adapter_named_tensors`` is the adapter-only sync (``model.lora.sync=adapter``): only the factors move,
 and the rollout server merges them (``rlx.rollout.backends.lora``).
 
-Left out: sharding (LoRA trains on one rank).
+Several trainer ranks: the adapters are injected before ``fully_shard`` (``rlx.engine.model``), so the
+factors are sharded DTensors like every other weight. The functions above then gather each tensor with
+``full_tensor()`` (a collective: every rank iterates them, in the same order, as for a full model's sync
+and checkpoint; rank 0 alone sends or writes), and ``load_adapter_state`` scatters a full adapter into the
+shards with torch's distributed state-dict API.
 """
 
 from __future__ import annotations
@@ -60,6 +64,23 @@ def _is_lora_layer(module) -> bool:
     return isinstance(module, LoraLayer)
 
 
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: a DTensor shard gathered from every rank (a collective), a plain tensor as it is."""
+    return (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach()
+
+
+@torch.no_grad()
+def _delta_weight(layer, adapter: str) -> torch.Tensor:
+    """``(alpha / r) * B @ A`` of ``layer``, computed as peft's ``get_delta_weight`` does (float32 on CPU for
+    16-bit factors), from the gathered factors."""
+    from peft.utils.other import transpose
+
+    a, b = _full(layer.lora_A[adapter].weight), _full(layer.lora_B[adapter].weight)
+    upcast = b.device.type == "cpu" and b.dtype in (torch.float16, torch.bfloat16)
+    delta = transpose((b.float() @ a.float()) if upcast else b @ a, layer.fan_in_fan_out) * layer.scaling[adapter]
+    return delta.to(b.dtype)
+
+
 @torch.no_grad()
 def merged_named_tensors(model):
     """(base name, tensor) of a plain model: adapted weights merged out of place, the rest as they are."""
@@ -69,46 +90,53 @@ def merged_named_tensors(model):
             continue
         module_name, marker, leaf = name.rpartition(".base_layer.")
         if not marker:
-            yield name, param.detach()
+            yield name, _full(param)
             continue
-        tensor = param.detach()
+        tensor = _full(param)
         layer = adapted[module_name]
         if leaf == "weight" and not layer.merged:
             for adapter in layer.active_adapters:
-                tensor = tensor + layer.get_delta_weight(adapter)
+                tensor = tensor + _delta_weight(layer, adapter)
         yield f"{module_name}.{leaf}", tensor
+
+
+def _adapter_params(model) -> dict[str, torch.nn.Parameter]:
+    """The adapter's parameters under PEFT's names without the prefix (``<module>.lora_A.weight``): the
+    model's own names with the adapter's name taken out, as ``peft.get_peft_model_state_dict`` saves them."""
+    tag = f".{ADAPTER}."
+    return {name.replace(tag, "."): param for name, param in model.named_parameters()
+            if tag in name and (".lora_A." in name or ".lora_B." in name)}
 
 
 def adapter_named_tensors(model):
     """(name, tensor) of the adapter alone, for ``model.lora.sync=adapter``: ``<module>.lora_A.weight`` [r, in]
     and ``<module>.lora_B.weight`` [out, r] under the base model's module names, in the trainer's dtype (the
-    receiver merges in float32, as ``merged_named_tensors`` does)."""
-    from peft import get_peft_model_state_dict
-
-    for key, value in get_peft_model_state_dict(model, adapter_name=ADAPTER).items():
-        yield key, value.detach()
+    receiver merges in float32, as ``merged_named_tensors`` does). Gathered when sharded: every rank iterates."""
+    for key, param in _adapter_params(model).items():
+        yield key, _full(param)
 
 
 def adapter_state(model) -> dict[str, torch.Tensor]:
-    """The adapter weights under PEFT's saved names (what ``adapter_model.safetensors`` holds)."""
-    from peft import get_peft_model_state_dict
-
-    state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
-    return {PEFT_PREFIX + key: value.detach().cpu().contiguous() for key, value in state.items()}
+    """The adapter weights under PEFT's saved names (what ``adapter_model.safetensors`` holds); gathered when
+    sharded, so every rank calls it."""
+    return {PEFT_PREFIX + key: tensor.cpu().contiguous() for key, tensor in adapter_named_tensors(model)}
 
 
 def load_adapter_state(model, state: dict[str, torch.Tensor]) -> None:
-    """Set the adapter weights from ``adapter_state``'s names; a missing or unexpected key is an error."""
-    from peft import set_peft_model_state_dict
+    """Set the adapter weights from ``adapter_state``'s names (on every rank, each holding the full state;
+    sharded parameters take their shard); a missing or unexpected key is an error."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    expected = set(adapter_state(model))
+    params = _adapter_params(model)
+    expected = {PEFT_PREFIX + key for key in params}
     if set(state) != expected:
         missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
         raise ValueError(f"the adapter in the checkpoint does not fit model.lora (missing: {missing[:3]}, "
                          f"unexpected: {extra[:3]}); resume with that run's model.lora settings")
-    stripped = {key.removeprefix(PEFT_PREFIX): value for key, value in state.items()}
-    result = set_peft_model_state_dict(model, stripped, adapter_name=ADAPTER)
-    assert not getattr(result, "unexpected_keys", None), result.unexpected_keys
+    names = {id(param): name for name, param in model.named_parameters()}
+    full = {names[id(params[key.removeprefix(PEFT_PREFIX)])]: value for key, value in sorted(state.items())}
+    result = set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, strict=False))
+    assert not result.unexpected_keys, result.unexpected_keys
 
 
 def adapter_config(model, base_model_path: str) -> dict:

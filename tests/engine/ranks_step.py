@@ -1,6 +1,9 @@
 """Run one trainer step on a fixed batch at rank RANK of WORLD_SIZE; rank 0 prints a JSON summary.
 
-Used by test_ranks.py through real processes (gloo). Not a test module itself.
+Used by test_ranks.py through real processes (gloo). Not a test module itself. With ``--lora OUT CKPT``
+(test_lora_ranks.py) the model trains a LoRA adapter for two steps on the batch, checkpoints after the first
+into CKPT and writes the merged weights and the adapter into the safetensors file OUT; with ``--lora OUT
+CKPT --resume`` it loads CKPT's step 1 and takes the second step.
 """
 
 import json
@@ -9,27 +12,21 @@ import sys
 import torch
 
 
-def main(model_dir: str) -> None:
-    from rlx.config.schema import ModelConfig, RunConfig, TrainerConfig
-    from rlx.engine.batch import build_batch
+def main(model_dir: str, lora: list[str]) -> None:
+    from rlx.config.schema import LoraConfig, ModelConfig, RunConfig, TrainerConfig
     from rlx.engine.trainer import Trainer
     from rlx.launch.ranks import init_distributed
 
     init_distributed("cpu")
     torch.manual_seed(0)
-    cfg = RunConfig(model=ModelConfig(path=model_dir), trainer=TrainerConfig(micro_batch_size=3, lr=1e-3))
+    adapter = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "gate_proj"], sync="merged")
+    cfg = RunConfig(model=ModelConfig(path=model_dir, lora=adapter if lora else LoraConfig()),
+                    trainer=TrainerConfig(micro_batch_size=3, lr=1e-2 if lora else 1e-3))
     cfg.rollout.n = 4
-    generator = torch.Generator().manual_seed(123)
-    prompts, completions, logps, rewards = [], [], [], []
-    for i in range(12):  # 3 prompts x 4 samples, ragged lengths
-        prompts.append(torch.randint(4, 40, (2 + i % 3,), generator=generator).tolist())
-        completion = torch.randint(4, 40, (1 + (i * 7) % 5,), generator=generator).tolist()
-        completions.append(completion)
-        logps.append([-1.0 - 0.1 * j for j in range(len(completion))])
-        rewards.append(float((i * 5) % 3 == 0))
-    batch = build_batch(prompts, completions, logps, rewards, pad_id=0)
     trainer = Trainer(cfg)
-    metrics = trainer.step(batch)
+    if lora:
+        return lora_steps(trainer, *lora)
+    metrics = trainer.step(fixed_batch())
     params = {name: t.double().sum().item() for name, t in trainer.named_tensors()}
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         print("RESULT" + json.dumps({"loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
@@ -38,5 +35,44 @@ def main(model_dir: str) -> None:
         torch.distributed.destroy_process_group()
 
 
+def fixed_batch():
+    from rlx.engine.batch import build_batch
+
+    generator = torch.Generator().manual_seed(123)
+    prompts, completions, logps, rewards = [], [], [], []
+    for i in range(12):  # 3 prompts x 4 samples, ragged lengths
+        prompts.append(torch.randint(4, 40, (2 + i % 3,), generator=generator).tolist())
+        completion = torch.randint(4, 40, (1 + (i * 7) % 5,), generator=generator).tolist()
+        completions.append(completion)
+        logps.append([-1.0 - 0.1 * j for j in range(len(completion))])
+        rewards.append(float((i * 5) % 3 == 0))
+    return build_batch(prompts, completions, logps, rewards, pad_id=0)
+
+
+def lora_steps(trainer, out: str, ckpt_root: str, resume: str = "") -> None:
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    from rlx.engine.checkpoint import load_checkpoint, save_checkpoint
+    from rlx.engine.lora import adapter_named_tensors
+
+    args = (trainer.model, trainer.optimizer, trainer.scheduler)
+    losses = []
+    if resume:
+        load_checkpoint(Path(ckpt_root) / "step_00000001", *args)
+    else:
+        losses.append(trainer.step(fixed_batch())["loss"])
+        save_checkpoint(Path(ckpt_root), 1, *args, trainer.cfg.model.path, {"step": 1, "data": {}}, keep=2)
+    losses.append(trainer.step(fixed_batch())["loss"])  # B starts at 0: A has a gradient from this step on
+    tensors = {f"merged.{name}": t for name, t in trainer.named_tensors()}
+    tensors.update({f"adapter.{name}": t for name, t in adapter_named_tensors(trainer.model)})
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, out)
+        print("RESULT" + json.dumps({"losses": losses}))
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[3:] if sys.argv[2:3] == ["--lora"] else [])
