@@ -47,8 +47,9 @@ class FileLines:
     """Where each line of a file's body starts and ends (its newline), found on first use: the
     first frame needs no attribute, and finding a million lines costs more than counting them."""
 
-    def __init__(self, data, body_start: int) -> None:
-        self.data, self.body_start = data, body_start
+    def __init__(self, data, body_start: int, path=None) -> None:
+        self.data, self.body_start, self.path = data, body_start, path
+        self.num_lines: int | None = None
         self._bounds: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
@@ -183,9 +184,10 @@ class ColumnarFile:
     kinds: dict[str, KindColumns]
 
 
-def read_columns(data, header: Header, body_start: int) -> ColumnarFile | None:
+def read_columns(data, header: Header, body_start: int, path=None) -> ColumnarFile | None:
     """The file's records as columns, or None when the line-by-line reader must take it.
-    ``data`` is the whole file, ``bytes`` or a read-only ``mmap`` (``reader.open_trace``)."""
+    ``data`` is the whole file, ``bytes`` or a read-only ``mmap`` (``reader.open_trace``);
+    ``path`` names it in the attributes' line references (the trace cache keys on it)."""
     if pa is None:
         return None
     if body_start >= len(data) or data[-1:] != b"\n":
@@ -204,7 +206,7 @@ def read_columns(data, header: Header, body_start: int) -> ColumnarFile | None:
     if kind.null_count or not set(present) <= set(KINDS):
         return None
     codes = kind.indices.to_numpy(zero_copy_only=False)
-    lines = FileLines(data, body_start)
+    lines = FileLines(data, body_start, path)
     kinds = {k: _kind_columns(table.slice(0, 0), LineAttrs(lines, np.zeros(0, np.int64))) for k in KINDS}
     for code, k in enumerate(present):
         rows = codes == code

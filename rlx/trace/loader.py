@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from rlx.trace import columnar
+from rlx.trace.cache import TraceCache
 from rlx.trace.columnar import KindColumns, has_value, take_values
 from rlx.trace.model import (STATUS_ERROR, STATUS_OK, STATUS_UNFINISHED, AttrColumn, Events, LaterAttrs, Process,
                              Spans, Trace)
@@ -46,9 +47,24 @@ def find_trace_files(path: str | Path) -> list[Path]:
     return files
 
 
-def load_trace(path: str | Path) -> Trace:
-    """Read every trace file under ``path`` into one ``Trace``."""
+def load_trace(path: str | Path, cache: bool = True) -> Trace:
+    """Read every trace file under ``path`` into one ``Trace``.
+
+    With ``cache`` (and unless ``RLX_TRACE_CACHE=off``), a trace opened before is read from its
+    columnar cache (``cache.py``) when the files are unchanged, and a parsed one is cached in a
+    background thread for the next time."""
     files = find_trace_files(path)
+    store = TraceCache.of(files) if cache else None
+    cached = store.load() if store is not None else None
+    if cached is not None:
+        return cached
+    trace = _parse(files)
+    if store is not None:
+        store.save_in_background(trace)
+    return trace
+
+
+def _parse(files: list[Path]) -> Trace:
     names, requests = _Interner(), _RequestIds()
     gc_was_enabled = gc.isenabled()
     gc.disable()  # millions of new objects and no cycles: collections would only cost time

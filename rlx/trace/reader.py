@@ -140,7 +140,7 @@ def read_trace_columns(source: Path | TraceBytes) -> ColumnarFile | None:
     opened = source if isinstance(source, TraceBytes) else open_trace(source)
     if not opened.data:
         return None
-    return read_columns(opened.data, opened.header, opened.body_start)
+    return read_columns(opened.data, opened.header, opened.body_start, opened.path)
 
 
 def _decode_header(path: Path, line: bytes) -> Header:

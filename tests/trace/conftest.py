@@ -52,3 +52,10 @@ def small_trace(tmp_path):
     trace_dir = tmp_path / "run" / "trace"
     write_small_run(trace_dir)
     return trace_dir
+
+
+@pytest.fixture(autouse=True)
+def no_trace_cache(monkeypatch):
+    """Tests load traces as parsed, never from (or into) the user's trace cache; the cache's own
+    tests point RLX_TRACE_CACHE at a temporary directory."""
+    monkeypatch.setenv("RLX_TRACE_CACHE", "off")
