@@ -7,10 +7,10 @@ becomes ``RolloutServerError`` naming its address, never a hang. Generate reques
 live server with the fewest requests in flight. A server the launcher restarts is marked down
 (``mark_down``): its requests in flight fail at once and generate re-issues them to a live server
 (waiting for one, within the request's deadline), broadcasts leave it out, and nothing is routed to
-it until ``mark_up`` (once it holds the trainer's weights again). ``channel(i)`` adapts server ``i`` to the
-``rlx.sync`` sender's ``SyncChannel`` so weights stream over the same socket: each sync request
-travels as its own bytes in one ``UpdateWeights``, untouched. The socket plumbing (request-id
-frames, deadlines) is ``rlx.sync.rpc.RpcClient``, shared with the sync channel.
+it until ``mark_up`` (once it holds the trainer's weights again). ``channel(i)`` hands the weight
+sender server ``i``'s socket as an ``rlx.sync.rpc.RpcSyncChannel``, which carries each sync request
+as its own bytes in one ``UpdateWeights``; this client never sees them. The socket plumbing
+(request-id frames, deadlines) is ``rlx.sync.rpc.RpcClient``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from typing import Sequence
 import zmq.asyncio
 
 from rlx.rollout import protocol as p
-from rlx.sync.messages import BucketAck, encode
-from rlx.sync.rpc import RpcClient, RpcError
+from rlx.sync.rpc import RpcClient, RpcError, RpcSyncChannel
 
 
 class RolloutServerError(RuntimeError):
@@ -142,10 +141,11 @@ class RolloutClient:
     async def shutdown(self) -> None:
         await self.broadcast(p.Shutdown(), timeout_s=10.0)
 
-    def channel(self, index: int) -> "ServerChannel":
-        return ServerChannel(self, index)
+    def channel(self, index: int) -> RpcSyncChannel:
+        """Server ``index`` as a weight-sync ``SyncChannel``, over the same socket as its other requests."""
+        return RpcSyncChannel(self._peers[index], rollout_token=self.token)
 
-    def channels(self) -> list["ServerChannel"]:
+    def channels(self) -> list[RpcSyncChannel]:
         return [self.channel(i) for i in range(len(self._peers))]
 
     def close(self) -> None:
@@ -153,18 +153,3 @@ class RolloutClient:
             peer.close()
         self._ctx.term()
 
-
-class ServerChannel:
-    """A rollout server seen as a weight-sync ``SyncChannel``."""
-
-    def __init__(self, client: RolloutClient, index: int) -> None:
-        self.client = client
-        self.index = index
-        self.address = client.addresses[index]  # where a gloo / nccl sender's group must reach
-        self.name = f"rollout server {self.address}"
-
-    async def call(self, request, timeout_s: float) -> BucketAck:
-        """Any sync request, carried as its own bytes in one ``UpdateWeights``; the server's handler
-        answers it."""
-        body = p.UpdateWeights(payload=encode(request))
-        return (await self.client.call(self.index, body, timeout_s)).ack

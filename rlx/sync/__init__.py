@@ -14,8 +14,8 @@ sender fill bucket k+1 while the receiver loads bucket k.
     arena.py            a one-rank trainer's weights in the shared buffer: syncs send offsets, no slots
     factory.py          picks transport, arena (zero-copy) and sender from the config (controller, bench)
     channel.py          the SyncChannel protocol the sender talks through
-    rpc.py              the ZeroMQ request/reply helper (this channel and the rollout client)
-    zmq_channel.py      a SyncChannel to a receiver process, over rpc.py
+    rpc.py              the ZeroMQ request/reply helper (the rollout client's too), and RpcSyncChannel:
+                        the SyncChannel to a receiver process or a rollout server
     sender.py           WeightSender
     handler.py          SyncHandler: the one dispatch and error path of every receiving host
                         (receiver process, vLLM worker extension, hf backend)

@@ -1,8 +1,8 @@
 """The control channel a ``WeightSender`` talks through: one request in, one ``BucketAck`` out.
 
 The sender only needs ``call``; how requests travel is the implementation's business
-(``zmq_channel.ZmqSyncChannel`` here, the rollout client's ``ServerChannel`` in a real run, which
-carries each request's bytes in one ``UpdateWeights``). Several calls
+(``rpc.RpcSyncChannel``: to a receiver process as they are, to a rollout server as each request's
+bytes in one ``UpdateWeights``). Several calls
 may be in flight on one channel at once (one per buffer slot), so an implementation must match
 replies to requests. For the sender's copies to overlap the receivers' loads, ``call`` should put
 its request on the wire before it first suspends (a zmq.asyncio send does); the sender yields

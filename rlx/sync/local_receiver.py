@@ -19,7 +19,7 @@ from typing import AsyncIterator
 
 from rlx.sync.errors import SyncTimeout
 from rlx.sync.messages import SyncPing
-from rlx.sync.zmq_channel import ZmqSyncChannel
+from rlx.sync.rpc import RpcSyncChannel
 
 
 def start_receiver(*extra_args: str, name: str = "receiver process") -> tuple[subprocess.Popen, str]:
@@ -43,7 +43,7 @@ def stop_receiver(proc: subprocess.Popen, grace_s: float = 10.0) -> int:
     return proc.returncode
 
 
-async def wait_ready(channel: ZmqSyncChannel, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+async def wait_ready(channel: RpcSyncChannel, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
     """Ping until the receiver answers; fail early if the process exits, or after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -60,10 +60,10 @@ async def wait_ready(channel: ZmqSyncChannel, proc: subprocess.Popen, timeout_s:
 
 @contextlib.asynccontextmanager
 async def local_receiver(*extra_args: str, name: str = "receiver process",
-                         ready_timeout_s: float = 60.0) -> AsyncIterator[tuple[ZmqSyncChannel, subprocess.Popen]]:
+                         ready_timeout_s: float = 60.0) -> AsyncIterator[tuple[RpcSyncChannel, subprocess.Popen]]:
     """A running receiver process and a channel to it, both ended on exit."""
     proc, address = start_receiver(*extra_args, name=name)
-    channel = ZmqSyncChannel(address, name=f"{name} (pid {proc.pid}, {address})")
+    channel = RpcSyncChannel.connect(address, name=f"{name} (pid {proc.pid}, {address})")
     try:
         await wait_ready(channel, proc, ready_timeout_s)
         yield channel, proc

@@ -10,7 +10,7 @@ import pytest
 
 from rlx.sync.local_receiver import start_receiver, stop_receiver
 from rlx.sync.sender import WeightSender
-from rlx.sync.zmq_channel import ZmqSyncChannel
+from rlx.sync.rpc import RpcSyncChannel
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def our_segments():
 
 async def send_twice(tensors, addresses, **sender_kw):
     """Two syncs of ``tensors`` to the receivers at ``addresses`` (the second reuses the buffer)."""
-    channels = [ZmqSyncChannel(a, name=f"receiver {i}") for i, a in enumerate(addresses)]
+    channels = [RpcSyncChannel.connect(a, name=f"receiver {i}") for i, a in enumerate(addresses)]
     try:
         with WeightSender(**sender_kw) as sender:
             return [await sender.send(tensors, channels) for _ in range(2)]

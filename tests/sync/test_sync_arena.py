@@ -11,7 +11,7 @@ from rlx.sync.layout import TensorSpec, resident_buckets
 from rlx.sync.messages import BucketMeta, SyncBegin, SyncEnd
 from rlx.sync.receiver import WeightReceiver
 from rlx.sync.sender import WeightSender
-from rlx.sync.zmq_channel import ZmqSyncChannel
+from rlx.sync.rpc import RpcSyncChannel
 
 
 def sample_tensors() -> list[tuple[str, torch.Tensor]]:
@@ -22,7 +22,7 @@ def sample_tensors() -> list[tuple[str, torch.Tensor]]:
 
 
 async def sync_rounds(sender: WeightSender, tensors, address: str, rounds: int, between=lambda round_: None):
-    channel = ZmqSyncChannel(address, name="arena receiver")
+    channel = RpcSyncChannel.connect(address, name="arena receiver")
     reports = []
     try:
         for round_ in range(rounds):

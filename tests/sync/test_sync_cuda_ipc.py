@@ -51,14 +51,14 @@ def test_cuda_ipc_slot_is_never_overwritten_before_its_ack(spawn_receiver, sync_
 def test_cuda_weight_arena_sends_offsets_and_carries_every_update(spawn_receiver):
     from rlx.sync.arena import WeightArena
     from rlx.sync.sender import WeightSender
-    from rlx.sync.zmq_channel import ZmqSyncChannel
+    from rlx.sync.rpc import RpcSyncChannel
 
     _, address = spawn_receiver()
     model = torch.nn.Sequential(torch.nn.Embedding(1000, 256), torch.nn.Linear(256, 1000)).cuda().to(torch.bfloat16)
     arena = WeightArena.adopt(model)
     assert all(arena.offset_of(p.data) is not None for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    channel = ZmqSyncChannel(address, name="gpu receiver")
+    channel = RpcSyncChannel.connect(address, name="gpu receiver")
     sender = WeightSender("cuda_ipc", bucket_mb=1, verify=True, timeout_s=60, device="cuda", arena=arena)
 
     async def rounds():

@@ -15,7 +15,7 @@ from rlx.rollout.client import RolloutClient
 from rlx.sync.errors import SyncError
 from rlx.sync.messages import SyncBegin, SyncEnd, TransportHandle
 from rlx.sync.sender import WeightSender
-from rlx.sync.zmq_channel import ZmqSyncChannel
+from rlx.sync.rpc import RpcSyncChannel
 from tests.helpers import serve_with
 
 SYNC_TIMEOUT_S = 10.0  # generous: a loaded machine starts receivers slowly
@@ -27,7 +27,8 @@ def test_receiver_killed_mid_broadcast_is_named_and_the_next_sync_works(spawn_re
     tensors = [(f"w{i}", torch.full((250_000,), float(i))) for i in range(8)]  # 1 MB each, 1 MiB buckets
 
     async def run():
-        dying_ch, live_ch = ZmqSyncChannel(dying_address, name="dying receiver"), ZmqSyncChannel(live_address)
+        dying_ch = RpcSyncChannel.connect(dying_address, name="dying receiver")
+        live_ch = RpcSyncChannel.connect(live_address)
         with WeightSender("gloo", bucket_mb=1, timeout_s=SYNC_TIMEOUT_S, verify=True) as sender:
             try:
                 assert (await sender.send(tensors, [dying_ch, live_ch])).verified  # both alive
@@ -57,7 +58,7 @@ def test_a_checksum_mismatch_names_the_tensor_and_the_receiver(receiver_address,
     monkeypatch.setattr(sender_module, "tensor_checksum", lambda t: real(t) ^ (1 if t.numel() == 3 else 0))
 
     async def run():
-        channel = ZmqSyncChannel(receiver_address, name="checked receiver")
+        channel = RpcSyncChannel.connect(receiver_address, name="checked receiver")
         try:
             with WeightSender(transport, bucket_mb=1, timeout_s=30, verify=True) as sender:
                 await sender.send([("a", torch.ones(5)), ("b", torch.arange(3.0))], [channel])

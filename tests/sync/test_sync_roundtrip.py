@@ -80,7 +80,7 @@ def test_dead_receiver_times_out_naming_the_peer(spawn_receiver, our_segments, s
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
     start = time.monotonic()
-    with pytest.raises(SyncTimeout, match=r"no reply from receiver 0 within 1\.5 s"):
+    with pytest.raises(SyncTimeout, match=r"receiver 0 did not answer .* within 1\.5 s"):
         asyncio.run(sync_send([("w", torch.ones(10))], [address], timeout_s=1.5, transport=transport))
     assert time.monotonic() - start < 10, "the deadline was not kept"
     assert our_segments() == []

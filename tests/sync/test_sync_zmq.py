@@ -5,7 +5,7 @@ import asyncio
 import zmq
 
 from rlx.sync.messages import NO_ID, SyncPing, decode_ack, encode
-from rlx.sync.zmq_channel import ZmqSyncChannel
+from rlx.sync.rpc import RpcSyncChannel
 
 
 def exchange(address, frames, timeout_ms=10_000):
@@ -39,7 +39,7 @@ def test_malformed_messages_get_error_replies_and_the_receiver_keeps_serving(rec
 
 def test_channel_matches_concurrent_replies_to_their_requests(receiver_address):
     async def many_pings():
-        channel = ZmqSyncChannel(receiver_address, name="test receiver")
+        channel = RpcSyncChannel.connect(receiver_address, name="test receiver")
         try:
             return await asyncio.gather(*(channel.call(SyncPing(), 10) for _ in range(20)))
         finally:
