@@ -23,8 +23,10 @@ answered with that failure, and the server stops and raises ``BackendDied`` (a n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
+import os
 import signal
 import time
 
@@ -95,6 +97,7 @@ class RolloutServer:
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.bind(self.address)
         self._sock = sock
+        ipc_file = _ipc_file(self.address)  # ZeroMQ leaves the file behind: removed below if still ours
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
@@ -111,6 +114,9 @@ class RolloutServer:
             await self._close_backend()
             sock.close(0)
             ctx.term()
+            if ipc_file is not None and _ipc_file(self.address) == ipc_file:
+                with contextlib.suppress(OSError):
+                    os.unlink(ipc_file[0])
         if self.death:
             raise BackendDied(self.death)
 
@@ -282,6 +288,8 @@ class RolloutServer:
     def _fitted(self, prompt, index: int, sampling: p.SamplingSpec) -> p.SamplingSpec:
         """``sampling`` with ``max_tokens`` capped to the room ``prompt`` leaves in the context."""
         length = self.backend.prompt_len(prompt)
+        if length < 1:
+            raise RequestRefused(f"prompt {index} is empty (0 tokens); every prompt needs at least one token")
         room = self.max_model_len - length
         if room < 1:
             raise RequestRefused(f"prompt {index} is {length} tokens; it must be shorter than "
@@ -302,9 +310,13 @@ class RolloutServer:
     async def _sleep_or_wake(self, body) -> p.MemoryResult:
         """Sleep or WakeUp (colocated placement), one at a time with weight updates; traced as engine.sleep /
         engine.wake_up with the memory the phase that just ended peaked at."""
+        sleep = isinstance(body, p.Sleep)
+        if sleep and body.level not in (1, 2):
+            raise RequestRefused(f"sleep level {body.level} is not 1 (weights to CPU, free the KV cache) or 2 (free both)")
+        if not sleep and not set(body.tags) <= {"weights", "kv_cache"}:
+            raise RequestRefused(f"wake_up tags {list(body.tags)} must be among 'weights' and 'kv_cache' (empty = both)")
         async with self._update_lock:
             _, peak_gb = await self.backend.memory_gb()  # the phase that ends here
-            sleep = isinstance(body, p.Sleep)
             with tracer.span("engine.sleep" if sleep else "engine.wake_up", peak_memory_gb=peak_gb) as span:
                 asleep = await (self.backend.sleep(body.level) if sleep else self.backend.wake_up(list(body.tags)))
                 now_gb, _ = await self.backend.memory_gb()
@@ -332,6 +344,17 @@ class RolloutServer:
 
     async def _send(self, frames: list[bytes], reply: p.Reply) -> None:
         await self._sock.send_multipart(reply_frames(frames, p.encode(reply)))
+
+
+def _ipc_file(address: str) -> tuple[str, int] | None:
+    """The path and inode of an ``ipc://`` address's socket file, or None (tcp, or no file)."""
+    if not address.startswith("ipc://"):
+        return None
+    path = address[len("ipc://"):]
+    try:
+        return path, os.stat(path).st_ino
+    except OSError:
+        return None
 
 
 async def run_server(backend: Backend, address: str, token: str = "", **limits) -> None:

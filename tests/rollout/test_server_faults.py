@@ -169,3 +169,28 @@ def test_a_request_past_its_deadline_stops_generating_and_frees_the_server(hf_se
         assert len({tuple(s.token_ids) for s in result[0].samples}) == 1 and len(result[0].samples) == 3
 
     run_with_client(hf_server, scenario)
+
+
+def test_empty_prompts_and_bad_sleep_requests_are_refused_and_sigterm_removes_the_socket_file(tiny_model_dir, tmp_path):
+    """An empty text prompt, a Sleep level other than 1 or 2 and unknown WakeUp tags are refused (the server
+    keeps generating); SIGTERM then ends the server and removes its ipc socket file."""
+    import os
+    import signal
+    from pathlib import Path
+
+    with serve_with(tiny_model_dir, tmp_path, "server-hf", rollout={"backend": "hf"}) as (address, proc):
+        async def scenario(client):
+            with pytest.raises(RolloutServerError, match="prompt 0 is empty"):
+                await client.generate([""], GREEDY)
+            with pytest.raises(RolloutServerError, match="sleep level 99"):
+                await client.call(0, p.Sleep(level=99))
+            with pytest.raises(RolloutServerError, match="wake_up tags"):
+                await client.call(0, p.WakeUp(tags=["bogus"]))
+            assert (await client.generate(["1+1="], GREEDY))[0].samples[0].token_ids
+
+        run_with_client(address, scenario)
+        socket_file = Path(address.removeprefix("ipc://"))
+        assert socket_file.exists()
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert not socket_file.exists()
