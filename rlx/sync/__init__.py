@@ -17,9 +17,9 @@ sender fill bucket k+1 while the receiver loads bucket k.
     rpc.py              the ZeroMQ request/reply helper (the rollout client's too), and RpcSyncChannel:
                         the SyncChannel to a receiver process or a rollout server
     sender.py           WeightSender
-    handler.py          SyncHandler: the one dispatch and error path of every receiving host
-                        (receiver process, vLLM worker extension, hf backend)
-    receiver.py         WeightReceiver: the buffer's bytes as tensors, checked
+    receiver.py         SyncHandler: the one dispatch and error path of every receiving host
+                        (receiver process, vLLM worker extension, hf backend), and the
+                        WeightReceiver it drives: the buffer's bytes as tensors, checked
     receiver_process.py a ROUTER loop serving a SyncHandler (bench, tests)
     local_receiver.py   start / stop such a process by pid, with a channel to it
     checksum.py         per-tensor checksums for end-to-end verification

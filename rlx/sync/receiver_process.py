@@ -1,4 +1,4 @@
-"""A receiver process: a ROUTER socket in front of one ``rlx.sync.handler.SyncHandler`` (bench, tests).
+"""A receiver process: a ROUTER socket in front of one ``rlx.sync.receiver.SyncHandler`` (bench, tests).
 
 ``serve`` is the socket loop; ``main`` runs it as
 ``python -m rlx.sync.receiver_process --address ipc:///tmp/x.sock``, with a consumer that copies
@@ -23,9 +23,8 @@ import zmq
 
 from rlx.sync.checksum import tensor_checksum
 from rlx.sync.copy import copy_bytes
-from rlx.sync.handler import Consumer, SyncHandler
 from rlx.sync.messages import NO_ID, BucketAck, encode
-from rlx.sync.receiver import WeightReceiver
+from rlx.sync.receiver import Consumer, SyncHandler, WeightReceiver
 from rlx.sync.rpc import reply_frames
 
 

@@ -6,7 +6,6 @@ import msgspec
 import pytest
 import torch
 
-from rlx.sync.handler import SyncHandler
 from rlx.sync.messages import (
     BucketMeta,
     SyncBegin,
@@ -19,7 +18,7 @@ from rlx.sync.messages import (
     decode_request,
     encode,
 )
-from rlx.sync.receiver import WeightReceiver
+from rlx.sync.receiver import SyncHandler, WeightReceiver
 from rlx.sync.receiver_process import CopyConsumer
 from rlx.sync.transports.shm import ShmBuffer
 

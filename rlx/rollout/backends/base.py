@@ -2,7 +2,7 @@
 
 A backend generates completions (with the logprobs of the sampled tokens), pauses and
 resumes scheduling, and takes weight updates: ``update_weights`` gets the bytes of one sync
-request as the sender encoded them and hands them to an ``rlx.sync.handler.SyncHandler`` where
+request as the sender encoded them and hands them to an ``rlx.sync.receiver.SyncHandler`` where
 the weights live (the vLLM workers, or the hf model); the handler's ``BucketAck`` is the reply.
 A failed request aborts the sync inside the handler, so the backend generates again and takes the
 next sync; ``ack.in_sync`` says whether a sync is still open (generation stays paused meanwhile).

@@ -13,7 +13,7 @@ KV caches: that is what the vllm backend is for.
 Every request carries a deadline: a request whose deadline passed (or whose caller gave up) is
 dropped from the queue, and a running batch stops generating a request's rows once its deadline
 passes (a stopping criterion checked at every token), so no request holds the model longer than
-its deadline. ``update_weights`` hands each sync request to an ``rlx.sync.handler.SyncHandler``
+its deadline. ``update_weights`` hands each sync request to an ``rlx.sync.receiver.SyncHandler``
 (in a worker thread) whose consumer copies the tensors into the parameters, and holds the model
 lock while a sync is open: a failed request aborts the sync, so the lock is released and the
 backend generates again.
@@ -30,8 +30,8 @@ import msgspec
 
 from rlx.rollout.backends.base import Backend
 from rlx.rollout.protocol import PromptResult, Sample, SamplingSpec
-from rlx.sync.handler import Consumer
 from rlx.sync.messages import BucketAck
+from rlx.sync.receiver import Consumer, SyncHandler, WeightReceiver
 
 MAX_BATCH_PROMPTS = 64
 
@@ -246,9 +246,6 @@ class HfBackend(Backend):
 
     async def update_weights(self, payload: bytes) -> BucketAck:
         if self._handler is None:
-            from rlx.sync.handler import SyncHandler
-            from rlx.sync.receiver import WeightReceiver
-
             lora = self.cfg.model.lora
             if lora.rank:  # an adapter sync merges into the weights (rlx.rollout.backends.lora says why)
                 from rlx.rollout.backends.lora import AdapterMerger

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from rlx.sync.handler import Consumer
+from rlx.sync.receiver import Consumer
 
 FACTORS = (".lora_A.weight", ".lora_B.weight")
 

@@ -36,8 +36,8 @@ import time
 
 from rlx.rollout.backends.base import Backend
 from rlx.rollout.protocol import PromptResult, Sample, SamplingSpec
-from rlx.sync.handler import merge_acks
 from rlx.sync.messages import NO_ID, BucketAck, SyncAbort, decode_ack, encode
+from rlx.sync.receiver import merge_acks
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Worker extension that vLLM mixes into each engine worker to receive weights from rlx.
 
 One call, ``rlx_update_weights(payload) -> ack``: the bytes of one sync request, exactly as the
-trainer's sender encoded them, go to an ``rlx.sync.handler.SyncHandler`` that dispatches them,
+trainer's sender encoded them, go to an ``rlx.sync.receiver.SyncHandler`` that dispatches them,
 with ``_VllmLoader`` as its consumer: a begin starts vLLM's layerwise reload (which restores the
 checkpoint-format parameters that post-processing replaced, e.g. the CPU backend's packed GEMM
 weights), a bucket goes to ``model.load_weights`` and is acknowledged only after that returns, the
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 
-from rlx.sync.handler import Consumer
+from rlx.sync.receiver import Consumer, SyncHandler, WeightReceiver
 
 
 class _ExpectedReloadWarnings(logging.Filter):
@@ -49,9 +49,6 @@ class WeightSyncExtension:
     def rlx_update_weights(self, payload: bytes) -> bytes:
         handler = getattr(self, "_rlx_handler", None)
         if handler is None:
-            from rlx.sync.handler import SyncHandler
-            from rlx.sync.receiver import WeightReceiver
-
             name = f"vLLM worker {getattr(self, 'rank', 0)}"
             consumer = getattr(self, "_rlx_adapter_loader", None) or _VllmLoader(self)
             handler = self._rlx_handler = SyncHandler(WeightReceiver(name), consumer)
