@@ -33,6 +33,7 @@ import os
 import tempfile
 import threading
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -132,9 +133,7 @@ class TraceCache:
     def load(self) -> Trace | None:
         """The cached trace, or None when there is no usable cache (a bad one is removed)."""
         try:
-            with open(self.path, "rb") as f:
-                buffer = bytearray(os.fstat(f.fileno()).st_size)
-                f.readinto(buffer)
+            buffer = self.path.read_bytes()  # the arrays are read-only views of it
         except OSError:
             return None
         try:
@@ -145,7 +144,7 @@ class TraceCache:
         os.utime(self.path)  # most recently used: pruned last
         return trace
 
-    def _decode(self, buffer: bytearray) -> Trace:
+    def _decode(self, buffer: bytes) -> Trace:
         manifest, arrays = _read(buffer)
         if manifest.version != CACHE_VERSION or manifest.sources != self.sources:
             raise BadCache("the cache describes other files")
@@ -285,7 +284,7 @@ def _pack_strings(values) -> tuple[np.ndarray, np.ndarray]:
     return offsets, np.frombuffer(b"".join(encoded), np.uint8)
 
 
-class PackedStrings:
+class PackedStrings(Sequence):
     """Strings stored as one UTF-8 blob and offsets: a sequence of ``str`` decoded one at a time."""
 
     def __init__(self, blob: np.ndarray, offsets: np.ndarray) -> None:
@@ -310,7 +309,7 @@ class PackedStrings:
         return (self[k] for k in range(len(self)))
 
     def __eq__(self, other) -> bool:
-        return len(self) == len(other) and list(self) == list(other)
+        return isinstance(other, Sequence) and len(self) == len(other) and list(self) == list(other)
 
     __hash__ = None
 
@@ -369,7 +368,7 @@ def _write(manifest: _Manifest, arrays: dict[str, np.ndarray]) -> bytes:
 _manifest_decoder = msgspec.json.Decoder(_Manifest)
 
 
-def _read(buffer: bytearray) -> tuple[_Manifest, dict[str, np.ndarray]]:
+def _read(buffer: bytes) -> tuple[_Manifest, dict[str, np.ndarray]]:
     if len(buffer) < _PREFIX + 4 or buffer[:len(MAGIC)] != MAGIC:
         raise BadCache("not a trace cache")
     if zlib.crc32(memoryview(buffer)[:-4]) != int.from_bytes(buffer[-4:], "little"):

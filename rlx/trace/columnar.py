@@ -166,14 +166,14 @@ def take_values(values, rows: np.ndarray):
         return [values[k] for k in rows.tolist()]
     if isinstance(values, LineAttrs):
         return LineAttrs(values.lines, values.rows[rows])
-    return values.take(pa.array(rows, pa.int64()))
+    return values.take(arrow_indices(rows))
 
 
 def has_value(values) -> np.ndarray:
     """Which items of a list or pyarrow array are not None / null."""
     if isinstance(values, list):
         return np.fromiter((v is not None for v in values), bool, len(values))
-    return pc.is_valid(values).to_numpy(zero_copy_only=False)
+    return valid_mask(values)
 
 
 @dataclass
@@ -205,15 +205,15 @@ def read_columns(data, header: Header, body_start: int, path=None) -> ColumnarFi
     present = kind.dictionary.to_pylist()
     if kind.null_count or not set(present) <= set(KINDS):
         return None
-    codes = kind.indices.to_numpy(zero_copy_only=False)
+    codes = to_numpy(kind.indices, np.int32, -1)
     lines = FileLines(data, body_start, path)
     kinds = {k: _kind_columns(table.slice(0, 0), LineAttrs(lines, np.zeros(0, np.int64))) for k in KINDS}
     for code, k in enumerate(present):
-        rows = codes == code
-        x = table.filter(pa.array(rows))
+        rows = np.flatnonzero(codes == code)
+        x = table.take(arrow_indices(rows))
         if any(x.column(name).null_count for name in _REQUIRED[k]):
             return None  # a record without a field its kind requires
-        kinds[k] = _kind_columns(x, LineAttrs(lines, np.flatnonzero(rows)))
+        kinds[k] = _kind_columns(x, LineAttrs(lines, rows))
     return ColumnarFile(header=header, kinds=kinds)
 
 
@@ -241,12 +241,51 @@ def _kind_columns(x, attrs: LineAttrs) -> KindColumns:
     err = x.column("err")
     errors = {}
     if err.null_count < len(err):
-        rows = np.flatnonzero(pc.is_valid(err).to_numpy(zero_copy_only=False))
-        errors = dict(zip(rows.tolist(), err.take(pa.array(rows)).to_pylist()))
+        rows = np.flatnonzero(valid_mask(err))
+        errors = dict(zip(rows.tolist(), err.take(arrow_indices(rows)).to_pylist()))
     return KindColumns(i=_ints(x, "i"), t=_ints(x, "t"), d=_ints(x, "d"), p=_ints(x, "p"),
-                       name_codes=pc.fill_null(names.indices, -1).to_numpy(zero_copy_only=False).astype(np.int32),
+                       name_codes=to_numpy(names.indices, np.int32, -1),
                        name_values=names.dictionary.to_pylist(),
                        requests=x.column("r").combine_chunks(), errors=errors, attrs=attrs)
+
+
+_NUMPY_TYPES = {"int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64}
+
+
+def to_numpy(array, dtype, fill: int) -> np.ndarray:
+    """A pyarrow integer array (or chunked array) as a new numpy array of ``dtype``, nulls as ``fill``.
+
+    Read from the buffers: pyarrow's own conversions (``to_numpy``, ``pa.array``, compute calls
+    with a Python scalar) import pandas on first use, a fifth of a second of every open."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    n = len(array)
+    if n == 0:
+        return np.zeros(0, dtype)
+    source = np.dtype(_NUMPY_TYPES[str(array.type)])
+    values = np.frombuffer(array.buffers()[1], source, n, array.offset * source.itemsize)
+    if array.null_count:
+        values = np.where(valid_mask(array), values, fill)
+    return values.astype(dtype)
+
+
+def valid_mask(array) -> np.ndarray:
+    """Which items of a pyarrow array (or chunked array) are not null, read from its validity bitmap."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    n, validity = len(array), array.buffers()[0]
+    if validity is None or array.null_count == 0:
+        return np.ones(n, bool)
+    if array.null_count == n:
+        return np.zeros(n, bool)
+    bits = np.unpackbits(np.frombuffer(validity, np.uint8), bitorder="little")
+    return bits[array.offset:array.offset + n].astype(bool)
+
+
+def arrow_indices(rows: np.ndarray):
+    """Row numbers as a pyarrow int64 array for ``take``, made from the numpy buffer (see ``to_numpy``)."""
+    rows = np.ascontiguousarray(rows, np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])
 
 
 def _schema():
@@ -255,4 +294,4 @@ def _schema():
 
 
 def _ints(table, name: str) -> np.ndarray:
-    return pc.fill_null(table.column(name), 0).combine_chunks().to_numpy(zero_copy_only=False).astype(np.int64)
+    return to_numpy(table.column(name), np.int64, 0)

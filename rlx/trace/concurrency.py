@@ -3,7 +3,7 @@
 Running = ``generate`` spans open at t. Queued = ``queued`` spans open at t, plus requests whose
 ``queued`` instant event is at or before t and whose first ``generate`` span (same process and
 request id) has not started yet; a server may record queueing either way. Each count is two
-sorted arrays and two binary searches per query.
+vectorised comparisons over the intervals.
 """
 
 from __future__ import annotations
@@ -14,12 +14,15 @@ from rlx.trace.model import Trace
 
 
 class OpenCount:
+    """Intervals, unsorted: a count scans them (under a millisecond for half a million), which costs
+    less than sorting them when the viewer opens, for the few counts a cursor asks."""
+
     def __init__(self, starts: np.ndarray, ends: np.ndarray) -> None:
-        self.starts, self.ends = np.sort(starts), np.sort(ends)
+        self.starts, self.ends = starts, ends
 
     def at(self, t: float) -> int:
         """Intervals started at or before t and not yet ended."""
-        return int(np.searchsorted(self.starts, t, side="right") - np.searchsorted(self.ends, t, side="right"))
+        return int(np.count_nonzero(self.starts <= t) - np.count_nonzero(self.ends <= t))
 
 
 def running(trace: Trace) -> OpenCount:

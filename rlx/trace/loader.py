@@ -150,8 +150,7 @@ class _RequestIds:
         chunks = _string_arrays(batches)
         if chunks is not None:
             encoded = columnar.pa.chunked_array(chunks, columnar.pa.string()).dictionary_encode()
-            codes = [columnar.pc.fill_null(c.indices, -1).to_numpy(zero_copy_only=False).astype(np.int32)
-                     for c in encoded.chunks]
+            codes = [columnar.to_numpy(c.indices, np.int32, -1) for c in encoded.chunks]
             self.values = ArrowStrings(encoded.chunk(0).dictionary) if encoded.num_chunks else []
         else:
             interner = _Interner()

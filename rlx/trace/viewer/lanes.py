@@ -25,6 +25,8 @@ from rlx.trace.model import Trace
 from rlx.trace.perfetto import role_rank
 
 SPANS, REQUESTS, REQUEST = "spans", "requests", "request"
+_MAX_SEEN = 1 << 27
+"""Above this many (process, request id) pairs, requests are counted by sorting instead of marking."""
 
 
 @dataclass(frozen=True)
@@ -107,18 +109,23 @@ class Lanes:
         spans, events = self.trace.spans, self.trace.events
         self._req_spans = np.flatnonzero(self.span_mask & (spans.request >= 0))
         self._req_events = np.flatnonzero(self.event_mask & (events.request >= 0))
-        keys = np.unique(np.r_[self._key(spans.proc[self._req_spans], spans.request[self._req_spans]),
-                               self._key(events.proc[self._req_events], events.request[self._req_events])])
-        counts = np.bincount(keys // self._width, minlength=len(self.trace.processes))
+        keys = np.r_[self._key(spans.proc[self._req_spans], spans.request[self._req_spans]),
+                     self._key(events.proc[self._req_events], events.request[self._req_events])]
+        num_procs = len(self.trace.processes)
+        if num_procs * self._width <= _MAX_SEEN:  # mark each (process, request) pair: no sort
+            seen = np.zeros(num_procs * self._width, bool)
+            seen[keys] = True
+            counts = np.count_nonzero(seen.reshape(num_procs, self._width), axis=1)
+        else:
+            counts = np.bincount(np.unique(keys) // self._width, minlength=num_procs)
         self.num_requests = {p: int(c) for p, c in enumerate(counts.tolist()) if c}
 
     def _find_depths(self) -> None:
         spans = self.trace.spans
-        own = np.flatnonzero(self.span_mask & (spans.request < 0))
-        pairs = np.unique(spans.proc[own].astype(np.int64) * 65536 + spans.depth[own])
-        self._depths = {p: [] for p in range(len(self.trace.processes))}
-        for pair in pairs.tolist():
-            self._depths[pair // 65536].append(pair % 65536)
+        own = self.span_mask & (spans.request < 0)
+        seen = np.zeros((len(self.trace.processes), int(spans.depth.max(initial=0)) + 1), bool)
+        seen[spans.proc[own], spans.depth[own]] = True  # no sort
+        self._depths = {p: np.flatnonzero(row).tolist() for p, row in enumerate(seen)}
 
     def requests_of(self, proc: int) -> np.ndarray:
         """The process's request indices (into trace.request_ids) that pass the filter, by first start."""

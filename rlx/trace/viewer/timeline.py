@@ -30,6 +30,7 @@ from rlx.trace.viewer.render import Palette, row_cells, ruler, to_segments
 
 LABEL_WIDTH = 24
 MIN_WINDOW_NS = 1_000
+_MAX_MEMO_ROWS = 512
 _ROLE_STYLE = {"rollout": Style(color="green3", bold=True), "trainer": Style(color="dodger_blue1", bold=True),
                "sync": Style(color="dark_orange", bold=True), "launcher": Style(color="magenta", bold=True)}
 _LABEL = Style(color="grey70")
@@ -80,6 +81,7 @@ class Timeline(Widget, can_focus=True):
         self.row = 0
         self.top = 0
         self.selected = -1
+        self._cells: dict[tuple, tuple[list, list]] = {}
         self._drag: tuple[int, float, float] | None = None
         self._dragged = False
 
@@ -113,11 +115,22 @@ class Timeline(Widget, can_focus=True):
         if k >= len(self.lanes.rows):
             return Strip.blank(width)
         key = self.lanes.rows[k]
-        chars, styles = row_cells(self.trace, self.palette, key.kind, self.lanes.data(key),
-                                  self.t0, self.t1, self.plot_width, self.selected)
+        chars, styles = self._row_cells(key)
         segments = [self._label_segment(key, k == self.row)]
         segments += to_segments(chars, styles, self.column_of(self.cursor_ns))
         return Strip(segments, width)
+
+    def _row_cells(self, key: RowKey) -> tuple[list, list]:
+        """A row's cells, kept while the window, width and selection stay: Textual draws a line
+        more than once (the first frame draws every row twice), the cursor is added on top."""
+        memo_key = (key, self.t0, self.t1, self.plot_width, self.selected)
+        cells = self._cells.get(memo_key)
+        if cells is None:
+            if len(self._cells) >= _MAX_MEMO_ROWS:
+                self._cells.clear()
+            cells = self._cells[memo_key] = row_cells(self.trace, self.palette, key.kind, self.lanes.data(key),
+                                                      self.t0, self.t1, self.plot_width, self.selected)
+        return cells
 
     def _ruler_line(self, width: int) -> Strip:
         head = f" window {format_ns(self.t1 - self.t0)}".ljust(LABEL_WIDTH)[:LABEL_WIDTH]
@@ -219,6 +232,7 @@ class Timeline(Widget, can_focus=True):
     def apply_filter(self, span_mask: np.ndarray | None, event_mask: np.ndarray | None) -> None:
         expanded = self.lanes.expanded
         self.lanes = Lanes(self.trace, span_mask, event_mask)
+        self._cells.clear()
         self.lanes.set_window(self.t0, self.t1)
         for proc in expanded:
             self.lanes.toggle(proc)
