@@ -7,10 +7,12 @@ manifest first: a corrupt or partial checkpoint is reported and skipped, never l
 
 A LoRA model (``rlx.engine.lora``) saves only its adapter, in PEFT's format
 (``adapter_model.safetensors`` + ``adapter_config.json``), and the optimizer state of the adapter
-weights; the base weights stay in ``model.path``. ``before_manifest`` (the checkpoint plugins' save
-hook) runs on the staged directory once every rlx file is written and before the manifest and the
-rename: what it adds is hashed into the manifest, and when it raises the staged directory is
-removed, so the newest complete checkpoint stays the previous one.
+weights; the base weights stay in ``model.path``. On several ranks the adapter is gathered whole
+(``rlx.engine.lora.adapter_state``) and loaded back into the shards on every rank, and its optimizer
+state goes through the same distributed state-dict API as a full model's. ``before_manifest`` (the
+checkpoint plugins' save hook) runs on the staged directory once every rlx file is written and
+before the manifest and the rename: what it adds is hashed into the manifest, and when it raises
+the staged directory is removed, so the newest complete checkpoint stays the previous one.
 """
 
 from __future__ import annotations

@@ -100,11 +100,11 @@ def merged_named_tensors(model):
         yield f"{module_name}.{leaf}", tensor
 
 
-def _adapter_params(model) -> dict[str, torch.nn.Parameter]:
-    """The adapter's parameters under PEFT's names without the prefix (``<module>.lora_A.weight``): the
-    model's own names with the adapter's name taken out, as ``peft.get_peft_model_state_dict`` saves them."""
+def _adapter_names(model) -> dict[str, str]:
+    """PEFT's name without the prefix (``<module>.lora_A.weight``: the adapter's name taken out, as
+    ``peft.get_peft_model_state_dict`` saves it) -> the model's own name, per adapter parameter."""
     tag = f".{ADAPTER}."
-    return {name.replace(tag, "."): param for name, param in model.named_parameters()
+    return {name.replace(tag, "."): name for name, _ in model.named_parameters()
             if tag in name and (".lora_A." in name or ".lora_B." in name)}
 
 
@@ -112,8 +112,9 @@ def adapter_named_tensors(model):
     """(name, tensor) of the adapter alone, for ``model.lora.sync=adapter``: ``<module>.lora_A.weight`` [r, in]
     and ``<module>.lora_B.weight`` [out, r] under the base model's module names, in the trainer's dtype (the
     receiver merges in float32, as ``merged_named_tensors`` does). Gathered when sharded: every rank iterates."""
-    for key, param in _adapter_params(model).items():
-        yield key, _full(param)
+    params = dict(model.named_parameters())
+    for key, name in _adapter_names(model).items():
+        yield key, _full(params[name])
 
 
 def adapter_state(model) -> dict[str, torch.Tensor]:
@@ -125,16 +126,18 @@ def adapter_state(model) -> dict[str, torch.Tensor]:
 def load_adapter_state(model, state: dict[str, torch.Tensor]) -> None:
     """Set the adapter weights from ``adapter_state``'s names (on every rank, each holding the full state;
     sharded parameters take their shard); a missing or unexpected key is an error."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+    )
 
-    params = _adapter_params(model)
-    expected = {PEFT_PREFIX + key for key in params}
+    names = _adapter_names(model)
+    expected = {PEFT_PREFIX + key for key in names}
     if set(state) != expected:
         missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
         raise ValueError(f"the adapter in the checkpoint does not fit model.lora (missing: {missing[:3]}, "
                          f"unexpected: {extra[:3]}); resume with that run's model.lora settings")
-    names = {id(param): name for name, param in model.named_parameters()}
-    full = {names[id(params[key.removeprefix(PEFT_PREFIX)])]: value for key, value in sorted(state.items())}
+    full = {names[key.removeprefix(PEFT_PREFIX)]: value for key, value in sorted(state.items())}
     result = set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, strict=False))
     assert not result.unexpected_keys, result.unexpected_keys
 

@@ -2,7 +2,8 @@
 
 One rank trains the plain module (no wrapping overhead); several ranks shard every decoder
 layer and then the root with ``fully_shard`` over a 1-D device mesh (gloo on CPU, NCCL on
-GPU). With packed micro-batches the model runs ``rlx.engine.attention``'s packed-sequence
+GPU). LoRA adapters are injected before sharding, so their factors are sharded with their
+layer. With packed micro-batches the model runs ``rlx.engine.attention``'s packed-sequence
 attention instead of ``model.attn_implementation``. Nothing is downloaded: a path that is not
 a local directory is an error.
 """

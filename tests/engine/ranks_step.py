@@ -1,9 +1,9 @@
 """Run one trainer step on a fixed batch at rank RANK of WORLD_SIZE; rank 0 prints a JSON summary.
 
 Used by test_ranks.py through real processes (gloo). Not a test module itself. With ``--lora OUT CKPT``
-(test_lora_ranks.py) the model trains a LoRA adapter for two steps on the batch, checkpoints after the first
-into CKPT and writes the merged weights and the adapter into the safetensors file OUT; with ``--lora OUT
-CKPT --resume`` it loads CKPT's step 1 and takes the second step.
+(test_lora_ranks.py) the model trains a LoRA adapter for two steps on the batch, checkpointing after the
+first into CKPT; then a second trainer resumes from that checkpoint and takes the second step again. Rank 0
+writes the merged weights and the adapter of both into the safetensors file OUT.
 """
 
 import json
@@ -25,7 +25,7 @@ def main(model_dir: str, lora: list[str]) -> None:
     cfg.rollout.n = 4
     trainer = Trainer(cfg)
     if lora:
-        return lora_steps(trainer, *lora)
+        return lora_steps(trainer, Trainer(cfg), *lora)
     metrics = trainer.step(fixed_batch())
     params = {name: t.double().sum().item() for name, t in trainer.named_tensors()}
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
@@ -49,7 +49,7 @@ def fixed_batch():
     return build_batch(prompts, completions, logps, rewards, pad_id=0)
 
 
-def lora_steps(trainer, out: str, ckpt_root: str, resume: str = "") -> None:
+def lora_steps(trainer, resumed, out: str, ckpt_root: str) -> None:
     from pathlib import Path
 
     from safetensors.torch import save_file
@@ -57,16 +57,16 @@ def lora_steps(trainer, out: str, ckpt_root: str, resume: str = "") -> None:
     from rlx.engine.checkpoint import load_checkpoint, save_checkpoint
     from rlx.engine.lora import adapter_named_tensors
 
-    args = (trainer.model, trainer.optimizer, trainer.scheduler)
-    losses = []
-    if resume:
-        load_checkpoint(Path(ckpt_root) / "step_00000001", *args)
-    else:
-        losses.append(trainer.step(fixed_batch())["loss"])
-        save_checkpoint(Path(ckpt_root), 1, *args, trainer.cfg.model.path, {"step": 1, "data": {}}, keep=2)
+    losses = [trainer.step(fixed_batch())["loss"]]
+    save_checkpoint(Path(ckpt_root), 1, trainer.model, trainer.optimizer, trainer.scheduler, trainer.cfg.model.path,
+                    {"step": 1, "data": {}}, keep=2)
     losses.append(trainer.step(fixed_batch())["loss"])  # B starts at 0: A has a gradient from this step on
-    tensors = {f"merged.{name}": t for name, t in trainer.named_tensors()}
-    tensors.update({f"adapter.{name}": t for name, t in adapter_named_tensors(trainer.model)})
+    load_checkpoint(Path(ckpt_root) / "step_00000001", resumed.model, resumed.optimizer, resumed.scheduler)
+    losses.append(resumed.step(fixed_batch())["loss"])
+    tensors = {}
+    for prefix, t in (("", trainer), ("resumed.", resumed)):
+        tensors.update({f"{prefix}merged.{name}": x for name, x in t.named_tensors()})
+        tensors.update({f"{prefix}adapter.{name}": x for name, x in adapter_named_tensors(t.model)})
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         save_file({k: v.contiguous() for k, v in tensors.items()}, out)
         print("RESULT" + json.dumps({"losses": losses}))

@@ -18,57 +18,63 @@ pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).with_name("ranks_step.py")
 
 
-def run_world(world: int, model_dir, out: Path, ckpt_root: Path, *extra: str) -> tuple[list[float], dict]:
-    """``ranks_step.py --lora`` on ``world`` gloo ranks: rank 0's losses and the tensors it wrote."""
+def start_world(world: int, model_dir, out: Path, ckpt_root: Path) -> list[subprocess.Popen]:
+    """``ranks_step.py --lora`` on ``world`` gloo ranks (see there for what it runs and writes)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, str(SCRIPT), str(model_dir), "--lora", str(out),
-                                       str(ckpt_root), *extra], env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    env = dict(os.environ, WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    return [subprocess.Popen([sys.executable, str(SCRIPT), str(model_dir), "--lora", str(out), str(ckpt_root)],
+                             env=dict(env, RANK=str(rank)), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for rank in range(world)]
+
+
+def finish_world(procs: list[subprocess.Popen], out: Path) -> tuple[list[float], dict]:
+    """Rank 0's losses (step 1, step 2, step 2 again after resuming from step 1's checkpoint) and tensors."""
     outputs = []
-    try:
-        for proc in procs:
-            stdout, stderr = proc.communicate(timeout=300)
-            assert proc.returncode == 0, stderr[-3000:]
-            outputs.append(stdout)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr[-3000:]
+        outputs.append(stdout)
     line = next(l for l in outputs[0].splitlines() if l.startswith("RESULT"))
     return json.loads(line[len("RESULT"):])["losses"], load_file(str(out))
 
 
+def part(tensors: dict, prefix: str) -> dict:
+    return {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
+
+
 def assert_same(a: dict, b: dict, atol: float) -> None:
     assert a.keys() == b.keys()
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=atol, msg=name)
+    for name, tensor in a.items():
+        torch.testing.assert_close(tensor, b[name], rtol=0, atol=atol, msg=name)
 
 
 @pytest.fixture(scope="module")
 def one_and_two(tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("lora_ranks")
-    runs = {world: run_world(world, tiny_model_dir, root / f"{world}.safetensors", root / f"ckpt{world}")
-            for world in (1, 2)}
+    procs = {world: start_world(world, tiny_model_dir, root / f"{world}.safetensors", root / f"ckpt{world}")
+             for world in (1, 2)}  # side by side: most of each run is starting python and loading torch
+    try:
+        runs = {world: finish_world(procs[world], root / f"{world}.safetensors") for world in (1, 2)}
+    finally:
+        for proc in (p for group in procs.values() for p in group if p.poll() is None):
+            proc.kill()
+            proc.wait()
     return root, runs
 
 
 def test_two_ranks_train_the_adapter_of_one_rank(one_and_two):
     _, runs = one_and_two
     (losses_1, tensors_1), (losses_2, tensors_2) = runs[1], runs[2]
-    assert losses_1 == pytest.approx(losses_2, rel=1e-5, abs=1e-6)
-    adapter = {k: v for k, v in tensors_2.items() if k.startswith("adapter.")}
-    assert adapter and all(v.abs().sum() > 0 for k, v in adapter.items())  # both factors trained away from 0
+    assert losses_1[:2] == pytest.approx(losses_2[:2], rel=1e-5, abs=1e-6)
+    adapter = part(tensors_2, "adapter.")
+    assert adapter and all(v.abs().sum() > 0 for v in adapter.values())  # both factors trained away from 0
+    assert part(tensors_2, "merged.").keys() >= {"model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight"}
     assert_same(tensors_1, tensors_2, atol=1e-5)  # merged weights (base names) and adapter factors
 
 
-def test_checkpoint_of_two_ranks_resumes_on_two_ranks(one_and_two, tiny_model_dir):
+def test_checkpoint_of_two_ranks_resumes_on_two_ranks(one_and_two):
     root, runs = one_and_two
     ckpt = root / "ckpt2" / "step_00000001"
     manifest = verify_checkpoint(ckpt)
@@ -78,6 +84,23 @@ def test_checkpoint_of_two_ranks_resumes_on_two_ranks(one_and_two, tiny_model_di
                 atol=1e-5)  # the 2-rank adapter is the full one, under PEFT's names
     optimizer = load_file(str(ckpt / "optimizer.safetensors"))
     assert any(".lora_A." in key and key.endswith("::exp_avg_sq") for key in optimizer)
-    losses, resumed = run_world(2, tiny_model_dir, root / "resumed.safetensors", root / "ckpt2", "--resume")
-    assert losses == pytest.approx(runs[2][0][1:], rel=1e-6, abs=1e-7)
-    assert_same(resumed, runs[2][1], atol=1e-6)  # adapter and Adam moments came back: the second step repeats
+    losses, tensors = runs[2]
+    assert losses[2] == pytest.approx(losses[1], rel=1e-6, abs=1e-7)
+    # adapter and Adam moments came back into the shards: the second step repeats exactly
+    assert_same(part(tensors, "resumed."), {k: v for k, v in tensors.items() if not k.startswith("resumed.")},
+                atol=1e-6)
+
+
+def test_rlx_train_lora_on_two_ranks_with_adapter_sync(tiny_model_dir, tmp_path):
+    """`rlx train` with two ranks and the adapter-only sync into the hf server, checksums verified."""
+    from tests.launch.test_train import read_metrics, run_to_end, small_config
+
+    config = small_config(tmp_path, tiny_model_dir, "hf", checkpoint={"every": 2, "keep": 1},
+                          model={"lora": {"rank": 8, "alpha": 16.0, "target_modules": ["q_proj", "v_proj"]}},
+                          trainer={"num_ranks": 2, "eval_every": 0})
+    code, output = run_to_end(config, tmp_path, "trainer.total_steps=2", "model.lora.sync=adapter", "sync.verify=true")
+    assert code == 0, output[-4000:]
+    run_dir = tmp_path / "run"
+    assert [r["step"] for r in read_metrics(run_dir) if "time_sync" in r] == [1, 2]
+    ckpt = run_dir / "checkpoints" / "step_00000002"
+    assert verify_checkpoint(ckpt)["lora"] is True and (ckpt / ADAPTER_CONFIG).is_file()
