@@ -216,7 +216,7 @@ class TraceCache:
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".writing-", suffix=".rlxtc")
             try:
                 with os.fdopen(fd, "wb") as f:
-                    f.write(self._encode(trace))
+                    self._encode(f, trace)
                 os.replace(tmp, self.path)
             finally:
                 if os.path.exists(tmp):
@@ -226,7 +226,7 @@ class TraceCache:
             return False
         return True
 
-    def _encode(self, trace: Trace) -> bytes:
+    def _encode(self, f, trace: Trace) -> None:
         spans, events = trace.spans, trace.events
         arrays = {f"span_{k}": getattr(spans, k) for k in _SPAN_COLUMNS}
         arrays |= {f"event_{k}": getattr(events, k) for k in _EVENT_COLUMNS}
@@ -245,7 +245,7 @@ class TraceCache:
             end_ns=[p.end_ns for p in trace.processes], names=list(trace.names), origin_wall_ns=trace.origin_wall_ns,
             num_spans=len(spans), num_events=len(events), span_errors=sorted(spans.errors.items()),
             segments=segments, arrays=[], warnings=list(trace.warnings))
-        return _write(manifest, arrays)
+        _write(f, manifest, arrays)
 
     def _remove(self) -> None:
         try:
@@ -346,8 +346,11 @@ def _dtype(name: str):
     return _OTHER_ARRAYS.get(name)
 
 
-def _write(manifest: _Manifest, arrays: dict[str, np.ndarray]) -> bytes:
-    """MAGIC, manifest length (8 bytes), manifest, then each array at a 64-byte boundary; CRC-32 last."""
+def _write(f, manifest: _Manifest, arrays: dict[str, np.ndarray]) -> None:
+    """MAGIC, manifest length (8 bytes), manifest, then each array at a 64-byte boundary; CRC-32 last.
+
+    Streamed array by array from numpy's memory (writes and CRC release the GIL), so that a cache
+    written in the background slows the viewer's start as little as possible."""
     layout, offset = [], 0
     for name, values in arrays.items():
         layout.append(_Array(name=name, offset=offset, length=len(values)))
@@ -355,14 +358,24 @@ def _write(manifest: _Manifest, arrays: dict[str, np.ndarray]) -> bytes:
     manifest.arrays = layout
     head = msgspec.json.encode(manifest)
     start = -(-(_PREFIX + len(head)) // _ALIGN) * _ALIGN
-    out = bytearray(start + offset + 4)
-    out[:_PREFIX] = MAGIC + len(head).to_bytes(8, "little")
-    out[_PREFIX:_PREFIX + len(head)] = head
+    crc = 0
+    for chunk in _chunks(head, start, layout, arrays):
+        crc = zlib.crc32(chunk, crc)
+        f.write(chunk)
+    f.write(crc.to_bytes(4, "little"))
+
+
+def _chunks(head: bytes, start: int, layout: list[_Array], arrays: dict[str, np.ndarray]):
+    """The file's bytes before the CRC, in pieces: prefix and manifest, then padding and each array."""
+    yield MAGIC + len(head).to_bytes(8, "little") + head + bytes(start - _PREFIX - len(head))
+    at = start
     for entry, values in zip(layout, arrays.values()):
-        raw = np.ascontiguousarray(values, _dtype(entry.name)).tobytes()
-        out[start + entry.offset:start + entry.offset + len(raw)] = raw
-    out[-4:] = zlib.crc32(memoryview(out)[:-4]).to_bytes(4, "little")
-    return bytes(out)
+        if start + entry.offset > at:
+            yield bytes(start + entry.offset - at)
+            at = start + entry.offset
+        data = memoryview(np.ascontiguousarray(values, _dtype(entry.name))).cast("B")
+        yield data
+        at += len(data)
 
 
 _manifest_decoder = msgspec.json.Decoder(_Manifest)

@@ -3,6 +3,9 @@ file it cannot read exactly (bad, blank or cut lines, odd field types) to that r
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -49,6 +52,14 @@ def test_real_tracer_files_take_the_fast_path_and_match(small_trace, monkeypatch
     fast, slow = load_trace(small_trace), load_line_by_line(small_trace, monkeypatch)
     assert_same_trace(fast, slow)
     assert fast.spans.errors  # the failed checkpoint came through the err column
+
+
+def test_the_fast_path_leaves_pandas_unimported(small_trace):
+    """pyarrow's own numpy conversions import pandas on first use: a fifth of a second of every open."""
+    code = ("import sys; from rlx.trace.loader import load_trace; t = load_trace(sys.argv[1], cache=False); "
+            "print(len(t.spans), 'pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(small_trace)], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(len(load_trace(small_trace).spans)), "False"]
 
 
 def test_synthetic_trace_with_long_spans_and_events_matches(tmp_path, monkeypatch):
