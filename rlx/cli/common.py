@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Iterator
 
 import typer
@@ -26,5 +27,16 @@ def user_errors() -> Iterator[None]:
     except (ConfigError, UserError, FileNotFoundError) as exc:
         from rich.markup import escape
 
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
+        err_console.print(f"[bold red]error:[/] {escape(printable(str(exc)))}", highlight=False, markup=True)
         raise typer.Exit(2) from None
+
+
+# control characters but tab and newline (ESC starts every terminal escape sequence), bidi overrides and isolates
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with the characters that could drive the terminal shown as escapes (``\\x1b``): error messages
+    quote paths, overrides and names exactly as the user (or a file) gave them."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
+                        text)

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from rlx.cli.common import UserError, console, user_errors
+from rlx.cli.common import UserError, console, printable, user_errors
 
 DEFAULT_METRICS = ["reward_mean", "eval_accuracy"]
 IMAGE_FORMATS = ("png", "svg", "pdf", "jpg", "jpeg", "webp")
@@ -71,10 +71,10 @@ def _draw(series: dict[str, list[tuple[int, float]]], out: Path, title: str) -> 
     for ax, (name, points) in zip(axes[0], series.items()):
         steps, values = zip(*points)
         ax.plot(steps, values, marker="o" if len(points) < 30 else None, linewidth=1.6)
-        ax.set_title(name)
+        ax.set_title(printable(name))  # a name from the metrics file: no control characters in the image or warnings
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    fig.suptitle(title)
+    fig.suptitle(printable(title))
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)

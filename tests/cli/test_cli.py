@@ -38,6 +38,20 @@ def test_error_lines_show_bracketed_user_text_verbatim():
     assert "'[red]abc'" in result.output, result.output
 
 
+def test_error_lines_show_escape_sequences_in_user_text_as_escapes(tmp_path):
+    """A path, override or file name holding terminal escape sequences is quoted with them made visible,
+    so an error line cannot clear the screen or retitle the terminal."""
+    cases = [["train", str(tmp_path / "no\x1b[2Jsuch.yaml")],
+             ["config", "check", "configs/quickstart.yaml", "rollout.backend=\x1b]0;title\x07x"],
+             ["trace-view", str(tmp_path / "trace\x1b[31m"), "--summary"],
+             ["convert-ckpt", str(tmp_path / "src\u202e"), str(tmp_path / "out")]]
+    for args in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert "\x1b" not in result.output and "\u202e" not in result.output, repr(result.output)
+        assert "\\x1b" in result.output or "\\u202e" in result.output, repr(result.output)
+
+
 def test_config_show_redacts_secrets():
     result = runner.invoke(app, ["config", "show", "configs/quickstart.yaml", "rollout.auth_token=s3cret-value"])
     assert result.exit_code == 0, result.output

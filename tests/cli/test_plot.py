@@ -39,3 +39,11 @@ def test_plot_refuses_unreadable_metrics_and_unwritable_images_in_one_line(tmp_p
         assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.output
         assert expected in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "metrics.jsonl"]
+
+
+def test_plot_draws_a_metric_named_with_escape_sequences_without_passing_them_on(tmp_path, recwarn):
+    name = "reward\x1b[2J"
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, name: 0.3}) + "\n")
+    result = runner.invoke(app, ["plot", str(tmp_path), "-m", name, "--out", str(tmp_path / "p.png")])
+    assert result.exit_code == 0, result.output
+    assert not [w for w in recwarn if "\x1b" in str(w.message)]  # matplotlib warns about glyphs it cannot draw
