@@ -20,6 +20,7 @@ only then does it wait for the servers.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import socket
 import time
@@ -186,8 +187,10 @@ class Launch:
             last = asyncio.run(self.stops.guard(self._control(trainer, addresses)))
         finally:
             tracer.close()
-        display.note(f"done: run directory {run_dir}; held-out accuracy {last.get('first_eval', float('nan')):.3f} "
-                     f"-> {last.get('eval_accuracy', float('nan')):.3f}; `rlx plot {run_dir}` draws the curves, "
+        evaluated = not math.isnan(last.get("first_eval", math.nan)) and "eval_accuracy" in last
+        accuracy = (f"held-out accuracy {last['first_eval']:.3f} -> {last['eval_accuracy']:.3f}" if evaluated
+                    else "no held-out evaluation ran (trainer.eval_every=0)")
+        display.note(f"done: run directory {run_dir}; {accuracy}; `rlx plot {run_dir}` draws the curves, "
                      f"`rlx trace-view {run_dir / 'trace'}` shows the timeline")
         return 0
 
