@@ -17,6 +17,8 @@ what it cannot use. The two paths give the same trace (tested).
 
 from __future__ import annotations
 
+import importlib
+import threading
 from dataclasses import dataclass
 
 import msgspec
@@ -24,12 +26,25 @@ import numpy as np
 
 from rlx.trace.format import NO_ATTRS, Header
 
-try:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.json as pj
-except ImportError:  # the slow path reads every trace
-    pa = None
+pa = pj = None
+"""pyarrow and its JSON reader, imported by ``arrow()`` on first use: a trace re-opened from its
+cache (``cache.py``) needs neither, and that import is a tenth of a second."""
+
+
+def arrow() -> bool:
+    """Import pyarrow for the fast path; False when it is not installed (the slow path reads every
+    trace). ``pyarrow.compute``, which pyarrow imports on the first ``take`` or encode (a tenth of
+    a second of Python), is imported in a thread meanwhile, while the first file parses in C++."""
+    global pa, pj
+    if pa is None:
+        try:
+            import pyarrow
+            import pyarrow.json
+        except ImportError:
+            return False
+        threading.Thread(target=importlib.import_module, args=("pyarrow.compute",), name="rlx-arrow-import").start()
+        pa, pj = pyarrow, pyarrow.json
+    return True
 
 KINDS = ("X", "B", "E", "I")
 # what each kind must have (format.py's required fields)
@@ -188,7 +203,7 @@ def read_columns(data, header: Header, body_start: int, path=None) -> ColumnarFi
     """The file's records as columns, or None when the line-by-line reader must take it.
     ``data`` is the whole file, ``bytes`` or a read-only ``mmap`` (``reader.open_trace``);
     ``path`` names it in the attributes' line references (the trace cache keys on it)."""
-    if pa is None:
+    if not arrow():
         return None
     if body_start >= len(data) or data[-1:] != b"\n":
         return None  # empty, or a last line cut short: the reader counts it
@@ -227,7 +242,13 @@ def _line_bounds(body: memoryview) -> tuple[np.ndarray, np.ndarray]:
     """Start and end (the newline) of every line of ``body``, which ends with a newline.
 
     pyarrow splits the bytes in C++ (numpy's ``flatnonzero`` over a byte mask of a 100 MB file
-    costs six times as long); the pieces leave out the newlines, so piece k starts k bytes early."""
+    costs six times as long); the pieces leave out the newlines, so piece k starts k bytes early.
+    Without pyarrow (a cached trace read where it has since been uninstalled), numpy does it."""
+    if not arrow():
+        ends = np.flatnonzero(np.frombuffer(body, np.uint8) == 10)
+        return np.r_[0, ends[:-1] + 1].astype(np.int64), ends
+    import pyarrow.compute as pc
+
     whole = pa.LargeBinaryArray.from_buffers(pa.large_binary(), 1, [None, pa.py_buffer(np.array([0, len(body)], np.int64)),
                                                                     pa.py_buffer(body)])
     pieces = pc.split_pattern(whole, b"\n").values  # the last piece is the empty one after the final newline

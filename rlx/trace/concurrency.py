@@ -12,6 +12,9 @@ import numpy as np
 
 from rlx.trace.model import Trace
 
+_MAX_TABLE = 1 << 25
+"""Above this many (process, request id) pairs, first generations are found by sorting."""
+
 
 class OpenCount:
     """Intervals, unsorted: a count scans them (under a millisecond for half a million), which costs
@@ -47,11 +50,17 @@ def _first_generate(trace: Trace, procs: np.ndarray, requests: np.ndarray, defau
         return default
     gen = np.flatnonzero(_named(spans.name, trace, "generate") & (spans.request >= 0))
     keys = spans.proc[gen].astype(np.int64) * width + spans.request[gen]
+    wanted = procs.astype(np.int64) * width + requests
+    if len(trace.processes) * width <= _MAX_TABLE:  # one slot per (process, request): no sort
+        none = np.iinfo(np.int64).max
+        first_start = np.full(len(trace.processes) * width, none, np.int64)
+        np.minimum.at(first_start, keys, spans.start[gen])
+        found = first_start[wanted]
+        return np.where(found != none, found, default)
     order = np.lexsort((spans.start[gen], keys))
     keys, starts = keys[order], spans.start[gen][order]
     first = np.r_[True, keys[1:] != keys[:-1]] if len(keys) else np.zeros(0, bool)
     keys, starts = keys[first], starts[first]
-    wanted = procs.astype(np.int64) * width + requests
     pos = np.minimum(np.searchsorted(keys, wanted), max(len(keys) - 1, 0))
     found = (keys[pos] == wanted) if len(keys) else np.zeros(len(wanted), bool)
     return np.where(found, starts[pos] if len(keys) else default, default)

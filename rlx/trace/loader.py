@@ -165,9 +165,9 @@ class _RequestIds:
 
 def _string_arrays(batches: list) -> list | None:
     """Every batch as a pyarrow string array, or None when one holds a non-string id (or no pyarrow)."""
-    pa = columnar.pa
-    if pa is None:
+    if not columnar.arrow():
         return None
+    pa = columnar.pa
     try:
         return [pa.array(b, pa.string()) if isinstance(b, list) else b for b in batches]
     except (pa.ArrowInvalid, pa.ArrowTypeError):

@@ -3,12 +3,15 @@ forged cache are never used (the trace is parsed again and the cache rewritten).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import zlib
 
 import numpy as np
 import pytest
 
+from rlx.trace import columnar
 from rlx.trace.cache import MAGIC, BadCache, PackedStrings, TraceCache
 from rlx.trace.cache import _read as read_cache
 from rlx.trace.loader import find_trace_files, load_trace
@@ -64,6 +67,25 @@ def test_reopening_reads_the_cache_and_shows_the_same_trace(small_trace, mixed_t
     assert from_cache(small) and small.spans.errors  # the failed checkpoint
     for query in ("finish_reason=length", "prompt_tokens>12", "budget=8", "name=generate"):
         assert np.array_equal(match_spans(small, query), match_spans(load_trace(small_trace, cache=False), query))
+
+
+def test_a_reopened_trace_imports_no_pyarrow_until_an_attribute_is_shown(small_trace, cache_dir):
+    load_and_cache(small_trace)
+    code = ("import sys; from rlx.trace.loader import load_trace; t = load_trace(sys.argv[1]); "
+            "print(type(t.request_ids).__name__, 'pyarrow' in sys.modules, sorted(t.span_attrs(0)), 'pyarrow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(small_trace)], capture_output=True, text=True, check=True)
+    shown = sorted(load_trace(small_trace, cache=False).span_attrs(0))
+    assert out.stdout.strip() == f"PackedStrings False {shown} True"
+
+
+def test_line_references_are_found_without_pyarrow_too(small_trace, cache_dir, monkeypatch):
+    load_and_cache(small_trace)
+    parsed = load_trace(small_trace, cache=False)
+    expected = [parsed.span_attrs(i) for i in range(len(parsed.spans))]  # line bounds found by pyarrow
+    monkeypatch.setattr(columnar, "arrow", lambda: False)  # pyarrow uninstalled since the cache was written
+    cached = load_trace(small_trace)
+    assert from_cache(cached)
+    assert [cached.span_attrs(i) for i in range(len(cached.spans))] == expected
 
 
 def test_a_changed_trace_is_parsed_again(small_trace, cache_dir):
