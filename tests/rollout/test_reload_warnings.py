@@ -2,7 +2,7 @@
 
 import logging
 
-from rlx.rollout.backends.vllm_worker import _ExpectedReloadWarnings
+from rlx.rollout.backends.vllm import _ExpectedReloadWarnings
 
 
 def record(layer: str, msg: str = "%s: Failed to load weights") -> logging.LogRecord:

@@ -3,10 +3,25 @@
 Generation is one vLLM request per prompt with ``n`` samples; logprobs are vLLM's
 ``processed_logprobs`` (the distribution actually sampled from, temperature included).
 Weight updates run inside the engine's workers: ``update_weights`` hands each request's bytes to
-every worker in one ``collective_rpc`` (``vllm_worker.WeightSyncExtension.rlx_update_weights``),
-keeps generation paused while a sync is open (a client's Resume meanwhile takes effect when the
-sync is over: a step during a layerwise reload would run on half-loaded layers), and resets the
-prefix cache when it closes.
+every worker in one ``collective_rpc`` (``WeightSyncExtension.rlx_update_weights``, below), keeps
+generation paused while a sync is open (a client's Resume meanwhile takes effect when the sync is
+over: a step during a layerwise reload would run on half-loaded layers), and resets the prefix cache
+when it closes.
+
+The worker side, ``WeightSyncExtension``, is the class vLLM mixes into each engine worker
+(``worker_extension_cls``, by qualified name). Worker processes import this module; at module level
+it imports only ``rlx.sync`` and the rollout protocol (vLLM is imported inside the methods that use
+it, and torch a worker has already). In a worker the bytes of each sync request go
+to an ``rlx.sync.receiver.SyncHandler`` with ``_VllmLoader`` as its consumer: a begin starts vLLM's
+layerwise reload (which restores the checkpoint-format parameters that post-processing replaced,
+e.g. the CPU backend's packed GEMM weights), a bucket goes to ``model.load_weights`` and is
+acknowledged only after that returns, the end runs post-processing once and releases every mapping.
+Any failure aborts the sync -- the reload is finalized (layers that got no tensor keep their old
+weights) and the receiver's state and mappings dropped -- and comes back as a failed ack, so the
+engine generates again and takes the next sync. vLLM's reload warns "Failed to load weights" for
+every layer that received no tensor; two of those are expected at every sync and are not logged:
+rotary embeddings (their buffers are computed, never in a checkpoint) and, with tied embeddings, the
+LM head (re-tied after the sync). Any other layer that misses its weights is still reported.
 
 Policy versions per token: vLLM labels every engine step's output with the engine's weight version
 (``AsyncLLM.update_weight_version``, changed only while generation is paused) and hands the spans
@@ -37,11 +52,11 @@ import time
 from rlx.rollout.backends.base import Backend
 from rlx.rollout.protocol import PromptResult, Sample, SamplingSpec
 from rlx.sync.messages import NO_ID, BucketAck, SyncAbort, decode_ack, encode
-from rlx.sync.receiver import merge_acks
+from rlx.sync.receiver import Consumer, SyncHandler, WeightReceiver, merge_acks
 
 log = logging.getLogger(__name__)
 
-EXTENSION = "rlx.rollout.backends.vllm_worker.WeightSyncExtension"
+EXTENSION = "rlx.rollout.backends.vllm.WeightSyncExtension"  # vLLM imports it in every worker
 SHUTDOWN_GRACE_S = 1.0  # how long close() lets the engine core exit on its own before killing its tree
 
 
@@ -330,3 +345,108 @@ def _cpu_scheduling(r) -> dict:
     if not current_platform.is_cpu():
         return {}
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(r.max_model_len, 8192)}
+
+
+# The worker extension: runs inside each vLLM engine worker process.
+
+
+class _ExpectedReloadWarnings(logging.Filter):
+    def __init__(self, tied_head: bool) -> None:
+        super().__init__()
+        self.tied_head = tied_head
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != "%s: Failed to load weights" or not record.args:
+            return True
+        layer = str(record.args[0])
+        return not (layer.endswith("RotaryEmbedding") or (self.tied_head and layer == "ParallelLMHead"))
+
+
+class WeightSyncExtension:
+    """Mixed into each vLLM worker: receives the weights (``rlx_update_weights``), reports memory."""
+
+    def rlx_memory_gb(self) -> tuple[float, float]:
+        """GiB this worker's torch allocator holds now, and its peak since the previous call (0 on a CPU)."""
+        import torch
+
+        if not torch.cuda.is_available():
+            return 0.0, 0.0
+        now, peak = torch.cuda.memory_reserved() / 2**30, torch.cuda.max_memory_reserved() / 2**30
+        torch.cuda.reset_peak_memory_stats()
+        return now, peak
+
+    def rlx_update_weights(self, payload: bytes) -> bytes:
+        handler = getattr(self, "_rlx_handler", None)
+        if handler is None:
+            name = f"vLLM worker {getattr(self, 'rank', 0)}"
+            consumer = getattr(self, "_rlx_adapter_loader", None) or _VllmLoader(self)
+            handler = self._rlx_handler = SyncHandler(WeightReceiver(name), consumer)
+        return handler.handle_bytes(payload)
+
+    def rlx_serve_adapter(self, directory: str, adapter_config: str) -> None:
+        """``model.lora.sync=adapter``: syncs carry LoRA factors, loaded as the engine's LoRA
+        (``rlx.rollout.backends.lora.VllmAdapterLoader``) instead of into the weights."""
+        from rlx.rollout.backends.lora import VllmAdapterLoader
+
+        self._rlx_adapter_loader = VllmAdapterLoader(self, directory, adapter_config)
+
+
+class _VllmLoader(Consumer):
+    """The handler's consumer inside a vLLM worker: a layerwise reload around ``load_weights``."""
+
+    def __init__(self, worker) -> None:
+        self.worker = worker
+        self.reloading = False
+        self.quieted = False
+
+    def model(self):
+        return self.worker.model_runner.get_model()
+
+    def begin(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        if not self.quieted:
+            tied = bool(getattr(getattr(self.model(), "config", None), "tie_word_embeddings", False))
+            logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
+                _ExpectedReloadWarnings(tied))
+            self.quieted = True
+        with set_current_vllm_config(self.worker.vllm_config):
+            self.reloading = True
+            initialize_layerwise_reload(self.model())
+
+    def load(self, tensors, verify: bool) -> None:
+        from vllm.config import set_current_vllm_config
+
+        with set_current_vllm_config(self.worker.vllm_config):
+            self.model().load_weights(weights=tensors)  # the receiver checksums the bytes it handed out
+
+    def end(self) -> None:
+        self.abort()
+
+    def abort(self) -> None:
+        """Run the reload's post-processing if a reload is in progress (never twice)."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        if not self.reloading:
+            return
+        self.reloading = False
+        with set_current_vllm_config(self.worker.vllm_config):
+            finalize_layerwise_reload(self.model(), self.worker.model_config)
+            _retie_lm_head(self.model())
+
+
+def _retie_lm_head(model) -> None:
+    """With tied embeddings the checkpoint has no lm_head.weight, so layerwise reload puts the
+    old head back; point it at the new embedding again and redo its post-processing (on CPU
+    that re-packs the GEMM weights the sampler uses)."""
+    config = getattr(model, "config", None)
+    lm_head = getattr(model, "lm_head", None)
+    if not getattr(config, "tie_word_embeddings", False) or lm_head is None:
+        return
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else model.model.embed_tokens
+    lm_head.tie_weights(embed)
+    quant_method = getattr(lm_head, "quant_method", None)
+    if quant_method is not None:
+        quant_method.process_weights_after_loading(lm_head)
