@@ -59,12 +59,36 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
     return to_run_config(composed)
 
 
+MAX_CONFIG_BYTES = 16 << 20
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but a key given twice in one mapping is an error instead of the later one silently
+    winning."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *anchor``, merged by the base class
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice in one section; "
+                                                        "keep one of them", key_node.start_mark)
+            seen.add(key) if isinstance(key, (str, int, float, bool)) else None
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"config file not found: {path}; pass the path of a YAML run config, "
                           "e.g. configs/quickstart.yaml")
     if not path.is_file():
         raise ConfigError(f"config path {path} is a directory; pass a YAML file inside it")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path} is {size / 2**20:.0f} MiB, not a run config (a YAML file of a few KiB); "
+                          "pass the config file, e.g. configs/quickstart.yaml")
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")
@@ -73,7 +97,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path} is not UTF-8 text (byte {raw[exc.start]:#04x} on line {line}); "
                           "save the config as UTF-8") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

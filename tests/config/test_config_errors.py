@@ -62,6 +62,19 @@ def test_unreadable_files_and_defaults_are_one_line(tmp_path):
     assert_one_error_line(code, output, "no_such_group", "beside run.yaml")
 
 
+
+def test_duplicate_keys_and_huge_files_are_refused_in_one_line(tmp_path):
+    code, output = check(tmp_path, "model:\n  path: /a\ntrainer:\n  lr: 1e-4\n  lr: 1e-2\n")
+    assert_one_error_line(code, output, "'lr' appears twice", "run.yaml:5")
+    code, output = check(tmp_path, "base: &b {path: /m}\nmodel:\n  <<: *b\n")  # merge keys still merge
+    assert "appears twice" not in output
+    big = tmp_path / "big.yaml"
+    with open(big, "wb") as f:
+        f.truncate(64 << 30)  # sparse: no disk used
+    result = runner.invoke(app, ["config", "check", str(big)])
+    assert_one_error_line(result.exit_code, result.output, "65536 MiB, not a run config")
+
+
 @pytest.mark.parametrize("override, expected", [
     ("trainer.betas=[0.9,1.5]", "must be two values in [0, 1)"),  # AdamW would refuse it after start-up
     ("trainer.weight_decay=-0.1", "must be >= 0.0"),
