@@ -28,6 +28,7 @@ examples stay exact. Old caches are removed beyond ``MAX_CACHE_BYTES``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -115,8 +116,9 @@ class TraceCache:
     def __init__(self, files: list[Path], directory: Path) -> None:
         self.files = files
         self.sources = [_source(f) for f in files]
-        key = msgspec.json.encode([CACHE_VERSION, self.sources])
-        self.path = directory / f"{hashlib.sha256(key).hexdigest()[:32]}.rlxtc"
+        where = hashlib.sha256(msgspec.json.encode([s.path for s in self.sources])).hexdigest()[:16]
+        what = hashlib.sha256(msgspec.json.encode([CACHE_VERSION, self.sources])).hexdigest()[:32]
+        self.path = directory / f"{where}-{what}.rlxtc"  # one entry per set of paths: see _prune
 
     @classmethod
     def of(cls, files: list[Path]) -> TraceCache | None:
@@ -141,7 +143,8 @@ class TraceCache:
         except (BadCache, msgspec.DecodeError, ValueError, IndexError, OverflowError):
             self._remove()
             return None
-        os.utime(self.path)  # most recently used: pruned last
+        with contextlib.suppress(OSError):
+            os.utime(self.path)  # most recently used: pruned last
         return trace
 
     def _decode(self, buffer: bytes) -> Trace:
@@ -212,7 +215,7 @@ class TraceCache:
         if not cacheable(trace):
             return False
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".writing-", suffix=".rlxtc")
             try:
                 with os.fdopen(fd, "wb") as f:
@@ -407,10 +410,15 @@ def _read(buffer: bytes) -> tuple[_Manifest, dict[str, np.ndarray]]:
 
 
 def _prune(directory: Path, keep: Path) -> None:
-    """Remove the least recently used caches while they total more than MAX_CACHE_BYTES."""
+    """Remove the caches of earlier states of the same files (a trace still being written gets a new
+    cache at each open), then the least recently used while they total more than MAX_CACHE_BYTES."""
     entries = []
+    same_files = keep.name.split("-")[0] + "-"
     for path in directory.glob("*.rlxtc"):
         try:
+            if path != keep and path.name.startswith(same_files):
+                path.unlink()
+                continue
             st = path.stat()
         except OSError:
             continue

@@ -95,6 +95,7 @@ def test_a_changed_trace_is_parsed_again(small_trace, cache_dir):
         f.write(b'{"k":"X","i":999,"n":"late_span","t":5,"d":7}\n')
     after = load_and_cache(small_trace)
     assert not from_cache(after) and len(after.spans) == len(before.spans) + 1 and "late_span" in after.names
+    assert len(list(cache_dir.glob("*.rlxtc"))) == 1  # the earlier state's cache was removed
     assert from_cache(load_trace(small_trace))  # the rewritten cache holds the new span
     assert "late_span" in load_trace(small_trace).names
     (small_trace / "extra.7.jsonl").write_bytes(path.read_bytes().replace(b'"pid":', b'"pid":7', 1))
