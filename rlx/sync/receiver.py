@@ -222,8 +222,7 @@ class WeightReceiver:
 
     ``assemble_into(name, dtype, shape, device)`` may return a contiguous tensor of that dtype,
     shape and device (e.g. the parameter itself, when it takes the bytes as they are) for a split
-    tensor to be
-    assembled in place; ``tensors()`` then returns that very tensor, saving one copy. Returning
+    tensor to be assembled in place; ``tensors()`` then returns that very tensor, saving one copy. Returning
     ``None`` (or passing no callable) assembles into a fresh tensor. With a transport that moves
     bytes (``gloo`` / ``nccl``) every tensor it names a destination for is received straight into
     it, so the consumer finds its bytes already in place.
