@@ -42,7 +42,7 @@ def _import(module_name: str, spec: str, config_key: str):
             raise ConfigError(f"{config_key}={spec!r}: cannot import module {module_name!r} ({exc}); "
                               "put it on PYTHONPATH or fix the module name") from exc
         failure = exc
-    except Exception as exc:  # noqa: BLE001 - user code may raise anything while it is imported
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - user code may raise anything (even exit) while imported
         failure = exc
     raise ConfigError(f"{config_key}={spec!r}: importing {module_name!r} failed at {_where(failure)}: "
                       f"{type(failure).__name__}: {failure}; fix the module (or test it with "

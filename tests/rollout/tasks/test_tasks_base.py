@@ -106,3 +106,10 @@ def test_reward_spec_errors_name_module_function_and_key(user_module, spec, matc
 def test_reward_spec_error_uses_the_given_config_key(user_module):
     with pytest.raises(ValueError, match="eval.reward='nope_mod_xyz:f'"):
         load_reward_fn("nope_mod_xyz:f", "eval.reward")
+
+
+def test_a_reward_module_that_exits_while_imported_is_named(tmp_path, monkeypatch):
+    (tmp_path / "exiting_reward_mod.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=r"importing 'exiting_reward_mod' failed at .*exiting_reward_mod.py:2: SystemExit"):
+        load_reward_fn("exiting_reward_mod:score", "task.reward")
