@@ -120,3 +120,14 @@ def test_odd_sources_are_one_line(model, tmp_path):
     code, output = convert(model / "config.json", tmp_path / "out", "--to", "hf")
     assert_refused(code, output, "is a file; pass the directory")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_config_json_that_does_not_describe_the_weights_is_named(model, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(model, src)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps(dict(config, hidden_size=config["hidden_size"] // 2)))
+    code, output = convert(src, tmp_path / "out", "--to", "torch_dist")
+    assert code == 2 and "Traceback" not in output, output  # found while mapping: after the progress line
+    assert output.strip().splitlines()[-1].startswith("error: q/k/v_proj have"), output
+    assert "does not describe them" in output and not (tmp_path / "out").exists()

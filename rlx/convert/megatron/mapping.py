@@ -110,6 +110,10 @@ def hf_shape(rule: Rule, index: int, mcore_shape: tuple[int, ...], spec: ModelSp
 def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
     groups, per, dim = spec.num_kv_heads, spec.heads_per_group, spec.head_dim
     rest = tuple(q.shape[1:])
+    rows, want = (q.shape[0], k.shape[0], v.shape[0]), (groups * per * dim, groups * dim, groups * dim)
+    if rows != want:
+        raise ConvertError(f"q/k/v_proj have {rows} rows but config.json's heads and hidden_size give {want}; "
+                           "the config.json beside the weights does not describe them (restore the model's own)")
     parts = [q.reshape(groups, per * dim, *rest), k.reshape(groups, dim, *rest), v.reshape(groups, dim, *rest)]
     return torch.cat(parts, dim=1).reshape(groups * (per + 2) * dim, *rest)
 
