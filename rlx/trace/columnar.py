@@ -216,20 +216,38 @@ def read_columns(data, header: Header, body_start: int, path=None) -> ColumnarFi
         return None
     if table.num_rows != _count_lines(body):
         return None  # blank lines: the reader counts them
-    kind = table.column("k").combine_chunks().dictionary_encode()
-    present = kind.dictionary.to_pylist()
-    if kind.null_count or not set(present) <= set(KINDS):
-        return None
-    codes = to_numpy(kind.indices, np.int32, -1)
+    kind = _kind_letters(table.column("k"))
+    if kind is None:
+        return None  # a missing or unknown kind: the reader counts it
+    fields = table.select([name for name in table.column_names if name != "k"])
     lines = FileLines(data, body_start, path)
-    kinds = {k: _kind_columns(table.slice(0, 0), LineAttrs(lines, np.zeros(0, np.int64))) for k in KINDS}
-    for code, k in enumerate(present):
-        rows = np.flatnonzero(codes == code)
-        x = table.take(arrow_indices(rows))
+    kinds = {k: _kind_columns(fields.slice(0, 0), LineAttrs(lines, np.zeros(0, np.int64))) for k in KINDS}
+    for k in KINDS:
+        rows = np.flatnonzero(kind == ord(k))
+        if not len(rows):
+            continue
+        x = fields.take(arrow_indices(rows))
         if any(x.column(name).null_count for name in _REQUIRED[k]):
             return None  # a record without a field its kind requires
         kinds[k] = _kind_columns(x, LineAttrs(lines, rows))
     return ColumnarFile(header=header, kinds=kinds)
+
+
+def _kind_letters(column) -> np.ndarray | None:
+    """Each record's kind as its ASCII code, read from the string column's bytes (no hashing of a
+    million one-letter strings); None when a kind is missing, longer than a letter or unknown."""
+    k = column.combine_chunks()
+    if k.null_count:
+        return None
+    if not len(k):
+        return np.zeros(0, np.uint8)
+    offsets = np.frombuffer(k.buffers()[1], np.int32, len(k) + 1, k.offset * 4)
+    if offsets[-1] - offsets[0] != len(k):
+        return None
+    letters = np.frombuffer(k.buffers()[2], np.uint8, len(k), int(offsets[0]))
+    known = np.zeros(256, bool)
+    known[[ord(k) for k in KINDS]] = True
+    return letters if known[letters].all() else None
 
 
 def _count_lines(body: memoryview, step: int = 1 << 20) -> int:
