@@ -24,7 +24,6 @@ from rlx.trace.safe_text import shown
 from rlx.trace.summary import summarize
 from rlx.trace.units import format_ns
 from rlx.trace.viewer.details import SpanDetails
-from rlx.trace.viewer.metrics_view import MetricsView, no_metrics
 from rlx.trace.viewer.summary_view import SummaryTable
 from rlx.trace.viewer.timeline import Timeline
 
@@ -57,7 +56,7 @@ class TraceViewerApp(App):
         self.started_at = time.perf_counter() if started_at is None else started_at
         self.first_frame_s: float | None = None
         self.filter_text, self.filter_note = "", ""
-        self._summary_mask, self._summary_shown = None, False
+        self._summary_mask, self._summary_shown, self._metrics_shown = None, False, False
         self._generating, self._waiting = running(trace), queued(trace)
 
     def compose(self) -> ComposeResult:
@@ -69,8 +68,8 @@ class TraceViewerApp(App):
                     yield SpanDetails(id="details")
             with TabPane("Summary", id="summary"):
                 yield SummaryTable(id="summary-table")
-            with TabPane("Metrics", id="metrics"):
-                yield MetricsView(self.metrics) if self.metrics else no_metrics(self.metrics_note)
+            with TabPane("Metrics", id="metrics"):  # plots are made when the tab is first shown
+                yield Vertical(id="metrics-body") if self.metrics else Static(self.metrics_note, id="no-metrics")
         yield Static(id="status")
         yield Footer()
 
@@ -151,9 +150,19 @@ class TraceViewerApp(App):
             self.query_one(SummaryTable).show(summarize(self.trace, self._summary_mask))
             self._summary_shown = True
 
+    def _show_metrics(self) -> None:
+        """Plot the metrics when their tab is first shown (textual-plotext is imported then too)."""
+        if self.metrics and not self._metrics_shown:
+            from rlx.trace.viewer.metrics_view import MetricsView
+
+            self.query_one("#metrics-body").mount(MetricsView(self.metrics))
+            self._metrics_shown = True
+
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         if event.pane.id == "summary":
             self._show_summary()
+        elif event.pane.id == "metrics":
+            self._show_metrics()
 
     # -- messages from the widgets ----------------------------------------------------------
 
@@ -176,6 +185,8 @@ class TraceViewerApp(App):
         elif tab == "summary":
             self._show_summary()
             self.query_one(SummaryTable).focus()
+        elif tab == "metrics":
+            self._show_metrics()
 
 
 def _markup(value: object) -> str:

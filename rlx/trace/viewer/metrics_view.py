@@ -6,7 +6,6 @@ trainer and rollout-engine logprobs (``logprob_k3``), whichever the run logged."
 from __future__ import annotations
 
 from textual.containers import Grid
-from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
 from rlx.trace.metrics import Metrics
@@ -51,6 +50,3 @@ class MetricsView(Grid):
         for title, keys in PLOTS:
             yield MetricPlot(self.metrics, title, keys)
 
-
-def no_metrics(note: str) -> Static:
-    return Static(note, id="no-metrics")
