@@ -29,6 +29,9 @@ def plot(
         path = run / METRICS_FILE if run.is_dir() else run
         if not path.is_file():
             raise UserError(f"no metrics file at {path}; pass a run directory of `rlx train` or its metrics.jsonl")
+        if path.stat().st_size > MAX_METRICS_BYTES:  # ~200 bytes a step: a million steps is 0.2 GiB
+            raise UserError(f"{path} is {path.stat().st_size / 2**30:.0f} GiB, far more than any run's metrics; pass "
+                            "the metrics.jsonl that `rlx train` wrote")
         try:
             rows = [r for r in read_metrics(path) if _is_number(r["step"])]
         except UnicodeDecodeError as exc:
@@ -42,6 +45,9 @@ def plot(
             raise UserError(f"{path} has no values for {', '.join(empty)}; metrics in it: {', '.join(known)}")
         _draw(series, out, title or path.parent.name)
     console.print(f"wrote {out}")
+
+
+MAX_METRICS_BYTES = 4 << 30
 
 
 def _is_number(value) -> bool:

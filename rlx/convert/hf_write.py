@@ -44,6 +44,9 @@ def read_model_config(template: Path) -> dict:
     if not path.is_file():
         raise ConvertError(f"{template} has no config.json; pass the Hugging Face directory of this "
                            "model (config + tokenizer) so the output can be loaded")
+    if path.stat().st_size > 64 << 20:  # a model config is a few KiB
+        raise ConvertError(f"{path} is {path.stat().st_size / 2**20:.0f} MiB, not a model config; restore the "
+                           "model's config.json")
     try:
         config = json.loads(path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -72,11 +72,17 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+MAX_MANIFEST_BYTES = 256 << 20
+
+
 def read_manifest(ckpt_dir: Path) -> dict[str, Any]:
     path = Path(ckpt_dir) / MANIFEST
     if not path.is_file():
         raise CorruptCheckpoint(f"{ckpt_dir} has no {MANIFEST}: it is partial (a save was interrupted) "
                                 "or not an rlx checkpoint")
+    if path.stat().st_size > MAX_MANIFEST_BYTES:  # a manifest lists files: KiBs, even for thousands of shards
+        raise CorruptCheckpoint(f"{path} is {path.stat().st_size / 2**20:.0f} MiB, not a manifest; the checkpoint "
+                                "is corrupt")
     try:
         manifest = json.loads(path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -47,3 +47,10 @@ def test_plot_draws_a_metric_named_with_escape_sequences_without_passing_them_on
     result = runner.invoke(app, ["plot", str(tmp_path), "-m", name, "--out", str(tmp_path / "p.png")])
     assert result.exit_code == 0, result.output
     assert not [w for w in recwarn if "\x1b" in str(w.message)]  # matplotlib warns about glyphs it cannot draw
+
+
+def test_plot_refuses_a_huge_metrics_file_without_reading_it(tmp_path):
+    with open(tmp_path / "metrics.jsonl", "wb") as f:
+        f.truncate(64 << 30)  # sparse
+    result = runner.invoke(app, ["plot", str(tmp_path), "--out", str(tmp_path / "p.png")])
+    assert result.exit_code == 2 and "64 GiB, far more than any run's metrics" in result.output, result.output

@@ -131,3 +131,22 @@ def test_a_config_json_that_does_not_describe_the_weights_is_named(model, tmp_pa
     assert code == 2 and "Traceback" not in output, output  # found while mapping: after the progress line
     assert output.strip().splitlines()[-1].startswith("error: q/k/v_proj have"), output
     assert "does not describe them" in output and not (tmp_path / "out").exists()
+
+
+def test_huge_sparse_manifest_and_config_are_refused_without_reading_them(model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    def sparse(path):
+        with open(path, "wb") as f:
+            f.truncate(64 << 30)  # no disk used; read whole it would be a MemoryError
+
+    ckpt = write_trainer_checkpoint(tmp_path / "run", AutoModelForCausalLM.from_pretrained(model), model, step=3)
+    sparse(ckpt / "manifest.json")
+    code, output = convert(ckpt, tmp_path / "out")
+    assert_refused(code, output, "65536 MiB, not a manifest")
+    src = tmp_path / "src"
+    shutil.copytree(model, src)
+    sparse(src / "config.json")
+    code, output = convert(src, tmp_path / "out", "--to", "torch_dist")
+    assert_refused(code, output, "65536 MiB, not a model config")
+    assert not (tmp_path / "out").exists()
