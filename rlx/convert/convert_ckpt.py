@@ -33,6 +33,12 @@ class ConvertOptions:
     iteration: int | None = None
     vocab_multiple: int = 128
 
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ConvertError(f"--workers {self.workers} must be >= 1 (shards written in parallel)")
+        if self.iteration is not None and self.iteration < 0:
+            raise ConvertError(f"--iteration {self.iteration} must be >= 0 (a Megatron iteration number)")
+
 
 def detect_source(src: Path) -> str:
     if not src.exists():

@@ -150,3 +150,11 @@ def test_huge_sparse_manifest_and_config_are_refused_without_reading_them(model,
     code, output = convert(src, tmp_path / "out", "--to", "torch_dist")
     assert_refused(code, output, "65536 MiB, not a model config")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flag, expected", [(["--workers", "0"], "--workers 0 must be >= 1"),
+                                            (["--iteration", "-1"], "--iteration -1 must be >= 0")])
+def test_out_of_range_counts_are_refused(model, tmp_path, flag, expected):
+    code, output = convert(model, tmp_path / "out", "--to", "torch_dist", *flag)
+    assert_refused(code, output, expected)
+    assert not (tmp_path / "out").exists()
