@@ -41,6 +41,7 @@ import msgspec
 import numpy as np
 
 from rlx.trace.columnar import FileLines, LineAttrs
+from rlx.trace.format import Int64
 from rlx.trace.model import AttrColumn, Events, LaterAttrs, Process, Spans, Trace
 from rlx.trace.reader import open_trace
 
@@ -77,10 +78,10 @@ class _Array(msgspec.Struct, forbid_unknown_fields=True):
 class _Manifest(msgspec.Struct, forbid_unknown_fields=True):
     version: int
     sources: list[_Source]
-    offsets_ns: list[int]
-    end_ns: list[int]
+    offsets_ns: list[Int64]  # times fit the int64 columns they are added to
+    end_ns: list[Int64]
     names: list[str]
-    origin_wall_ns: int
+    origin_wall_ns: Int64
     num_spans: int
     num_events: int
     span_errors: list[tuple[int, str]]

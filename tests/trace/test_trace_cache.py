@@ -116,7 +116,16 @@ def _forge_index(data: bytearray) -> None:
     _fix_crc(data)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "flipped byte", "not a cache", "forged index", "empty"])
+def _forge_time(data: bytearray) -> None:
+    """A trace origin past int64 (same length, checksum made right again)."""
+    at = data.index(b'"origin_wall_ns":') + len(b'"origin_wall_ns":')
+    end = data.index(b",", at)
+    data[at:end] = b"9" * (end - at)  # 19 nines > 2**63 - 1
+    _fix_crc(data)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped byte", "not a cache", "forged index", "forged time",
+                                    "empty"])
 def test_a_corrupt_or_forged_cache_is_ignored_and_rebuilt(small_trace, cache_dir, damage):
     parsed = load_and_cache(small_trace)
     (cache_file,) = cache_dir.glob("*.rlxtc")
@@ -128,6 +137,8 @@ def test_a_corrupt_or_forged_cache_is_ignored_and_rebuilt(small_trace, cache_dir
     elif damage == "not a cache":
         data[:len(MAGIC)] = b"x" * len(MAGIC)
         _fix_crc(data)
+    elif damage == "forged time":
+        _forge_time(data)
     elif damage == "forged index":
         _forge_index(data)
         with pytest.raises(BadCache, match="out of range"):  # the checksum passes, the range check does not
