@@ -8,6 +8,7 @@ to the rollout client.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from numbers import Real
@@ -45,10 +46,10 @@ def task_reward(reward_fn: RewardFn | None, correct: Callable[[], bool], complet
     if reward_fn is None:
         return 1.0 if correct() else 0.0
     value = reward_fn(completion, problem.answer)
-    if not isinstance(value, Real):
+    if not isinstance(value, Real) or not math.isfinite(value):
         name = getattr(reward_fn, "__qualname__", repr(reward_fn))
         raise ValueError(f"reward function {name} (task.reward) returned {type(value).__name__} {value!r}; "
-                         "it must return a float")
+                         "it must return a finite float")
     return float(value)
 
 

@@ -71,6 +71,9 @@ def user_module(tmp_path, monkeypatch):
         def not_a_number(completion, answer):
             return "yes"
 
+        def not_finite(completion, answer):
+            return float("nan")
+
         NOT_CALLABLE = 3
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -86,9 +89,10 @@ def test_user_reward_replaces_the_task_reward(user_module):
 
 
 def test_user_reward_must_return_a_number(user_module):
-    task = build_task(TaskConfig(reward=f"{user_module}:not_a_number", num_eval=4, max_operand=3))
-    with pytest.raises(ValueError, match="must return a float"):
-        task.reward("1", task.train[0])
+    for function in ("not_a_number", "not_finite"):  # nan used to fail later, inside the advantage's statistics
+        task = build_task(TaskConfig(reward=f"{user_module}:{function}", num_eval=4, max_operand=3))
+        with pytest.raises(ValueError, match=f"{function} .*must return a finite float"):
+            task.reward("1", task.train[0])
 
 
 @pytest.mark.parametrize("spec, match", [
