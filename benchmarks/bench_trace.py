@@ -184,7 +184,9 @@ def terminal_open(trace_dir: Path, cache_dir: Path, size: tuple[int, int] = (160
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
     env = dict(os.environ, TERM="xterm-256color", RLX_TRACE_CACHE=str(cache_dir))
     env.pop("COLUMNS", None), env.pop("LINES", None)
-    command = (rlx or [str(Path(sys.executable).with_name("rlx"))]) + ["trace-view", str(trace_dir)]
+    script = Path(sys.executable).with_name("rlx")  # the installed command, else the package's __main__
+    rlx = rlx or ([str(script)] if script.exists() else [sys.executable, "-m", "rlx"])
+    command = [*rlx, "trace-view", str(trace_dir)]
     start = time.monotonic()
     proc = subprocess.Popen(command, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=cwd,
                             start_new_session=True)
