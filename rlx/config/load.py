@@ -23,6 +23,7 @@ from omegaconf.errors import (
 )
 
 from rlx.config.errors import ConfigError
+from rlx.config.redact import REDACTED, SECRET_FIELDS
 from rlx.config.schema import RunConfig
 
 SCHEMA_NAME = "rlx_schema"
@@ -222,7 +223,8 @@ def _omegaconf_cause(exc: BaseException) -> OmegaConfBaseException | None:
 
 def _omegaconf_message(exc: OmegaConfBaseException) -> str:
     key = getattr(exc, "full_key", None) or "?"
-    msg = str(exc).split("\n")[0]
+    secret = key.rsplit(".", 1)[-1] in SECRET_FIELDS  # the message must not echo a token
+    msg = "the value (not shown: a secret) has the wrong type" if secret else str(exc).split("\n")[0]
     if isinstance(exc, InterpolationResolutionError):
         return f"bad value for {key}: {msg}; interpolate only keys that exist, e.g. ${{run_name}}"
     expected = _field_type(key)
@@ -231,7 +233,8 @@ def _omegaconf_message(exc: OmegaConfBaseException) -> str:
     field, words = expected
     example = _default_text(field)
     example = f", e.g. {key}={example}" if example else ""
-    return f"{key}={getattr(exc, 'value', None)!r} is not {words}; set {key} to {words}{example}"
+    value = REDACTED if secret else repr(getattr(exc, "value", None))
+    return f"{key}={value} is not {words}; set {key} to {words}{example}"
 
 
 _TYPE_WORDS = {"float": "a number", "int": "a whole number", "bool": "true or false", "str": "a string",

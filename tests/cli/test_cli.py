@@ -57,3 +57,7 @@ def test_config_show_redacts_secrets():
     assert result.exit_code == 0, result.output
     assert "s3cret-value" not in result.output
     assert "auth_token: '***'" in result.output
+    for value in ("[s3cret-value]", "{a: s3cret-value}"):  # a wrong type is named without echoing the token
+        result = runner.invoke(app, ["config", "check", "configs/quickstart.yaml", f"rollout.auth_token={value}"])
+        assert result.exit_code == 2 and "rollout.auth_token=*** is not a string" in result.output, result.output
+        assert "s3cret" not in result.output
