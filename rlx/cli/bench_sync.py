@@ -34,6 +34,7 @@ def bench_sync(
 ) -> None:
     """Measure weight transfer (trainer -> receiver process) against a one-thread copy and a lock-step baseline."""
     import asyncio
+    import math
 
     import msgspec
 
@@ -45,6 +46,8 @@ def bench_sync(
                         memory_gb=memory_gb, timeout_s=timeout_s, assemble_in_place=assemble_in_place, server=server,
                         lora_rank=lora_rank)
     with user_errors():
+        if memory_gb is not None and not (math.isfinite(memory_gb) and memory_gb > 0):
+            raise UserError(f"--memory-gb {memory_gb} must be a positive number of GB (or left out: 45% of what is free)")
         if model is not None and not model.is_dir():
             raise UserError(f"--model {model} is not a directory; pass a Hugging Face model directory")
         try:

@@ -95,6 +95,10 @@ def _export(loaded, export: Tuple[str, str]) -> None:
     fmt, out = export
     if fmt not in EXPORT_FORMATS:
         raise UserError(f"--export {fmt}: unknown format; use --export perfetto OUT.json")
+    if Path(out).is_dir():
+        raise UserError(f"--export {fmt} {out}: that is a directory; name the file to write, e.g. {Path(out) / 'trace.json'}")
+    if not Path(out).parent.is_dir():
+        raise UserError(f"--export {fmt} {out}: the directory {Path(out).parent} does not exist; create it first")
     count = export_perfetto(loaded, out)
     console.print(f"wrote {count:,} events to {out} (open it at https://ui.perfetto.dev)", highlight=False)
 
@@ -176,5 +180,7 @@ def _screenshot(app, out: str, size: str) -> None:
         columns, rows = (int(v) for v in size.lower().split("x"))
     except ValueError:
         raise UserError(f"--size {size!r}: write COLUMNSxROWS, e.g. 160x48") from None
+    if not (1 <= columns <= 1000 and 1 <= rows <= 1000):
+        raise UserError(f"--size {size!r}: columns and rows must be in [1, 1000], e.g. 160x48")
     path = save_screenshot(app, out, (columns, rows))
     console.print(f"saved {path} ({columns}x{rows}); first frame after {app.first_frame_s:.2f}s", highlight=False)

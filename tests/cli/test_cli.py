@@ -61,3 +61,19 @@ def test_config_show_redacts_secrets():
         result = runner.invoke(app, ["config", "check", "configs/quickstart.yaml", f"rollout.auth_token={value}"])
         assert result.exit_code == 2 and "rollout.auth_token=*** is not a string" in result.output, result.output
         assert "s3cret" not in result.output
+
+
+def test_bad_output_paths_sizes_and_budgets_are_one_line(tmp_path):
+    import json
+
+    trace = tmp_path / "trainer0.1.jsonl"
+    trace.write_text(json.dumps({"k": "H", "format": "rlx-trace", "version": 1, "name": "trainer0", "role": "trainer",
+                                 "pid": 1, "host": "h", "wall_ns": 1, "mono_ns": 1}) + "\n"
+                     + json.dumps({"k": "X", "i": 1, "n": "step", "t": 0, "d": 5}) + "\n")
+    cases = [(["trace-view", str(trace), "--export", "perfetto", str(tmp_path)], "that is a directory"),
+             (["trace-view", str(trace), "--export", "perfetto", str(tmp_path / "no" / "t.json")], "does not exist"),
+             (["trace-view", str(trace), "--screenshot", str(tmp_path / "s.svg"), "--size", "0x-5"], "must be in [1, 1000]"),
+             (["bench-sync", "--memory-gb", "nan"], "--memory-gb nan must be a positive number")]
+    for args, expected in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and expected in result.output and "Traceback" not in result.output, result.output
