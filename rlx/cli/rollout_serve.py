@@ -149,4 +149,14 @@ def _bind_address(cfg, address: str | None, host: str | None, port: int | None, 
             raise UserError(f"binding {address} needs an auth token: export it in {TOKEN_ENV} (or the variable "
                             "--auth-token-env names), or set rollout.auth_token") from None
         raise UserError(str(exc)) from None
+    if address.startswith("ipc://"):
+        socket_file = Path(address[len("ipc://"):])
+        if not socket_file.parent.is_dir():
+            raise UserError(f"--address {address}: the directory {socket_file.parent} does not exist; create it first")
+        if len(os.fsencode(socket_file)) > MAX_IPC_PATH_BYTES:
+            raise UserError(f"--address {address}: an ipc socket path is at most {MAX_IPC_PATH_BYTES} bytes "
+                            "(the Unix socket limit); choose a shorter path")
     return address
+
+
+MAX_IPC_PATH_BYTES = 107

@@ -77,3 +77,13 @@ def test_bad_output_paths_sizes_and_budgets_are_one_line(tmp_path):
     for args, expected in cases:
         result = runner.invoke(app, args)
         assert result.exit_code == 2 and expected in result.output and "Traceback" not in result.output, result.output
+
+
+def test_rollout_serve_refuses_an_ipc_address_it_cannot_bind_before_loading(tiny_model_dir, tmp_path):
+    from tests.helpers import write_config
+
+    config = str(write_config(tmp_path / "serve.yaml", tiny_model_dir, rollout={"backend": "hf"}))
+    for address, expected in [(f"ipc://{tmp_path}/no/such/dir/s.sock", "does not exist; create it first"),
+                              (f"ipc://{tmp_path}/{'x' * 120}.sock", "at most 107 bytes")]:
+        result = runner.invoke(app, ["rollout-serve", config, "--address", address])
+        assert result.exit_code == 2 and expected in result.output, result.output
