@@ -168,7 +168,8 @@ class FullyAsyncRollout:
         now = time.perf_counter()
         self._trained += len(taken)
         self._changed.set()
-        collected = self.collector.score([g.problem for g in taken], [g.result for g in taken], now - self._last_take)
+        collected = await self.collector.score_off_loop([g.problem for g in taken], [g.result for g in taken],
+                                                        now - self._last_take)
         collected.metrics.update(self._metrics(taken, version, now - waited))
         self._last_take = now
         return collected

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ class Collector:
         self.client = client
         self.task = task
         self.pad_id = pad_id
+        self._score_lock = asyncio.Lock()
         r = cfg.rollout
         self.sampling = SamplingSpec(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                      max_tokens=r.max_tokens, stop=list(r.stop))
@@ -63,7 +65,25 @@ class Collector:
             with tracer.span("reward_model", samples=len(pairs)):
                 scored = await score_step(self.reward_model, [p.prompt for p, _ in pairs], [t for _, t in pairs],
                                           [p.answer for p, _ in pairs])
-        return self.score(problems, results, elapsed, scored)
+        return await self.score_off_loop(problems, results, elapsed, scored)
+
+    async def score_off_loop(self, *args) -> Collected:
+        """``score`` (the user's reward function) in a daemon thread, one call at a time: a reward that hangs
+        leaves the event loop free, so Ctrl-C and SIGTERM still stop the run."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def run() -> None:
+            try:
+                result, error = self.score(*args), None
+            except BaseException as exc:  # noqa: BLE001 - raised again in the loop, as if called there
+                result, error = None, exc
+            loop.call_soon_threadsafe(lambda: done.done() or (done.set_exception(error) if error else
+                                                              done.set_result(result)))
+
+        async with self._score_lock:
+            threading.Thread(target=run, name="rlx-reward", daemon=True).start()
+            return await done
 
     async def generate_group(self, problem: Problem, seed: int, index: int) -> PromptResult:
         """The ``n`` samples of problem ``index`` of a step seeded ``seed`` (one group), as ``collect`` draws them."""

@@ -178,3 +178,25 @@ def test_the_auth_token_reaches_the_server_and_no_file_of_the_run(tiny_model_dir
     assert not leaks and token not in output
     assert "rollout-serve" in (run_dir / "logs" / "rollout0.log").read_text()  # its argv is logged, without it
     assert not (run_dir / "rollout-0.sock").exists()
+
+
+def test_sigterm_stops_a_run_whose_reward_function_hangs(tiny_model_dir, tmp_path):
+    """The user's reward runs off the event loop, so a hung one does not leave the launcher deaf to signals."""
+    entered = tmp_path / "reward-entered"
+    (tmp_path / "hanging_reward.py").write_text(f"import pathlib, time\n\ndef score(completion, answer):\n"
+                                                f"    pathlib.Path({str(entered)!r}).touch()\n    time.sleep(3600)\n")
+    config = small_config(tmp_path, tiny_model_dir, "hf", task={"reward": "hanging_reward:score"})
+    run_dir, log = tmp_path / "run", tmp_path / "train.log"
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = start_rlx(["train", str(config), "trainer.eval_every=0"], log, env)
+    try:
+        wait_for(entered.exists, 300, proc, log)
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        stop_group(proc)
+    output = log.read_text()
+    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert "received SIGTERM: stopping every child process" in output and "Traceback" not in output
+    assert_no_children_alive(run_dir)
+    assert not sync_segments_of(proc.pid)
