@@ -117,6 +117,22 @@ def _default_sampling(cfg):
                         stop=list(r.stop))
 
 
+def _someone_listens(socket_file: Path) -> bool:
+    """Whether a live process accepts connections on the Unix socket ``socket_file`` (a file left by a dead
+    server refuses them)."""
+    import socket
+
+    if not socket_file.exists():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(socket_file))
+        except OSError:
+            return False
+    return True
+
+
 def _token_from_env(variable: str | None) -> str:
     """The token in ``variable`` (default RLX_ROLLOUT_AUTH_TOKEN); a variable named explicitly must be set."""
     token = os.environ.get(variable or TOKEN_ENV, "")
@@ -129,9 +145,11 @@ def _token_from_env(variable: str | None) -> str:
 def _bind_address(cfg, address: str | None, host: str | None, port: int | None, index: int,
                   allow_remote: bool) -> str:
     """The address to bind: --address, or tcp://--host:port, or the run's default for ``index``."""
-    from rlx.rollout.addresses import server_address
+    from rlx.rollout.addresses import MAX_IPC_PATH_BYTES, server_address
     from rlx.rollout.server import check_bind_address
 
+    if index < 0:
+        raise UserError(f"--index {index} must be >= 0 (the server's number within the run)")
     if host is not None and address is not None:
         raise UserError(f"--address {address} and --host {host} both say where to bind; pass one of them")
     if port is not None and host is None:
@@ -156,7 +174,6 @@ def _bind_address(cfg, address: str | None, host: str | None, port: int | None, 
         if len(os.fsencode(socket_file)) > MAX_IPC_PATH_BYTES:
             raise UserError(f"--address {address}: an ipc socket path is at most {MAX_IPC_PATH_BYTES} bytes "
                             "(the Unix socket limit); choose a shorter path")
+        if _someone_listens(socket_file):  # binding would take the address from that server without a word
+            raise UserError(f"--address {address}: another process is serving there; stop it or choose another path")
     return address
-
-
-MAX_IPC_PATH_BYTES = 107

@@ -84,6 +84,10 @@ def build_model(cfg, display: Display) -> None:
 
 def check_output_dir(run_dir: Path) -> None:
     """``trainer.output_dir`` is a directory, or can be created as one, and is writable."""
+    too_long = [part for part in run_dir.parts if len(os.fsencode(part)) > 255]
+    if too_long:
+        raise ConfigError(f"trainer.output_dir has a name of {len(os.fsencode(too_long[0]))} bytes "
+                          f"({too_long[0][:40]}...); file systems allow 255; set trainer.output_dir to a shorter path")
     existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
     if not existing.is_dir():
         what = "is a file" if existing == run_dir else f"lies under {existing}, which is a file"

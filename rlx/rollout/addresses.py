@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
+import os
+import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -13,7 +16,14 @@ def server_address(cfg, index: int) -> str:
         return f"tcp://{cfg.rollout.host}:{cfg.rollout.port + index}"
     path = Path(cfg.trainer.output_dir).resolve() / f"rollout-{index}.sock"
     path.parent.mkdir(parents=True, exist_ok=True)
+    if len(os.fsencode(path)) > MAX_IPC_PATH_BYTES:  # too long for a Unix socket: a short name in the temp dir
+        digest = hashlib.sha256(os.fsencode(path.parent)).hexdigest()[:12]
+        path = Path(tempfile.gettempdir()) / f"rlx-{digest}-rollout-{index}.sock"
     return f"ipc://{path}"
+
+
+MAX_IPC_PATH_BYTES = 107
+"""The longest path a Unix socket (an ``ipc://`` address) may have, in bytes."""
 
 
 def is_loopback_address(address: str) -> bool:

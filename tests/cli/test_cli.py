@@ -83,7 +83,26 @@ def test_rollout_serve_refuses_an_ipc_address_it_cannot_bind_before_loading(tiny
     from tests.helpers import write_config
 
     config = str(write_config(tmp_path / "serve.yaml", tiny_model_dir, rollout={"backend": "hf"}))
-    for address, expected in [(f"ipc://{tmp_path}/no/such/dir/s.sock", "does not exist; create it first"),
-                              (f"ipc://{tmp_path}/{'x' * 120}.sock", "at most 107 bytes")]:
-        result = runner.invoke(app, ["rollout-serve", config, "--address", address])
-        assert result.exit_code == 2 and expected in result.output, result.output
+    import socket
+
+    busy = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a live server's socket
+    busy.bind(str(tmp_path / "busy.sock"))
+    busy.listen()
+    with busy:
+        for args, expected in [(["--address", f"ipc://{tmp_path}/no/such/dir/s.sock"], "does not exist; create it"),
+                               (["--address", f"ipc://{tmp_path}/{'x' * 120}.sock"], "at most 107 bytes"),
+                               (["--address", f"ipc://{tmp_path}/busy.sock"], "another process is serving there"),
+                               (["--index", "-1"], "--index -1 must be >= 0")]:
+            result = runner.invoke(app, ["rollout-serve", config, *args])
+            assert result.exit_code == 2 and expected in result.output, result.output
+
+
+def test_a_run_directory_too_deep_for_a_unix_socket_gets_a_short_server_address(tmp_path):
+    from rlx.config.load import load_config
+    from rlx.rollout.addresses import MAX_IPC_PATH_BYTES, server_address
+
+    deep = tmp_path.joinpath(*["abcdefghij"] * 12)
+    cfg = load_config("configs/quickstart.yaml", [f"trainer.output_dir={deep}"])
+    address = server_address(cfg, 0)
+    assert address.startswith("ipc://") and len(address.removeprefix("ipc://").encode()) <= MAX_IPC_PATH_BYTES
+    assert server_address(cfg, 1) != address

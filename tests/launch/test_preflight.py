@@ -97,3 +97,11 @@ def test_a_sound_model_directory_passes(tiny_model_dir):
     from rlx.engine.model import check_model_dir
 
     assert check_model_dir(str(tiny_model_dir)) == Path(tiny_model_dir)
+
+
+def test_an_output_dir_with_a_name_too_long_for_the_file_system_is_refused(tmp_path):
+    from rlx.config.errors import ConfigError
+    from rlx.launch.preflight import check_output_dir
+
+    with pytest.raises(ConfigError, match="a name of 300 bytes .* file systems allow 255"):
+        check_output_dir(tmp_path / ("x" * 300) / "run")
