@@ -117,6 +117,25 @@ def _default_sampling(cfg):
                         stop=list(r.stop))
 
 
+def _cannot_bind_tcp(address: str) -> str:
+    """Why ``tcp://HOST:PORT`` cannot be bound now (the port is taken, the host is not this machine's), or "".
+    Checked before the model loads, with the SO_REUSEADDR that ZeroMQ sets."""
+    import socket
+    from urllib.parse import urlparse
+
+    parsed = urlparse(address)
+    if parsed.hostname in (None, "*") or not parsed.port:
+        return ""
+    try:
+        family = socket.getaddrinfo(parsed.hostname, parsed.port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((parsed.hostname, parsed.port))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return ""
+
+
 def _someone_listens(socket_file: Path) -> bool:
     """Whether a live process accepts connections on the Unix socket ``socket_file`` (a file left by a dead
     server refuses them)."""
@@ -176,4 +195,8 @@ def _bind_address(cfg, address: str | None, host: str | None, port: int | None, 
                             "(the Unix socket limit); choose a shorter path")
         if _someone_listens(socket_file):  # binding would take the address from that server without a word
             raise UserError(f"--address {address}: another process is serving there; stop it or choose another path")
+    elif address.startswith("tcp://"):
+        problem = _cannot_bind_tcp(address)
+        if problem:
+            raise UserError(f"--address {address}: cannot bind it ({problem}); choose a free port of this machine")
     return address

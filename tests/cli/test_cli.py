@@ -88,8 +88,9 @@ def test_rollout_serve_refuses_an_ipc_address_it_cannot_bind_before_loading(tiny
     busy = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a live server's socket
     busy.bind(str(tmp_path / "busy.sock"))
     busy.listen()
-    with busy:
-        for args, expected in [(["--address", f"ipc://{tmp_path}/no/such/dir/s.sock"], "does not exist; create it"),
+    taken = socket.create_server(("127.0.0.1", 0))  # a port another process listens on
+    with busy, taken:
+        for args, expected in [(["--address", f"tcp://127.0.0.1:{taken.getsockname()[1]}"], "Address already in use"),(["--address", f"ipc://{tmp_path}/no/such/dir/s.sock"], "does not exist; create it"),
                                (["--address", f"ipc://{tmp_path}/{'x' * 120}.sock"], "at most 107 bytes"),
                                (["--address", f"ipc://{tmp_path}/busy.sock"], "another process is serving there"),
                                (["--index", "-1"], "--index -1 must be >= 0")]:
