@@ -142,3 +142,53 @@ def test_vllm_request_kept_across_an_update_returns_the_version_of_each_token(vl
         assert sample.versions == [before] * split + [after] * (len(sample.versions) - split)
     assert any(before in s.versions and after in s.versions for s in result.samples), \
         [(len(s.token_ids), s.versions[:3]) for s in result.samples]
+
+
+def test_vllm_request_kept_across_an_update_recomputes_its_kv_with_the_new_weights(vllm_server, tiny_model_dir):
+    """v1 changes every value projection, so the keys and values of the tokens sampled before the update
+    differ under v1: a token sampled after it has exactly v1's full-forward logprob only if the engine
+    recomputed them. The shared server gets v0 back at the end."""
+    from transformers import AutoModelForCausalLM
+
+    v0 = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    v1 = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for layer in v1.model.layers:
+            layer.self_attn.v_proj.weight.mul_(1.7)
+
+    async def scenario(seed: int):
+        client = RolloutClient([vllm_server])
+        try:
+            before = (await client.health())[0].weight_version
+            spec = p.SamplingSpec(n=4, temperature=1.0, max_tokens=200, seed=seed)
+            request = asyncio.create_task(client.generate(["12+7="], spec, timeout_s=120))
+            while (await client.stats())[0].in_flight == 0:
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(0.1)
+            await client.pause()
+            with WeightSender(transport="shm", bucket_mb=1, num_buffers=2) as sender:
+                await sender.send([(n, t.detach().contiguous()) for n, t in v1.named_parameters()], client.channels())
+                await client.broadcast(p.Resume(weight_version=before + 1))
+                result = (await request)[0]
+                await client.pause()
+                await sender.send([(n, t.detach().contiguous()) for n, t in v0.named_parameters()], client.channels())
+            return before + 1, result
+        finally:
+            await client.broadcast(p.Resume(weight_version=before + 2))
+            client.close()
+
+    spanning = []
+    for seed in (5, 6, 7):  # a sample may end (eos) before the update lands; another seed then
+        after, result = asyncio.run(scenario(seed))
+        spanning = [s for s in result.samples if after in s.versions and s.versions[0] != after]
+        if spanning:
+            break
+    assert spanning, "no sample was still generating when the weight update landed"
+    for sample in spanning:
+        split = sample.versions.index(after)
+        engine = torch.tensor(sample.logprobs)
+        old = _logprobs(v0, result.prompt_token_ids, sample.token_ids)
+        new = _logprobs(v1, result.prompt_token_ids, sample.token_ids)
+        torch.testing.assert_close(engine[:split], old[:split], atol=2e-3, rtol=0)
+        torch.testing.assert_close(engine[split:], new[split:], atol=2e-3, rtol=0)
+        assert (new[split:] - old[split:]).abs().max() > 0.05, "v1 did not change the sampling policy"

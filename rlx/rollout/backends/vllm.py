@@ -28,10 +28,11 @@ Policy versions per token: vLLM labels every engine step's output with the engin
 back on the final output (``CompletionOutput.weight_versions``). The backend sets that label before
 each resume (a completed sync counts one up; a ``Resume`` may name the trainer's version instead), so
 a request kept across a pause-sync-resume (vLLM's ``keep`` mode: it stays in the scheduler and
-continues in the same engine) returns the version of each token. What vLLM does not do: the KV cache
-of the tokens before the update is not recomputed (tokens after it are sampled by the new weights
-attending to the old weights' keys and values), and the prefix cache can only be reset when no
-request holds blocks, so with requests in flight across an update it is not reset.
+continues in the same engine) returns the version of each token. When a sync ends, the prefix cache is
+reset with ``reset_running_requests``: the scheduler preempts every request it holds, so each one
+recomputes the KV cache of its prompt and of the tokens sampled so far with the new weights before it
+samples the next token (the tokens already sampled keep the logprobs of the weights that sampled them),
+and no later request reuses a block computed under the old weights.
 
 LoRA (``model.lora.sync=adapter``): the engine starts with vLLM's LoRA support, a sync's factors are
 written by the workers as a PEFT directory and loaded in place as the engine's one LoRA
@@ -202,8 +203,8 @@ class VllmBackend(Backend):
 
                 self.lora_request = LoRARequest(VLLM_ADAPTER, VLLM_ADAPTER_ID, f"{self._adapter_dir}/rank0")
         if not ack.in_sync:
-            try:
-                await self.engine.reset_prefix_cache()
+            try:  # requests kept across the update are preempted: they recompute their KV with the new weights
+                await self.engine.reset_prefix_cache(reset_running_requests=True)
             finally:
                 await self._end_sync()
         return ack
