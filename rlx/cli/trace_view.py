@@ -149,8 +149,8 @@ def _make_app(loaded, trace: str, metrics_path: Optional[str], started_at: float
         metrics = load_metrics(path) if path else None
     except ValueError as exc:
         raise UserError(escape(shown(exc).plain)) from None
-    note = "" if metrics else (f"No metrics file found next to {trace} (looked for metrics.jsonl beside the trace "
-                               f"directory); pass --metrics PATH.")
+    note = "" if metrics else escape(f"No metrics file found next to {shown(trace).plain} (looked for metrics.jsonl "
+                                     f"beside the trace directory); pass --metrics PATH.")
     app = TraceViewerApp(loaded, trace, metrics=metrics, metrics_note=note, started_at=started_at,
                          initial_filter=filter_text, initial_window=_parse_window(window))
     return app
