@@ -656,6 +656,10 @@ class RunConfig:
     def __post_init__(self) -> None:
         check_all_finite(self)
         check_choice("launcher", self.launcher, LAUNCHER_CHOICES)
+        if self.launcher == "ray" and self.rollout.restart_on_failure:
+            raise ConfigError("rollout.restart_on_failure restarts servers started by the local launcher; with "
+                              "launcher=ray a dead rollout server stops the run: set rollout.restart_on_failure=false "
+                              "(resume the run with --resume) or use launcher=local")
         check_colocated(self)
         if self.trainer.micro_batch_size > self.trainer.prompts_per_step * self.rollout.n:
             self.trainer.micro_batch_size = self.trainer.prompts_per_step * self.rollout.n

@@ -84,3 +84,8 @@ def test_duplicate_keys_and_huge_files_are_refused_in_one_line(tmp_path):
 def test_values_that_would_fail_only_after_start_up_are_refused_here(tmp_path, override, expected):
     code, output = check(tmp_path, "model:\n  path: /m\n", override)
     assert_one_error_line(code, output, override.split("=")[0], expected)
+
+
+def test_a_setting_the_chosen_launcher_would_ignore_is_refused(tmp_path):
+    code, output = check(tmp_path, "model:\n  path: /m\n", "launcher=ray", "rollout.restart_on_failure=true")
+    assert_one_error_line(code, output, "rollout.restart_on_failure", "launcher=ray", "set rollout.restart_on_failure=false")
