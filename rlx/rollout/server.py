@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import itertools
 import logging
 import os
 import signal
@@ -87,6 +88,7 @@ class RolloutServer:
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self.episodes = None  # the OpenAI endpoint's EpisodeStore (rlx.rollout.openai_http), when it serves one
+        self._generates = itertools.count(1)  # the trace's request ids: a client's own ids restart at 1
 
     async def serve(self, watch_interval_s: float = 0.5, drain_s: float = 1.0) -> None:
         """Serve until Shutdown, SIGTERM/SIGINT or the backend's death (then raise ``BackendDied``)."""
@@ -269,7 +271,8 @@ class RolloutServer:
         prompts = list(body.prompt_token_ids) or list(body.prompts)
         samplings = [self._fitted(prompt, i, body.sampling) for i, prompt in enumerate(prompts)]
         self.in_flight += len(prompts)
-        ids = [f"{request_id}.{i}" for i in range(len(prompts))]
+        served = f"{tracer.name}:{next(self._generates)}" if tracer.name else str(next(self._generates))
+        ids = [f"{served}.{i}" for i in range(len(prompts))]
         for rid in ids:
             tracer.event("queued", request_id=rid, paused=self.paused)
         try:

@@ -167,6 +167,11 @@ class Tracer:
     def enabled(self) -> bool:
         return self._fd is not None
 
+    @property
+    def name(self) -> str:
+        """This process's name in the trace (``configure``'s ``name``), or "" when it was never configured."""
+        return self._name
+
     def configure(self, trace_dir: str | Path, role: str, name: str, *,
                   open_span_flush_s: float = OPEN_SPAN_FLUSH_S) -> Path:
         """Start writing this process's trace into ``trace_dir``; returns the file path.

@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from rlx.config.errors import ConfigError
+from rlx.rollout import protocol as p
+from rlx.rollout.client import RolloutClient
 from rlx.rollout.reward_models import RewardModelError
 from rlx.rollout.reward_models.classifier import Classifier, check_classifier
 from rlx.rollout.reward_models.config import RewardModelConfig
@@ -192,3 +194,22 @@ def test_the_collector_mixes_classifier_scores_into_rewards(tiny_model_dir, judg
     expected = torch.tensor([0.25 * s + 0.75 for s in scores])
     torch.testing.assert_close(collected.batch.rewards.float(), expected, rtol=0, atol=1e-5)
     assert collected.metrics["reward_model_mean"] == pytest.approx(sum(scores) / len(scores), abs=1e-5)
+
+
+def test_requests_of_two_clients_keep_apart_in_the_servers_trace(judge_server):
+    """Each client numbers its requests from 1; the server's trace names each request its own way."""
+    address, trace_dir = judge_server
+    before = len(queued(trace_dir))
+
+    async def one_request():
+        client = RolloutClient([address])
+        try:
+            await client.generate(["1+1="], p.SamplingSpec(n=1, temperature=0.0, max_tokens=2))
+        finally:
+            client.close()
+
+    asyncio.run(one_request())
+    asyncio.run(one_request())
+    new = queued(trace_dir)[before:]
+    assert len(new) == 2 and new[0] != new[1], new
+    assert all(i.startswith("rollout0:") for i in new), new  # the server's process name in the trace
