@@ -63,7 +63,7 @@ class Backend(ABC):
     async def score(self, token_ids: list[list[int]], start: list[int]) -> list[list[float]]:
         """Logprobs (temperature 1) of each sequence's tokens from ``start[i]`` on (``protocol.ScoreTokens``)."""
         raise NotImplementedError(f"the {self.name} backend cannot score tokens; serve the teacher with "
-                                  "rollout.backend=hf")
+                                  "rollout.backend=hf or rollout.backend=vllm")
 
     def failure(self) -> str:
         """Why the backend can no longer serve (its engine died), or "" while it is healthy."""
