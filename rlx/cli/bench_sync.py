@@ -46,6 +46,9 @@ def bench_sync(
                         memory_gb=memory_gb, timeout_s=timeout_s, assemble_in_place=assemble_in_place, server=server,
                         lora_rank=lora_rank)
     with user_errors():
+        if server is not None and not server.startswith(("tcp://", "ipc://")):
+            raise UserError(f"--server {server!r} must start with tcp:// or ipc:// (the address rlx rollout-serve "
+                            "printed when it started)")
         if memory_gb is not None and not (math.isfinite(memory_gb) and memory_gb > 0):
             raise UserError(f"--memory-gb {memory_gb} must be a positive number of GB (or left out: 45% of what is free)")
         if model is not None and not model.is_dir():

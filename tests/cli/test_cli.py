@@ -73,7 +73,8 @@ def test_bad_output_paths_sizes_and_budgets_are_one_line(tmp_path):
     cases = [(["trace-view", str(trace), "--export", "perfetto", str(tmp_path)], "that is a directory"),
              (["trace-view", str(trace), "--export", "perfetto", str(tmp_path / "no" / "t.json")], "does not exist"),
              (["trace-view", str(trace), "--screenshot", str(tmp_path / "s.svg"), "--size", "0x-5"], "must be in [1, 1000]"),
-             (["bench-sync", "--memory-gb", "nan"], "--memory-gb nan must be a positive number")]
+             (["bench-sync", "--memory-gb", "nan"], "--memory-gb nan must be a positive number"),
+             (["bench-sync", "--target", "server", "--server", "garbage"], "must start with tcp:// or ipc://")]
     for args, expected in cases:
         result = runner.invoke(app, args)
         assert result.exit_code == 2 and expected in result.output and "Traceback" not in result.output, result.output
