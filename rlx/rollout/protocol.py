@@ -253,18 +253,29 @@ def _request_id(data: bytes) -> int:
         return -1
 
 
-def generate_problem(body: Generate, max_model_len: int) -> str:
+def generate_problem(body: Generate, max_model_len: int, vocab_size: int = 0) -> str:
     """Why the server refuses ``body`` (naming the field and its allowed range), or "" when it is
-    acceptable. Prompt lengths are checked per prompt by the server, which knows the tokenizer."""
+    acceptable. Prompt lengths are checked per prompt by the server, which knows the tokenizer; token ids
+    against ``vocab_size`` when it is known (> 0)."""
     if body.prompts and body.prompt_token_ids:
         return "a generate request sets both prompts and prompt_token_ids; send one of them"
     if not (body.prompts or body.prompt_token_ids):
         return "generate request has no prompts; set prompts or prompt_token_ids"
     if any(not ids for ids in body.prompt_token_ids):
         return "prompt_token_ids holds an empty prompt; every prompt needs at least one token"
-    if any(t < 0 for ids in body.prompt_token_ids for t in ids):
-        return "prompt_token_ids holds a negative token id; token ids are >= 0"
-    return sampling_problem(body.sampling, max_model_len)
+    problem = token_id_problem("prompt_token_ids", body.prompt_token_ids, vocab_size)
+    return problem or sampling_problem(body.sampling, max_model_len)
+
+
+def token_id_problem(field: str, sequences, vocab_size: int) -> str:
+    """The first token id of ``sequences`` that no model row has (negative, or >= ``vocab_size`` when known)."""
+    for i, ids in enumerate(sequences):
+        if ids and min(ids) < 0:
+            return f"{field}[{i}] holds a negative token id; token ids are >= 0"
+        if ids and vocab_size and max(ids) >= vocab_size:
+            return (f"{field}[{i}] holds token id {max(ids)}, past the model's vocabulary; token ids are in "
+                    f"[0, {vocab_size - 1}]")
+    return ""
 
 
 def sampling_problem(s: SamplingSpec, max_model_len: int) -> str:
@@ -286,7 +297,7 @@ def sampling_problem(s: SamplingSpec, max_model_len: int) -> str:
     return ""
 
 
-def score_problem(body: ScoreTokens, max_model_len: int) -> str:
+def score_problem(body: ScoreTokens, max_model_len: int, vocab_size: int = 0) -> str:
     """Why the server refuses a ``ScoreTokens`` request, or "" when it is acceptable."""
     if len(body.token_ids) != len(body.start):
         return f"score request has {len(body.token_ids)} sequences and {len(body.start)} starts; send one start each"
@@ -295,9 +306,7 @@ def score_problem(body: ScoreTokens, max_model_len: int) -> str:
             return f"start[{i}]={start} must be in [1, {len(ids) - 1}]: a scored token needs one token before it"
         if len(ids) > max_model_len:
             return f"sequence {i} is {len(ids)} tokens, longer than rollout.max_model_len={max_model_len}"
-        if min(ids) < 0:
-            return f"token_ids[{i}] holds a negative token id; token ids are >= 0"
-    return ""
+    return token_id_problem("token_ids", body.token_ids, vocab_size)
 
 
 def decode_reply(data: bytes) -> Reply:

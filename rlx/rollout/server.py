@@ -231,7 +231,7 @@ class RolloutServer:
         if isinstance(body, p.Generate):
             return await self._generate(body, request_id, deadline)
         if isinstance(body, p.ScoreTokens):
-            problem = p.score_problem(body, self.max_model_len)
+            problem = p.score_problem(body, self.max_model_len, self.backend.vocab_size)
             if problem:
                 raise RequestRefused(problem)
             return p.ScoreResult(logprobs=await self.backend.score(body.token_ids, body.start))
@@ -265,7 +265,7 @@ class RolloutServer:
         return p.AckResult(ack=await self._update(body.payload))
 
     async def _generate(self, body: p.Generate, request_id: int, deadline: float) -> p.GenerateResult:
-        problem = p.generate_problem(body, self.max_model_len)
+        problem = p.generate_problem(body, self.max_model_len, self.backend.vocab_size)
         if problem:
             raise RequestRefused(problem)
         prompts = list(body.prompt_token_ids) or list(body.prompts)

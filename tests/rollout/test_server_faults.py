@@ -122,6 +122,10 @@ def test_out_of_range_generate_requests_are_refused_naming_the_field(server):
             await client.generate([[5] * server.max_model_len], GREEDY)
         with pytest.raises(RolloutServerError, match="negative token id"):
             await client.call(0, p.Generate(prompt_token_ids=[[5, -3]], sampling=GREEDY))
+        for request in (p.Generate(prompt_token_ids=[[5, 2**40]], sampling=GREEDY),
+                        p.ScoreTokens(token_ids=[[5, 6, 10**6]], start=[1])):  # would index past the embedding
+            with pytest.raises(RolloutServerError, match="past the model's vocabulary; token ids are in"):
+                await client.call(0, request)
         # max_tokens within range but past the room the prompt leaves: capped, not refused
         near_full = [5] * (server.max_model_len - 3)
         result = await client.generate([near_full], msgspec.structs.replace(GREEDY, max_tokens=100))

@@ -24,6 +24,8 @@ from rlx.sync.messages import BucketAck
 class Backend(ABC):
     name: str
     model_path: str
+    vocab_size: int = 0
+    """Rows of the model's input embedding, known once started: every token id must be below it (0 = unknown)."""
 
     @abstractmethod
     async def start(self) -> None: ...

@@ -74,6 +74,7 @@ class HfBackend(Backend):
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device).eval()
+        self.vocab_size = self.model.get_input_embeddings().num_embeddings
         torch.manual_seed(self.cfg.trainer.seed)
         if self.device == "cuda":
             from rlx.launch.placement import apply_memory_budget

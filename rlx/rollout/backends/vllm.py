@@ -94,6 +94,7 @@ class VllmBackend(Backend):
             enforce_eager=r.enforce_eager, worker_extension_cls=EXTENSION,
             logprobs_mode="processed_logprobs", disable_log_stats=True, **_cpu_scheduling(r), **self._lora_args())
         self.engine = AsyncLLM.from_engine_args(args)
+        self.vocab_size = self.engine.model_config.get_vocab_size()
         await self._label_version()
         if self.cfg.lora_sync == "adapter":
             from rlx.rollout.backends.lora import peft_adapter_config
