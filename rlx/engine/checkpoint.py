@@ -18,8 +18,10 @@ the staged directory is removed, so the newest complete checkpoint stays the pre
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,8 @@ from rlx.engine.checkpoint_format import (
     verify_checkpoint,
     write_manifest,
 )
+
+log = logging.getLogger(__name__)
 
 HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
             "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
@@ -77,8 +81,10 @@ def save_checkpoint(root: Path, step: int, model, optimizer, scheduler, model_pa
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-written step behind
         raise
-    if final.exists():
-        shutil.rmtree(final)
+    if final.exists():  # left by an earlier run and passed over by --resume (it did not verify): never deleted
+        aside = root / f"corrupt-{final.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        os.replace(final, aside)
+        log.warning("checkpoint %s already existed and was not resumed from; kept it as %s", final, aside.name)
     os.replace(tmp, final)
     fsync_dir(root)
     _prune(root, keep)

@@ -125,3 +125,17 @@ def test_newest_complete_checkpoint_is_chosen_past_a_corrupt_one(tmp_path, tiny_
     assert len(skipped) == 1 and "optimizer.safetensors" in skipped[0]
     check_resumable(ckpt, cfg.model.path, cfg.task.seed, len(build_task(cfg.task).train))
     assert resume_checkpoint(tmp_path / "never_ran") == (None, [])  # a first run may pass --resume
+
+    # the resumed run saves step 2 again: the corrupt directory is kept aside, not deleted
+    from transformers import AutoModelForCausalLM
+
+    from rlx.engine.checkpoint_format import verify_checkpoint
+    from rlx.engine.optim import build_optimizer, build_scheduler
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    optimizer = build_optimizer(model, cfg)
+    save_checkpoint(run_dir / "checkpoints", 2, model, optimizer, build_scheduler(optimizer, cfg), str(tiny_model_dir),
+                    {"step": 2, "data": {}}, keep=5)
+    [aside] = (run_dir / "checkpoints").glob("corrupt-step_00000002-*")
+    assert (aside / "optimizer.safetensors").read_bytes() == b"torn"
+    assert verify_checkpoint(newest)["step"] == 2
