@@ -63,6 +63,7 @@ def test_a_killed_engine_core_fails_pending_requests_and_stops_the_server(tiny_m
         proc.wait(timeout=30)  # a generous bound on noticing the death, not a speed check
         assert proc.returncode == 3, log.read_text()[-3000:]
         assert "vLLM engine died" in log.read_text()
+        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]  # the death is one line, not vLLM's trace
         assert wait_gone(proc.pid, 30), "processes the server started are still running after it exited"
     finally:
         stop_group(proc)

@@ -95,6 +95,7 @@ class VllmBackend(Backend):
             logprobs_mode="processed_logprobs", disable_log_stats=True, **_cpu_scheduling(r), **self._lora_args())
         self.engine = AsyncLLM.from_engine_args(args)
         self.vocab_size = self.engine.model_config.get_vocab_size()
+        logging.getLogger("vllm.v1.engine.async_llm").addFilter(_EngineDeathWithoutTraceback())
         await self._label_version()
         if self.cfg.lora_sync == "adapter":
             from rlx.rollout.backends.lora import peft_adapter_config
@@ -347,6 +348,18 @@ def _cpu_scheduling(r) -> dict:
     if not current_platform.is_cpu():
         return {}
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(r.max_model_len, 8192)}
+
+
+class _EngineDeathWithoutTraceback(logging.Filter):
+    """vLLM's output handler logs a traceback when the engine core dies; the server reports that death in one
+    line (``failure``), so the record keeps its message and loses the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if record.exc_info and isinstance(record.exc_info[1], EngineDeadError):
+            record.exc_info, record.exc_text = None, None
+        return True
 
 
 # The worker extension: runs inside each vLLM engine worker process.
