@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 
 import msgspec
@@ -23,6 +25,11 @@ from rlx.rollout.protocol import PromptResult, SamplingSpec
 from rlx.rollout.reward_models import Scored, make_reward_model, mix, score_step
 from rlx.rollout.tasks import Problem, Task
 from rlx.trace import tracer
+
+
+class RewardTimeout(RuntimeError):
+    """The reward function ran past ``task.reward_timeout_s`` on one step."""
+
 
 MAX_PROMPTS_PER_STEP = 1 << 20
 
@@ -69,9 +76,11 @@ class Collector:
 
     async def score_off_loop(self, *args) -> Collected:
         """``score`` (the user's reward function) in a daemon thread, one call at a time: a reward that hangs
-        leaves the event loop free, so Ctrl-C and SIGTERM still stop the run."""
+        leaves the event loop free, so Ctrl-C and SIGTERM still stop the run, and one that has not returned
+        after ``task.reward_timeout_s`` stops it with its stack in the log."""
         loop = asyncio.get_running_loop()
         done = loop.create_future()
+        limit = self.cfg.task.reward_timeout_s or None
 
         def run() -> None:
             try:
@@ -82,8 +91,18 @@ class Collector:
                                                               done.set_result(result)))
 
         async with self._score_lock:
-            threading.Thread(target=run, name="rlx-reward", daemon=True).start()
-            return await done
+            thread = threading.Thread(target=run, name="rlx-reward", daemon=True)
+            thread.start()
+            try:
+                return await asyncio.wait_for(asyncio.shield(done), limit)
+            except TimeoutError:
+                frame = sys._current_frames().get(thread.ident)
+                stack = "".join(traceback.format_stack(frame)) if frame is not None else "(it has just returned)\n"
+                timeout = RewardTimeout(f"the reward function ({self.cfg.task.reward or 'task ' + self.cfg.task.name}) "
+                                        f"has not returned after task.reward_timeout_s={limit:g} s scoring one step "
+                                        "(the log shows where it is); raise task.reward_timeout_s if it is only slow")
+                timeout.add_note(f"where the reward function's thread is now:\n{stack.rstrip()}")
+                raise timeout from None
 
     async def generate_group(self, problem: Problem, seed: int, index: int) -> PromptResult:
         """The ``n`` samples of problem ``index`` of a step seeded ``seed`` (one group), as ``collect`` draws them."""

@@ -200,3 +200,20 @@ def test_sigterm_stops_a_run_whose_reward_function_hangs(tiny_model_dir, tmp_pat
     assert "received SIGTERM: stopping every child process" in output and "Traceback" not in output
     assert_no_children_alive(run_dir)
     assert not sync_segments_of(proc.pid)
+
+
+def test_a_reward_function_that_never_returns_stops_the_run_after_its_timeout(tiny_model_dir, tmp_path):
+    (tmp_path / "stuck_reward.py").write_text("import time\n\ndef score(completion, answer):\n    time.sleep(3600)\n")
+    config = small_config(tmp_path, tiny_model_dir, "hf", task={"reward": "stuck_reward:score", "reward_timeout_s": 2})
+    run_dir, log = tmp_path / "run", tmp_path / "train.log"
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = start_rlx(["train", str(config), "trainer.eval_every=0"], log, env)
+    try:
+        proc.wait(300)
+    finally:
+        stop_group(proc)
+    output = log.read_text()
+    assert proc.returncode == 1, output[-3000:]
+    assert "has not returned after task.reward_timeout_s=2 s" in output and "Traceback" not in output, output[-3000:]
+    assert "time.sleep(3600)" in (run_dir / "logs" / "train.log").read_text()  # where the reward was stuck
+    assert_no_children_alive(run_dir)
