@@ -109,6 +109,18 @@ async def _restore(address: str, v0) -> None:
 
 
 
+async def _paused_mid_request(client: RolloutClient, seed: int) -> tuple[int, asyncio.Task]:
+    """The server's weight version, and a 4-sample request paused (kept) after its first tokens."""
+    before = (await client.health())[0].weight_version
+    spec = p.SamplingSpec(n=4, temperature=1.0, max_tokens=200, seed=seed)
+    request = asyncio.create_task(client.generate(["12+7="], spec, timeout_s=120))
+    while (await client.stats())[0].in_flight == 0:
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.1)
+    await client.pause()
+    return before, request
+
+
 def test_vllm_request_kept_across_an_update_returns_the_version_of_each_token(vllm_server, tiny_model_dir):
     """vLLM labels each engine step with the weight version; the same weights are sent, so the shared server
     serves on unchanged (only its label moves)."""
@@ -119,13 +131,7 @@ def test_vllm_request_kept_across_an_update_returns_the_version_of_each_token(vl
     async def scenario():
         client = RolloutClient([vllm_server])
         try:
-            before = (await client.health())[0].weight_version
-            spec = p.SamplingSpec(n=4, temperature=1.0, max_tokens=200, seed=3)
-            request = asyncio.create_task(client.generate(["12+7="], spec, timeout_s=120))
-            while (await client.stats())[0].in_flight == 0:
-                await asyncio.sleep(0.005)
-            await asyncio.sleep(0.1)
-            await client.pause()
+            before, request = await _paused_mid_request(client, seed=3)
             with WeightSender(transport="shm", bucket_mb=1, num_buffers=2) as sender:
                 await sender.send([(n, t.detach().contiguous()) for n, t in model.named_parameters()],
                                   client.channels())
@@ -159,13 +165,7 @@ def test_vllm_request_kept_across_an_update_recomputes_its_kv_with_the_new_weigh
     async def scenario(seed: int):
         client = RolloutClient([vllm_server])
         try:
-            before = (await client.health())[0].weight_version
-            spec = p.SamplingSpec(n=4, temperature=1.0, max_tokens=200, seed=seed)
-            request = asyncio.create_task(client.generate(["12+7="], spec, timeout_s=120))
-            while (await client.stats())[0].in_flight == 0:
-                await asyncio.sleep(0.005)
-            await asyncio.sleep(0.1)
-            await client.pause()
+            before, request = await _paused_mid_request(client, seed)
             with WeightSender(transport="shm", bucket_mb=1, num_buffers=2) as sender:
                 await sender.send([(n, t.detach().contiguous()) for n, t in v1.named_parameters()], client.channels())
                 await client.broadcast(p.Resume(weight_version=before + 1))
@@ -174,7 +174,7 @@ def test_vllm_request_kept_across_an_update_recomputes_its_kv_with_the_new_weigh
                 await sender.send([(n, t.detach().contiguous()) for n, t in v0.named_parameters()], client.channels())
             return before + 1, result
         finally:
-            await client.broadcast(p.Resume(weight_version=before + 2))
+            await client.broadcast(p.Resume())  # the v0 sync counted one more: before + 2
             client.close()
 
     spanning = []
