@@ -1,8 +1,14 @@
-"""Shared fixtures: a kit-built tiny model (built once per session) and the gpu marker."""
+"""Shared fixtures: a kit-built tiny model (built once per session) and the gpu marker. Traces opened by
+any test (and the rlx processes it starts) are parsed, never read from or written to the user's trace cache;
+the cache's own tests point RLX_TRACE_CACHE at a temporary directory."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+os.environ["RLX_TRACE_CACHE"] = "off"
 
 
 def _cuda_available() -> bool:
