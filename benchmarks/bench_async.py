@@ -1,13 +1,15 @@
 """trainer.mode=fully_async against sync on the generation-heavy workload, same seeds, alternating order.
 
-Each run is `rlx train configs/bench_long.yaml` (running_sum, vLLM backend) timed from start to end;
+Each run is `rlx train configs/bench_long.yaml` (running_sum, vLLM backend; ``--workload quickstart``:
+configs/quickstart.yaml, which learns more per step but generates little) timed from start to end;
 its final model is scored by bench_e2e's greedy evaluator on the held-out split, so every mode is
 judged by the same code. Modes: sync (the rival: on-policy, lock-step) and fully_async with each
 ``--staleness`` value. Rounds alternate the order of the modes so drift on the machine hits all alike.
 The table gives wall time, steps/s, the median phase times that bound the overlap (generation
 throughput vs the trainer's logprob + update), and the ratio of sync's wall time to each mode's.
 
-    python benchmarks/bench_async.py [--seeds 0] [--steps 40] [--staleness 1 4] [--json OUT]
+    python benchmarks/bench_async.py [--workload long|quickstart] [--seeds 0] [--steps 40] [--staleness 1 4]
+                                     [--json OUT]
 """
 
 from __future__ import annotations
@@ -22,9 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_e2e import ensure_model, greedy_accuracy, load_cfg, run_rlx
-
-WORKLOAD = "long"
+from benchmarks.bench_e2e import WORKLOADS, ensure_model, greedy_accuracy, load_cfg, run_rlx
 PHASES = ("time_generate", "time_logprob", "time_update", "time_sync", "time_wait_batch", "time_producer_idle",
           "staleness_mean", "partial_rollout_frac", "samples_dropped_stale")
 
@@ -36,8 +36,8 @@ def modes(staleness: list[int]) -> dict[str, list[str]]:
     return out
 
 
-def run_mode(seed: int, out: Path, overrides: list[str], steps: int, cfg) -> dict:
-    result = run_rlx(WORKLOAD, seed, out, [f"trainer.total_steps={steps}", *overrides])
+def run_mode(workload: str, seed: int, out: Path, overrides: list[str], steps: int, cfg) -> dict:
+    result = run_rlx(workload, seed, out, [f"trainer.total_steps={steps}", *overrides])
     from rlx.trace.sinks import read_metrics
 
     rows = [m for m in read_metrics(out / "metrics.jsonl") if "time_step" in m]
@@ -50,7 +50,7 @@ def run_mode(seed: int, out: Path, overrides: list[str], steps: int, cfg) -> dic
 
 
 def bench(args) -> dict:
-    cfg = load_cfg(WORKLOAD)
+    cfg = load_cfg(args.workload)
     ensure_model(cfg)
     base = greedy_accuracy(Path(cfg.model.path), cfg)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="rlx-bench-async-"))
@@ -61,13 +61,13 @@ def bench(args) -> dict:
         for name, overrides in order:
             print(f"seed {seed}: {name} ...", flush=True)
             out = work / f"{name.replace(' ', '_').replace('=', '')}-seed{seed}"
-            result = run_mode(seed, out, overrides, args.steps, cfg)
+            result = run_mode(args.workload, seed, out, overrides, args.steps, cfg)
             result.update(mode=name, seed=seed, gain=result["eval_accuracy"] - base)
             rows.append(result)
             print(f"  wall {result['wall_s']:.1f} s, held-out {base:.3f} -> {result['eval_accuracy']:.3f}, "
                   f"phases {json.dumps({k: round(v, 3) for k, v in result['phases'].items()})}", flush=True)
     flags = [a for i, a in enumerate(sys.argv[1:]) if "--work-dir" not in (a, sys.argv[i])]  # no local paths
-    return {"workload": WORKLOAD, "steps": args.steps, "start_accuracy": base, "rows": rows, "machine": args.machine,
+    return {"workload": args.workload, "steps": args.steps, "start_accuracy": base, "rows": rows, "machine": args.machine,
             "command": " ".join(["python", "benchmarks/bench_async.py", *flags])}
 
 
@@ -95,6 +95,7 @@ def print_table(report: dict) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="long")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--steps", type=int, default=40, help="trainer.total_steps of every run")
     p.add_argument("--staleness", type=int, nargs="+", default=[1, 4], help="trainer.max_staleness values")
