@@ -50,7 +50,7 @@ def run_mode(workload: str, seed: int, out: Path, overrides: list[str], steps: i
 
 
 def bench(args) -> dict:
-    cfg = load_cfg(args.workload)
+    cfg = load_cfg(args.workload, args.override)
     ensure_model(cfg)
     base = greedy_accuracy(Path(cfg.model.path), cfg)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="rlx-bench-async-"))
@@ -61,13 +61,14 @@ def bench(args) -> dict:
         for name, overrides in order:
             print(f"seed {seed}: {name} ...", flush=True)
             out = work / f"{name.replace(' ', '_').replace('=', '')}-seed{seed}"
-            result = run_mode(args.workload, seed, out, overrides, args.steps, cfg)
+            result = run_mode(args.workload, seed, out, [*args.override, *overrides], args.steps, cfg)
             result.update(mode=name, seed=seed, gain=result["eval_accuracy"] - base)
             rows.append(result)
             print(f"  wall {result['wall_s']:.1f} s, held-out {base:.3f} -> {result['eval_accuracy']:.3f}, "
                   f"phases {json.dumps({k: round(v, 3) for k, v in result['phases'].items()})}", flush=True)
-    flags = [a for i, a in enumerate(sys.argv[1:]) if "--work-dir" not in (a, sys.argv[i])]  # no local paths
-    return {"workload": args.workload, "steps": args.steps, "start_accuracy": base, "rows": rows, "machine": args.machine,
+    flags = [a for i, a in enumerate(sys.argv[1:])  # no local paths
+             if not {"--work-dir", "--json"} & {a, sys.argv[i]}]
+    return {"workload": args.workload, "steps": args.steps, "overrides": args.override, "start_accuracy": base, "rows": rows, "machine": args.machine,
             "command": " ".join(["python", "benchmarks/bench_async.py", *flags])}
 
 
@@ -99,6 +100,7 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--steps", type=int, default=40, help="trainer.total_steps of every run")
     p.add_argument("--staleness", type=int, nargs="+", default=[1, 4], help="trainer.max_staleness values")
+    p.add_argument("--override", nargs="*", default=[], help="config overrides for every run, e.g. rollout.backend=hf")
     p.add_argument("--work-dir", default="", help="where runs are written (default: a new temporary directory)")
     p.add_argument("--json", default="docs/results/bench_async_long_epyc.json", help="write the report here")
     p.add_argument("--machine", default="2-vCPU AMD EPYC VM", help="where it ran, recorded in the report")
