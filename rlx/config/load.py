@@ -84,8 +84,11 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"config file not found: {path}; pass the path of a YAML run config, "
                           "e.g. configs/quickstart.yaml")
-    if not path.is_file():
+    if path.is_dir():
         raise ConfigError(f"config path {path} is a directory; pass a YAML file inside it")
+    if not path.is_file():  # a device, a FIFO, a socket: reading it could block or never end
+        raise ConfigError(f"config path {path} is not a regular file; pass the path of a YAML run config, "
+                          "e.g. configs/quickstart.yaml")
     size = path.stat().st_size
     if size > MAX_CONFIG_BYTES:
         raise ConfigError(f"{path} is {size / 2**20:.0f} MiB, not a run config (a YAML file of a few KiB); "

@@ -60,6 +60,9 @@ def test_unreadable_files_and_defaults_are_one_line(tmp_path):
     assert_one_error_line(code, output, "defaults in", "must be a list")
     code, output = check(tmp_path, "defaults:\n  - no_such_group\nmodel:\n  path: /m\n")
     assert_one_error_line(code, output, "no_such_group", "beside run.yaml")
+    for path, what in (("/dev/null", "is not a regular file"), (str(tmp_path), "is a directory")):
+        result = runner.invoke(app, ["config", "check", path])
+        assert_one_error_line(result.exit_code, result.output, path, what)
 
 
 
