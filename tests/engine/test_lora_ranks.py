@@ -1,11 +1,7 @@
 """LoRA on two trainer ranks (FSDP2 over gloo, adapters sharded with the model): the same steps as one rank
 on the same batch, and a checkpoint written by two ranks (PEFT format) that two ranks resume exactly."""
 
-import json
-import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,31 +9,19 @@ import torch
 from safetensors.torch import load_file
 
 from rlx.engine.checkpoint_format import ADAPTER_CONFIG, ADAPTER_FILE, verify_checkpoint
+from tests.engine.test_ranks import finish_world, start_world
 
 pytestmark = pytest.mark.slow
-SCRIPT = Path(__file__).with_name("ranks_step.py")
 
 
-def start_world(world: int, model_dir, out: Path, ckpt_root: Path) -> list[subprocess.Popen]:
+def start_lora_world(world: int, model_dir, out: Path, ckpt_root: Path) -> list[subprocess.Popen]:
     """``ranks_step.py --lora`` on ``world`` gloo ranks (see there for what it runs and writes)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    return [subprocess.Popen([sys.executable, str(SCRIPT), str(model_dir), "--lora", str(out), str(ckpt_root)],
-                             env=dict(env, RANK=str(rank)), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            for rank in range(world)]
+    return start_world(world, str(model_dir), "--lora", str(out), str(ckpt_root))
 
 
-def finish_world(procs: list[subprocess.Popen], out: Path) -> tuple[list[float], dict]:
+def finish_lora_world(procs: list[subprocess.Popen], out: Path) -> tuple[list[float], dict]:
     """Rank 0's losses (step 1, step 2, step 2 again after resuming from step 1's checkpoint) and tensors."""
-    outputs = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=300)
-        assert proc.returncode == 0, stderr[-3000:]
-        outputs.append(stdout)
-    line = next(l for l in outputs[0].splitlines() if l.startswith("RESULT"))
-    return json.loads(line[len("RESULT"):])["losses"], load_file(str(out))
+    return finish_world(procs)["losses"], load_file(str(out))
 
 
 def part(tensors: dict, prefix: str) -> dict:
@@ -53,10 +37,10 @@ def assert_same(a: dict, b: dict, atol: float) -> None:
 @pytest.fixture(scope="module")
 def one_and_two(tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("lora_ranks")
-    procs = {world: start_world(world, tiny_model_dir, root / f"{world}.safetensors", root / f"ckpt{world}")
+    procs = {world: start_lora_world(world, tiny_model_dir, root / f"{world}.safetensors", root / f"ckpt{world}")
              for world in (1, 2)}  # side by side: most of each run is starting python and loading torch
     try:
-        runs = {world: finish_world(procs[world], root / f"{world}.safetensors") for world in (1, 2)}
+        runs = {world: finish_lora_world(procs[world], root / f"{world}.safetensors") for world in (1, 2)}
     finally:
         for proc in (p for group in procs.values() for p in group if p.poll() is None):
             proc.kill()

@@ -13,16 +13,19 @@ pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).with_name("ranks_step.py")
 
 
-def run_world(world: int, model_dir) -> dict:
+def start_world(world: int, *args: str) -> list[subprocess.Popen]:
+    """``ranks_step.py *args`` on ``world`` gloo ranks, side by side."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, str(SCRIPT), str(model_dir)], env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    env = dict(os.environ, WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    return [subprocess.Popen([sys.executable, str(SCRIPT), *args], env=dict(env, RANK=str(rank)), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for rank in range(world)]
+
+
+def finish_world(procs: list[subprocess.Popen]) -> dict:
+    """Rank 0's RESULT, once every rank exited 0."""
     outputs = []
     for proc in procs:
         out, err = proc.communicate(timeout=300)
@@ -30,6 +33,10 @@ def run_world(world: int, model_dir) -> dict:
         outputs.append(out)
     line = next(l for l in outputs[0].splitlines() if l.startswith("RESULT"))
     return json.loads(line[len("RESULT"):])
+
+
+def run_world(world: int, model_dir) -> dict:
+    return finish_world(start_world(world, str(model_dir)))
 
 
 def test_two_ranks_match_one_rank(tiny_model_dir):
