@@ -164,7 +164,7 @@ def _token_from_env(variable: str | None) -> str:
 def _bind_address(cfg, address: str | None, host: str | None, port: int | None, index: int,
                   allow_remote: bool) -> str:
     """The address to bind: --address, or tcp://--host:port, or the run's default for ``index``."""
-    from rlx.rollout.addresses import MAX_IPC_PATH_BYTES, server_address
+    from rlx.rollout.addresses import MAX_IPC_PATH_BYTES, ipc_path, server_address
     from rlx.rollout.server import check_bind_address
 
     if index < 0:
@@ -186,8 +186,8 @@ def _bind_address(cfg, address: str | None, host: str | None, port: int | None, 
             raise UserError(f"binding {address} needs an auth token: export it in {TOKEN_ENV} (or the variable "
                             "--auth-token-env names), or set rollout.auth_token") from None
         raise UserError(str(exc)) from None
-    if address.startswith("ipc://"):
-        socket_file = Path(address[len("ipc://"):])
+    socket_file = ipc_path(address)
+    if socket_file is not None:
         if not socket_file.parent.is_dir():
             raise UserError(f"--address {address}: the directory {socket_file.parent} does not exist; create it first")
         if len(os.fsencode(socket_file)) > MAX_IPC_PATH_BYTES:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from rlx.launch.display import Display
+from rlx.rollout.addresses import ipc_path
 
 # What a run writes into its directory (``trace`` only when trace.dir is not set elsewhere).
 RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "checkpoints", "logs", "trace", "tb", "hf")
@@ -68,6 +69,5 @@ def secret_overrides(cfg) -> tuple[list[str], dict[str, str]]:
 
 def remove_sockets(addresses: list[str]) -> None:
     """Remove the socket files of the ``ipc://`` addresses the run's own servers bound."""
-    for address in addresses:
-        if address.startswith("ipc://"):
-            Path(address.removeprefix("ipc://")).unlink(missing_ok=True)
+    for path in filter(None, map(ipc_path, addresses)):
+        path.unlink(missing_ok=True)

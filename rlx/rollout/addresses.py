@@ -26,6 +26,11 @@ MAX_IPC_PATH_BYTES = 107
 """The longest path a Unix socket (an ``ipc://`` address) may have, in bytes."""
 
 
+def ipc_path(address: str) -> Path | None:
+    """The socket file of an ``ipc://`` address; None for any other scheme."""
+    return Path(address[len("ipc://"):]) if address.startswith("ipc://") else None
+
+
 def is_loopback_address(address: str) -> bool:
     """``ipc://``/``inproc://``, or ``tcp://`` to a loopback host."""
     if address.startswith(("ipc://", "inproc://")):

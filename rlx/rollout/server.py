@@ -27,16 +27,16 @@ import contextlib
 import hmac
 import itertools
 import logging
-import os
 import signal
 import time
+from pathlib import Path
 
 import msgspec
 import zmq
 import zmq.asyncio
 
 from rlx.rollout import protocol as p
-from rlx.rollout.addresses import is_loopback_address
+from rlx.rollout.addresses import ipc_path, is_loopback_address
 from rlx.rollout.backends.base import Backend
 from rlx.sync.messages import BucketAck, SyncAbort, encode
 from rlx.sync.rpc import reply_frames
@@ -118,7 +118,7 @@ class RolloutServer:
             ctx.term()
             if ipc_file is not None and _ipc_file(self.address) == ipc_file:
                 with contextlib.suppress(OSError):
-                    os.unlink(ipc_file[0])
+                    ipc_file[0].unlink()
         if self.death:
             raise BackendDied(self.death)
 
@@ -349,13 +349,11 @@ class RolloutServer:
         await self._sock.send_multipart(reply_frames(frames, p.encode(reply)))
 
 
-def _ipc_file(address: str) -> tuple[str, int] | None:
+def _ipc_file(address: str) -> tuple[Path, int] | None:
     """The path and inode of an ``ipc://`` address's socket file, or None (tcp, or no file)."""
-    if not address.startswith("ipc://"):
-        return None
-    path = address[len("ipc://"):]
+    path = ipc_path(address)
     try:
-        return path, os.stat(path).st_ino
+        return (path, path.stat().st_ino) if path is not None else None
     except OSError:
         return None
 
