@@ -31,6 +31,13 @@ from typing import Callable, TextIO
 from rlx.launch.leftovers import ShmLeftovers
 
 
+def write_json(path: Path, record: dict) -> None:
+    """``record`` as JSON at ``path``, swapped in whole: a reader polling the file never sees half of it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
 class Child:
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path,
                  emit: Callable[[str], None]) -> None:
@@ -144,8 +151,7 @@ class ProcessSet:
 
     def _write_pids(self) -> None:
         """logs/pids.json: each child's pid (= its process group id), for users and tests."""
-        pids = {child.name: child.pid for child in self.children}
-        (self.log_dir / "pids.json").write_text(json.dumps(pids, indent=2) + "\n")
+        write_json(self.log_dir / "pids.json", {child.name: child.pid for child in self.children})
 
     def restart(self, child: Child) -> Child | None:
         """Start ``child`` again in its place: same name, argv, environment and log (appended);

@@ -29,7 +29,6 @@ path on every node, and RUN_DIR should be shared storage (checkpoints are writte
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import time
@@ -39,7 +38,7 @@ from pathlib import Path
 from rlx.config.errors import ConfigError
 from rlx.launch.display import Display
 from rlx.launch.launcher import _trace_env, prepare, supervise
-from rlx.launch.processes import TracebackFolder
+from rlx.launch.processes import TracebackFolder, write_json
 from rlx.launch.run_dir import (
     SECRET_ENV,
     secret_overrides,
@@ -223,10 +222,11 @@ class RayRun:
             self._launch(handle, [module, "{workdir}/config.yaml", *secret_args], rank_env, files)
 
     def _write_processes(self) -> None:
-        """logs/ray_processes.json: where each process runs, for users and tests."""
+        """logs/ray_processes.json: where each started process runs, for users and tests (a placed, not yet
+        started process has no pid and is left out)."""
         record = {h.name: {"node_ip": h.node["ip"], "node_id": h.node["node_id"], "pid": h.pid,
-                           "actor_pid": h.node["actor_pid"]} for h in self.handles}
-        (self.log_dir / "ray_processes.json").write_text(json.dumps(record, indent=2) + "\n")
+                           "actor_pid": h.node["actor_pid"]} for h in self.handles if h.pid > 0}
+        write_json(self.log_dir / "ray_processes.json", record)
 
     def _watch(self) -> int:
         """Stream every process's output until rank 0 ends the run or another process dies."""

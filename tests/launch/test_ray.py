@@ -118,6 +118,7 @@ def test_sigkilled_rank_stops_the_ray_run_naming_it(ray_cluster, tiny_model_dir,
             assert proc.poll() is None and time.time() < deadline, log.read_text()[-4000:]
             time.sleep(0.5)
         victim = recorded_processes(run_dir)["trainer1"]["pid"]
+        assert victim > 1, f"trainer1 recorded with pid {victim}"  # os.kill(0 or -1) would kill far more
         os.kill(victim, 9)
         proc.wait(120)
     finally:
