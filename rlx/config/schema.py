@@ -241,8 +241,8 @@ class RolloutConfig:
     startup_timeout_s: float = 300.0
     """How long the launcher waits for a server to answer health."""
     yield_cpu: bool = True
-    """On a CPU-only host in trainer.mode=sync, launched servers run at idle priority (SCHED_IDLE), so an
-    engine's idle spin after each step (vLLM's CPU worker polls for ~1 s) never takes a core from the trainer."""
+    """On a CPU-only host, launched servers yield the CPU to the trainer: vLLM's worker does not spin for ~1 s
+    after each engine step (any mode), and in trainer.mode=sync servers run at idle priority (SCHED_IDLE)."""
     restart_on_failure: bool = False
     """Restart a launched server that dies mid-run (it rejoins with the newest weights); off = the run stops."""
     max_restarts: int = 3

@@ -31,7 +31,7 @@ from rich.markup import escape
 from rlx.launch.display import Display
 from rlx.launch.placement import plan, visible_gpus
 from rlx.launch.preflight import preflight
-from rlx.rollout.priority import ENV_SCHED_IDLE
+from rlx.rollout.priority import ENV_NO_SPIN, ENV_SCHED_IDLE
 from rlx.launch.processes import ProcessSet, python_argv
 from rlx.launch.restarts import ServerRestarts
 from rlx.launch.run_dir import (
@@ -241,11 +241,14 @@ def _trace_env(cfg, run_dir: Path) -> dict:
 
 
 def _server_priority(cfg) -> dict:
-    """``rollout.yield_cpu``: servers on this CPU-only host yield to the trainer in sync mode, where the
-    trainer waits while they generate and they wait (spinning, for vLLM) while it trains."""
-    if cfg.rollout.yield_cpu and cfg.trainer.mode == "sync" and _device_type(cfg) == "cpu":
-        return {ENV_SCHED_IDLE: "1"}
-    return {}
+    """``rollout.yield_cpu``: servers on this CPU-only host yield to the trainer: no engine idle spin in
+    any mode, and idle priority in sync mode, where the trainer waits while they generate and they wait
+    while it trains."""
+    if not (cfg.rollout.yield_cpu and _device_type(cfg) == "cpu"):
+        return {}
+    if cfg.trainer.mode == "sync":
+        return {ENV_SCHED_IDLE: "1", ENV_NO_SPIN: "1"}
+    return {ENV_NO_SPIN: "1"}
 
 
 def _device_type(cfg) -> str:

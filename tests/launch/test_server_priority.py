@@ -1,5 +1,6 @@
 """rollout.yield_cpu: on a CPU-only host in sync mode the launched servers (and the processes they
-start) run at idle scheduling priority, and the trainer does not; the setting turns it off."""
+start) run at idle scheduling priority, and the trainer does not, and the servers are told to stop vLLM's
+idle spin (RLX_ENGINE_NO_SPIN, tests/rollout/test_engine_spin.py); the setting turns both off."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ def score(completion, answer):
         pids = json.load(open(os.path.join(os.environ["RUN_DIR"], "logs", "pids.json")))
         policies = {name: os.sched_getscheduler(pid) for name, pid in pids.items()}
         policies["rank0"] = os.sched_getscheduler(0)
-        json.dump(policies, open(out, "w"))
+        no_spin = {name: b"RLX_ENGINE_NO_SPIN=1" in open(f"/proc/{pid}/environ", "rb").read().split(b"\\0")
+                   for name, pid in pids.items()}
+        json.dump({"policies": policies, "no_spin": no_spin}, open(out, "w"))
     return 0.0
 """
 
@@ -42,7 +45,9 @@ def test_launched_servers_yield_the_cpu_to_the_trainer(yield_cpu, tiny_model_dir
     finally:
         stop_group(proc)
     assert proc.returncode == 0, (tmp_path / "train.log").read_text()[-3000:]
-    policies = json.loads(out.read_text())
+    recorded = json.loads(out.read_text())
+    policies = recorded["policies"]
     servers = [policy for name, policy in policies.items() if name.startswith("rollout")]
+    assert recorded["no_spin"] and all(value == yield_cpu for value in recorded["no_spin"].values()), recorded
     assert servers and policies["rank0"] == os.SCHED_OTHER
     assert all(policy == (os.SCHED_IDLE if yield_cpu else os.SCHED_OTHER) for policy in servers), policies

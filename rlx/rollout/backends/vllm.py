@@ -11,7 +11,8 @@ when it closes.
 The worker side, ``WeightSyncExtension``, is the class vLLM mixes into each engine worker
 (``worker_extension_cls``, by qualified name). Worker processes import this module; at module level
 it imports only ``rlx.sync`` and the rollout protocol (vLLM is imported inside the methods that use
-it, and torch a worker has already). In a worker the bytes of each sync request go
+it, and torch a worker has already), and with ``RLX_ENGINE_NO_SPIN=1`` stops the worker's idle spin
+(``rlx.rollout.priority``). In a worker the bytes of each sync request go
 to an ``rlx.sync.receiver.SyncHandler`` with ``_VllmLoader`` as its consumer: a begin starts vLLM's
 layerwise reload (which restores the checkpoint-format parameters that post-processing replaced,
 e.g. the CPU backend's packed GEMM weights), a bucket goes to ``model.load_weights`` and is
@@ -51,6 +52,7 @@ import logging
 import time
 
 from rlx.rollout.backends.base import Backend
+from rlx.rollout.priority import stop_engine_spin_from_env
 from rlx.rollout.protocol import PromptResult, Sample, SamplingSpec
 from rlx.sync.messages import NO_ID, BucketAck, SyncAbort, decode_ack, encode
 from rlx.sync.receiver import Consumer, SyncHandler, WeightReceiver, merge_acks
@@ -58,6 +60,7 @@ from rlx.sync.receiver import Consumer, SyncHandler, WeightReceiver, merge_acks
 log = logging.getLogger(__name__)
 
 EXTENSION = "rlx.rollout.backends.vllm.WeightSyncExtension"  # vLLM imports it in every worker
+stop_engine_spin_from_env()  # in a worker, this import comes before vLLM builds the worker's queues
 SHUTDOWN_GRACE_S = 1.0  # how long close() lets the engine core exit on its own before killing its tree
 
 
