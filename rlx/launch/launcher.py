@@ -41,7 +41,7 @@ from rlx.launch.run_dir import (
     secret_overrides,
     write_config,
 )
-from rlx.launch.stops import ChildDied, RunStopped, StopWatch
+from rlx.launch.stops import ChildDied, Interrupted, RunStopped, StopWatch
 
 
 def run_train(cfg) -> int:
@@ -100,7 +100,7 @@ def supervise(run, display: Display, stops: StopWatch, stopping: str, failed=lam
 
 
 def _stopped(display: Display, exc: BaseException, what_next: str) -> int:
-    if isinstance(exc, KeyboardInterrupt):
+    if isinstance(exc, (KeyboardInterrupt, Interrupted)):
         display.note(f"interrupted: {what_next}")
         return 130
     if isinstance(exc, ChildDied):

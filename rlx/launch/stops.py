@@ -1,5 +1,5 @@
 """Why a run stops before its end, delivered to the launcher's main thread: a child's death
-(noticed by the watcher thread) or a termination signal (SIGTERM, SIGHUP).
+(noticed by the watcher thread), a termination signal (SIGTERM, SIGHUP) or Ctrl-C (SIGINT).
 
 Either becomes one exception in the main thread, so that every early stop leaves through the same
 teardown as Ctrl-C: children stopped by process group, buffers unlinked, one line, a non-zero exit.
@@ -16,7 +16,10 @@ cancellation that arrives as its future completes. Outside the event loop (start
 construction) the exception is raised between bytecodes, from a signal handler in the main thread
 (SIGUSR1 carries a report from the watcher thread there).
 
-Ctrl-C is left to Python and asyncio (``KeyboardInterrupt``); the launcher handles it beside these.
+Ctrl-C is ``KeyboardInterrupt`` outside the event loop, as Python makes it. While the run's task is
+attached it is a stop like SIGTERM (``Interrupted``, exit code 130): asyncio's own SIGINT handling
+cancels the task once, and a run waiting on a hung server absorbed that one cancellation and went on
+waiting.
 """
 
 from __future__ import annotations
@@ -40,6 +43,15 @@ class ChildDied(RunStopped):
     """A rollout server or trainer rank exited while the run needed it."""
 
 
+class Interrupted(RunStopped):
+    """Ctrl-C while the run's asyncio task runs; exits with 130, as ``KeyboardInterrupt`` does."""
+
+    exit_code = 130
+
+    def __init__(self) -> None:
+        super().__init__("interrupted")
+
+
 class Terminated(RunStopped):
     """The launcher received SIGTERM or SIGHUP; exits with 128 + the signal number, as a shell does."""
 
@@ -59,10 +71,11 @@ class StopWatch:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator["StopWatch"]:
-        """Handle SIGUSR1 (a report from the watcher), SIGTERM and SIGHUP; restore the old handlers after."""
-        signums = (signal.SIGUSR1, *TERMINATION_SIGNALS)
+        """Handle SIGUSR1 (a report from the watcher), SIGTERM, SIGHUP and SIGINT; restore the old handlers after."""
+        signums = (signal.SIGUSR1, signal.SIGINT, *TERMINATION_SIGNALS)
         previous = {signum: signal.getsignal(signum) for signum in signums}
         signal.signal(signal.SIGUSR1, self._on_report)
+        signal.signal(signal.SIGINT, self._on_interrupt)
         for signum in TERMINATION_SIGNALS:
             signal.signal(signum, self._on_termination)
         try:
@@ -127,6 +140,14 @@ class StopWatch:
 
     def _on_termination(self, signum, frame) -> None:
         if self._record(Terminated(signum)):
+            self._raise_or_cancel()
+
+    def _on_interrupt(self, signum, frame) -> None:
+        with self._lock:
+            attached = self._task is not None
+        if not attached:
+            raise KeyboardInterrupt
+        if self._record(Interrupted()):
             self._raise_or_cancel()
 
     def _on_report(self, signum, frame) -> None:

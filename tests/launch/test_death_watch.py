@@ -10,7 +10,7 @@ import pytest
 
 import os
 
-from rlx.launch.stops import ChildDied, StopWatch, Terminated
+from rlx.launch.stops import ChildDied, Interrupted, StopWatch, Terminated
 
 
 def test_death_during_the_event_loop_raises_even_where_callbacks_swallow_exceptions():
@@ -111,3 +111,36 @@ def test_termination_signal_stops_the_event_loop_and_code_outside_it(signum):
             threading.Event().wait(0.1)
     assert [type(r) for r in outside.reasons] == [Terminated, Terminated]
     assert signal.getsignal(signum) == previous
+
+
+def test_ctrl_c_stops_a_run_whose_clean_up_absorbs_one_cancellation_and_is_python_s_outside_the_loop():
+    """asyncio's own Ctrl-C handling cancels the run's task once; a ``finally`` awaiting a hung server absorbs
+    that. The watch turns Ctrl-C into ``Interrupted`` and cancels until the task ends; outside the loop Ctrl-C
+    stays ``KeyboardInterrupt``."""
+    watch = StopWatch()
+    clean_ups = []
+
+    async def run():
+        threading.Timer(0.2, os.kill, args=(os.getpid(), signal.SIGINT)).start()
+        try:
+            await asyncio.sleep(60)  # a generate request to a server that hangs
+        finally:
+            clean_ups.append("started")
+            await asyncio.sleep(60)  # resume() to that server, with its request deadline
+            clean_ups.append("finished")
+
+    async def main():
+        task = asyncio.ensure_future(watch.guard(run()))
+        await asyncio.wait({task}, timeout=20)
+        assert task.done(), "the run is still waiting on the hung server"
+        return task
+
+    with watch.installed():
+        task = asyncio.run(main())
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            threading.Event().wait(5)
+    with pytest.raises(Interrupted) as caught:
+        task.result()
+    assert caught.value.exit_code == 130 and clean_ups == ["started"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
