@@ -155,7 +155,7 @@ class Launch:
             slot = self.placement.server(index)
             argv = python_argv("rlx", "rollout-serve", *config_args, *slot.overrides(), "--address", address,
                                "--index", str(index))
-            server_env = dict(env, VLLM_LOGGING_LEVEL="WARNING", **_server_priority(self.cfg),
+            server_env = dict(env, **quiet_server_env(), **_server_priority(self.cfg),
                               **slot.env(os.environ.get("CUDA_VISIBLE_DEVICES")))
             self.procs.start(f"rollout{index}", argv, server_env)
             self.own_addresses.append(address)
@@ -238,6 +238,13 @@ def _trace_env(cfg, run_dir: Path) -> dict:
     from rlx.trace import ENV_TRACE_DIR
 
     return {ENV_TRACE_DIR: str(_trace_dir(cfg, run_dir))} if cfg.trace.enabled else {}
+
+
+def quiet_server_env() -> dict[str, str]:
+    """What a launched server's console is spared: vLLM's info lines, and the multiprocessing resource
+    tracker's warning at exit about vLLM's shared-memory queues (which the tracker then unlinks itself)."""
+    warnings = [w for w in (os.environ.get("PYTHONWARNINGS", ""), "ignore:resource_tracker:UserWarning") if w]
+    return {"VLLM_LOGGING_LEVEL": "WARNING", "PYTHONWARNINGS": ",".join(warnings)}
 
 
 def _server_priority(cfg) -> dict:

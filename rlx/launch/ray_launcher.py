@@ -37,7 +37,7 @@ from pathlib import Path
 
 from rlx.config.errors import ConfigError
 from rlx.launch.display import Display
-from rlx.launch.launcher import _trace_env, prepare, supervise
+from rlx.launch.launcher import _trace_env, prepare, quiet_server_env, supervise
 from rlx.launch.processes import TracebackFolder, write_json
 from rlx.launch.run_dir import (
     SECRET_ENV,
@@ -200,7 +200,7 @@ class RayRun:
             address = f"tcp://{handle.node['ip']}:{port}"
             args = ["rlx", "rollout-serve", "{workdir}/config.yaml", *secret_args, "--address", address,
                     "--index", str(index), "--allow-remote"]
-            self._launch(handle, args, dict(env, VLLM_LOGGING_LEVEL="WARNING"), files)
+            self._launch(handle, args, dict(env, **quiet_server_env()), files)
             addresses.append(address)
         return addresses
 
