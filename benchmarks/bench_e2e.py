@@ -16,6 +16,11 @@ Workloads:
   long         configs/bench_long.yaml: a generation-heavy run (see that file).
 
     python benchmarks/bench_e2e.py [--workload quickstart] [--seeds 0 1 2] [--sides rlx trl] [--json OUT]
+        [--override KEY=VALUE ...]      (the workload's config, both sides: e.g. trainer.lr=3e-4)
+        [--rlx-override KEY=VALUE ...]  (rlx only: e.g. rollout.backend=hf)
+
+Both sides train on the task's own reward (``task.reward``: exact match for tiny_math, the shaped
+step-by-step reward for running_sum); the held-out score is exact match for both.
 
 TRL comes from the `bench` extra: pip install -e ".[bench]".
 """
@@ -89,9 +94,9 @@ def run_rlx(workload: str, seed: int, out: Path, extra: list[str]) -> dict:
     return {"wall_s": wall, "step_s": phases.get("time_step"), "phases": phases, "model": str(out / "hf")}
 
 
-def run_trl(workload: str, seed: int, out: Path) -> dict:
+def run_trl(workload: str, seed: int, out: Path, overrides: list[str]) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "_trl", "--workload", workload, "--seed", str(seed),
-           "--out", str(out)]
+           "--out", str(out), *(f"--override={o}" for o in overrides)]
     wall = _timed(cmd, out / "stdout.log")
     steps = json.loads((out / "step_times.json").read_text())
     return {"wall_s": wall, "step_s": statistics.median(steps), "phases": {}, "model": str(out / "final")}
@@ -109,7 +114,7 @@ def _timed(cmd: list[str], log: Path) -> float:
     return wall
 
 
-def trl_main(workload: str, seed: int, out: Path) -> None:
+def trl_main(workload: str, seed: int, out: Path, overrides: list[str]) -> None:
     """TRL's GRPOTrainer with the workload's settings, HF generate in process (TRL's default)."""
     import torch
     from datasets import Dataset
@@ -118,13 +123,13 @@ def trl_main(workload: str, seed: int, out: Path) -> None:
 
     from rlx.rollout.tasks import Problem, build_task
 
-    cfg = load_cfg(workload)
+    cfg = load_cfg(workload, overrides)
     task = build_task(cfg.task)
     t, r = cfg.trainer, cfg.rollout
     data = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer, "id": p.id} for p in task.train])
 
-    def reward(completions, answer, id, **_):
-        return [float(task.is_correct(c, Problem(id=i, prompt="", answer=a))) for c, a, i in zip(completions, answer, id)]
+    def reward(completions, answer, id, **_):  # the task's own reward, as rlx's rollout scores it
+        return [float(task.reward(c, Problem(id=i, prompt="", answer=a))) for c, a, i in zip(completions, answer, id)]
 
     rows = t.prompts_per_step * r.n
     accumulation = max(1, rows // t.micro_batch_size)
@@ -157,7 +162,7 @@ def trl_main(workload: str, seed: int, out: Path) -> None:
 
 
 def bench(args) -> dict:
-    cfg = load_cfg(args.workload)
+    cfg = load_cfg(args.workload, args.override)
     ensure_model(cfg)
     base = greedy_accuracy(Path(cfg.model.path), cfg)
     rows = []
@@ -167,14 +172,16 @@ def bench(args) -> dict:
         for side in order:
             out = work / f"{side}-seed{seed}"
             print(f"seed {seed}: {side} ...", flush=True)
-            result = run_rlx(args.workload, seed, out, args.rlx_override) if side == "rlx" else \
-                run_trl(args.workload, seed, out)
+            result = run_rlx(args.workload, seed, out, args.override + args.rlx_override) if side == "rlx" else \
+                run_trl(args.workload, seed, out, args.override)
             result.update(side=side, seed=seed, eval_accuracy=greedy_accuracy(Path(result["model"]), cfg))
             result["gain"] = result["eval_accuracy"] - base
+            result["model"] = str(Path(result["model"]).relative_to(work))  # the report names no path of this machine
             rows.append(result)
             print(f"  wall {result['wall_s']:.1f} s, step {result['step_s']:.3f} s, "
                   f"held-out {base:.3f} -> {result['eval_accuracy']:.3f}", flush=True)
-    return {"workload": args.workload, "start_accuracy": base, "rows": rows, "rlx_overrides": args.rlx_override}
+    return {"workload": args.workload, "start_accuracy": base, "rows": rows, "overrides": args.override,
+            "rlx_overrides": args.rlx_override}
 
 
 def print_table(report: dict) -> None:
@@ -205,14 +212,17 @@ def main() -> None:
         p.add_argument("--workload", default="quickstart")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--out", type=Path, required=True)
+        p.add_argument("--override", action="append", default=[])
         a = p.parse_args()
-        trl_main(a.workload, a.seed, a.out)
+        trl_main(a.workload, a.seed, a.out, a.override)
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="quickstart")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--sides", nargs="+", choices=("rlx", "trl"), default=["rlx", "trl"])
-    p.add_argument("--rlx-override", action="append", default=[], help="extra key=value for rlx train")
+    p.add_argument("--override", action="append", default=[],
+                   help="KEY=VALUE for the workload's config, on both sides (e.g. trainer.lr=3e-4)")
+    p.add_argument("--rlx-override", action="append", default=[], help="extra KEY=VALUE for rlx train only")
     p.add_argument("--work-dir", default="", help="where runs are written (default: a new temporary directory)")
     p.add_argument("--json", default="", help="write the report here")
     args = p.parse_args()
