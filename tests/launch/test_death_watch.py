@@ -58,29 +58,36 @@ def test_a_cancellation_without_a_death_stays_a_cancellation():
     asyncio.run(run())
 
 
-def test_death_stops_a_run_whose_clean_up_awaits_the_dead_server():
-    """A ``finally`` that awaits the dead peer (resume after a failed sync) absorbs one cancellation;
-    the watch cancels again until the run's task ends, long before the peer's deadline."""
-    deaths = StopWatch()
+def run_absorbing_one_cancellation(watch: StopWatch, stop) -> tuple[asyncio.Task, list[str]]:
+    """A run whose task awaits a hung peer and whose ``finally`` awaits it again (resume after a failed sync),
+    absorbing one cancellation; ``stop`` fires 0.2 s in. The ended task (within 20 s, long before the peer's
+    60 s deadline) and what its clean-up got through."""
     clean_ups = []
 
     async def run():
-        threading.Timer(0.2, deaths.report, args=("rollout0 (pid 1) exited with code -9",)).start()
+        threading.Timer(0.2, stop).start()
         try:
-            await asyncio.sleep(60)  # a sync waiting for the server's ack
+            await asyncio.sleep(60)  # a request to the peer
         finally:
             clean_ups.append("started")
-            await asyncio.sleep(60)  # resume() to the dead server, with a 60 s deadline
+            await asyncio.sleep(60)  # resume() to the peer, with its deadline
             clean_ups.append("finished")
 
     async def main():
-        task = asyncio.ensure_future(deaths.guard(run()))
+        task = asyncio.ensure_future(watch.guard(run()))
         await asyncio.wait({task}, timeout=20)
-        assert task.done(), "the run is still waiting on the dead server"
+        assert task.done(), "the run is still waiting on the hung peer"
         return task
 
+    return asyncio.run(main()), clean_ups
+
+
+def test_death_stops_a_run_whose_clean_up_awaits_the_dead_server():
+    """The watch cancels again until the run's task ends."""
+    deaths = StopWatch()
     with deaths.installed():
-        task = asyncio.run(main())
+        task, clean_ups = run_absorbing_one_cancellation(
+            deaths, lambda: deaths.report("rollout0 (pid 1) exited with code -9"))
     with pytest.raises(ChildDied, match="rollout0"):
         task.result()
     assert clean_ups == ["started"]
@@ -114,29 +121,12 @@ def test_termination_signal_stops_the_event_loop_and_code_outside_it(signum):
 
 
 def test_ctrl_c_stops_a_run_whose_clean_up_absorbs_one_cancellation_and_is_python_s_outside_the_loop():
-    """asyncio's own Ctrl-C handling cancels the run's task once; a ``finally`` awaiting a hung server absorbs
-    that. The watch turns Ctrl-C into ``Interrupted`` and cancels until the task ends; outside the loop Ctrl-C
-    stays ``KeyboardInterrupt``."""
+    """asyncio's own Ctrl-C handling cancels the run's task once, which a wait on a hung server absorbs. The
+    watch turns Ctrl-C into ``Interrupted`` and cancels until the task ends; outside the loop Ctrl-C stays
+    ``KeyboardInterrupt``."""
     watch = StopWatch()
-    clean_ups = []
-
-    async def run():
-        threading.Timer(0.2, os.kill, args=(os.getpid(), signal.SIGINT)).start()
-        try:
-            await asyncio.sleep(60)  # a generate request to a server that hangs
-        finally:
-            clean_ups.append("started")
-            await asyncio.sleep(60)  # resume() to that server, with its request deadline
-            clean_ups.append("finished")
-
-    async def main():
-        task = asyncio.ensure_future(watch.guard(run()))
-        await asyncio.wait({task}, timeout=20)
-        assert task.done(), "the run is still waiting on the hung server"
-        return task
-
     with watch.installed():
-        task = asyncio.run(main())
+        task, clean_ups = run_absorbing_one_cancellation(watch, lambda: os.kill(os.getpid(), signal.SIGINT))
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
             threading.Event().wait(5)
