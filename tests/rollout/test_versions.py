@@ -1,6 +1,7 @@
 """Per-token policy versions: a request in flight across a real weight update (pause, sync, resume) on a
 real hf rollout server returns each token's version, and its logprobs are those of the weights that
-sampled it, so a trainer-side rollout correction weights each token against the right behaviour policy."""
+sampled it -- after the update, with the KV cache computed again under the new weights -- so a
+trainer-side rollout correction weights each token against the right behaviour policy."""
 
 from __future__ import annotations
 
@@ -28,14 +29,16 @@ def hf_server(tiny_model_dir, tmp_path_factory):
 
 
 def _models(model_dir):
-    """The served weights (v0) and v1: v0 with the final norm scaled, which changes every logit but no
-    key or value, so a token sampled after the update has exactly v1's logprob despite the kept KV cache."""
+    """The served weights (v0) and v1: v0 with every value projection scaled, so the keys and values of the
+    tokens sampled before the update differ under v1, and a token sampled after it has exactly v1's
+    full-forward logprob only if the server computed them again with v1."""
     from transformers import AutoModelForCausalLM
 
     v0 = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     v1 = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
-        v1.model.norm.weight.mul_(2.5)
+        for layer in v1.model.layers:
+            layer.self_attn.v_proj.weight.mul_(1.7)
     return v0, v1
 
 

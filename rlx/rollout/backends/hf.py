@@ -6,9 +6,11 @@ those of the processed distribution (temperature, top-k/top-p applied), like vLL
 ``processed_logprobs``. Pause holds the queue and stops the running batch between two decode
 steps (a ``_StepGate`` the generation thread passes after every token); a weight update waits
 for that stop, not for the batch to finish, so a request in flight across an update is a partial
-rollout: each sample's ``versions`` says which weights sampled each token (the KV cache of the
-tokens before the update is kept, as vLLM keeps it). It leaves out continuous batching and paged
-KV caches: that is what the vllm backend is for.
+rollout: each sample's ``versions`` says which weights sampled each token. When the weights changed
+under a running batch, the batch's KV cache is computed again with the new weights before the next
+token (as the vllm backend recomputes a request kept across an update), so every token after the
+update is sampled by the new weights alone; the tokens before it keep the logprobs of the weights that
+sampled them. It leaves out continuous batching and paged KV caches: that is what the vllm backend is for.
 
 Every request carries a deadline: a request whose deadline passed (or whose caller gave up) is
 dropped from the queue, and a running batch stops generating a request's rows once its deadline
@@ -134,22 +136,25 @@ class HfBackend(Backend):
 
     def _generate_gated(self, batch: list[_Item], spec: SamplingSpec) -> list[PromptResult]:
         import torch
-        from transformers import StoppingCriteriaList
+        from transformers import DynamicCache, StoppingCriteriaList
 
         start = time.perf_counter()
-        stepper = _VersionedSteps(self._gate, self)
         ids = [self._token_ids(item.prompt) for item in batch]
         inputs = self.tokenizer.pad({"input_ids": ids}, return_tensors="pt").to(self.device)
         if spec.seed is not None:
             torch.manual_seed(spec.seed)
         greedy = spec.temperature == 0
         rows = 1 if greedy else spec.n  # greedy samples are all alike: generate one, hand it out n times
+        cache = DynamicCache()
+        prompt_mask = inputs["attention_mask"].repeat_interleave(rows, dim=0)  # generate's rows: prompt-major
+        stepper = _VersionedSteps(self._gate, self, lambda input_ids: self._recompute(cache, input_ids, prompt_mask))
         row_deadlines = [item.deadline for item in batch for _ in range(rows)]  # rows are prompt-major
         with torch.no_grad():
             out = self.model.generate(
                 **inputs, do_sample=not greedy, temperature=spec.temperature or None,
                 top_p=spec.top_p, top_k=spec.top_k if spec.top_k > 0 else None, max_new_tokens=spec.max_tokens,
                 num_return_sequences=rows, stop_strings=list(spec.stop) or None, tokenizer=self.tokenizer,
+                past_key_values=cache,
                 stopping_criteria=StoppingCriteriaList([_PastDeadline(row_deadlines), stepper]),
                 output_scores=True, return_dict_in_generate=True, pad_token_id=self.tokenizer.pad_token_id)
         new_tokens = out.sequences[:, inputs["input_ids"].shape[1]:]
@@ -162,6 +167,21 @@ class HfBackend(Backend):
                        for j in range(spec.n)]
             results.append(PromptResult(prompt_token_ids=list(prompt_ids), samples=samples, generate_s=elapsed))
         return results
+
+    def _recompute(self, cache, input_ids, prompt_mask) -> None:
+        """``cache`` (generate's own) filled again with the current weights: the keys and values of every
+        position it held, from one forward over those tokens with the positions and mask generate uses."""
+        import torch
+
+        held = cache.get_seq_length()  # every position but the newest token's, which the next step feeds
+        generated = torch.ones(prompt_mask.shape[0], held - prompt_mask.shape[1], dtype=prompt_mask.dtype,
+                               device=prompt_mask.device)
+        mask = torch.cat([prompt_mask, generated], dim=1)  # generate counts every new token, finished rows too
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        cache.crop(-held)
+        with torch.no_grad():
+            self.model(input_ids=input_ids[:, :held], attention_mask=mask, position_ids=positions,
+                       past_key_values=cache, use_cache=True)
 
     def _sample(self, tokens, logprobs, versions: list[int]) -> Sample:
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
@@ -384,10 +404,11 @@ class _StepGate:
 
 class _VersionedSteps:
     """A stopping criterion that never stops: called after each decode step, it records the weight version
-    that produced the step's token and lets a pause or a weight update in through the gate."""
+    that produced the step's token and lets a pause or a weight update in through the gate; when the weights
+    changed meanwhile, ``recompute`` rebuilds the KV cache with them before the next step."""
 
-    def __init__(self, gate: _StepGate, backend: HfBackend) -> None:
-        self.gate, self.backend = gate, backend
+    def __init__(self, gate: _StepGate, backend: HfBackend, recompute) -> None:
+        self.gate, self.backend, self.recompute = gate, backend, recompute
         self.version = backend.weight_version
         self.versions: list[int] = []
 
@@ -397,6 +418,8 @@ class _VersionedSteps:
         self.versions.append(self.version)
         self.gate.leave()
         self.gate.enter()
+        if self.backend.weight_version != self.version:
+            self.recompute(input_ids)
         self.version = self.backend.weight_version
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
