@@ -50,13 +50,19 @@ def _logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
     return logits.log_softmax(-1).gather(-1, torch.tensor(completion).unsqueeze(-1)).squeeze(-1)
 
 
+async def _until_in_flight(client: RolloutClient, request: asyncio.Task) -> None:
+    """Until the server holds ``request``, or it has already finished (every sample ended early: then none
+    spans the update, and the caller tries another seed)."""
+    while not request.done() and (await client.stats())[0].in_flight == 0:
+        await asyncio.sleep(0.005)
+
+
 async def _generate_across_update(address: str, v1, seed: int) -> p.PromptResult:
     client = RolloutClient([address])
     try:
         spec = p.SamplingSpec(n=4, temperature=1.0, max_tokens=150, seed=seed)
         request = asyncio.create_task(client.generate(["12+7="], spec, timeout_s=120))
-        while (await client.stats())[0].in_flight == 0:
-            await asyncio.sleep(0.005)
+        await _until_in_flight(client, request)
         await asyncio.sleep(0.05)  # some tokens under v0
         await client.pause()
         with WeightSender(transport="shm", bucket_mb=1, num_buffers=2) as sender:
@@ -117,8 +123,7 @@ async def _paused_mid_request(client: RolloutClient, seed: int) -> tuple[int, as
     before = (await client.health())[0].weight_version
     spec = p.SamplingSpec(n=4, temperature=1.0, max_tokens=200, seed=seed)
     request = asyncio.create_task(client.generate(["12+7="], spec, timeout_s=120))
-    while (await client.stats())[0].in_flight == 0:
-        await asyncio.sleep(0.005)
+    await _until_in_flight(client, request)
     await asyncio.sleep(0.1)
     await client.pause()
     return before, request
