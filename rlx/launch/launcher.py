@@ -253,9 +253,10 @@ def _server_priority(cfg) -> dict:
     while it trains."""
     if not (cfg.rollout.yield_cpu and _device_type(cfg) == "cpu"):
         return {}
+    env = {ENV_NO_SPIN: "1"}
     if cfg.trainer.mode == "sync":
-        return {ENV_SCHED_IDLE: "1", ENV_NO_SPIN: "1"}
-    return {ENV_NO_SPIN: "1"}
+        env[ENV_SCHED_IDLE] = "1"
+    return env
 
 
 def _device_type(cfg) -> str:

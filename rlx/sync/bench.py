@@ -129,6 +129,7 @@ async def _started_server(model: str, device: str) -> AsyncIterator[str]:
 
     import yaml
 
+    from rlx.launch.launcher import quiet_server_env
     from rlx.launch.processes import ProcessSet, python_argv
     from rlx.rollout.client import RolloutClient
 
@@ -138,7 +139,7 @@ async def _started_server(model: str, device: str) -> AsyncIterator[str]:
     address = f"ipc://{work}/rollout.sock"
     procs = ProcessSet(work, emit=lambda line: None)
     child = procs.start("rollout0", python_argv("rlx", "rollout-serve", str(work / "serve.yaml"), "--address", address),
-                        {"VLLM_LOGGING_LEVEL": "WARNING"})
+                        quiet_server_env())
     client = RolloutClient([address])
     try:
         await client.wait_ready(300.0, is_alive=child.alive)
