@@ -430,6 +430,9 @@ class TrainerConfig:
     """Sequences per forward/backward pass on one rank (gradient accumulation over the rest)."""
     micro_batch_tokens: int = 16384
     """Tokens per packed forward/backward pass on one rank (no padding); 0 = micro_batch_size padded rows."""
+    share_prompts: bool = True
+    """In packed micro-batches, a group's samples with the same prompt carry it once: the prompt goes through
+    the model once and each completion attends to it (the same logprobs and gradients, less work)."""
     epochs_per_step: int = 1
     """Passes over each step's samples (PPO epochs)."""
     lr: float = 1e-5

@@ -2,7 +2,14 @@
 
 A packed micro-batch is one row holding several sequences back to back; ``cu_seq_lens_q``
 (int32 [n + 1], the cumulative lengths) says where each starts, and transformers hands it
-through the model's keyword arguments to this function. No token attends across a boundary:
+through the model's keyword arguments to this function. No token attends across a boundary.
+
+With shared prompts (``rlx.engine.packing``) a group's prompt is in the row once: the first sample
+of the group carries prompt and completion, the others only their completion. ``rlx_kv_index``
+then lists, sequence by sequence, the row positions of each one's keys (the shared prompt, then its
+own tokens), ``cu_seq_lens_k`` their cumulative counts; keys and values are gathered by it and each
+query attends causally with the mask aligned to the last key, flash-attention's convention when a
+sequence has fewer queries than keys. The branches:
 
 - CUDA, bf16/fp16, with ``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10), sequences
   shorter than ``LONG_SEQUENCE`` on average: one variable-length flash-attention call, no
@@ -10,7 +17,7 @@ through the model's keyword arguments to this function. No token attends across 
 - otherwise, short sequences (CPU, float32): one batched ``scaled_dot_product_attention`` over the
   sequences laid out as padded rows with a causal and key-padding mask (one call, not one per
   sequence: on a CPU a quickstart micro-batch of 256 sequences took 2.5x as long one call each);
-- long sequences: ``scaled_dot_product_attention`` once per sequence with ``is_causal=True``. On an H100 (torch 2.11)
+- long sequences: ``scaled_dot_product_attention`` once per sequence, causal. On an H100 (torch 2.11)
   sdpa's causal kernel runs one 16k sequence in half the time varlen_attn takes, while for
   eight 1280-token sequences one varlen call takes half the time of eight sdpa calls.
 
@@ -26,8 +33,11 @@ import itertools
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 NAME = "rlx_packed"
+KV_INDEX = "rlx_kv_index"
+"""Model keyword argument with shared prompts: for each sequence in turn, the row positions of its keys."""
 LONG_SEQUENCE = 4096
 """Mean sequence length (tokens) from which one sdpa call per sequence beats one varlen call."""
 
@@ -42,37 +52,51 @@ def use_packed_attention(model) -> None:
 
 def packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """query/key/value [1, heads, N, head_dim] -> (output [1, N, heads, head_dim], None)."""
-    cu_seqlens = kwargs.get("cu_seq_lens_q")
-    if cu_seqlens is None or query.shape[0] != 1:
+    cu_q = kwargs.get("cu_seq_lens_q")
+    if cu_q is None or query.shape[0] != 1:
         raise ValueError(f"attn_implementation={NAME!r} needs one packed row and cu_seq_lens_q; got a batch of "
                          f"{query.shape[0]} rows: build micro-batches with rlx.engine.packing")
-    num_sequences = cu_seqlens.numel() - 1
-    if _varlen_ok(query, scaling) and query.shape[2] < LONG_SEQUENCE * num_sequences:
-        return _varlen(query, key, value, cu_seqlens, int(kwargs["max_length_q"]), scaling), None
+    kv_index = kwargs.get(KV_INDEX)
+    if kv_index is None:
+        cu_k, max_q, max_k = cu_q, int(kwargs["max_length_q"]), int(kwargs["max_length_q"])
+    else:  # shared prompts: each sequence's keys are its prompt's (once in the row) and then its own tokens
+        key, value = key[:, :, kv_index], value[:, :, kv_index]
+        cu_k, max_q, max_k = kwargs["cu_seq_lens_k"], int(kwargs["max_length_q"]), int(kwargs["max_length_k"])
+    num_sequences = cu_q.numel() - 1
+    short = query.shape[2] < LONG_SEQUENCE * num_sequences
+    if short and _varlen_ok(query, scaling):
+        return _varlen(query, key, value, cu_q, cu_k, max_q, max_k, scaling), None
     groups = query.shape[1] // key.shape[1]
-    if query.shape[2] < LONG_SEQUENCE * num_sequences:
-        return _padded(query, key, value, cu_seqlens, scaling, groups > 1), None
-    bounds = cu_seqlens.tolist()
-    outputs = [F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], is_causal=True,
-                                              scale=scaling, enable_gqa=groups > 1)
-               for s, e in itertools.pairwise(bounds)]
+    if short:
+        return _padded(query, key, value, cu_q, cu_k, scaling, groups > 1), None
+    outputs = []
+    for (qs, qe), (ks, ke) in zip(itertools.pairwise(cu_q.tolist()), itertools.pairwise(cu_k.tolist())):
+        causal = {"is_causal": True} if qe - qs == ke - ks else {"attn_mask": causal_lower_right(qe - qs, ke - ks)}
+        outputs.append(F.scaled_dot_product_attention(query[:, :, qs:qe], key[:, :, ks:ke], value[:, :, ks:ke],
+                                                      scale=scaling, enable_gqa=groups > 1, **causal))
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
 
-def _padded(query, key, value, cu_seqlens, scaling, gqa: bool):
+def _padded(query, key, value, cu_q, cu_k, scaling, gqa: bool):
     """Short sequences without varlen: one batched sdpa call over the sequences laid out as padded rows
-    (``[sequences, heads, longest, head_dim]``, causal and key-padding mask), then the real positions
-    gathered back in order. One kernel call instead of one per sequence, which dominates on CPUs."""
-    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-    longest = int(lengths.max())
-    offsets = torch.arange(longest, device=query.device)
-    valid = offsets[None, :] < lengths[:, None]                                # [S, L]
-    index = (cu_seqlens[:-1, None] + offsets[None, :]).clamp(max=query.shape[2] - 1)
-    rows = [t[0][:, index].transpose(0, 1) for t in (query, key, value)]        # [S, heads, L, d]
-    causal = torch.ones(longest, longest, dtype=torch.bool, device=query.device).tril()
-    mask = causal[None, None] & valid[:, None, None, :]
-    out = F.scaled_dot_product_attention(*rows, attn_mask=mask, scale=scaling, enable_gqa=gqa)
-    return out.transpose(1, 2)[valid].unsqueeze(0)                              # [1, N, heads, d]
+    (``[sequences, heads, longest, head_dim]``, a causal mask aligned to the last key, and a key-padding
+    mask), then the real positions gathered back in order. One kernel call instead of one per sequence,
+    which dominates on CPUs."""
+    q_len, k_len = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
+    q_offsets = torch.arange(int(q_len.max()), device=query.device)
+    k_offsets = torch.arange(int(k_len.max()), device=query.device)
+    q_valid = q_offsets[None, :] < q_len[:, None]                               # [S, Lq]
+    k_valid = k_offsets[None, :] < k_len[:, None]                               # [S, Lk]
+    q_index = (cu_q[:-1, None] + q_offsets[None, :]).clamp(max=query.shape[2] - 1)
+    k_index = (cu_k[:-1, None] + k_offsets[None, :]).clamp(max=key.shape[2] - 1)
+    rows_q = query[0][:, q_index].transpose(0, 1)                               # [S, heads, Lq, d]
+    rows_k, rows_v = (t[0][:, k_index].transpose(0, 1) for t in (key, value))   # [S, kv heads, Lk, d]
+    # query i of a sequence sees its keys up to i + (keys - queries): the prompt it shares, then itself
+    shift = (k_len - q_len)[:, None, None]
+    causal = k_offsets[None, None, :] <= q_offsets[None, :, None] + shift       # [S, Lq, Lk]
+    mask = (causal & k_valid[:, None, :]).unsqueeze(1)
+    out = F.scaled_dot_product_attention(rows_q, rows_k, rows_v, attn_mask=mask, scale=scaling, enable_gqa=gqa)
+    return out.transpose(1, 2)[q_valid].unsqueeze(0)                            # [1, N, heads, d]
 
 
 def _varlen_ok(query: torch.Tensor, scaling) -> bool:
@@ -82,7 +106,7 @@ def _varlen_ok(query: torch.Tensor, scaling) -> bool:
     return default_scale or "scale" in _varlen_fn()[1]
 
 
-def _varlen(query, key, value, cu_seqlens, max_len: int, scaling):
+def _varlen(query, key, value, cu_q, cu_k, max_q: int, max_k: int, scaling):
     fn, params = _varlen_fn()
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [N, heads, head_dim]
     extra = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
@@ -94,7 +118,7 @@ def _varlen(query, key, value, cu_seqlens, max_len: int, scaling):
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     if scaling is not None and "scale" in params:
         extra["scale"] = scaling
-    out = fn(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, **extra)
+    out = fn(q, k, v, cu_q, cu_k, max_q, max_k, **extra)  # causal aligned to the last key, as flash-attention does
     return out.unsqueeze(0)
 
 

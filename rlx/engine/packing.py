@@ -10,6 +10,14 @@ Two layouts:
   sequences than micro-batches runs fillers (one row, no loss tokens). A micro-batch is one row
   of real tokens back to back, position ids restarting per sequence, and ``cu_seqlens`` for
   the attention (``rlx.engine.attention``); no padding anywhere.
+
+  With ``trainer.share_prompts`` (the default) the unit of that plan is a group's run of samples
+  (``rollout.n`` consecutive rows, split where it passes the budget) rather than one sample, and
+  samples in a micro-batch whose prompt tokens are identical carry the prompt once: it goes
+  through the model once and each completion attends to it. Logprobs, losses and gradients are
+  those of the repeated layout (the prompt's hidden states are the same in every copy, and its
+  gradient is the sum over the completions that read it); only the work shrinks, by the prompt's
+  length times ``n - 1`` per group.
 - padded (``micro_batch_tokens = 0``): contiguous shares of rows per rank, ``micro_batch_size``
   rows per micro-batch, prompts left- and completions right-padded (``TrainBatch`` layout).
 
@@ -24,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rlx.engine.attention import KV_INDEX
 from rlx.engine.batch import TrainBatch
 
 
@@ -34,14 +43,22 @@ class Packed:
     cu_seqlens: torch.Tensor    # [n + 1] int32, cumulative sequence lengths
     max_len: int                # longest sequence
     sources: torch.Tensor       # [M] long, the position whose hidden state scores each completion token
+    kv_index: torch.Tensor | None = None  # shared prompts: [K] long, each sequence's key positions in turn
+    cu_seqlens_k: torch.Tensor | None = None  # shared prompts: [n + 1] int32, cumulative key counts
+    max_len_k: int = 0
 
     def to(self, device: torch.device) -> Packed:
-        return Packed(self.input_ids.to(device), self.position_ids.to(device), self.cu_seqlens.to(device),
-                      self.max_len, self.sources.to(device))
+        moved = [t.to(device) if t is not None else None
+                 for t in (self.input_ids, self.position_ids, self.cu_seqlens, self.sources, self.kv_index,
+                           self.cu_seqlens_k)]
+        return Packed(*moved[:3], self.max_len, moved[3], moved[4], moved[5], self.max_len_k)
 
     def model_kwargs(self) -> dict:
-        return {"input_ids": self.input_ids, "position_ids": self.position_ids, "cu_seq_lens_q": self.cu_seqlens,
-                "cu_seq_lens_k": self.cu_seqlens, "max_length_q": self.max_len, "max_length_k": self.max_len}
+        kwargs = {"input_ids": self.input_ids, "position_ids": self.position_ids, "cu_seq_lens_q": self.cu_seqlens,
+                  "cu_seq_lens_k": self.cu_seqlens, "max_length_q": self.max_len, "max_length_k": self.max_len}
+        if self.kv_index is not None:
+            kwargs.update({KV_INDEX: self.kv_index, "cu_seq_lens_k": self.cu_seqlens_k, "max_length_k": self.max_len_k})
+        return kwargs
 
 
 @dataclass
@@ -57,14 +74,43 @@ class MicroBatch:
 
 
 def micro_batches(full: TrainBatch, rank: int, world: int, micro_batch_tokens: int,
-                  micro_batch_size: int) -> list[MicroBatch]:
-    """This rank's micro-batches of ``full`` (CPU), in the layout the config asks for."""
-    lengths = full.attention_mask.sum(dim=1).tolist()
-    if micro_batch_tokens > 0:
-        plan = plan_packed(lengths, world, micro_batch_tokens)[rank]
-    else:
-        plan = plan_padded(len(lengths), world, micro_batch_size)[rank]
-    return [build(full, rows, packed=micro_batch_tokens > 0) for rows in plan]
+                  micro_batch_size: int, group_size: int = 1, share_prompts: bool = False) -> list[MicroBatch]:
+    """This rank's micro-batches of ``full`` (CPU), in the layout the config asks for. ``group_size``
+    consecutive rows are one prompt's samples (``rollout.n``); with ``share_prompts`` (packed layout only)
+    they are planned together and carry a prompt they share once."""
+    if micro_batch_tokens <= 0:
+        plan = plan_padded(full.size, world, micro_batch_size)[rank]
+        return [build(full, rows, packed=False) for rows in plan]
+    units, costs = plan_units(full, group_size if share_prompts else 1, micro_batch_tokens)
+    plan = [sorted(row for unit in mb for row in units[unit]) for mb in plan_packed(costs, world, micro_batch_tokens)[rank]]
+    return [build(full, rows, packed=True, share_prompts=share_prompts) for rows in plan]
+
+
+def plan_units(full: TrainBatch, group_size: int, budget: int) -> tuple[list[list[int]], list[int]]:
+    """The rows planned together and the tokens each such unit puts through the model: one row each, or a
+    group's consecutive rows (split where they would pass ``budget``) counting a prompt of one length once.
+    Only lengths are read, so ranks that hold the counts but not the tokens (``rlx.store.plane``) plan alike;
+    rows whose equal-length prompts differ still run, each with its own prompt (a little over the count)."""
+    mask = full.attention_mask
+    prompt_len = mask.shape[1] - full.completion_ids.shape[1]
+    prompts, completions = mask[:, :prompt_len].sum(dim=1).tolist(), mask[:, prompt_len:].sum(dim=1).tolist()
+    units: list[list[int]] = []
+    costs: list[int] = []
+    for start in range(0, full.size, group_size):
+        rows = list(range(start, min(start + group_size, full.size)))
+        if len({prompts[r] for r in rows}) > 1:  # different prompts: nothing to share
+            units.extend([r] for r in rows)
+            costs.extend(prompts[r] + completions[r] for r in rows)
+            continue
+        units.append([])
+        costs.append(prompts[start])
+        for r in rows:
+            if units[-1] and costs[-1] + completions[r] > budget:
+                units.append([])
+                costs.append(prompts[start])
+            units[-1].append(r)
+            costs[-1] += completions[r]
+    return units, costs
 
 
 def plan_packed(lengths: list[int], world: int, budget: int) -> list[list[list[int]]]:
@@ -105,26 +151,54 @@ def _spread(rows, lengths: list[int], budget: int | None, min_bins: int) -> list
     return [sorted(b) for b in bins]
 
 
-def build(full: TrainBatch, rows: list[int], packed: bool) -> MicroBatch:
+def build(full: TrainBatch, rows: list[int], packed: bool, share_prompts: bool = False) -> MicroBatch:
     """The micro-batch of ``rows``; an empty list gives a filler (row 0, no loss tokens)."""
     index = torch.tensor(rows or [0], dtype=torch.long)
     batch = full.rows(index)
     if not rows:
         batch.mask = torch.zeros_like(batch.mask)
-    num_tokens = int(batch.attention_mask.sum()) if rows else 0
-    return MicroBatch(index, batch, pack(batch) if packed else None, num_tokens)
+    if not packed:
+        return MicroBatch(index, batch, None, int(batch.attention_mask.sum()) if rows else 0)
+    layout = pack(batch, share_prompts)
+    return MicroBatch(index, batch, layout, layout.input_ids.shape[1] if rows else 0)
 
 
-def pack(batch: TrainBatch) -> Packed:
-    """One row of ``batch``'s real tokens, and where each completion token is scored from."""
+def pack(batch: TrainBatch, share_prompts: bool = False) -> Packed:
+    """One row of ``batch``'s real tokens, and where each completion token is scored from. With
+    ``share_prompts``, a row whose prompt tokens equal an earlier row's adds only its completion."""
     keep = batch.attention_mask.bool()
     prompt_len = batch.input_ids.shape[1] - batch.completion_ids.shape[1]
     scored = batch.mask.bool()
     if (scored.any(dim=1) & ~keep[:, :prompt_len].any(dim=1)).any():
         raise ValueError("a sample has a completion but an empty prompt; every sample needs at least one "
                          "prompt token (the token that scores its first completion token)")
-    flat = (keep.flatten().cumsum(0) - 1).view_as(keep)  # position of each real token in the packed row
-    lengths = keep.sum(dim=1)
-    cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
-    return Packed(batch.input_ids[keep].unsqueeze(0), batch.position_ids[keep].unsqueeze(0), cu_seqlens,
-                  int(lengths.max()), (flat[:, prompt_len:] - 1)[scored])
+    owners = _prompt_owners(batch, keep, prompt_len) if share_prompts else None
+    if owners is None:
+        flat = (keep.flatten().cumsum(0) - 1).view_as(keep)  # position of each real token in the packed row
+        lengths = keep.sum(dim=1)
+        cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+        return Packed(batch.input_ids[keep].unsqueeze(0), batch.position_ids[keep].unsqueeze(0), cu_seqlens,
+                      int(lengths.max()), (flat[:, prompt_len:] - 1)[scored])
+    own = keep.clone()  # the tokens each row adds to the packed row
+    own[:, :prompt_len] &= (owners == torch.arange(batch.size))[:, None]
+    flat = (own.flatten().cumsum(0) - 1).view_as(own)
+    where = torch.where(own, flat, flat[owners])  # each real token's position, shared prompt tokens included
+    query_len = own.sum(dim=1)
+    key_len = keep.sum(dim=1)
+    keys = where[keep]  # row by row: its prompt's positions, then its own tokens'
+    return Packed(batch.input_ids[own].unsqueeze(0), batch.position_ids[own].unsqueeze(0),
+                  F.pad(query_len.cumsum(0), (1, 0)).to(torch.int32), int(query_len.max()),
+                  where[:, prompt_len - 1:-1][scored], keys,
+                  F.pad(key_len.cumsum(0), (1, 0)).to(torch.int32), int(key_len.max()))
+
+
+def _prompt_owners(batch: TrainBatch, keep: torch.Tensor, prompt_len: int) -> torch.Tensor | None:
+    """For each row, the first row with the same prompt tokens (itself if none, or if it has no completion
+    tokens: it would add nothing to attend from); None if no prompt repeats."""
+    prompts = batch.input_ids[:, :prompt_len].masked_fill(~keep[:, :prompt_len], -1).numpy()
+    completes = keep[:, prompt_len:].any(dim=1).tolist()
+    first: dict[bytes, int] = {}
+    owners = [first.setdefault(prompts[i].tobytes(), i) if completes[i] else i for i in range(batch.size)]
+    if owners == list(range(batch.size)):
+        return None
+    return torch.tensor(owners, dtype=torch.long)

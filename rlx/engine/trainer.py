@@ -86,7 +86,7 @@ class Trainer:
     def step(self, full: TrainBatch) -> dict[str, float]:
         a, t = self.cfg.algorithm, self.cfg.trainer
         micro = [mb.to(self.device) for mb in micro_batches(full, self.rank, self.world, t.micro_batch_tokens,
-                                                            t.micro_batch_size)]
+                                                            t.micro_batch_size, self.cfg.rollout.n, t.share_prompts)]
         start = time.perf_counter()
         if not self.fused_logprobs:
             with tracer.span("logprob", rows=sum(mb.batch.size for mb in micro)):

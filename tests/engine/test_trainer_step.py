@@ -26,6 +26,21 @@ def ragged_batch(rows: int = 12, seed: int = 123):
     return build_batch(prompts, completions, logps, rewards, pad_id=0)
 
 
+def grouped_batch(groups: int = 4, n: int = 4, seed: int = 7):
+    """``groups`` prompts of different lengths, ``n`` samples each with completions of different lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts, completions, logps, rewards = [], [], [], []
+    for g in range(groups):
+        prompt = torch.randint(4, 40, (2 + 3 * g,), generator=gen).tolist()
+        for i in range(n):
+            completion = torch.randint(4, 40, (1 + (g + 3 * i) % 6,), generator=gen).tolist()
+            prompts.append(prompt)
+            completions.append(completion)
+            logps.append([-1.0 - 0.1 * j for j in range(len(completion))])
+            rewards.append(float((g + i) % 3 == 0))
+    return build_batch(prompts, completions, logps, rewards, pad_id=0)
+
+
 def make_trainer(model_dir, algorithm=None, **trainer):
     torch.manual_seed(0)
     trainer.setdefault("lr", 1e-3)
@@ -86,6 +101,90 @@ def test_packed_step_equals_padded_step(tiny_model_dir):
     packed = step_and_params(make_trainer(tiny_model_dir, micro_batch_tokens=40), batch)
     assert packed[0]["update_tokens"] == float(batch.attention_mask.sum())
     assert_same(packed, padded, 1e-5)
+
+
+@pytest.mark.parametrize("split_head", [True, False])
+def test_shared_prompt_logprobs_match_each_sequence_alone(tiny_model_dir, split_head):
+    trainer = make_trainer(tiny_model_dir, micro_batch_tokens=40)
+    batch = grouped_batch()
+    micro = micro_batches(batch, 0, 1, 40, 3, group_size=4, share_prompts=True)
+    assert any(mb.packed.kv_index is not None for mb in micro)
+    with torch.no_grad():
+        expected = reference_logprobs(tiny_model_dir, batch)
+        for mb in micro:
+            logp, _ = completion_logprobs(trainer.model, mb, 1.0, 7, split_head=split_head)
+            torch.testing.assert_close(logp.double(), expected[mb.rows], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("budget", [20, 16384])
+def test_shared_prompt_step_equals_padded_step(tiny_model_dir, budget):
+    """The same loss, metrics and updated weights with each group's prompt once; fewer tokens through
+    the model: the prompt's length times n - 1 per group where a group fits one micro-batch."""
+    batch = grouped_batch()  # lr 1e-4: Adam's first step moves every weight by about lr, whatever its gradient
+    padded = step_and_params(make_trainer(tiny_model_dir, micro_batch_tokens=0, lr=1e-4), batch)
+    shared = step_and_params(make_trainer(tiny_model_dir, micro_batch_tokens=budget, lr=1e-4), batch)
+    repeated = step_and_params(make_trainer(tiny_model_dir, micro_batch_tokens=budget, lr=1e-4,
+                                            share_prompts=False), batch)
+    saved = repeated[0].pop("update_tokens") - shared[0].pop("update_tokens")
+    padded[0].pop("update_tokens")
+    assert_same(shared, padded, 1e-5)
+    assert_same(repeated, padded, 1e-5)
+    prompt_lens = [2 + 3 * g for g in range(4)]
+    if budget == 16384:
+        assert saved == sum(3 * p for p in prompt_lens)
+    else:  # groups split where they pass the budget save less, but something
+        assert 0 < saved < sum(3 * p for p in prompt_lens)
+
+
+def test_plan_units_keep_a_group_together_within_the_budget():
+    from rlx.engine.packing import plan_units
+
+    batch = grouped_batch()
+    units, costs = plan_units(batch, 4, budget=14)
+    assert sorted(r for unit in units for r in unit) == list(range(batch.size))
+    lengths = batch.attention_mask.sum(dim=1).tolist()
+    prompt = [lengths[r] - int(batch.mask[r].sum()) for r in range(batch.size)]
+    for unit, cost in zip(units, costs):
+        assert len({r // 4 for r in unit}) == 1 and unit == list(range(unit[0], unit[-1] + 1))
+        assert cost == prompt[unit[0]] + sum(int(batch.mask[r].sum()) for r in unit)
+        assert len(unit) == 1 or cost <= 14
+    assert len(units) > 4  # the long-prompt groups were split
+    different = build_batch([[5, 6], [7, 8, 9]], [[10], [11]], [[-1.0], [-1.0]], [0.0, 1.0], pad_id=0)
+    assert plan_units(different, 2, budget=100) == ([[0], [1]], [3, 4])
+
+
+def test_shared_prompt_attention_matches_each_sequence_alone():
+    """The CPU branch with shared prompts: each completion sees its prompt (kept once in the row) and its own
+    earlier tokens, forward and backward, as when the prompt is repeated before it."""
+    from rlx.engine.attention import packed_attention
+
+    torch.manual_seed(0)
+    prompt, completions = 5, [3, 1, 4]
+    total = prompt + sum(completions)
+    q, k, v = (torch.randn(1, heads, total, 8, dtype=torch.float64, requires_grad=True) for heads in (4, 2, 2))
+    starts = [prompt + sum(completions[:i]) for i in range(len(completions))]
+    keys = list(range(prompt + completions[0])) + [p for s, c in zip(starts[1:], completions[1:])
+                                                    for p in [*range(prompt), *range(s, s + c)]]
+    query_lens = [prompt + completions[0], *completions[1:]]
+    key_lens = [prompt + c for c in completions]
+    cu = lambda lens: torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)  # noqa: E731
+    out, _ = packed_attention(None, q, k, v, None, cu_seq_lens_q=cu(query_lens), max_length_q=max(query_lens),
+                              cu_seq_lens_k=cu(key_lens), max_length_k=max(key_lens),
+                              rlx_kv_index=torch.tensor(keys))
+    grad_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    ref = []
+    for i, (s, c) in enumerate(zip(starts, completions)):
+        rows = torch.tensor([*range(prompt), *range(s, s + c)])
+        seq = [t[:, :, rows] for t in (q, k, v)]
+        o = F.scaled_dot_product_attention(seq[0], *(t.repeat_interleave(2, 1) for t in seq[1:]), is_causal=True)
+        ref.append(o if i == 0 else o[:, :, prompt:])
+    ref = torch.cat(ref, dim=2).transpose(1, 2)
+    # the prompt's queries are computed once (in the first sequence); the others' copies are not used
+    ref_grads = torch.autograd.grad(ref, (q, k, v), grad_out)
+    torch.testing.assert_close(out, ref)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("budget, mode", [(0, "sync"), (40, "sync"), (40, "one_step_off"), (0, "fully_async")])
