@@ -9,8 +9,10 @@ ranks as tensors (``broadcast_batch``), never pickled.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -49,25 +51,35 @@ def build_batch(prompt_ids: list[list[int]], completion_ids: list[list[int]], ro
     """One row per sample; ``prompt_ids[i]`` is the prompt of sample ``i``. ``token_masks[i]`` (one value per
     completion token) marks which completion tokens the loss covers, e.g. 0 on a multi-turn episode's
     observations (``rlx.rollout.agent.episode``); without it every completion token counts."""
-    rows = len(prompt_ids)
     prompt_len = max(len(p) for p in prompt_ids)
     completion_len = max(1, max(len(c) for c in completion_ids))
-    input_ids = torch.full((rows, prompt_len + completion_len), pad_id, dtype=torch.long)
-    attention = torch.zeros_like(input_ids)
-    completions = torch.full((rows, completion_len), pad_id, dtype=torch.long)
-    mask = torch.zeros(rows, completion_len)
-    rollout_logp = torch.zeros(rows, completion_len)
-    for i, (prompt, completion, logps) in enumerate(zip(prompt_ids, completion_ids, rollout_logps)):
-        start = prompt_len - len(prompt)
-        input_ids[i, start:prompt_len] = torch.tensor(prompt)
-        input_ids[i, prompt_len:prompt_len + len(completion)] = torch.tensor(completion, dtype=torch.long)
-        attention[i, start:prompt_len + len(completion)] = 1
-        completions[i, :len(completion)] = torch.tensor(completion, dtype=torch.long)
-        mask[i, :len(completion)] = torch.tensor(token_masks[i]) if token_masks is not None else 1.0
-        rollout_logp[i, :len(logps)] = torch.tensor(logps)
+    prompts, prompt_lens = _aligned(prompt_ids, prompt_len, pad_id, np.int64, left=True)
+    completions, completion_lens = _aligned(completion_ids, completion_len, pad_id, np.int64)
+    input_ids = torch.cat([prompts, completions], dim=1)
+    columns = torch.arange(prompt_len + completion_len)
+    attention = ((columns >= prompt_len - prompt_lens[:, None]) & (columns < prompt_len + completion_lens[:, None])).long()
+    if token_masks is not None:
+        mask = _aligned(token_masks, completion_len, 0.0, np.float32)[0]
+    else:
+        mask = (columns[:completion_len] < completion_lens[:, None]).float()
+    rollout_logp = _aligned(rollout_logps, completion_len, 0.0, np.float32)[0]
     position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)
     return TrainBatch(input_ids, attention, position_ids, completions, mask, rollout_logp,
                       torch.tensor(rewards, dtype=torch.float32))
+
+
+def _aligned(rows: list[list], width: int, fill, dtype, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` as one ``[len(rows), width]`` tensor, each row's values at its start (or end, ``left``) and
+    ``fill`` elsewhere, and the row lengths: one copy of the flattened values, not one tensor per row."""
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    if lengths.max(initial=0) > width:
+        raise ValueError(f"a row of {int(lengths.max())} values does not fit a width of {width}")
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=dtype, count=int(lengths.sum()))
+    columns = np.arange(width)[None, :]
+    where = columns >= width - lengths[:, None] if left else columns < lengths[:, None]
+    out = np.full((len(rows), width), fill, dtype=dtype)
+    out[where] = flat  # row-major: each row's values in order
+    return torch.from_numpy(out), torch.from_numpy(lengths)
 
 
 def pad_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
