@@ -146,14 +146,17 @@ class HfBackend(Backend):
         greedy = spec.temperature == 0
         rows = 1 if greedy else spec.n  # greedy samples are all alike: generate one, hand it out n times
         cache = DynamicCache()
-        prompt_mask = inputs["attention_mask"].repeat_interleave(rows, dim=0)  # generate's rows: prompt-major
+        if rows > 1:  # each prompt's keys and values computed once, then copied to its n rows
+            self._prefill(cache, inputs["input_ids"], inputs["attention_mask"], rows)
+            inputs = {key: value.repeat_interleave(rows, dim=0) for key, value in inputs.items()}
+        prompt_mask = inputs["attention_mask"]  # generate's rows: prompt-major
         stepper = _VersionedSteps(self._gate, self, lambda input_ids: self._recompute(cache, input_ids, prompt_mask))
         row_deadlines = [item.deadline for item in batch for _ in range(rows)]  # rows are prompt-major
         with torch.no_grad():
             out = self.model.generate(
                 **inputs, do_sample=not greedy, temperature=spec.temperature or None,
                 top_p=spec.top_p, top_k=spec.top_k if spec.top_k > 0 else None, max_new_tokens=spec.max_tokens,
-                num_return_sequences=rows, stop_strings=list(spec.stop) or None, tokenizer=self.tokenizer,
+                stop_strings=list(spec.stop) or None, tokenizer=self.tokenizer,
                 past_key_values=cache,
                 stopping_criteria=StoppingCriteriaList([_PastDeadline(row_deadlines), stepper]),
                 output_scores=True, return_dict_in_generate=True, pad_token_id=self.tokenizer.pad_token_id)
@@ -167,6 +170,20 @@ class HfBackend(Backend):
                        for j in range(spec.n)]
             results.append(PromptResult(prompt_token_ids=list(prompt_ids), samples=samples, generate_s=elapsed))
         return results
+
+    def _prefill(self, cache, input_ids, attention_mask, rows: int) -> None:
+        """``cache`` holding every prompt token but the last (which generate feeds in its first step) for each
+        prompt once, then repeated for its ``rows`` samples: a group's prompt is computed once, not n times."""
+        import torch
+
+        if input_ids.shape[1] < 2:
+            return
+        mask = attention_mask[:, :-1]
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        with torch.no_grad():
+            self.model(input_ids=input_ids[:, :-1], attention_mask=mask, position_ids=positions,
+                       past_key_values=cache, use_cache=True)
+        cache.batch_repeat_interleave(rows)
 
     def _recompute(self, cache, input_ids, prompt_mask) -> None:
         """``cache`` (generate's own) filled again with the current weights: the keys and values of every
