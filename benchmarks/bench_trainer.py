@@ -8,8 +8,11 @@ from the same batch, with gradient checkpointing on and off, in alternating roun
 
 Shapes: 64 rows of 256 + 1024 tokens (micro-batch 8 rows), 64 rows whose completion lengths
 are uniform in [128, 1024] (the padded batch the rival runs is a third padding), and 2 rows
-of 1024 + 15360 tokens (micro-batch 1 row). Token rates count real tokens only (prompt +
-completion, no padding). "update" is forward + backward + optimizer step; "step" is the
+of 1024 + 15360 tokens (micro-batch 1 row), and GRPO groups: 8 prompts of 1024 tokens with 8
+samples each, completions uniform in [128, 512]. Token rates count real tokens only (prompt +
+completion, no padding) of the samples as given, each sample with its prompt, so on the GRPO
+shape rlx's shared prompts (computed once per group) show as a higher rate on the same samples;
+MFU counts the tokens each side actually puts through the model. "update" is forward + backward + optimizer step; "step" is the
 whole ``Trainer.step`` (plan, logprob pass when there is one, advantages, update). MFU is
 6 * params * update tokens/s against the bf16 matmul peak measured in the same run. Peak
 memory is the step's own: the most allocated above what was allocated when it began (both
@@ -36,10 +39,12 @@ QWEN3_0P6B = {
     "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
     "hidden_act": "silu", "attention_bias": False, "attention_dropout": 0.0,
 }
-SHAPES = {  # rows, prompt tokens, (min, max) completion tokens, rows per plain micro-batch, rlx token budget
-    "64x1280": (64, 256, (1024, 1024), 8, 8 * 1280),
-    "64 varlen 128-1024": (64, 256, (128, 1024), 8, 8 * 1280),
-    "2x16k": (2, 1024, (15360, 15360), 1, 16384),
+SHAPES = {  # rows, prompt tokens, (min, max) completion tokens, rows per plain micro-batch, rlx token budget,
+    # rows per prompt (GRPO groups: 8 samples of each prompt; 1: every row its own prompt)
+    "64x1280": (64, 256, (1024, 1024), 8, 8 * 1280, 1),
+    "64 varlen 128-1024": (64, 256, (128, 1024), 8, 8 * 1280, 1),
+    "2x16k": (2, 1024, (15360, 15360), 1, 16384, 1),
+    "8 groups x 8, 1024 + 128-512": (64, 1024, (128, 512), 8, 16384, 8),
 }
 
 
@@ -59,9 +64,10 @@ def build_model_dir(out: Path, config: dict) -> Path:
 def make_batch(shape: str, vocab: int, seed: int = 0):
     from rlx.engine.batch import build_batch
 
-    rows, prompt_len, (low, high), _, _ = SHAPES[shape]
+    rows, prompt_len, (low, high), _, _, group = SHAPES[shape]
     gen = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(10, vocab, (prompt_len,), generator=gen).tolist() for _ in range(rows)]
+    prompts = [p for _ in range(rows // group) for p in [torch.randint(10, vocab, (prompt_len,), generator=gen).tolist()]
+               for _ in range(group)]
     lengths = torch.randint(low, high + 1, (rows,), generator=gen).tolist()
     completions = [torch.randint(10, vocab, (n,), generator=gen).tolist() for n in lengths]
     logps = [(-torch.rand(n, generator=gen) * 3).tolist() for n in lengths]
@@ -108,7 +114,7 @@ def rlx_trainer(model_dir: Path, checkpointing: bool, shape: str, lr: float):
     from rlx.config.schema import AlgorithmConfig, ModelConfig, RunConfig, TrainerConfig
     from rlx.engine.trainer import Trainer
 
-    rows, _, (_, high), rows_per_batch, budget = SHAPES[shape]
+    rows, _, (_, high), rows_per_batch, budget, _ = SHAPES[shape]
     n = min(rows, 8)
     cfg = RunConfig(model=ModelConfig(path=str(model_dir), dtype="bfloat16", gradient_checkpointing=checkpointing),
                     algorithm=AlgorithmConfig(loss_agg="token_mean"),
@@ -138,6 +144,7 @@ def run_shape(model_dir: Path, shape: str, checkpointing: bool, rounds: int, voc
     times: dict[str, list] = {"plain": [], "rlx": [], "rlx_update": []}
     memory = {"plain": 0.0, "rlx": 0.0}
     errors = {}
+    computed = real_tokens
     for round_index in range(rounds + 1):  # round 0 warms up
         order = ("plain", "rlx") if round_index % 2 == 0 else ("rlx", "plain")
         for name in order:
@@ -156,6 +163,7 @@ def run_shape(model_dir: Path, shape: str, checkpointing: bool, rounds: int, voc
             memory[name] = max(memory[name], peak)
             if name == "rlx":
                 times["rlx_update"].append(out["time_update"])
+                computed = out["update_tokens"]
     del plain, trainer
     torch.cuda.empty_cache()
     result = {"shape": shape, "gradient_checkpointing": checkpointing, "real_tokens": real_tokens,
@@ -164,6 +172,8 @@ def run_shape(model_dir: Path, shape: str, checkpointing: bool, rounds: int, voc
         if times[key]:
             result[f"{name}_update_tok_s"] = real_tokens / statistics.median(times[key])
             result[f"{name}_peak_gib"] = memory[name]
+            work = computed if name == "rlx" else real_tokens  # tokens through the model (a shared prompt once)
+            result[f"{name}_computed_tok_s"] = work / statistics.median(times[key])
     if times["rlx"]:
         result["rlx_step_tok_s"] = real_tokens / statistics.median(times["rlx"])
     if times["plain"]:
@@ -192,7 +202,7 @@ def main() -> None:
                 result = run_shape(model_dir, shape, checkpointing, args.rounds, QWEN3_0P6B["vocab_size"])
                 for name in ("plain", "rlx"):
                     if f"{name}_update_tok_s" in result:
-                        result[f"{name}_mfu"] = 6 * params * result[f"{name}_update_tok_s"] / 1e12 / peak
+                        result[f"{name}_mfu"] = 6 * params * result[f"{name}_computed_tok_s"] / 1e12 / peak
                 results.append(result)
                 print(json.dumps({k: v for k, v in result.items() if k != "rounds"}), flush=True)
     table = Table(title=f"Trainer.step vs a plain transformers loop, {torch.cuda.get_device_name()} "

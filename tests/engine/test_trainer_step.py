@@ -167,7 +167,7 @@ def test_shared_prompt_attention_matches_each_sequence_alone():
                                                     for p in [*range(prompt), *range(s, s + c)]]
     query_lens = [prompt + completions[0], *completions[1:]]
     key_lens = [prompt + c for c in completions]
-    cu = lambda lens: torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)  # noqa: E731
+    cu = lambda lens: torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
     out, _ = packed_attention(None, q, k, v, None, cu_seq_lens_q=cu(query_lens), max_length_q=max(query_lens),
                               cu_seq_lens_k=cu(key_lens), max_length_k=max(key_lens),
                               rlx_kv_index=torch.tensor(keys))
@@ -332,6 +332,58 @@ def test_packed_attention_on_gpu_matches_per_sequence_float32(lengths):
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
     for got, want in zip(grads, ref_grads):
         torch.testing.assert_close(got.float(), want, atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("prompt, completions", [(300, [200, 40, 500, 1]), (4000, [3000, 5000])])
+def test_shared_prompt_attention_on_gpu_matches_repeated_float32(prompt, completions):
+    """Shared prompts through each GPU branch (one varlen call with fewer queries than keys, or one sdpa call
+    per long sequence with the mask aligned to the last key) against float32 causal attention over the prompt
+    repeated before each completion, forward and backward."""
+    from rlx.engine.attention import packed_attention
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    torch.manual_seed(0)
+    total = prompt + sum(completions)
+    q, k, v = (torch.randn(1, heads, total, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for heads in (8, 4, 4))
+    starts = [prompt + sum(completions[:i]) for i in range(len(completions))]
+    spans = [torch.tensor([*range(prompt), *range(s, s + c)], device="cuda") for s, c in zip(starts, completions)]
+    query_lens = [prompt + completions[0], *completions[1:]]
+    key_lens = [prompt + c for c in completions]
+    cu = lambda lens: torch.tensor([0, *itertools.accumulate(lens)], device="cuda", dtype=torch.int32)
+    out, _ = packed_attention(None, q, k, v, None, cu_seq_lens_q=cu(query_lens), max_length_q=max(query_lens),
+                              cu_seq_lens_k=cu(key_lens), max_length_k=max(key_lens), rlx_kv_index=torch.cat(spans))
+    grad_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = []
+    for i, rows in enumerate(spans):
+        o = F.scaled_dot_product_attention(q32[:, :, rows], k32[:, :, rows].repeat_interleave(2, 1),
+                                           v32[:, :, rows].repeat_interleave(2, 1), is_causal=True)
+        ref.append(o if i == 0 else o[:, :, prompt:])
+    ref = torch.cat(ref, dim=2).transpose(1, 2)
+    ref_grads = torch.autograd.grad(ref, (q32, k32, v32), grad_out.float())
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got.float(), want, atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.gpu
+def test_shared_prompt_step_on_gpu_matches_padded(tiny_model_dir):
+    batch = grouped_batch(groups=6)
+    results = []
+    for budget in (0, 60):
+        torch.manual_seed(0)
+        cfg = RunConfig(model=ModelConfig(path=str(tiny_model_dir), dtype="bfloat16"),
+                        trainer=TrainerConfig(micro_batch_size=4, micro_batch_tokens=budget, device="cuda", lr=1e-3))
+        cfg.rollout.n = 4
+        results.append(step_and_params(Trainer(cfg), batch))
+    (padded, _), (shared, _) = results
+    assert shared["update_tokens"] < padded["update_tokens"]
+    for key in ("loss", "entropy", "logprob_diff_mean", "grad_norm"):
+        assert shared[key] == pytest.approx(padded[key], rel=2e-2, abs=2e-3), key
 
 
 def test_fused_kernels_stay_off_on_a_cpu_and_on_is_refused(tiny_model_dir):
