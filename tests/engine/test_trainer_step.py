@@ -282,8 +282,10 @@ def test_trainer_micro_batch_tokens_must_not_be_negative():
 
 
 @pytest.mark.gpu
-def test_packed_varlen_attention_on_gpu_matches_padded(tiny_model_dir):
-    batch = ragged_batch(rows=16)
+@pytest.mark.parametrize("grouped", [False, True])
+def test_packed_varlen_attention_on_gpu_matches_padded(tiny_model_dir, grouped):
+    """Packed (with shared prompts where a group's samples share one) against padded, bf16 on CUDA."""
+    batch = grouped_batch(groups=6) if grouped else ragged_batch(rows=16)
     results = []
     for budget in (0, 60):
         torch.manual_seed(0)
@@ -292,6 +294,7 @@ def test_packed_varlen_attention_on_gpu_matches_padded(tiny_model_dir):
         cfg.rollout.n = 4
         results.append(step_and_params(Trainer(cfg), batch))
     (padded, _), (packed, _) = results
+    assert (packed["update_tokens"] < padded["update_tokens"]) == grouped
     for key in ("loss", "entropy", "logprob_diff_mean", "grad_norm"):
         assert packed[key] == pytest.approx(padded[key], rel=2e-2, abs=2e-3), key
 
@@ -368,22 +371,6 @@ def test_shared_prompt_attention_on_gpu_matches_repeated_float32(prompt, complet
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
     for got, want in zip(grads, ref_grads):
         torch.testing.assert_close(got.float(), want, atol=5e-2, rtol=5e-2)
-
-
-@pytest.mark.gpu
-def test_shared_prompt_step_on_gpu_matches_padded(tiny_model_dir):
-    batch = grouped_batch(groups=6)
-    results = []
-    for budget in (0, 60):
-        torch.manual_seed(0)
-        cfg = RunConfig(model=ModelConfig(path=str(tiny_model_dir), dtype="bfloat16"),
-                        trainer=TrainerConfig(micro_batch_size=4, micro_batch_tokens=budget, device="cuda", lr=1e-3))
-        cfg.rollout.n = 4
-        results.append(step_and_params(Trainer(cfg), batch))
-    (padded, _), (shared, _) = results
-    assert shared["update_tokens"] < padded["update_tokens"]
-    for key in ("loss", "entropy", "logprob_diff_mean", "grad_norm"):
-        assert shared[key] == pytest.approx(padded[key], rel=2e-2, abs=2e-3), key
 
 
 def test_fused_kernels_stay_off_on_a_cpu_and_on_is_refused(tiny_model_dir):
