@@ -1,9 +1,11 @@
 """transformers backend: batched ``generate`` for machines without vLLM (e.g. a torch-only GPU box).
 
 Requests queue up; a batcher takes up to ``MAX_BATCH_PROMPTS`` prompts with the same sampling
-parameters, left-pads them and runs one ``generate`` call in a worker thread. Logprobs are
-those of the processed distribution (temperature, top-k/top-p applied), like vLLM's
-``processed_logprobs``. Pause holds the queue and stops the running batch between two decode
+parameters, left-pads them and runs one ``generate`` call in a worker thread. Each prompt's
+prefill is computed once for its ``n`` samples, and each sample draws its tokens from its own
+random stream (its request's seed plus its index, ``_RowSampler``), so what a request gets does not
+depend on the batch it ran in. Logprobs are those of the processed distribution (temperature,
+top-k/top-p applied), like vLLM's ``processed_logprobs``. Pause holds the queue and stops the running batch between two decode
 steps (a ``_StepGate`` the generation thread passes after every token); a weight update waits
 for that stop, not for the batch to finish, so a request in flight across an update is a partial
 rollout: each sample's ``versions`` says which weights sampled each token. When the weights changed
@@ -136,15 +138,19 @@ class HfBackend(Backend):
 
     def _generate_gated(self, batch: list[_Item], spec: SamplingSpec) -> list[PromptResult]:
         import torch
-        from transformers import DynamicCache, StoppingCriteriaList
+        from transformers import DynamicCache, LogitsProcessorList, StoppingCriteriaList
 
         start = time.perf_counter()
         ids = [self._token_ids(item.prompt) for item in batch]
         inputs = self.tokenizer.pad({"input_ids": ids}, return_tensors="pt").to(self.device)
-        if spec.seed is not None:
-            torch.manual_seed(spec.seed)
         greedy = spec.temperature == 0
         rows = 1 if greedy else spec.n  # greedy samples are all alike: generate one, hand it out n times
+        # sample j of a request draws from its own stream, seeded (request seed + j) as vLLM seeds it, so what a
+        # request gets does not depend on which others share its batch; unseeded requests get a seed drawn here
+        seeds = [(item.sampling.seed if item.sampling.seed is not None else int(torch.randint(2**62, ())))
+                 for item in batch]
+        sampler = None if greedy else _RowSampler([seed + j for seed in seeds for j in range(rows)], spec,
+                                                  self.device)
         cache = DynamicCache()
         if rows > 1:  # each prompt's keys and values computed once, then copied to its n rows
             self._prefill(cache, inputs["input_ids"], inputs["attention_mask"], rows)
@@ -153,16 +159,18 @@ class HfBackend(Backend):
         stepper = _VersionedSteps(self._gate, self, lambda input_ids: self._recompute(cache, input_ids, prompt_mask))
         row_deadlines = [item.deadline for item in batch for _ in range(rows)]  # rows are prompt-major
         with torch.no_grad():
-            out = self.model.generate(
-                **inputs, do_sample=not greedy, temperature=spec.temperature or None,
-                top_p=spec.top_p, top_k=spec.top_k if spec.top_k > 0 else None, max_new_tokens=spec.max_tokens,
-                stop_strings=list(spec.stop) or None, tokenizer=self.tokenizer,
-                past_key_values=cache,
+            out = self.model.generate(  # greedy over the sampler's one-hot rows: it has already drawn each token
+                **inputs, do_sample=False, temperature=None, top_p=None, top_k=None, max_new_tokens=spec.max_tokens,
+                stop_strings=list(spec.stop) or None, tokenizer=self.tokenizer, past_key_values=cache,
+                logits_processor=LogitsProcessorList([sampler] if sampler else []),
                 stopping_criteria=StoppingCriteriaList([_PastDeadline(row_deadlines), stepper]),
-                output_scores=True, return_dict_in_generate=True, pad_token_id=self.tokenizer.pad_token_id)
+                output_scores=sampler is None, return_dict_in_generate=True, pad_token_id=self.tokenizer.pad_token_id)
         new_tokens = out.sequences[:, inputs["input_ids"].shape[1]:]
-        steps = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [B*n, T, V]
-        token_logprobs = steps.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        if sampler is not None:
+            token_logprobs = torch.stack(sampler.logprobs, dim=1)
+        else:
+            steps = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [B*n, T, V]
+            token_logprobs = steps.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
         elapsed = time.perf_counter() - start
         results = []
         for i, prompt_ids in enumerate(ids):
@@ -373,6 +381,44 @@ class _Item(NamedTuple):
     deadline: float  # time.time() after which nobody waits for the result
 
 
+class _RowSampler:
+    """A transformers logits processor that samples every row from its own random stream: the scores are warped
+    as the request asks (temperature, top-k, top-p), one token is drawn per row by the Gumbel-max trick with that
+    row's generator, and the row comes back one-hot (0 on the token, -inf elsewhere) for greedy decoding to
+    take. ``logprobs`` holds each step's logprobs of the drawn tokens under the warped distribution (vLLM's
+    ``processed_logprobs``)."""
+
+    def __init__(self, seeds: list[int], spec: SamplingSpec, device) -> None:
+        import torch
+        from transformers import (
+            LogitsProcessorList,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
+
+        self.warpers = LogitsProcessorList()
+        if spec.temperature != 1.0:
+            self.warpers.append(TemperatureLogitsWarper(spec.temperature))
+        if spec.top_k > 0:
+            self.warpers.append(TopKLogitsWarper(spec.top_k))
+        if spec.top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(spec.top_p))
+        self.generators = [torch.Generator(device=device).manual_seed(seed % 2**64) for seed in seeds]
+        self.logprobs: list = []
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        logp = self.warpers(input_ids, scores).float().log_softmax(-1)
+        uniform = torch.stack([torch.rand(scores.shape[-1], generator=g, device=scores.device)
+                               for g in self.generators])
+        gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20)))
+        token = (logp + gumbel).argmax(dim=-1, keepdim=True)  # a draw from softmax(logp)
+        self.logprobs.append(logp.gather(-1, token).squeeze(-1))
+        return torch.full_like(scores, float("-inf")).scatter_(-1, token, 0.0)
+
+
 class _PastDeadline:
     """A transformers stopping criterion: a row is done once its request's deadline has passed."""
 
@@ -442,7 +488,7 @@ class _VersionedSteps:
 
 
 def _batch_key(spec: SamplingSpec) -> SamplingSpec:
-    """Requests that differ only in their seed share one ``generate`` call, seeded with the first one's
-    seed: one stream drawn across all rows keeps every sample independent, and a step's prompts (each
-    with its own seed) still run as one batch instead of one call each."""
+    """Requests that differ only in their seed share one ``generate`` call: each sample draws from its own
+    stream (``_RowSampler``), so a step's prompts (each with its own seed) run as one batch instead of one call
+    each and still get what each would get alone."""
     return msgspec.structs.replace(spec, seed=None)

@@ -1,0 +1,82 @@
+"""The hf backend's sampling on a real `rlx rollout-serve`: each prompt's prefill is computed once for its n
+samples and the logprobs are the model's; every sample draws from its own seeded stream, so a request gets the
+same samples whichever other requests share its batch; top-k and temperature act as asked."""
+
+import asyncio
+
+import pytest
+import torch
+
+from rlx.rollout import protocol as p
+from rlx.rollout.client import RolloutClient
+from tests.helpers import serve_with
+
+PROMPTS = [[5, 6, 14, 7, 9, 11, 4], [8, 9], [12, 5, 7, 7, 30, 31, 6, 6, 9, 10, 11]]
+
+
+@pytest.fixture(scope="module")
+def hf_server(tiny_model_dir, tmp_path_factory):
+    with serve_with(tiny_model_dir, tmp_path_factory.mktemp("hf-sampling"), "hf", rollout={"backend": "hf"}) as served:
+        yield served[0]
+
+
+async def _ask(address: str, requests: list[tuple[list[int], p.SamplingSpec]],
+               queue_behind_busy: bool = False) -> list[p.PromptResult]:
+    """The requests sent together; ``queue_behind_busy``: while the server runs a long request, so they wait in
+    its queue and run as one batch."""
+    client = RolloutClient([address])
+    try:
+        busy = None
+        if queue_behind_busy:
+            long = p.SamplingSpec(n=8, temperature=1.0, max_tokens=400, seed=9)
+            busy = asyncio.create_task(client.generate([[4] * 200], long))
+            while (await client.stats())[0].in_flight == 0:
+                await asyncio.sleep(0.005)
+        results = await asyncio.gather(*(client.generate([prompt], spec) for prompt, spec in requests))
+        if busy is not None:
+            await busy
+        return [r[0] for r in results]
+    finally:
+        client.close()
+
+
+def _full_forward_logprobs(model, prompt: list[int], tokens: list[int], temperature: float) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
+    return (logits / temperature).log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
+
+
+def test_samples_carry_the_models_logprobs_with_the_prompt_prefilled_once(hf_server, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    spec = p.SamplingSpec(n=6, temperature=0.8, max_tokens=8, seed=1234)
+    results = asyncio.run(_ask(hf_server, [(prompt, spec) for prompt in PROMPTS]))  # one batch, padded prompts
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    for prompt, result in zip(PROMPTS, results):
+        assert len(result.samples) == 6
+        assert len({tuple(s.token_ids) for s in result.samples}) > 1  # n different samples, not one copied
+        for sample in result.samples:
+            want = _full_forward_logprobs(model, prompt, sample.token_ids, 0.8)
+            torch.testing.assert_close(torch.tensor(sample.logprobs), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_requests_samples_do_not_depend_on_the_batch_it_runs_in(hf_server):
+    spec = p.SamplingSpec(n=4, temperature=1.0, max_tokens=8, seed=77)
+    alone = asyncio.run(_ask(hf_server, [(PROMPTS[0], spec)]))[0]
+    others = [(PROMPTS[1], p.SamplingSpec(n=4, temperature=1.0, max_tokens=8, seed=5)),
+              (PROMPTS[2], p.SamplingSpec(n=4, temperature=1.0, max_tokens=8, seed=None))]
+    batched = asyncio.run(_ask(hf_server, [*others, (PROMPTS[0], spec)], queue_behind_busy=True))[-1]
+    again = asyncio.run(_ask(hf_server, [(PROMPTS[0], spec)]))[0]
+    for a, b, c in zip(alone.samples, batched.samples, again.samples):
+        assert a.token_ids == b.token_ids == c.token_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)
+    assert len({tuple(s.token_ids) for s in alone.samples}) > 1
+
+
+def test_top_k_one_samples_the_greedy_tokens(hf_server):
+    greedy = asyncio.run(_ask(hf_server, [(PROMPTS[0], p.SamplingSpec(n=1, temperature=0.0, max_tokens=8))]))[0]
+    top1 = asyncio.run(_ask(hf_server, [(PROMPTS[0], p.SamplingSpec(n=3, temperature=1.0, top_k=1, max_tokens=8,
+                                                                     seed=3))]))[0]
+    for sample in top1.samples:
+        assert sample.token_ids == greedy.samples[0].token_ids
+        assert all(abs(lp) < 1e-6 for lp in sample.logprobs)  # one token left: probability 1
