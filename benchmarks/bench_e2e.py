@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 WORKLOADS = {"quickstart": "configs/quickstart.yaml", "long": "configs/bench_long.yaml"}
+LOG_EVERY = 10  # steps per window of the mean training reward both sides report
 
 
 def load_cfg(workload: str, overrides: list[str] = ()):
@@ -91,7 +92,9 @@ def run_rlx(workload: str, seed: int, out: Path, extra: list[str]) -> dict:
     steps = [m for m in read_metrics(out / "metrics.jsonl") if "time_step" in m]
     phases = {k: statistics.median(m[k] for m in steps) for k in
               ("time_step", "time_generate", "time_logprob", "time_update", "time_sync") if k in steps[0]}
-    return {"wall_s": wall, "step_s": phases.get("time_step"), "phases": phases, "model": str(out / "hf")}
+    rewards = [m["reward_mean"] for m in steps]
+    return {"wall_s": wall, "step_s": phases.get("time_step"), "phases": phases, "model": str(out / "hf"),
+            "train_reward": [statistics.fmean(rewards[i:i + LOG_EVERY]) for i in range(0, len(rewards), LOG_EVERY)]}
 
 
 def run_trl(workload: str, seed: int, out: Path, overrides: list[str]) -> dict:
@@ -99,7 +102,9 @@ def run_trl(workload: str, seed: int, out: Path, overrides: list[str]) -> dict:
            "--out", str(out), *(f"--override={o}" for o in overrides)]
     wall = _timed(cmd, out / "stdout.log")
     steps = json.loads((out / "step_times.json").read_text())
-    return {"wall_s": wall, "step_s": statistics.median(steps), "phases": {}, "model": str(out / "final")}
+    logged = json.loads((out / "log_history.json").read_text())
+    return {"wall_s": wall, "step_s": statistics.median(steps), "phases": {}, "model": str(out / "final"),
+            "train_reward": [entry["reward"] for entry in logged if "reward" in entry]}
 
 
 def _timed(cmd: list[str], log: Path) -> float:
@@ -140,7 +145,7 @@ def trl_main(workload: str, seed: int, out: Path, overrides: list[str]) -> None:
         weight_decay=t.weight_decay, adam_beta1=t.betas[0], adam_beta2=t.betas[1], max_grad_norm=t.max_grad_norm,
         beta=0.0, epsilon=cfg.algorithm.clip_low, epsilon_high=cfg.algorithm.clip_high, loss_type="dapo",
         scale_rewards="group", num_iterations=t.epochs_per_step, max_steps=t.total_steps, seed=seed,
-        logging_steps=10, save_strategy="no", report_to=[], use_cpu=True, bf16=False, fp16=False,
+        logging_steps=LOG_EVERY, save_strategy="no", report_to=[], use_cpu=True, bf16=False, fp16=False,
         dataloader_num_workers=0, disable_tqdm=True)
     times: list[float] = []
 
@@ -159,6 +164,7 @@ def trl_main(workload: str, seed: int, out: Path, overrides: list[str]) -> None:
     trainer.save_model(str(out / "final"))
     tok.save_pretrained(str(out / "final"))
     (out / "step_times.json").write_text(json.dumps(times))
+    (out / "log_history.json").write_text(json.dumps(trainer.state.log_history))  # "reward": mean of each window
 
 
 def bench(args) -> dict:
@@ -203,6 +209,9 @@ def print_table(report: dict) -> None:
             table.add_row("rlx/trl", str(seed), f"{a['wall_s'] / b['wall_s']:.2f}x",
                           f"{a['step_s'] / b['step_s']:.2f}x", "", f"{a['gain'] - b['gain']:+.3f}")
     Console().print(table)
+    print(f"mean training reward per {LOG_EVERY} steps:")
+    for r in report["rows"]:
+        print(f"  {r['side']:>3} seed {r['seed']}: " + " ".join(f"{x:.3f}" for x in r.get("train_reward", [])))
 
 
 def main() -> None:
