@@ -91,16 +91,19 @@ class ServedTeacher:
 
     def logprobs(self, full: TrainBatch) -> torch.Tensor:
         """[B, T] teacher logprobs from the server: one ``ScoreTokens`` request for the whole batch."""
-        sequences, starts = [], []
+        sequences, starts, rows = [], [], []
         prompt_len = full.input_ids.shape[1] - full.completion_ids.shape[1]
         for i in range(full.size):
             num_completion = int(full.mask[i].sum())
+            if num_completion == 0:  # nothing to score (a sample that ended before its first token)
+                continue
             prompt = full.input_ids[i, :prompt_len][full.attention_mask[i, :prompt_len].bool()].tolist()
             sequences.append(prompt + full.completion_ids[i, :num_completion].tolist())
             starts.append(len(prompt))
+            rows.append(i)
         scored = asyncio.run(self._score(sequences, starts)) if sequences else []
         out = torch.zeros(full.mask.shape, dtype=torch.float32)
-        for i, row in enumerate(scored):
+        for i, row in zip(rows, scored):
             out[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
         return out
 

@@ -29,6 +29,19 @@ def test_served_and_colocated_teacher_logprobs_agree(tiny_model_dir, teacher_ser
     assert (colocated[batch.mask == 0] == 0).all() and (colocated[batch.mask == 1] < 0).all()
 
 
+def test_a_sample_with_no_completion_tokens_is_scored_as_nothing(tiny_model_dir, teacher_server):
+    """A sample can end before its first token (the hf server ends one at a sampled pad token): the served
+    teacher sends the others and leaves its row at 0, as the colocated one does."""
+    from rlx.engine.batch import build_batch
+
+    batch = build_batch([[5, 6, 7], [8, 9], [10, 11, 12, 13]], [[14, 15], [], [16]], [[-1.0, -1.0], [], [-1.0]],
+                        [1.0, 0.0, 1.0], pad_id=0)
+    served = ServedTeacher(teacher_server).logprobs(batch)
+    colocated = ColocatedTeacher(str(tiny_model_dir), torch.device("cpu"), micro_batch=3).logprobs(batch)
+    torch.testing.assert_close(served, colocated, rtol=0, atol=1e-5)
+    assert (served[1] == 0).all() and (served[batch.mask == 1] < 0).all()
+
+
 def test_a_vllm_teacher_gives_the_colocated_teachers_logprobs(tiny_model_dir, vllm_server):
     """vLLM's prompt logprobs (the shared vLLM server holds the tiny model's weights in float32)."""
     batch = ragged_batch(rows=6)
@@ -67,13 +80,15 @@ def test_a_teacher_with_another_tokenizer_is_refused_before_anything_starts(tiny
 
 
 def test_a_two_step_run_with_a_served_teacher(tiny_model_dir, teacher_server, tmp_path):
-    """The teacher is the student's own starting point, so the first step's reverse KL is ~0."""
+    """The teacher is the student's own starting point, so the first step's reverse KL is ~0. The random model
+    rarely earns a reward, so an entropy bonus makes sure the first update moves the student."""
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "distill.yaml", tiny_model_dir,
                           rollout={"backend": "hf", "n": 4, "max_tokens": 6},
-                          algorithm={"distill": {"teacher": str(tiny_model_dir), "teacher_placement": "served",
+                          algorithm={"entropy_coef": 0.01,
+                                     "distill": {"teacher": str(tiny_model_dir), "teacher_placement": "served",
                                                  "teacher_server": teacher_server}},
-                          trainer={"total_steps": 2, "prompts_per_step": 4, "eval_every": 0,
+                          trainer={"total_steps": 2, "prompts_per_step": 4, "eval_every": 0, "lr": 1e-3,
                                    "output_dir": str(run_dir)},
                           checkpoint={"save_final": False}, task={"num_eval": 8})
     proc = start_rlx(["train", str(config)], tmp_path / "train.log")
