@@ -26,6 +26,7 @@ Every rank holds the whole step batch and computes the same plan, so no plan cro
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -48,10 +49,8 @@ class Packed:
     max_len_k: int = 0
 
     def to(self, device: torch.device) -> Packed:
-        moved = [t.to(device) if t is not None else None
-                 for t in (self.input_ids, self.position_ids, self.cu_seqlens, self.sources, self.kv_index,
-                           self.cu_seqlens_k)]
-        return Packed(*moved[:3], self.max_len, moved[3], moved[4], moved[5], self.max_len_k)
+        return dataclasses.replace(self, **{f.name: value.to(device) for f in dataclasses.fields(self)
+                                            if isinstance(value := getattr(self, f.name), torch.Tensor)})
 
     def model_kwargs(self) -> dict:
         kwargs = {"input_ids": self.input_ids, "position_ids": self.position_ids, "cu_seq_lens_q": self.cu_seqlens,
@@ -173,23 +172,19 @@ def pack(batch: TrainBatch, share_prompts: bool = False) -> Packed:
         raise ValueError("a sample has a completion but an empty prompt; every sample needs at least one "
                          "prompt token (the token that scores its first completion token)")
     owners = _prompt_owners(batch, keep, prompt_len) if share_prompts else None
-    if owners is None:
-        flat = (keep.flatten().cumsum(0) - 1).view_as(keep)  # position of each real token in the packed row
-        lengths = keep.sum(dim=1)
-        cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
-        return Packed(batch.input_ids[keep].unsqueeze(0), batch.position_ids[keep].unsqueeze(0), cu_seqlens,
-                      int(lengths.max()), (flat[:, prompt_len:] - 1)[scored])
+    shared = owners is not None
     own = keep.clone()  # the tokens each row adds to the packed row
-    own[:, :prompt_len] &= (owners == torch.arange(batch.size))[:, None]
+    if shared:
+        own[:, :prompt_len] &= (owners == torch.arange(batch.size))[:, None]
     flat = (own.flatten().cumsum(0) - 1).view_as(own)
-    where = torch.where(own, flat, flat[owners])  # each real token's position, shared prompt tokens included
-    query_len = own.sum(dim=1)
-    key_len = keep.sum(dim=1)
-    keys = where[keep]  # row by row: its prompt's positions, then its own tokens'
-    return Packed(batch.input_ids[own].unsqueeze(0), batch.position_ids[own].unsqueeze(0),
-                  F.pad(query_len.cumsum(0), (1, 0)).to(torch.int32), int(query_len.max()),
-                  where[:, prompt_len - 1:-1][scored], keys,
-                  F.pad(key_len.cumsum(0), (1, 0)).to(torch.int32), int(key_len.max()))
+    where = torch.where(own, flat, flat[owners]) if shared else flat  # each real token's position in the row
+    query_len, key_len = own.sum(dim=1), keep.sum(dim=1)
+    cumulative = lambda lengths: F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    packed = Packed(batch.input_ids[own].unsqueeze(0), batch.position_ids[own].unsqueeze(0), cumulative(query_len),
+                    int(query_len.max()), where[:, prompt_len - 1:-1][scored])
+    if shared:  # keys row by row: its prompt's positions, then its own tokens'
+        packed.kv_index, packed.cu_seqlens_k, packed.max_len_k = where[keep], cumulative(key_len), int(key_len.max())
+    return packed
 
 
 def _prompt_owners(batch: TrainBatch, keep: torch.Tensor, prompt_len: int) -> torch.Tensor | None:

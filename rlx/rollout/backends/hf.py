@@ -5,8 +5,9 @@ parameters, left-pads them and runs one ``generate`` call in a worker thread. Ea
 prefill is computed once for its ``n`` samples, and each sample draws its tokens from its own
 random stream (its request's seed plus its index, ``_RowSampler``), so what a request gets does not
 depend on the batch it ran in. Logprobs are those of the processed distribution (temperature,
-top-k/top-p applied), like vLLM's ``processed_logprobs``. Pause holds the queue and stops the running batch between two decode
-steps (a ``_StepGate`` the generation thread passes after every token); a weight update waits
+top-k/top-p applied), like vLLM's ``processed_logprobs``. Pause holds the queue and stops the
+running batch between two decode steps (a ``_StepGate`` the generation thread passes after every
+token); a weight update waits
 for that stop, not for the batch to finish, so a request in flight across an update is a partial
 rollout: each sample's ``versions`` says which weights sampled each token. When the weights changed
 under a running batch, the batch's KV cache is computed again with the new weights before the next
@@ -182,15 +183,9 @@ class HfBackend(Backend):
     def _prefill(self, cache, input_ids, attention_mask, rows: int) -> None:
         """``cache`` holding every prompt token but the last (which generate feeds in its first step) for each
         prompt once, then repeated for its ``rows`` samples: a group's prompt is computed once, not n times."""
-        import torch
-
         if input_ids.shape[1] < 2:
             return
-        mask = attention_mask[:, :-1]
-        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
-        with torch.no_grad():
-            self.model(input_ids=input_ids[:, :-1], attention_mask=mask, position_ids=positions,
-                       past_key_values=cache, use_cache=True)
+        self._forward_into(cache, input_ids[:, :-1], attention_mask[:, :-1])
         cache.batch_repeat_interleave(rows)
 
     def _recompute(self, cache, input_ids, prompt_mask) -> None:
@@ -202,11 +197,18 @@ class HfBackend(Backend):
         generated = torch.ones(prompt_mask.shape[0], held - prompt_mask.shape[1], dtype=prompt_mask.dtype,
                                device=prompt_mask.device)
         mask = torch.cat([prompt_mask, generated], dim=1)  # generate counts every new token, finished rows too
-        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
         cache.crop(-held)
+        self._forward_into(cache, input_ids[:, :held], mask)
+
+    def _forward_into(self, cache, input_ids, mask) -> None:
+        """One forward over ``input_ids`` that appends their keys and values to ``cache``, with the positions
+        generate derives from ``mask``."""
+        import torch
+
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
         with torch.no_grad():
-            self.model(input_ids=input_ids[:, :held], attention_mask=mask, position_ids=positions,
-                       past_key_values=cache, use_cache=True)
+            self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                       use_cache=True)
 
     def _sample(self, tokens, logprobs, versions: list[int]) -> Sample:
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
