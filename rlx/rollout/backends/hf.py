@@ -1,7 +1,7 @@
 """transformers backend: batched ``generate`` for machines without vLLM (e.g. a torch-only GPU box).
 
-Requests queue up; a batcher takes up to ``MAX_BATCH_PROMPTS`` prompts with the same sampling
-parameters, left-pads them and runs one ``generate`` call in a worker thread. Each prompt's
+Requests queue up; a batcher waits a few milliseconds for requests sent together, takes up to
+``MAX_BATCH_PROMPTS`` prompts with the same sampling parameters, left-pads them and runs one ``generate`` call in a worker thread. Each prompt's
 prefill is computed once for its ``n`` samples, and each sample draws its tokens from its own
 random stream (its request's seed plus its index, ``_RowSampler``), so what a request gets does not
 depend on the batch it ran in. Logprobs are those of the processed distribution (temperature,
@@ -39,6 +39,8 @@ from rlx.sync.messages import BucketAck
 from rlx.sync.receiver import Consumer, SyncHandler, WeightReceiver
 
 MAX_BATCH_PROMPTS = 64
+GATHER_QUIET_S = 0.005  # a batch starts once no request came in for this long ...
+GATHER_MAX_S = 0.03  # ... or this long after its first request: a step's prompts, sent together, share one call
 
 
 class HfBackend(Backend):
@@ -103,6 +105,7 @@ class HfBackend(Backend):
             await self._running.wait()
             if not pending:
                 pending.append(await self._queue.get())
+                await self._gather(pending)
             while not self._queue.empty():
                 pending.append(self._queue.get_nowait())
             await self._awake.wait()  # a request that came in as it fell asleep waits too
@@ -129,6 +132,22 @@ class HfBackend(Backend):
                 result.queued_s = max(0.0, now - item.queued_at - result.generate_s)
                 if not item.future.done():
                     item.future.set_result(result)
+
+    async def _gather(self, pending: list[_Item]) -> None:
+        """Requests sent together (a step's prompts, one request each) arrive a fraction of a millisecond
+        apart: the first waits for the rest, until none came in for ``GATHER_QUIET_S`` or ``GATHER_MAX_S``
+        passed, so they run as one ``generate`` call instead of the first alone and the others after it."""
+        start = last = time.perf_counter()
+        while len(pending) < MAX_BATCH_PROMPTS:
+            now = time.perf_counter()
+            if now - last >= GATHER_QUIET_S or now - start >= GATHER_MAX_S:
+                return
+            if self._queue.empty():
+                await asyncio.sleep(GATHER_QUIET_S / 3)
+                continue
+            while not self._queue.empty():
+                pending.append(self._queue.get_nowait())
+            last = time.perf_counter()
 
     def _generate_batch(self, batch: list[_Item], spec: SamplingSpec) -> list[PromptResult]:
         self._gate.enter()  # a sync or a pause may hold the weights
