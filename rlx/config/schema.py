@@ -336,7 +336,7 @@ class DistillConfig:
 POLICY_LOSS_CHOICES = ("ppo", "gspo")
 LOSS_AGG_CHOICES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 KL_CHOICES = ("k1", "k2", "k3")
-CORRECTION_CHOICES = ("none", "tis", "icepop")
+CORRECTION_CHOICES = ("none", "tis", "icepop", "bypass")
 
 
 @dataclass
@@ -362,7 +362,9 @@ class AlgorithmConfig:
     entropy_coef: float = 0.0
     """Weight of the entropy bonus."""
     rollout_correction: str = "auto"
-    """Off-policy correction with rollout logprobs: none, tis, icepop; auto = none in sync, tis otherwise."""
+    """Off-policy correction with rollout logprobs: none, tis, icepop or bypass (PPO's ratio against the rollout
+    logprobs, so the clip bounds each update from the weights that sampled a token); auto = none in sync, bypass
+    otherwise."""
     correction_level: str = "token"
     """Where correction weights apply: token or sequence."""
     tis_cap: float = 2.0
@@ -697,4 +699,4 @@ class RunConfig:
         """The rollout correction in force once 'auto' is resolved."""
         if self.algorithm.rollout_correction != "auto":
             return self.algorithm.rollout_correction
-        return "none" if self.trainer.mode == "sync" else "tis"
+        return "none" if self.trainer.mode == "sync" else "bypass"

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from rlx.engine.algorithms.advantages import compute_advantages
 from rlx.engine.algorithms.aggregation import LossAgg
-from rlx.engine.algorithms.correction import rollout_correction
+from rlx.engine.algorithms.correction import ratio_anchor, rollout_correction
 from rlx.engine.algorithms.kl import kl_estimate, kl_penalized_rewards
 from rlx.engine.algorithms.policy_loss import policy_loss
 from rlx.engine.batch import TrainBatch
@@ -195,7 +195,8 @@ class Trainer:
         weights, stats = rollout_correction(
             old_logp, b.rollout_logp, b.mask, method=self.cfg.correction, level=a.correction_level,
             tis_cap=a.tis_cap, icepop_low=a.icepop_low, icepop_high=a.icepop_high)
-        loss, loss_stats = policy_loss(a.policy_loss, logp, old_logp, b.advantages, b.mask, clip_low=a.clip_low,
+        anchor = ratio_anchor(self.cfg.correction, old_logp, b.rollout_logp)
+        loss, loss_stats = policy_loss(a.policy_loss, logp, anchor, b.advantages, b.mask, clip_low=a.clip_low,
                                        clip_high=a.clip_high, dual_clip=a.dual_clip, weights=weights, agg=agg)
         stats.update(loss_stats)
         denom = b.mask.sum().clamp(min=1.0)

@@ -4,9 +4,9 @@ A producer keeps prompt groups (one prompt, ``rollout.n`` samples) in flight on 
 puts each finished group into a ``GroupBuffer``; a step takes ``prompts_per_step`` groups from it. The
 controller's weight syncs happen while requests are in flight (pause keeping them, sync, a resume naming
 the new policy version), so a long sample spans versions (a partial rollout) and each token carries the
-version and the logprob that sampled it (``Sample.versions``, ``Sample.logprobs``); rollout correction
-(TIS unless ``algorithm.rollout_correction`` says otherwise) weights each token by its own behaviour
-logprob.
+version and the logprob that sampled it (``Sample.versions``, ``Sample.logprobs``); the loss takes PPO's
+ratio against each token's own behaviour logprob (``bypass``, unless ``algorithm.rollout_correction``
+says otherwise).
 
 Staleness of a sample = the trainer's policy version minus the version of its oldest token. The producer
 starts a group only while started-but-untrained groups stay within ``max_staleness + 1`` steps of the

@@ -353,6 +353,18 @@ def test_sequence_level_uses_the_product_of_token_ratios():
     close(metrics["icepop_mask_frac"], 2 / 5)
 
 
+def test_bypass_gives_no_weights_and_anchors_the_ratio_on_the_rollout_logprobs():
+    from rlx.engine.algorithms.correction import ratio_anchor
+
+    weights, metrics = _correct("bypass", "token")
+    assert weights is None
+    close(metrics["is_weight_mean"], 8.75 / 5)  # the mismatch is still reported
+    old = ROLLOUT + D
+    assert ratio_anchor("bypass", old, ROLLOUT) is ROLLOUT
+    for method in ("none", "tis", "icepop"):
+        assert ratio_anchor(method, old, ROLLOUT) is old
+
+
 def test_correction_weights_are_detached():
     old = (ROLLOUT + D).requires_grad_(True)
     weights, _ = rollout_correction(old, ROLLOUT, C_MASK, method="tis", level="token", tis_cap=2.0,

@@ -192,15 +192,53 @@ def test_one_pass_equals_two_passes(tiny_model_dir, budget, mode):
     """Also for stale samples: their rollout logprobs (not the trainer's) differ, and the correction's
     weights from the update's own detached logprobs equal those of a separate pass."""
     batch = ragged_batch()
-    fused = make_trainer(tiny_model_dir, micro_batch_tokens=budget, mode=mode)
+    tis = AlgorithmConfig(rollout_correction="tis")  # PPO's ratio against the old logprobs, weights from TIS
+    fused = make_trainer(tiny_model_dir, algorithm=tis, micro_batch_tokens=budget, mode=mode)
     assert fused.fused_logprobs
-    two_pass = make_trainer(tiny_model_dir, micro_batch_tokens=budget, mode=mode)
+    two_pass = make_trainer(tiny_model_dir, algorithm=tis, micro_batch_tokens=budget, mode=mode)
     two_pass.fused_logprobs = False
     one, two = step_and_params(fused, batch), step_and_params(two_pass, batch)
     assert one[0]["ratio_mean"] == 1.0 and one[0]["clip_frac"] == 0.0
     if mode != "sync":
         assert one[0]["is_weight_mean"] != pytest.approx(1.0, abs=1e-3)  # the correction acts on this batch
     assert_same(one, two, 1e-6)
+
+
+def _with_rollout_logp(batch, rollout_logp):
+    import dataclasses
+
+    return dataclasses.replace(batch, rollout_logp=rollout_logp.float() * batch.mask)
+
+
+def test_bypass_takes_the_ppo_ratio_against_the_rollout_logprobs(tiny_model_dir):
+    """``bypass``: PPO's clip bounds each token's move from the weights that sampled it. Rollout logprobs equal
+    to the trainer's give sync's step exactly; rollout logprobs that put every token past the clip in its
+    advantage's direction (as a stale sample's tokens the policy has already moved) give no gradient at all,
+    where TIS still pushes them further."""
+    batch = grouped_batch()
+    current = reference_logprobs(tiny_model_dir, batch)
+    bypass, tis = AlgorithmConfig(rollout_correction="bypass"), AlgorithmConfig(rollout_correction="tis")
+    on_policy = _with_rollout_logp(batch, current)
+    assert_same(step_and_params(make_trainer(tiny_model_dir, algorithm=bypass, lr=1e-4), on_policy),
+                step_and_params(make_trainer(tiny_model_dir, lr=1e-4), on_policy), 1e-5)
+
+    rewards = batch.rewards.view(-1, 4)
+    sign = torch.sign(rewards - rewards.mean(dim=1, keepdim=True)).view(-1, 1)  # of each row's GRPO advantage
+    assert (sign > 0).any() and (sign < 0).any()
+    moved = _with_rollout_logp(batch, current - sign)  # ratio e past 1 + clip_high, 1/e below 1 - clip_low
+    metrics = make_trainer(tiny_model_dir, algorithm=bypass, mode="fully_async").step(moved)
+    assert metrics["grad_norm"] == 0.0
+    real = batch.mask * (sign != 0)
+    assert metrics["clip_frac"] == pytest.approx(float(real.sum() / batch.mask.sum()), abs=1e-6)
+    assert make_trainer(tiny_model_dir, algorithm=tis, mode="fully_async").step(moved)["grad_norm"] > 1e-3
+
+
+def test_auto_correction_is_bypass_off_policy_and_none_on_policy():
+    assert RunConfig(trainer=TrainerConfig(mode="sync")).correction == "none"
+    for mode in ("one_step_off", "fully_async"):
+        assert RunConfig(trainer=TrainerConfig(mode=mode)).correction == "bypass"
+    assert RunConfig(trainer=TrainerConfig(mode="fully_async"),
+                     algorithm=AlgorithmConfig(rollout_correction="tis")).correction == "tis"
 
 
 @pytest.mark.parametrize("kwargs, algorithm", [

@@ -13,6 +13,12 @@ log w = old_logp - rollout_logp:
                                                             Step Evolves: Scaling RL for
                                                             Trillion-Scale Thinking Model", 2025)
 
+    bypass:          no weights; PPO's ratio is taken against the rollout logprobs instead of
+                     old_logp (``ratio_anchor``), so its clip bounds how far an update moves each
+                     token past the weights that sampled it (verl's bypass mode; the PPO loss of
+                     Tinker). With stale samples this is the trust region the weights lack: TIS
+                     or IcePop reweight a stale token but let every step push it further.
+
 The weights are detached and multiply the per-token policy loss. The mismatch metrics are
 always computed, whatever the method: ``logprob_diff_mean`` = mean |old - rollout| and
 ``logprob_k3`` = k3 estimate of KL(rollout || trainer) (the samples come from the rollout
@@ -29,7 +35,7 @@ from torch import Tensor
 from rlx.engine.algorithms.aggregation import masked_mean
 from rlx.engine.algorithms.kl import kl_estimate
 
-METHODS = ("none", "tis", "icepop")
+METHODS = ("none", "tis", "icepop", "bypass")
 LEVELS = ("token", "sequence")
 MAX_LOG_WEIGHT = 20.0
 
@@ -50,7 +56,7 @@ def rollout_correction(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, 
         "logprob_k3": masked_mean(kl_estimate(rollout_logp, old_logp, "k3"), mask),
         "is_weight_mean": masked_mean(raw, mask),
     }
-    if method == "none":
+    if method in ("none", "bypass"):
         return None, metrics
     if method == "tis":
         metrics["tis_clip_frac"] = masked_mean((raw > tis_cap).float(), mask)
@@ -58,6 +64,11 @@ def rollout_correction(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, 
     keep = (raw >= icepop_low) & (raw <= icepop_high)
     metrics["icepop_mask_frac"] = masked_mean((~keep).float(), mask)
     return raw * keep.to(raw.dtype), metrics
+
+
+def ratio_anchor(method: str, old_logp: Tensor, rollout_logp: Tensor) -> Tensor:
+    """The logprobs PPO's ratio is taken against: the rollout's own under ``bypass``, else ``old_logp``."""
+    return rollout_logp if method == "bypass" else old_logp
 
 
 def _check(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, method: str, level: str, tis_cap: float,
