@@ -8,7 +8,8 @@ the two sides, so drift on the machine hits both alike.
 
 Settings shared by both sides (the quickstart's): 32 prompts x 8 samples per step, temperature
 1.0, token-mean loss over completion tokens (TRL's `dapo`), group-normalised advantages, PPO clip,
-grad clip 1.0, AdamW with a constant learning rate, one optimizer step per batch, no KL. rlx
+grad clip 1.0, AdamW with a constant learning rate, one optimizer step per batch, no KL, gradient
+checkpointing as the workload's ``model.gradient_checkpointing`` says (off; TRL's own default is on). rlx
 evaluates nothing mid-run here (`trainer.eval_every=0`), as TRL does not.
 
 Workloads:
@@ -145,6 +146,7 @@ def trl_main(workload: str, seed: int, out: Path, overrides: list[str]) -> None:
         weight_decay=t.weight_decay, adam_beta1=t.betas[0], adam_beta2=t.betas[1], max_grad_norm=t.max_grad_norm,
         beta=0.0, epsilon=cfg.algorithm.clip_low, epsilon_high=cfg.algorithm.clip_high, loss_type="dapo",
         scale_rewards="group", num_iterations=t.epochs_per_step, max_steps=t.total_steps, seed=seed,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,  # TRL turns it on by default; rlx as configured
         logging_steps=LOG_EVERY, save_strategy="no", report_to=[], use_cpu=True, bf16=False, fp16=False,
         dataloader_num_workers=0, disable_tqdm=True)
     times: list[float] = []
