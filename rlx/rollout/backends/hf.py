@@ -1,8 +1,9 @@
 """transformers backend: batched ``generate`` for machines without vLLM (e.g. a torch-only GPU box).
 
 Requests queue up; a batcher waits a few milliseconds for requests sent together, takes up to
-``MAX_BATCH_PROMPTS`` prompts with the same sampling parameters, left-pads them and runs one ``generate`` call in a worker thread. Each prompt's
-prefill is computed once for its ``n`` samples, and each sample draws its tokens from its own
+``MAX_BATCH_PROMPTS`` prompts with the same sampling parameters, left-pads them and runs one
+``generate`` call in a worker thread. Each prompt's prefill is computed once for its ``n``
+samples, and each sample draws its tokens from its own
 random stream (its request's seed plus its index, ``_RowSampler``), so what a request gets does not
 depend on the batch it ran in. Logprobs are those of the processed distribution (temperature,
 top-k/top-p applied), like vLLM's ``processed_logprobs``. Pause holds the queue and stops the
