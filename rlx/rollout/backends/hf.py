@@ -3,12 +3,11 @@
 Requests queue up; a batcher waits a few milliseconds for requests sent together, takes up to
 ``MAX_BATCH_PROMPTS`` prompts with the same sampling parameters, left-pads them and runs one
 ``generate`` call in a worker thread. Each prompt's prefill is computed once for its ``n``
-samples, and each sample draws its tokens from its own
-random stream (its request's seed plus its index, ``_RowSampler``), so what a request gets does not
-depend on the batch it ran in. Logprobs are those of the processed distribution (temperature,
-top-k/top-p applied), like vLLM's ``processed_logprobs``. Pause holds the queue and stops the
-running batch between two decode steps (a ``_StepGate`` the generation thread passes after every
-token); a weight update waits
+samples, and each sample draws its tokens from its own random stream (its request's seed plus its
+index, ``_RowSampler``), so what a request gets does not depend on the batch it ran in. Logprobs
+are those of the processed distribution (temperature, top-k/top-p applied), like vLLM's
+``processed_logprobs``. Pause holds the queue and stops the running batch between two decode
+steps (a ``_StepGate`` the generation thread passes after every token); a weight update waits
 for that stop, not for the batch to finish, so a request in flight across an update is a partial
 rollout: each sample's ``versions`` says which weights sampled each token. When the weights changed
 under a running batch, the batch's KV cache is computed again with the new weights before the next
