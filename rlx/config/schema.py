@@ -236,6 +236,9 @@ class RolloutConfig:
     """Skip vLLM graph capture (faster start-up; graphs matter only on GPUs)."""
     device: str = "auto"
     """hf backend device: auto, cpu or cuda."""
+    cpu_threads: int = 0
+    """hf backend on a CPU: intra-op threads (torch.set_num_threads); 0 = torch's default, one per core. A
+    small model generating beside the trainer on the same cores can run faster on fewer: see trainer.cpu_threads."""
     request_timeout_s: float = 300.0
     """Deadline of one generate request."""
     startup_timeout_s: float = 300.0
@@ -281,6 +284,7 @@ class RolloutConfig:
         check_range("rollout.temperature", self.temperature, 0.0)
         check_range("rollout.top_p", self.top_p, 0.0, 1.0)
         check_range("rollout.max_tokens", self.max_tokens, 1)
+        check_range("rollout.cpu_threads", self.cpu_threads, 0)
         if self.gpu_memory_utilization is not None:
             check_range("rollout.gpu_memory_utilization", self.gpu_memory_utilization, 0.01, 1.0)
         check_range("rollout.tensor_parallel_size", self.tensor_parallel_size, 1)
@@ -424,6 +428,9 @@ class TrainerConfig:
     fixed-size notice) or broadcast (rank 0 broadcasts every tensor to every rank)."""
     device: str = "auto"
     """Training device: auto (cuda when available), cpu or cuda."""
+    cpu_threads: int = 0
+    """Training on a CPU: intra-op threads per rank (torch.set_num_threads); 0 = torch's default, one per core.
+    A model too small to split its matrix products well runs faster on fewer (see configs/quickstart.yaml)."""
     total_steps: int = 20
     """RL steps to run."""
     prompts_per_step: int = 16
@@ -475,6 +482,7 @@ class TrainerConfig:
         check_range("trainer.total_steps", self.total_steps, 1)
         check_range("trainer.prompts_per_step", self.prompts_per_step, 1)
         check_range("trainer.micro_batch_size", self.micro_batch_size, 1)
+        check_range("trainer.cpu_threads", self.cpu_threads, 0)
         check_range("trainer.micro_batch_tokens", self.micro_batch_tokens, 0)
         check_range("trainer.epochs_per_step", self.epochs_per_step, 1)
         check_range("trainer.lr", self.lr, 0.0)

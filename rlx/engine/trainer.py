@@ -39,6 +39,7 @@ from rlx.engine.model import (
     has_dropout,
     load_model,
     resolve_device,
+    set_cpu_threads,
 )
 from rlx.engine.optim import build_optimizer, build_scheduler
 from rlx.engine.packing import MicroBatch, micro_batches
@@ -51,6 +52,7 @@ class Trainer:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.device = resolve_device(cfg.trainer.device)
+        set_cpu_threads(cfg.trainer.cpu_threads, self.device)
         packed = cfg.trainer.micro_batch_tokens > 0
         self.model = load_model(cfg, self.device, packed_attention=packed)
         self.ref_model = (load_model(cfg, self.device, trainable=False, packed_attention=packed)

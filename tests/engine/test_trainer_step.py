@@ -441,3 +441,28 @@ def test_fused_kernels_give_the_same_step_on_gpu(tiny_model_dir):
         assert ("forward" in vars(trainer.model.model.norm)) == (mode == "on")
         results.append(step_and_params(trainer, batch))
     assert_same(results[1], results[0], 1e-4)
+
+
+def test_cpu_threads_sets_the_trainers_and_the_hf_servers_threads(tiny_model_dir, tmp_path):
+    """trainer.cpu_threads and rollout.cpu_threads set the process's intra-op threads on a CPU; 0 leaves them."""
+    from rlx.config import ConfigError, load_config
+    from rlx.rollout.backends.hf import HfBackend
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        make_trainer(tiny_model_dir, cpu_threads=0)
+        assert torch.get_num_threads() == 2
+        make_trainer(tiny_model_dir, cpu_threads=1)
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        cfg = RunConfig(model=ModelConfig(path=str(tiny_model_dir)))
+        cfg.rollout.backend, cfg.rollout.device, cfg.rollout.cpu_threads = "hf", "cpu", 1
+        HfBackend(cfg)._load()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    (tmp_path / "run.yaml").write_text(f"model:\n  path: {tiny_model_dir}\n")
+    for key in ("trainer.cpu_threads", "rollout.cpu_threads"):
+        with pytest.raises(ConfigError, match=key):
+            load_config(tmp_path / "run.yaml", [f"{key}=-1"])

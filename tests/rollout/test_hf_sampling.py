@@ -89,3 +89,25 @@ def test_requests_sent_together_run_as_one_generate_call(hf_server):
     for attempt in range(2):  # the first round also warms the server, so nothing else is queued
         results = asyncio.run(_ask(hf_server, [(PROMPTS[i % len(PROMPTS)], spec) for i, spec in enumerate(specs)]))
     assert len({r.generate_s for r in results}) == 1, [r.generate_s for r in results]
+
+
+@pytest.mark.parametrize("vocab", [128, 1 << 15])  # every step drawn at once; two steps per draw
+def test_noise_drawn_ahead_gives_the_tokens_of_one_draw_per_step(vocab):
+    """The sampler draws several steps' noise per row at once; on a CPU the tokens and logprobs are exactly
+    those of drawing each step's noise from the row's generator when the step comes."""
+    from rlx.rollout.backends.hf import NOISE_PER_ROW, _RowSampler
+
+    steps, seeds = 9, [3, 77, 1 << 40]
+    assert NOISE_PER_ROW // vocab in (2, NOISE_PER_ROW // 128)
+    spec = p.SamplingSpec(n=1, temperature=1.0, max_tokens=steps, seed=0)
+    sampler = _RowSampler(seeds, spec, "cpu")
+    reference = [torch.Generator().manual_seed(seed) for seed in seeds]
+    scores = torch.randn(steps, len(seeds), vocab, generator=torch.Generator().manual_seed(5))
+    for step in range(steps):
+        onehot = sampler(None, scores[step])
+        logp = scores[step].log_softmax(-1)
+        uniform = torch.stack([torch.rand(vocab, generator=g) for g in reference])
+        want = (logp - torch.log(-torch.log(uniform.clamp(min=1e-20)))).argmax(-1)
+        assert torch.equal(onehot.argmax(-1), want)
+        assert torch.isinf(onehot).sum() == len(seeds) * (vocab - 1)
+        torch.testing.assert_close(sampler.logprobs[step], logp.gather(-1, want[:, None]).squeeze(-1))

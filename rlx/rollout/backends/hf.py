@@ -41,6 +41,7 @@ from rlx.sync.receiver import Consumer, SyncHandler, WeightReceiver
 MAX_BATCH_PROMPTS = 64
 GATHER_QUIET_S = 0.005  # a batch starts once no request came in for this long ...
 GATHER_MAX_S = 0.03  # ... or this long after its first request: a step's prompts, sent together, share one call
+NOISE_PER_ROW = 1 << 16  # floats of sampling noise drawn ahead per row (``_RowSampler``)
 
 
 class HfBackend(Backend):
@@ -73,8 +74,11 @@ class HfBackend(Backend):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from rlx.engine.model import set_cpu_threads
+
         want = self.cfg.rollout.device
         self.device = "cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu"
+        set_cpu_threads(self.cfg.rollout.cpu_threads, self.device)
         dtype = getattr(torch, self.cfg.model.engine_dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.tokenizer.padding_side = "left"
@@ -426,18 +430,33 @@ class _RowSampler:
         if spec.top_p < 1.0:
             self.warpers.append(TopPLogitsWarper(spec.top_p))
         self.generators = [torch.Generator(device=device).manual_seed(seed % 2**64) for seed in seeds]
+        self.max_tokens = spec.max_tokens
         self.logprobs: list = []
+        self._gumbel = None  # [rows, steps, vocab]: the noise of the next steps, drawn together
+        self._step = 0
 
     def __call__(self, input_ids, scores):
         import torch
 
         logp = self.warpers(input_ids, scores).float().log_softmax(-1)
-        uniform = torch.stack([torch.rand(scores.shape[-1], generator=g, device=scores.device)
-                               for g in self.generators])
-        gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20)))
+        if self._gumbel is None or self._step == self._gumbel.shape[1]:
+            self._gumbel, self._step = self._draw(scores.shape[-1], scores.device), 0
+        gumbel = self._gumbel[:, self._step]
+        self._step += 1
         token = (logp + gumbel).argmax(dim=-1, keepdim=True)  # a draw from softmax(logp)
         self.logprobs.append(logp.gather(-1, token).squeeze(-1))
         return torch.full_like(scores, float("-inf")).scatter_(-1, token, 0.0)
+
+    def _draw(self, vocab: int, device):
+        """Gumbel noise for the next steps of every row, from each row's own generator: as many steps as
+        ``NOISE_PER_ROW`` floats hold (every step of a small vocabulary at once, one step of a large one). The
+        count depends on the vocabulary alone, never on the batch, and a CPU generator's stream is the same
+        drawn in one call or in several, so the tokens are those of one draw per step."""
+        import torch
+
+        steps = max(1, min(self.max_tokens, NOISE_PER_ROW // vocab))
+        uniform = torch.stack([torch.rand(steps, vocab, generator=g, device=device) for g in self.generators])
+        return -torch.log(-torch.log(uniform.clamp(min=1e-20)))
 
 
 class _PastDeadline:
