@@ -196,12 +196,9 @@ class HfBackend(Backend):
             steps = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [B*n, T, V]
             token_logprobs = steps.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
         elapsed = time.perf_counter() - start
-        results = []
-        for i, prompt_ids in enumerate(ids):
-            samples = [self._sample(new_tokens[i * rows + j % rows], token_logprobs[i * rows + j % rows], stepper.versions)
-                       for j in range(spec.n)]
-            results.append(PromptResult(prompt_token_ids=list(prompt_ids), samples=samples, generate_s=elapsed))
-        return results
+        samples = self._samples(new_tokens.tolist(), token_logprobs.tolist(), stepper.versions)
+        return [PromptResult(prompt_token_ids=list(prompt_ids), samples=[samples[i * rows + j % rows] for j in range(spec.n)],
+                             generate_s=elapsed) for i, prompt_ids in enumerate(ids)]
 
     def _prefill(self, cache, input_ids, attention_mask, rows: int) -> None:
         """``cache`` holding every prompt token but the last (which generate feeds in its first step) for each
@@ -233,21 +230,23 @@ class HfBackend(Backend):
             self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                        use_cache=True)
 
-    def _sample(self, tokens, logprobs, versions: list[int]) -> Sample:
+    def _samples(self, token_rows: list[list[int]], logprob_rows: list[list[float]], versions: list[int]) -> list[Sample]:
+        """One ``Sample`` per generated row: its tokens up to and with the first EOS (or before the first pad,
+        which generate writes after a row has finished), decoded together."""
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        token_list = tokens.tolist()
-        length, finish = len(token_list), "length"
-        for pos, tok in enumerate(token_list):
-            if tok == eos:
-                length, finish = pos + 1, "stop"
-                break
-            if tok == pad:
-                length, finish = pos, "stop"
-                break
-        kept = token_list[:length]
-        text = self.tokenizer.decode(kept, skip_special_tokens=True)
-        return Sample(token_ids=kept, logprobs=[float(x) for x in logprobs[:length]], text=text, finish_reason=finish,
-                      versions=versions[:length])
+        ends = []
+        for tokens in token_rows:
+            length, finish = len(tokens), "length"
+            for pos, tok in enumerate(tokens):
+                if tok == eos or tok == pad:
+                    length, finish = pos + (tok == eos), "stop"
+                    break
+            ends.append((length, finish))
+        kept = [tokens[:length] for tokens, (length, _) in zip(token_rows, ends)]
+        texts = self.tokenizer.batch_decode(kept, skip_special_tokens=True)
+        return [Sample(token_ids=tokens, logprobs=logprobs[:length], text=text, finish_reason=finish,
+                       versions=versions[:length])
+                for tokens, logprobs, text, (length, finish) in zip(kept, logprob_rows, texts, ends)]
 
     async def sleep(self, level: int) -> list[str]:
         """The queue is held and, once the running batch is done, the model moves to CPU at either level: it
