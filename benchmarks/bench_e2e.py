@@ -3,8 +3,9 @@
 Each side is one command a user would type, timed from its start to its end (imports, model
 load, engine start, training, saving the final model). Both final models are then scored by the
 same greedy evaluator (transformers `generate`, in this process) on the task's held-out split, so
-the held-out gain does not depend on either side's own evaluation. Seeds alternate the order of
-the two sides, so drift on the machine hits both alike.
+the held-out gain does not depend on either side's own evaluation. Seeds (and with ``--rounds`` > 1,
+rounds) alternate the order of the two sides, so drift on the machine hits both alike; a seed's
+ratios are those of the two sides' medians over its rounds.
 
 Settings shared by both sides (the quickstart's): 32 prompts x 8 samples per step, temperature
 1.0, token-mean loss over completion tokens (TRL's `dapo`), group-normalised advantages, PPO clip,
@@ -16,7 +17,7 @@ Workloads:
   quickstart   configs/quickstart.yaml: tiny_math, 2-layer model, completions of <= 8 tokens.
   long         configs/bench_long.yaml: a generation-heavy run (see that file).
 
-    python benchmarks/bench_e2e.py [--workload quickstart] [--seeds 0 1 2] [--sides rlx trl] [--json OUT]
+    python benchmarks/bench_e2e.py [--workload quickstart] [--seeds 0 1 2] [--rounds 1] [--sides rlx trl] [--json OUT]
         [--override KEY=VALUE ...]      (the workload's config, both sides: e.g. trainer.lr=3e-4)
         [--rlx-override KEY=VALUE ...]  (rlx only: e.g. rollout.backend=hf)
 
@@ -175,21 +176,40 @@ def bench(args) -> dict:
     base = greedy_accuracy(Path(cfg.model.path), cfg)
     rows = []
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="rlx-bench-e2e-"))
-    for i, seed in enumerate(args.seeds):
+    runs = [(seed, r) for seed in args.seeds for r in range(args.rounds)]
+    for i, (seed, r) in enumerate(runs):
         order = list(args.sides) if i % 2 == 0 else list(reversed(args.sides))
         for side in order:
-            out = work / f"{side}-seed{seed}"
-            print(f"seed {seed}: {side} ...", flush=True)
+            out = work / f"{side}-seed{seed}-round{r}"
+            print(f"seed {seed}, round {r}: {side} ...", flush=True)
             result = run_rlx(args.workload, seed, out, args.override + args.rlx_override) if side == "rlx" else \
                 run_trl(args.workload, seed, out, args.override)
-            result.update(side=side, seed=seed, eval_accuracy=greedy_accuracy(Path(result["model"]), cfg))
+            result.update(side=side, seed=seed, round=r, eval_accuracy=greedy_accuracy(Path(result["model"]), cfg))
             result["gain"] = result["eval_accuracy"] - base
             result["model"] = str(Path(result["model"]).relative_to(work))  # the report names no path of this machine
             rows.append(result)
             print(f"  wall {result['wall_s']:.1f} s, step {result['step_s']:.3f} s, "
                   f"held-out {base:.3f} -> {result['eval_accuracy']:.3f}", flush=True)
-    return {"workload": args.workload, "start_accuracy": base, "rows": rows, "overrides": args.override,
-            "rlx_overrides": args.rlx_override}
+    return {"workload": args.workload, "start_accuracy": base, "rows": rows, "per_seed": per_seed(rows),
+            "rounds": args.rounds, "overrides": args.override, "rlx_overrides": args.rlx_override}
+
+
+def per_seed(rows: list[dict]) -> list[dict]:
+    """Per seed and side, the medians over the rounds; with both sides, rlx's over TRL's."""
+    out = []
+    for seed in sorted({r["seed"] for r in rows}):
+        sides = {}
+        for side in ("rlx", "trl"):
+            mine = [r for r in rows if r["seed"] == seed and r["side"] == side]
+            if mine:
+                sides[side] = {key: statistics.median(r[key] for r in mine) for key in ("wall_s", "step_s", "gain")}
+        entry = {"seed": seed, **sides}
+        if len(sides) == 2:
+            entry["wall_ratio"] = sides["rlx"]["wall_s"] / sides["trl"]["wall_s"]
+            entry["step_ratio"] = sides["rlx"]["step_s"] / sides["trl"]["step_s"]
+            entry["gain_diff"] = sides["rlx"]["gain"] - sides["trl"]["gain"]
+        out.append(entry)
+    return out
 
 
 def print_table(report: dict) -> None:
@@ -197,23 +217,20 @@ def print_table(report: dict) -> None:
     from rich.table import Table
 
     table = Table(title=f"{report['workload']}: held-out accuracy from {report['start_accuracy']:.3f}")
-    for col in ("side", "seed", "wall s", "median step s", "held-out", "gain"):
+    for col in ("side", "seed", "round", "wall s", "median step s", "held-out", "gain"):
         table.add_column(col, justify="right")
     for r in report["rows"]:
-        table.add_row(r["side"], str(r["seed"]), f"{r['wall_s']:.1f}", f"{r['step_s']:.3f}",
+        table.add_row(r["side"], str(r["seed"]), str(r.get("round", 0)), f"{r['wall_s']:.1f}", f"{r['step_s']:.3f}",
                       f"{r['eval_accuracy']:.3f}", f"{r['gain']:+.3f}")
-    by_seed = {}
-    for r in report["rows"]:
-        by_seed.setdefault(r["seed"], {})[r["side"]] = r
-    for seed, sides in by_seed.items():
-        if {"rlx", "trl"} <= sides.keys():
-            a, b = sides["rlx"], sides["trl"]
-            table.add_row("rlx/trl", str(seed), f"{a['wall_s'] / b['wall_s']:.2f}x",
-                          f"{a['step_s'] / b['step_s']:.2f}x", "", f"{a['gain'] - b['gain']:+.3f}")
+    for entry in report.get("per_seed", []):
+        if "step_ratio" in entry:
+            table.add_row("rlx/trl", str(entry["seed"]), "median", f"{entry['wall_ratio']:.2f}x",
+                          f"{entry['step_ratio']:.2f}x", "", f"{entry['gain_diff']:+.3f}")
     Console().print(table)
     print(f"mean training reward per {LOG_EVERY} steps:")
     for r in report["rows"]:
-        print(f"  {r['side']:>3} seed {r['seed']}: " + " ".join(f"{x:.3f}" for x in r.get("train_reward", [])))
+        print(f"  {r['side']:>3} seed {r['seed']} round {r.get('round', 0)}: "
+              + " ".join(f"{x:.3f}" for x in r.get("train_reward", [])))
 
 
 def main() -> None:
@@ -231,6 +248,8 @@ def main() -> None:
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="quickstart")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--sides", nargs="+", choices=("rlx", "trl"), default=["rlx", "trl"])
+    p.add_argument("--rounds", type=int, default=1,
+                   help="runs of each side per seed, in alternating order; a seed's times and gain are the medians")
     p.add_argument("--override", action="append", default=[],
                    help="KEY=VALUE for the workload's config, on both sides (e.g. trainer.lr=3e-4)")
     p.add_argument("--rlx-override", action="append", default=[], help="extra KEY=VALUE for rlx train only")
