@@ -9,7 +9,8 @@ Two layouts:
   runs the same number of micro-batches -- FSDP2's collectives need it -- and a rank with fewer
   sequences than micro-batches runs fillers (one row, no loss tokens). A micro-batch is one row
   of real tokens back to back, position ids restarting per sequence, and ``cu_seqlens`` for
-  the attention (``rlx.engine.attention``); no padding anywhere.
+  the attention (``rlx.engine.attention``); no padding anywhere. Where sequences are a few tokens
+  long, the micro-batch also carries ``Blocks``: the row regrouped for one batched attention call.
 
   With ``trainer.share_prompts`` (the default) the unit of that plan is a group's run of samples
   (``rollout.n`` consecutive rows, split where it passes the budget) rather than one sample, and
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rlx.engine.attention import KV_INDEX
+from rlx.engine.attention import BLOCKS, BLOCK_PAIR_COST, KV_INDEX
 from rlx.engine.batch import TrainBatch
 
 
@@ -47,17 +48,41 @@ class Packed:
     kv_index: torch.Tensor | None = None  # shared prompts: [K] long, each sequence's key positions in turn
     cu_seqlens_k: torch.Tensor | None = None  # shared prompts: [n + 1] int32, cumulative key counts
     max_len_k: int = 0
+    blocks: Blocks | None = None  # short sequences: the block layout of the attention (``Blocks``)
 
     def to(self, device: torch.device) -> Packed:
-        return dataclasses.replace(self, **{f.name: value.to(device) for f in dataclasses.fields(self)
-                                            if isinstance(value := getattr(self, f.name), torch.Tensor)})
+        moved = dataclasses.replace(self, **{f.name: value.to(device) for f in dataclasses.fields(self)
+                                             if isinstance(value := getattr(self, f.name), torch.Tensor)})
+        if self.blocks is not None:
+            moved.blocks = self.blocks.to(device)
+        return moved
 
     def model_kwargs(self) -> dict:
         kwargs = {"input_ids": self.input_ids, "position_ids": self.position_ids, "cu_seq_lens_q": self.cu_seqlens,
                   "cu_seq_lens_k": self.cu_seqlens, "max_length_q": self.max_len, "max_length_k": self.max_len}
         if self.kv_index is not None:
             kwargs.update({KV_INDEX: self.kv_index, "cu_seq_lens_k": self.cu_seqlens_k, "max_length_k": self.max_len_k})
+        if self.blocks is not None:
+            kwargs[BLOCKS] = self.blocks
         return kwargs
+
+
+@dataclass
+class Blocks:
+    """The packed row as blocks for one batched attention call where sequences are short: a block is the
+    tokens of the samples that share one prompt (the prompt once, then each completion), or one sequence.
+    ``index`` [G, L] gives each block's row positions in order (0 past its end), ``mask`` [G, 1, L, L] what each
+    query sees: earlier tokens of its own sample and of the prompt it shares; ``inverse`` [N] takes the blocks'
+    real positions back to row order (None where they are already in it)."""
+
+    index: torch.Tensor
+    valid: torch.Tensor
+    mask: torch.Tensor
+    inverse: torch.Tensor | None
+
+    def to(self, device: torch.device) -> Blocks:
+        return Blocks(self.index.to(device), self.valid.to(device), self.mask.to(device),
+                      None if self.inverse is None else self.inverse.to(device))
 
 
 @dataclass
@@ -162,9 +187,10 @@ def build(full: TrainBatch, rows: list[int], packed: bool, share_prompts: bool =
     return MicroBatch(index, batch, layout, layout.input_ids.shape[1] if rows else 0)
 
 
-def pack(batch: TrainBatch, share_prompts: bool = False) -> Packed:
+def pack(batch: TrainBatch, share_prompts: bool = False, blocks: bool | None = None) -> Packed:
     """One row of ``batch``'s real tokens, and where each completion token is scored from. With
-    ``share_prompts``, a row whose prompt tokens equal an earlier row's adds only its completion."""
+    ``share_prompts``, a row whose prompt tokens equal an earlier row's adds only its completion. ``blocks``:
+    the attention's block layout always (True), never (False), or where it costs less (None)."""
     keep = batch.attention_mask.bool()
     prompt_len = batch.input_ids.shape[1] - batch.completion_ids.shape[1]
     scored = batch.mask.bool()
@@ -184,7 +210,41 @@ def pack(batch: TrainBatch, share_prompts: bool = False) -> Packed:
                     int(query_len.max()), where[:, prompt_len - 1:-1][scored])
     if shared:  # keys row by row: its prompt's positions, then its own tokens'
         packed.kv_index, packed.cu_seqlens_k, packed.max_len_k = where[keep], cumulative(key_len), int(key_len.max())
+    adder = torch.arange(batch.size)[:, None].expand_as(own)[own]  # the row that put each token in the packed row
+    block_of = owners[adder] if shared else adder
+    is_prompt = (torch.arange(own.shape[1]) < prompt_len).expand_as(own)[own]
+    packed.blocks = blocks_layout(block_of, adder, is_prompt, int(query_len.numel()), int(query_len.max()),
+                                  int(key_len.max()), blocks)
     return packed
+
+
+def blocks_layout(block_of: torch.Tensor, sequence: torch.Tensor, is_prompt: torch.Tensor, num_sequences: int,
+                  max_q: int, max_k: int, force: bool | None = None) -> Blocks | None:
+    """The ``Blocks`` of a packed row whose token ``i`` belongs to block ``block_of[i]`` and sequence
+    ``sequence[i]`` and is a prompt token where ``is_prompt[i]``; None where one padded row per sequence
+    costs less (``force`` overrides: True always, False never). The cost of an attention call counts each
+    (row, head) pair as ``BLOCK_PAIR_COST`` scores on top of its scores: a CPU kernel's fixed share per pair
+    dominates when rows are a few tokens long."""
+    numbers, block = torch.unique(block_of, return_inverse=True)
+    sizes = torch.bincount(block, minlength=numbers.numel())
+    longest = int(sizes.max())
+    if force is None:
+        force = numbers.numel() * (longest ** 2 + BLOCK_PAIR_COST) < num_sequences * (max_q * max_k + BLOCK_PAIR_COST)
+    if not force:
+        return None
+    order = torch.argsort(block, stable=True)  # block by block, each in row order
+    slot = torch.arange(block.numel()) - (sizes.cumsum(0) - sizes).repeat_interleave(sizes)
+    index = torch.zeros(numbers.numel(), longest, dtype=torch.long)
+    valid = torch.zeros(numbers.numel(), longest, dtype=torch.bool)
+    index[block[order], slot] = order
+    valid[block[order], slot] = True
+    seq, prompt = sequence[index], is_prompt[index] & valid
+    earlier = torch.ones(longest, longest, dtype=torch.bool).tril()
+    # a query sees earlier tokens of its own sequence and the prompt it shares; the block's first token is a
+    # prompt token, so no query row (padding's included) is left without a key
+    mask = earlier & ((seq[:, :, None] == seq[:, None, :]) & valid[:, None, :] | prompt[:, None, :])
+    inverse = None if torch.equal(order, torch.arange(order.numel())) else torch.argsort(order)
+    return Blocks(index, valid, mask.unsqueeze(1), inverse)
 
 
 def _prompt_owners(batch: TrainBatch, keep: torch.Tensor, prompt_len: int) -> torch.Tensor | None:

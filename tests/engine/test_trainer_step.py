@@ -466,3 +466,52 @@ def test_cpu_threads_sets_the_trainers_and_the_hf_servers_threads(tiny_model_dir
     for key in ("trainer.cpu_threads", "rollout.cpu_threads"):
         with pytest.raises(ConfigError, match=key):
             load_config(tmp_path / "run.yaml", [f"{key}=-1"])
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_block_attention_equals_one_row_per_sequence(tiny_model_dir, shared):
+    """The block layout (a shared prompt and its completions in one block, or one sequence per block) gives the
+    logprobs and gradients of the one-row-per-sequence layout."""
+    from rlx.engine.packing import MicroBatch, pack
+
+    batch = grouped_batch() if shared else ragged_batch()
+    results = []
+    for blocks in (True, False):
+        trainer = make_trainer(tiny_model_dir)
+        layout = pack(batch, share_prompts=shared, blocks=blocks)
+        assert (layout.blocks is not None) == blocks and (layout.kv_index is not None) == shared
+        mb = MicroBatch(torch.arange(batch.size), batch, layout, layout.input_ids.shape[1])
+        logp, entropy = completion_logprobs(trainer.model, mb, 1.0, 7, split_head=True, entropy_grad=True)
+        (logp.sum() + entropy.sum()).backward()
+        results.append((logp.detach(), entropy.detach(), {n: p.grad for n, p in trainer.model.named_parameters()}))
+    (logp_b, ent_b, grads_b), (logp_s, ent_s, grads_s) = results
+    torch.testing.assert_close(logp_b, logp_s, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent_b, ent_s, rtol=1e-5, atol=1e-5)
+    for name in grads_s:
+        torch.testing.assert_close(grads_b[name], grads_s[name], rtol=1e-4, atol=1e-5)
+    if shared:  # group by group in row order: no permutation back
+        assert layout.kv_index is not None and pack(batch, True, True).blocks.inverse is None
+
+
+def test_blocks_are_chosen_for_short_sequences_only():
+    from rlx.engine.packing import blocks_layout
+
+    def layout(groups: int, n: int, prompt: int, completion: int):
+        """``groups`` prompts of ``prompt`` tokens, each followed by ``n`` completions of ``completion`` tokens."""
+        block_of, sequence, is_prompt = [], [], []
+        for g in range(groups):
+            for s in range(n):
+                count = (prompt if s == 0 else 0) + completion
+                block_of += [g] * count
+                sequence += [g * n + s] * count
+                is_prompt += [s == 0 and i < prompt for i in range(count)]
+        return blocks_layout(torch.tensor(block_of), torch.tensor(sequence), torch.tensor(is_prompt), groups * n,
+                             prompt + completion, prompt + completion)
+
+    quickstart = layout(32, 8, 7, 4)  # 256 sequences of a few tokens: 32 blocks of 39
+    assert quickstart is not None and tuple(quickstart.index.shape) == (32, 39)
+    assert quickstart.mask.shape == (32, 1, 39, 39)
+    # the second completion's first token sees the prompt and itself, not the first completion
+    second = 7 + 4
+    assert quickstart.mask[0, 0, second].tolist() == [True] * 7 + [False] * 4 + [True] + [False] * 27
+    assert layout(16, 8, 20, 80) is None  # completions of 80 tokens: a block of 660 costs more than 8 rows of 100
