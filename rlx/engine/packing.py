@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rlx.engine.attention import BLOCKS, BLOCK_PAIR_COST, KV_INDEX
+from rlx.engine.attention import BLOCK_PAIR_COST, BLOCKS, KV_INDEX
 from rlx.engine.batch import TrainBatch
 
 
