@@ -105,9 +105,13 @@ class FullyAsyncRollout:
         self._last_take = time.perf_counter()
 
     def _room(self) -> bool:
+        return self._room_left() > 0
+
+    def _room_left(self) -> int:
+        """Groups the producer may start now."""
         started = self._trained + len(self._in_flight) + len(self.buffer)
         bound = (self.version - self.base_version + self.max_staleness + 1) * self.group_size
-        return started < min(bound, self.groups_needed)
+        return max(0, min(bound, self.groups_needed) - started)
 
     async def _produce(self) -> None:
         while True:
@@ -118,11 +122,13 @@ class FullyAsyncRollout:
                         self._changed.clear()
                         await self._changed.wait()
                 self._idle_s += time.perf_counter() - started
-            order, problem, drawn_state = self._draw()
-            self._in_flight[order] = (problem, drawn_state)
-            task = asyncio.create_task(self._generate(order, problem, drawn_state))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            burst = self._room_left()  # every group there is room for, sent at once and told so
+            for _ in range(burst):
+                order, problem, drawn_state = self._draw()
+                self._in_flight[order] = (problem, drawn_state)
+                task = asyncio.create_task(self._generate(order, problem, drawn_state, burst))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
             await asyncio.sleep(0)
 
     def _draw(self) -> tuple[int, Problem, dict]:
@@ -133,12 +139,12 @@ class FullyAsyncRollout:
         self._orders += 1
         return self._orders - 1, problem, drawn_state
 
-    async def _generate(self, order: int, problem: Problem, drawn_state: dict) -> None:
+    async def _generate(self, order: int, problem: Problem, drawn_state: dict, together: int = 0) -> None:
         started_version = self.version
         attempt, self._attempts = self._attempts, self._attempts + 1
         seed = self.cfg.trainer.seed * 1_000_003 + 1 + attempt // self.group_size  # sync mode's seed of that step
         try:
-            result = await self.collector.generate_group(problem, seed, attempt % self.group_size)
+            result = await self.collector.generate_group(problem, seed, attempt % self.group_size, together)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - the step waiting for groups raises it

@@ -81,14 +81,18 @@ class RolloutClient:
         return min(self.live_indices(), key=lambda i: self._peers[i].in_flight)
 
     async def generate(self, prompts: Sequence[str | list[int]], sampling: p.SamplingSpec,
-                       timeout_s: float | None = None) -> list[p.PromptResult]:
+                       timeout_s: float | None = None, together: int = 0) -> list[p.PromptResult]:
         """One request per prompt, each routed to the least-loaded live server; results in prompt order.
-        A request whose server dies under it is re-issued to a live one, within the same deadline."""
+        A request whose server dies under it is re-issued to a live one, within the same deadline.
+        ``together``: prompts the caller sends at once, these included, over every call it makes at once (each
+        server is told its share, ``Generate.together``); 0 = these alone."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
+        share = -(-max(together, len(prompts)) // max(1, len(self.live_indices())))
 
         async def one(prompt):
             body = p.Generate(prompt_token_ids=[prompt]) if isinstance(prompt, list) else p.Generate(prompts=[prompt])
             body.sampling = sampling
+            body.together = share
             deadline = time.time() + timeout
             while True:
                 index = await self._least_loaded(deadline)

@@ -64,7 +64,8 @@ class Collector:
         if self.agent is not None:
             return await self.agent.collect(problems, seed)
         start = time.perf_counter()
-        results = list(await asyncio.gather(*(self.generate_group(p, seed, i) for i, p in enumerate(problems))))
+        results = list(await asyncio.gather(*(self.generate_group(p, seed, i, together=len(problems))
+                                              for i, p in enumerate(problems))))
         elapsed = time.perf_counter() - start
         scored = None
         if self.reward_model is not None:
@@ -104,10 +105,11 @@ class Collector:
                 timeout.add_note(f"where the reward function's thread is now:\n{stack.rstrip()}")
                 raise timeout from None
 
-    async def generate_group(self, problem: Problem, seed: int, index: int) -> PromptResult:
-        """The ``n`` samples of problem ``index`` of a step seeded ``seed`` (one group), as ``collect`` draws them."""
+    async def generate_group(self, problem: Problem, seed: int, index: int, together: int = 0) -> PromptResult:
+        """The ``n`` samples of problem ``index`` of a step seeded ``seed`` (one group), as ``collect`` draws them;
+        ``together``: groups requested at once with this one (``RolloutClient.generate``)."""
         results = await self.client.generate([problem.prompt], self._seeded(seed, index),
-                                             timeout_s=self.cfg.rollout.request_timeout_s)
+                                             timeout_s=self.cfg.rollout.request_timeout_s, together=together)
         return results[0]
 
     def score(self, problems: list[Problem], results: list[PromptResult], time_generate: float,

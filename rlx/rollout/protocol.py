@@ -39,6 +39,9 @@ class Generate(msgspec.Struct, tag="generate"):
     prompts: list[str] = []
     prompt_token_ids: list[list[int]] = []
     sampling: SamplingSpec = SamplingSpec()
+    together: int = 0
+    """Prompts sent to this server at once with these, these included (0: not said): a backend that batches
+    (hf) waits for that many before it starts a call, instead of for a pause in their arrival."""
 
 
 class Pause(msgspec.Struct, tag="pause"):

@@ -276,8 +276,9 @@ class RolloutServer:
         for rid in ids:
             tracer.event("queued", request_id=rid, paused=self.paused)
         try:
+            together = max(body.together, len(prompts))
             results = await asyncio.wait_for(
-                asyncio.gather(*(self._generate_one(prompt, sampling, rid, deadline)
+                asyncio.gather(*(self._generate_one(prompt, sampling, rid, deadline, together)
                                  for prompt, sampling, rid in zip(prompts, samplings, ids))),
                 max(deadline - time.time(), 0.0))
         except TimeoutError:
@@ -301,9 +302,9 @@ class RolloutServer:
         return msgspec.structs.replace(sampling, max_tokens=min(sampling.max_tokens, room))
 
     async def _generate_one(self, prompt, sampling: p.SamplingSpec, request_id: str,
-                            deadline: float) -> p.PromptResult:
+                            deadline: float, together: int = 0) -> p.PromptResult:
         with tracer.span("generate", request_id=request_id, n=sampling.n) as span:
-            result = await self.backend.generate(prompt, sampling, deadline)
+            result = await self.backend.generate(prompt, sampling, deadline, together)
             tokens = sum(len(s.token_ids) for s in result.samples)
             span.set(prompt_tokens=len(result.prompt_token_ids), completion_tokens=tokens,
                      finish_reason=result.samples[0].finish_reason if result.samples else "")

@@ -468,22 +468,25 @@ def test_cpu_threads_sets_the_trainers_and_the_hf_servers_threads(tiny_model_dir
             load_config(tmp_path / "run.yaml", [f"{key}=-1"])
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("shared", [True, False])
-def test_block_attention_equals_one_row_per_sequence(tiny_model_dir, shared):
+def test_block_attention_equals_one_row_per_sequence(tiny_model_dir, shared, device):
     """The block layout (a shared prompt and its completions in one block, or one sequence per block) gives the
-    logprobs and gradients of the one-row-per-sequence layout."""
+    logprobs and gradients of the one-row-per-sequence layout (float32; on CUDA too, where bf16 takes varlen)."""
     from rlx.engine.packing import MicroBatch, pack
 
     batch = grouped_batch() if shared else ragged_batch()
     results = []
     for blocks in (True, False):
         trainer = make_trainer(tiny_model_dir)
+        trainer.model.to(device)
         layout = pack(batch, share_prompts=shared, blocks=blocks)
         assert (layout.blocks is not None) == blocks and (layout.kv_index is not None) == shared
-        mb = MicroBatch(torch.arange(batch.size), batch, layout, layout.input_ids.shape[1])
+        mb = MicroBatch(torch.arange(batch.size), batch, layout, layout.input_ids.shape[1]).to(torch.device(device))
         logp, entropy = completion_logprobs(trainer.model, mb, 1.0, 7, split_head=True, entropy_grad=True)
         (logp.sum() + entropy.sum()).backward()
-        results.append((logp.detach(), entropy.detach(), {n: p.grad for n, p in trainer.model.named_parameters()}))
+        results.append((logp.detach().cpu(), entropy.detach().cpu(),
+                        {n: p.grad.cpu() for n, p in trainer.model.named_parameters()}))
     (logp_b, ent_b, grads_b), (logp_s, ent_s, grads_s) = results
     torch.testing.assert_close(logp_b, logp_s, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ent_b, ent_s, rtol=1e-5, atol=1e-5)

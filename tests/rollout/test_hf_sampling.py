@@ -91,6 +91,26 @@ def test_requests_sent_together_run_as_one_generate_call(hf_server):
     assert len({r.generate_s for r in results}) == 1, [r.generate_s for r in results]
 
 
+def test_requests_said_to_come_together_wait_for_each_other(hf_server):
+    """A client computing beside its requests can send them further apart than the server's quiet gap; told how
+    many it sends at once (``together``), the server waits for all of them and runs them as one call."""
+    specs = [p.SamplingSpec(n=4, temperature=1.0, max_tokens=16, seed=s) for s in range(4)]
+
+    async def staggered(together: int) -> list[p.PromptResult]:
+        client = RolloutClient([hf_server])
+        try:
+            tasks = []
+            for i, spec in enumerate(specs):
+                tasks.append(asyncio.create_task(client.generate([PROMPTS[i % len(PROMPTS)]], spec, together=together)))
+                await asyncio.sleep(0.015)  # three times the quiet gap
+            return [r[0] for r in await asyncio.gather(*tasks)]
+        finally:
+            client.close()
+
+    assert len({r.generate_s for r in asyncio.run(staggered(0))}) > 1  # without the count: calls of their own
+    assert len({r.generate_s for r in asyncio.run(staggered(len(specs)))}) == 1
+
+
 @pytest.mark.parametrize("vocab", [128, 1 << 15])  # every step drawn at once; two steps per draw
 def test_noise_drawn_ahead_gives_the_tokens_of_one_draw_per_step(vocab):
     """The sampler draws several steps' noise per row at once; on a CPU the tokens and logprobs are exactly

@@ -35,8 +35,10 @@ class Backend(ABC):
         """Tokens ``prompt`` takes in the context, as ``generate`` would tokenize it."""
 
     @abstractmethod
-    async def generate(self, prompt: str | list[int], sampling: SamplingSpec, deadline: float) -> PromptResult:
-        """Complete ``prompt``; stop spending work on it once ``time.time()`` passes ``deadline``."""
+    async def generate(self, prompt: str | list[int], sampling: SamplingSpec, deadline: float,
+                       together: int = 0) -> PromptResult:
+        """Complete ``prompt``; stop spending work on it once ``time.time()`` passes ``deadline``. ``together``:
+        how many prompts (this one included) were sent at once with it (``Generate.together``), 0 if not said."""
 
     @abstractmethod
     async def pause(self) -> None: ...

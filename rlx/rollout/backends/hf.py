@@ -41,6 +41,7 @@ from rlx.sync.receiver import Consumer, SyncHandler, WeightReceiver
 MAX_BATCH_PROMPTS = 64
 GATHER_QUIET_S = 0.005  # a batch starts once no request came in for this long ...
 GATHER_MAX_S = 0.03  # ... or this long after its first request: a step's prompts, sent together, share one call
+GATHER_TOGETHER_S = 0.1  # the longest a batch waits for the requests its client said it sent at once
 NOISE_PER_ROW = 1 << 16  # floats of sampling noise drawn ahead per row (``_RowSampler``)
 
 
@@ -98,9 +99,10 @@ class HfBackend(Backend):
     def _token_ids(self, prompt: str | list[int]) -> list[int]:
         return prompt if isinstance(prompt, list) else self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
-    async def generate(self, prompt: str | list[int], sampling: SamplingSpec, deadline: float) -> PromptResult:
+    async def generate(self, prompt: str | list[int], sampling: SamplingSpec, deadline: float,
+                       together: int = 0) -> PromptResult:
         future = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Item(prompt, sampling, future, time.perf_counter(), deadline))
+        await self._queue.put(_Item(prompt, sampling, future, time.perf_counter(), deadline, together))
         return await future
 
     async def _batch_loop(self) -> None:
@@ -139,12 +141,18 @@ class HfBackend(Backend):
 
     async def _gather(self, pending: list[_Item]) -> None:
         """Requests sent together (a step's prompts, one request each) arrive a fraction of a millisecond
-        apart: the first waits for the rest, until none came in for ``GATHER_QUIET_S`` or ``GATHER_MAX_S``
-        passed, so they run as one ``generate`` call instead of the first alone and the others after it."""
+        apart: the first waits for the rest, so they run as one ``generate`` call instead of the first alone and
+        the others after it. Where the client said how many it sent at once (``together``) it waits for that
+        many, up to ``GATHER_TOGETHER_S``: a trainer computing beside the client can spread their arrival over
+        more than the quiet gap. Otherwise until none came in for ``GATHER_QUIET_S``, or ``GATHER_MAX_S`` passed."""
         start = last = time.perf_counter()
         while len(pending) < MAX_BATCH_PROMPTS:
             now = time.perf_counter()
-            if now - last >= GATHER_QUIET_S or now - start >= GATHER_MAX_S:
+            expected = min(max(item.together for item in pending), MAX_BATCH_PROMPTS)
+            if expected > 1:
+                if len(pending) >= expected or now - start >= GATHER_TOGETHER_S:
+                    return
+            elif now - last >= GATHER_QUIET_S or now - start >= GATHER_MAX_S:
                 return
             if self._queue.empty():
                 await asyncio.sleep(GATHER_QUIET_S / 3)
@@ -403,6 +411,7 @@ class _Item(NamedTuple):
     future: asyncio.Future
     queued_at: float
     deadline: float  # time.time() after which nobody waits for the result
+    together: int = 0  # prompts sent at once with this one (``Generate.together``)
 
 
 class _RowSampler:

@@ -123,7 +123,8 @@ class VllmBackend(Backend):
     def prompt_len(self, prompt: str | list[int]) -> int:
         return len(prompt) if isinstance(prompt, list) else len(self.engine.get_tokenizer().encode(prompt))
 
-    async def generate(self, prompt: str | list[int], sampling: SamplingSpec, deadline: float) -> PromptResult:
+    async def generate(self, prompt: str | list[int], sampling: SamplingSpec, deadline: float,
+                       together: int = 0) -> PromptResult:
         """``deadline`` is enforced by the server, whose cancellation makes vLLM abort the request."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
