@@ -143,14 +143,15 @@ class HfBackend(Backend):
         """Requests sent together (a step's prompts, one request each) arrive a fraction of a millisecond
         apart: the first waits for the rest, so they run as one ``generate`` call instead of the first alone and
         the others after it. Where the client said how many it sent at once (``together``) it waits for that
-        many, up to ``GATHER_TOGETHER_S``: a trainer computing beside the client can spread their arrival over
-        more than the quiet gap. Otherwise until none came in for ``GATHER_QUIET_S``, or ``GATHER_MAX_S`` passed."""
+        many (or a ``GATHER_MAX_S`` pause, up to ``GATHER_TOGETHER_S``): a trainer computing beside the client can
+        spread their arrival over more than the quiet gap. Otherwise until none came in for ``GATHER_QUIET_S``, or
+        ``GATHER_MAX_S`` passed."""
         start = last = time.perf_counter()
         while len(pending) < MAX_BATCH_PROMPTS:
             now = time.perf_counter()
             expected = min(max(item.together for item in pending), MAX_BATCH_PROMPTS)
-            if expected > 1:
-                if len(pending) >= expected or now - start >= GATHER_TOGETHER_S:
+            if expected > 1:  # a share counted short (uneven routing over servers) ends on a longer pause
+                if len(pending) >= expected or now - last >= GATHER_MAX_S or now - start >= GATHER_TOGETHER_S:
                     return
             elif now - last >= GATHER_QUIET_S or now - start >= GATHER_MAX_S:
                 return
