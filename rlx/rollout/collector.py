@@ -88,8 +88,11 @@ class Collector:
                 result, error = self.score(*args), None
             except BaseException as exc:  # noqa: BLE001 - raised again in the loop, as if called there
                 result, error = None, exc
-            loop.call_soon_threadsafe(lambda: done.done() or (done.set_exception(error) if error else
-                                                              done.set_result(result)))
+            try:
+                loop.call_soon_threadsafe(lambda: done.done() or (done.set_exception(error) if error else
+                                                                  done.set_result(result)))
+            except RuntimeError:  # the loop closed while this scored (the run stopped): nobody waits for it
+                pass
 
         async with self._score_lock:
             thread = threading.Thread(target=run, name="rlx-reward", daemon=True)

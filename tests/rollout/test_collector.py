@@ -72,3 +72,38 @@ def test_a_seeded_step_larger_than_one_engine_step_generates(vllm_server, tmp_pa
         client.close()
     assert collected.batch.size == 48 * 4
     assert int(collected.batch.mask.sum()) > 0
+
+
+def test_a_reward_still_scoring_when_the_run_stops_ends_without_a_traceback():
+    """The run can stop (its loop closed) while the reward thread scores a step; the thread then finds nobody
+    waiting and ends quietly, where it used to print 'Event loop is closed' with a traceback."""
+    import threading
+    import types
+
+    scoring, release, errors = threading.Event(), threading.Event(), []
+
+    def score(*args):
+        scoring.set()
+        release.wait(10)
+        return "scored"
+
+    collector = types.SimpleNamespace(cfg=types.SimpleNamespace(task=types.SimpleNamespace(reward_timeout_s=0)),
+                                      score=score)
+
+    async def stopped_while_scoring():
+        collector._score_lock = asyncio.Lock()
+        task = asyncio.create_task(Collector.score_off_loop(collector))
+        await asyncio.to_thread(scoring.wait, 10)
+        task.cancel()
+
+    before = threading.excepthook
+    threading.excepthook = lambda hook: errors.append(hook.exc_value)
+    try:
+        asyncio.run(stopped_while_scoring())
+        release.set()
+        for thread in threading.enumerate():
+            if thread.name == "rlx-reward":
+                thread.join(10)
+    finally:
+        threading.excepthook = before
+    assert scoring.is_set() and errors == []
