@@ -51,11 +51,7 @@ class Packed:
     blocks: Blocks | None = None  # short sequences: the block layout of the attention (``Blocks``)
 
     def to(self, device: torch.device) -> Packed:
-        moved = dataclasses.replace(self, **{f.name: value.to(device) for f in dataclasses.fields(self)
-                                             if isinstance(value := getattr(self, f.name), torch.Tensor)})
-        if self.blocks is not None:
-            moved.blocks = self.blocks.to(device)
-        return moved
+        return _moved(self, device)
 
     def model_kwargs(self) -> dict:
         kwargs = {"input_ids": self.input_ids, "position_ids": self.position_ids, "cu_seq_lens_q": self.cu_seqlens,
@@ -81,8 +77,13 @@ class Blocks:
     inverse: torch.Tensor | None
 
     def to(self, device: torch.device) -> Blocks:
-        return Blocks(self.index.to(device), self.valid.to(device), self.mask.to(device),
-                      None if self.inverse is None else self.inverse.to(device))
+        return _moved(self, device)
+
+
+def _moved(layout, device: torch.device):
+    """A copy of the dataclass ``layout`` with its tensors (and nested ``Blocks``) on ``device``."""
+    return dataclasses.replace(layout, **{f.name: value.to(device) for f in dataclasses.fields(layout)
+                                          if isinstance(value := getattr(layout, f.name), (torch.Tensor, Blocks))})
 
 
 @dataclass
