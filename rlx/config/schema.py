@@ -442,6 +442,12 @@ class TrainerConfig:
     share_prompts: bool = True
     """In packed micro-batches, a group's samples with the same prompt carry it once: the prompt goes through
     the model once and each completion attends to it (the same logprobs and gradients, less work)."""
+    skip_no_signal: bool = True
+    """Leave a group whose advantages are all zero (every reward of the prompt equal) out of the update's
+    forward and backward when only the policy loss reads it (no KL, entropy bonus, critic or teacher): its loss
+    and gradient are zero, and the loss still counts its tokens, so the update is the same with less work. The
+    update's metrics (entropy, clip fractions) then cover the trained groups; ``groups_no_signal`` is the
+    fraction left out."""
     epochs_per_step: int = 1
     """Passes over each step's samples (PPO epochs)."""
     lr: float = 1e-5

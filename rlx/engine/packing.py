@@ -28,6 +28,7 @@ Every rank holds the whole step batch and computes the same plan, so no plan cro
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -98,41 +99,45 @@ class MicroBatch:
         return MicroBatch(self.rows, self.batch.to(device), packed, self.num_tokens)
 
 
-def micro_batches(full: TrainBatch, rank: int, world: int, micro_batch_tokens: int,
-                  micro_batch_size: int, group_size: int = 1, share_prompts: bool = False) -> list[MicroBatch]:
+def micro_batches(full: TrainBatch, rank: int, world: int, micro_batch_tokens: int, micro_batch_size: int,
+                  group_size: int = 1, share_prompts: bool = False, rows: list[int] | None = None) -> list[MicroBatch]:
     """This rank's micro-batches of ``full`` (CPU), in the layout the config asks for. ``group_size``
     consecutive rows are one prompt's samples (``rollout.n``); with ``share_prompts`` (packed layout only)
-    they are planned together and carry a prompt they share once."""
+    they are planned together and carry a prompt they share once. ``rows`` (ascending) are the rows to plan;
+    None plans them all."""
+    rows = list(range(full.size)) if rows is None else rows
     if micro_batch_tokens <= 0:
-        plan = plan_padded(full.size, world, micro_batch_size)[rank]
-        return [build(full, rows, packed=False) for rows in plan]
-    units, costs = plan_units(full, group_size if share_prompts else 1, micro_batch_tokens)
+        plan = plan_padded(len(rows), world, micro_batch_size)[rank]
+        return [build(full, [rows[i] for i in mb], packed=False) for mb in plan]
+    units, costs = plan_units(full, group_size if share_prompts else 1, micro_batch_tokens, rows)
     plan = [sorted(row for unit in mb for row in units[unit]) for mb in plan_packed(costs, world, micro_batch_tokens)[rank]]
-    return [build(full, rows, packed=True, share_prompts=share_prompts) for rows in plan]
+    return [build(full, mb, packed=True, share_prompts=share_prompts) for mb in plan]
 
 
-def plan_units(full: TrainBatch, group_size: int, budget: int) -> tuple[list[list[int]], list[int]]:
+def plan_units(full: TrainBatch, group_size: int, budget: int,
+               rows: list[int] | None = None) -> tuple[list[list[int]], list[int]]:
     """The rows planned together and the tokens each such unit puts through the model: one row each, or a
     group's consecutive rows (split where they would pass ``budget``) counting a prompt of one length once.
     Only lengths are read, so ranks that hold the counts but not the tokens (``rlx.store.plane``) plan alike;
-    rows whose equal-length prompts differ still run, each with its own prompt (a little over the count)."""
+    rows whose equal-length prompts differ still run, each with its own prompt (a little over the count).
+    ``rows`` (ascending) limits the plan to those rows; a group is those of its rows that are there."""
     mask = full.attention_mask
     prompt_len = mask.shape[1] - full.completion_ids.shape[1]
     prompts, completions = mask[:, :prompt_len].sum(dim=1).tolist(), mask[:, prompt_len:].sum(dim=1).tolist()
     units: list[list[int]] = []
     costs: list[int] = []
-    for start in range(0, full.size, group_size):
-        rows = list(range(start, min(start + group_size, full.size)))
-        if len({prompts[r] for r in rows}) > 1:  # different prompts: nothing to share
-            units.extend([r] for r in rows)
-            costs.extend(prompts[r] + completions[r] for r in rows)
+    for _, group in itertools.groupby(range(full.size) if rows is None else rows, key=lambda r: r // group_size):
+        group = list(group)
+        if len({prompts[r] for r in group}) > 1:  # different prompts: nothing to share
+            units.extend([r] for r in group)
+            costs.extend(prompts[r] + completions[r] for r in group)
             continue
         units.append([])
-        costs.append(prompts[start])
-        for r in rows:
+        costs.append(prompts[group[0]])
+        for r in group:
             if units[-1] and costs[-1] + completions[r] > budget:
                 units.append([])
-                costs.append(prompts[start])
+                costs.append(prompts[group[0]])
             units[-1].append(r)
             costs[-1] += completions[r]
     return units, costs

@@ -14,6 +14,9 @@ logprobs, detached, are exactly the old ones and the pass is skipped. That holds
 too (one_step_off, fully_async): the policy that sampled them is a third one, whose logprobs the
 engine returned (``rollout_logp``); rollout correction weighs each token by old / rollout, both
 known in the update's forward.
+Groups whose advantages are all zero (every reward of the prompt equal) stay out of the update's
+forward and backward when nothing else in the loss reads them (``rows_with_signal``): the gradient
+is the same, and the update's metrics (entropy, clip fractions, ratios) cover the rows it trained.
 It leaves out data, rollout and weight transfer: the controller does those.
 """
 
@@ -65,6 +68,10 @@ class Trainer:
         self.split_head = self.world == 1 and can_split_head(self.model)
         self.fused_logprobs = (cfg.trainer.epochs_per_step == 1 and self.ref_model is None and self.teacher is None and not has_dropout(self.model))
         """The update's detached logprobs are the old ones (see the module docstring)."""
+        a = cfg.algorithm
+        self.skip_no_signal = (cfg.trainer.skip_no_signal and self.ref_model is None and self.critic is None
+                               and self.teacher is None and not a.entropy_coef)
+        """Rows whose advantage is zero give the loss nothing: they stay out of the update (``rows_with_signal``)."""
 
     def named_tensors(self):
         """Full parameters for weight sync, in the engine dtype; all ranks must iterate. With LoRA, the
@@ -87,14 +94,20 @@ class Trainer:
 
     def step(self, full: TrainBatch) -> dict[str, float]:
         a, t = self.cfg.algorithm, self.cfg.trainer
+        rows = advantages = None
+        if self.skip_no_signal:  # the advantages need no forward pass: know them first, plan only what trains
+            advantages, metrics = self._advantages(full, [])
+            rows, metrics["groups_no_signal"] = rows_with_signal(advantages, self.cfg.rollout.n)
         micro = [mb.to(self.device) for mb in micro_batches(full, self.rank, self.world, t.micro_batch_tokens,
-                                                            t.micro_batch_size, self.cfg.rollout.n, t.share_prompts)]
+                                                            t.micro_batch_size, self.cfg.rollout.n, t.share_prompts,
+                                                            rows)]
         start = time.perf_counter()
         if not self.fused_logprobs:
             with tracer.span("logprob", rows=sum(mb.batch.size for mb in micro)):
                 self._score(micro)
         time_logprob = time.perf_counter() - start
-        advantages, metrics = self._advantages(full, micro)
+        if advantages is None:
+            advantages, metrics = self._advantages(full, micro)
         for mb in micro:
             mb.batch.advantages = advantages[mb.rows].to(self.device)
         agg = LossAgg(a.loss_agg, global_tokens=float(full.mask.sum()), global_seqs=float(full.size),
@@ -231,3 +244,17 @@ class Trainer:
             values = values.cpu()
         total = max(float(values[-1]), 1e-12)
         return {k: float(v) / total for k, v in zip(keys, values[:-1])}
+
+
+def rows_with_signal(advantages: torch.Tensor, group_size: int) -> tuple[list[int], float]:
+    """The rows of the groups (``group_size`` consecutive rows) that have a nonzero advantage, and the fraction
+    of groups left out. With only the policy loss (no KL, entropy bonus, critic or teacher), a token's loss is
+    its advantage times a function of its ratio, so a group whose advantages are all zero (every reward equal)
+    adds zero to the loss and to every gradient; the loss's normalisation still counts its tokens
+    (``LossAgg`` takes the whole batch's counts), so the update is the same without its forward and backward.
+    When no group has a signal, the first is kept: the optimizer still steps, on zero gradients, as it would."""
+    groups = advantages.detach().reshape(-1, group_size) != 0
+    signal = groups.any(dim=1)
+    keep = signal.nonzero().flatten().tolist() or [0]
+    rows = [g * group_size + i for g in keep for i in range(group_size)]
+    return rows, 1.0 - float(signal.float().mean())

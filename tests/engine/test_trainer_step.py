@@ -273,6 +273,38 @@ def test_entropy_bonus_and_kl_loss_match_padded(tiny_model_dir):
     assert_same(packed, padded, 1e-5)
 
 
+@pytest.mark.parametrize("budget", [0, 40])
+def test_groups_without_signal_stay_out_of_the_update_and_change_nothing(tiny_model_dir, budget):
+    """Groups whose rewards are all equal have zero advantages: leaving them out of the forward and backward
+    gives the same loss, gradient norm and weights, over two steps (the second with no signal at all, where
+    AdamW's momentum still moves the weights), and fewer tokens through the model."""
+    import dataclasses
+
+    batch = grouped_batch()
+    rewards = batch.rewards.clone()
+    rewards[4:8], rewards[12:16] = 1.0, 0.0  # groups 1 and 3: no signal
+    signal = dataclasses.replace(batch, rewards=rewards)
+    flat = dataclasses.replace(batch, rewards=torch.full_like(rewards, 0.5))
+    skipping = make_trainer(tiny_model_dir, micro_batch_tokens=budget, lr=1e-4)
+    full = make_trainer(tiny_model_dir, micro_batch_tokens=budget, lr=1e-4, skip_no_signal=False)
+    assert skipping.skip_no_signal and not full.skip_no_signal
+    for step_batch, left_out in ((signal, 0.5), (flat, 1.0)):
+        (got, got_params), (want, want_params) = step_and_params(skipping, step_batch), step_and_params(full, step_batch)
+        assert got.pop("groups_no_signal") == left_out and "groups_no_signal" not in want
+        assert got["update_tokens"] < want["update_tokens"]
+        for key in ("loss", "grad_norm"):
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
+        for name in want_params:
+            torch.testing.assert_close(got_params[name], want_params[name], rtol=1e-5, atol=1e-5)
+    assert want["grad_norm"] == 0.0 and any(not torch.equal(p, q) for p, q in zip(
+        want_params.values(), (t for _, t in make_trainer(tiny_model_dir).named_tensors())))
+
+
+@pytest.mark.parametrize("algorithm", [AlgorithmConfig(kl_coef=0.05), AlgorithmConfig(entropy_coef=0.01)])
+def test_groups_without_signal_still_train_where_another_term_reads_them(tiny_model_dir, algorithm):
+    assert not make_trainer(tiny_model_dir, algorithm=algorithm).skip_no_signal
+
+
 @pytest.mark.parametrize("temperature, entropy_coef", [(1.0, 0.0), (0.7, 0.3)])
 def test_chunked_head_gradients_match_autograd(temperature, entropy_coef):
     torch.manual_seed(0)
