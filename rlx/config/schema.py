@@ -239,6 +239,12 @@ class RolloutConfig:
     cpu_threads: int = 0
     """hf backend on a CPU: intra-op threads (torch.set_num_threads); 0 = torch's default, one per core. A
     small model generating beside the trainer on the same cores can run faster on fewer: see trainer.cpu_threads."""
+    kv_after_sync: str = "recompute"
+    """A request in flight across a weight update: recompute = its KV cache is computed again with the new
+    weights before its next token (every later token is the new policy's exactly); keep = it goes on reading the
+    keys and values the old weights computed (hf backend only), which costs nothing where syncs land mid-batch
+    (trainer.mode=fully_async). Either way the logprob returned is that of the distribution each token was
+    sampled from, which is what the off-policy correction weighs against."""
     request_timeout_s: float = 300.0
     """Deadline of one generate request."""
     startup_timeout_s: float = 300.0
@@ -292,6 +298,11 @@ class RolloutConfig:
             raise ConfigError(f"rollout.tensor_parallel_size={self.tensor_parallel_size} needs rollout.backend=vllm "
                               "(the hf backend runs on one device); set rollout.backend=vllm or "
                               "rollout.tensor_parallel_size=1")
+        check_choice("rollout.kv_after_sync", self.kv_after_sync, ("recompute", "keep"))
+        if self.kv_after_sync == "keep" and self.backend != "hf":
+            raise ConfigError("rollout.kv_after_sync=keep needs rollout.backend=hf: vLLM clears its prefix cache "
+                              "(which must not serve keys computed under old weights) only by making every running "
+                              "request recompute; set rollout.kv_after_sync=recompute or rollout.backend=hf")
         check_range("rollout.port", self.port, 0, 65535)
         check_range("rollout.openai_port", self.openai_port, 0, 65535)
         check_range("rollout.top_k", self.top_k, -1, hint="-1 turns top-k sampling off")

@@ -110,6 +110,43 @@ def test_sample_across_a_weight_update_carries_both_versions_and_their_logprobs(
     assert moved > 0.05, "the update did not change the sampling policy"
 
 
+def test_kept_kv_cache_reads_the_old_weights_keys_and_values_after_an_update(tiny_model_dir, tmp_path):
+    """``rollout.kv_after_sync=keep``: the tokens after the update come from the new weights reading the keys and
+    values the old weights computed before it, and their logprobs are exactly those, not a full forward's."""
+    from tests.helpers import serve_with
+
+    v0, v1 = _models(tiny_model_dir)
+    with serve_with(tiny_model_dir, tmp_path, "server-keep", rollout={"backend": "hf", "kv_after_sync": "keep"}) \
+            as (address, _):
+        for seed in range(1, 7):
+            result = asyncio.run(_generate_across_update(address, v1, seed))
+            spanning = [s for s in result.samples if 0 in s.versions and NEW_VERSION in s.versions]
+            if sum(len(s.versions) - s.versions.index(NEW_VERSION) for s in spanning) >= MIN_TOKENS_AFTER:
+                break
+            asyncio.run(_restore(address, v0))
+    assert spanning, "no sample spans the weight update"
+    prompt, moved = result.prompt_token_ids, 0.0
+    for sample in spanning:
+        split, tokens = sample.versions.index(NEW_VERSION), sample.token_ids
+        engine = torch.tensor(sample.logprobs)
+        with torch.no_grad():  # v0's cache up to the token the last v0 step sampled, which v1 then feeds
+            cache = v0(input_ids=torch.tensor([prompt + tokens[:split - 1]]), use_cache=True).past_key_values
+            logits = v1(input_ids=torch.tensor([tokens[split - 1:-1]]), past_key_values=cache).logits[0].float()
+        kept = logits.log_softmax(-1).gather(-1, torch.tensor(tokens[split:]).unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(engine[:split], _logprobs(v0, prompt, tokens)[:split], atol=2e-3, rtol=0)
+        torch.testing.assert_close(engine[split:], kept, atol=2e-3, rtol=0)
+        moved = max(moved, float((engine[split:] - _logprobs(v1, prompt, tokens)[split:]).abs().max()))
+    assert moved > 0.05, "keeping the old keys and values changed nothing: the test cannot tell keep from recompute"
+
+
+def test_kept_kv_cache_is_refused_on_vllm():
+    from rlx.config.errors import ConfigError
+    from rlx.config.schema import RolloutConfig
+
+    with pytest.raises(ConfigError, match="kv_after_sync=keep needs rollout.backend=hf"):
+        RolloutConfig(backend="vllm", kv_after_sync="keep")
+
+
 async def _restore(address: str, v0) -> None:
     client = RolloutClient([address])
     try:

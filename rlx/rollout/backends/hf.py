@@ -43,6 +43,7 @@ GATHER_QUIET_S = 0.005  # a batch starts once no request came in for this long .
 GATHER_MAX_S = 0.03  # ... or this long after its first request: a step's prompts, sent together, share one call
 GATHER_TOGETHER_S = 0.1  # the longest a batch waits for the requests its client said it sent at once
 NOISE_PER_ROW = 1 << 16  # floats of sampling noise drawn ahead per row (``_RowSampler``)
+PROMPT_IDS_KEPT = 4096  # text prompts whose token ids are kept (``HfBackend._token_ids``)
 
 
 class HfBackend(Backend):
@@ -66,6 +67,8 @@ class HfBackend(Backend):
         self.weight_version = 0  # the version that labels the tokens sampled from here on
         self._batcher: asyncio.Task | None = None
         self._handler = None  # the weight-sync handler, made at the first update
+        self._ids_of: dict[str, list[int]] = {}  # text prompt -> its token ids (``_token_ids``)
+        self._ids_lock = threading.Lock()
 
     async def start(self) -> None:
         await asyncio.to_thread(self._load)
@@ -97,7 +100,17 @@ class HfBackend(Backend):
         return len(prompt) if isinstance(prompt, list) else len(self._token_ids(prompt))
 
     def _token_ids(self, prompt: str | list[int]) -> list[int]:
-        return prompt if isinstance(prompt, list) else self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        """A text prompt's ids, encoded once: the server asks for its length when the request comes in, the batch
+        for its ids (the recent prompts are kept, ``PROMPT_IDS_KEPT``)."""
+        if isinstance(prompt, list):
+            return prompt
+        with self._ids_lock:  # the server's loop and the generation thread both ask
+            ids = self._ids_of.get(prompt)
+            if ids is None:
+                if len(self._ids_of) >= PROMPT_IDS_KEPT:
+                    self._ids_of.pop(next(iter(self._ids_of)))
+                ids = self._ids_of[prompt] = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        return list(ids)
 
     async def generate(self, prompt: str | list[int], sampling: SamplingSpec, deadline: float,
                        together: int = 0) -> PromptResult:
@@ -189,7 +202,9 @@ class HfBackend(Backend):
             self._prefill(cache, inputs["input_ids"], inputs["attention_mask"], rows)
             inputs = {key: value.repeat_interleave(rows, dim=0) for key, value in inputs.items()}
         prompt_mask = inputs["attention_mask"]  # generate's rows: prompt-major
-        stepper = _VersionedSteps(self._gate, self, lambda input_ids: self._recompute(cache, input_ids, prompt_mask, rows))
+        recompute = None if self.cfg.rollout.kv_after_sync == "keep" else \
+            lambda input_ids: self._recompute(cache, input_ids, prompt_mask, rows)
+        stepper = _VersionedSteps(self._gate, self, recompute)
         row_deadlines = [item.deadline for item in batch for _ in range(rows)]  # rows are prompt-major
         with torch.no_grad():
             out = self.model.generate(  # greedy over the sampler's one-hot rows: it has already drawn each token
@@ -526,7 +541,8 @@ class _StepGate:
 class _VersionedSteps:
     """A stopping criterion that never stops: called after each decode step, it records the weight version
     that produced the step's token and lets a pause or a weight update in through the gate; when the weights
-    changed meanwhile, ``recompute`` rebuilds the KV cache with them before the next step."""
+    changed meanwhile, ``recompute`` (None with ``rollout.kv_after_sync=keep``) rebuilds the KV cache with them
+    before the next step."""
 
     def __init__(self, gate: _StepGate, backend: HfBackend, recompute) -> None:
         self.gate, self.backend, self.recompute = gate, backend, recompute
@@ -539,7 +555,7 @@ class _VersionedSteps:
         self.versions.append(self.version)
         self.gate.leave()
         self.gate.enter()
-        if self.backend.weight_version != self.version:
+        if self.backend.weight_version != self.version and self.recompute is not None:
             self.recompute(input_ids)
         self.version = self.backend.weight_version
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
