@@ -119,7 +119,8 @@ def rlx_trainer(model_dir: Path, checkpointing: bool, shape: str, lr: float):
     cfg = RunConfig(model=ModelConfig(path=str(model_dir), dtype="bfloat16", gradient_checkpointing=checkpointing),
                     algorithm=AlgorithmConfig(loss_agg="token_mean"),
                     trainer=TrainerConfig(device="cuda", prompts_per_step=rows // n, micro_batch_size=rows_per_batch,
-                                          micro_batch_tokens=budget, lr=lr))
+                                          micro_batch_tokens=budget, lr=lr,
+                                          skip_no_signal=False))  # every token through, as the plain loop
     cfg.rollout.n = n
     cfg.rollout.max_tokens = high
     return Trainer(cfg)
