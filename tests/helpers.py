@@ -37,6 +37,13 @@ def start_rlx(args: list[str], log_path: Path, env: dict | None = None) -> subpr
 
 
 def stop_group(proc: subprocess.Popen, timeout_s: float = 15.0) -> None:
+    """SIGTERM ``proc``'s process group, SIGKILL what is left, and unlink the /dev/shm files the group mapped
+    (a vLLM engine's buffers, its resource tracker's semaphores) that no live process uses, as the launcher
+    does for its children (``rlx.launch.leftovers``)."""
+    from rlx.launch.leftovers import ShmLeftovers, group_running
+
+    leftovers = ShmLeftovers()
+    leftovers.record(proc.pid)
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -48,6 +55,10 @@ def stop_group(proc: subprocess.Popen, timeout_s: float = 15.0) -> None:
     except ProcessLookupError:
         pass
     proc.wait(10)
+    deadline = time.monotonic() + 5.0
+    while group_running(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    leftovers.remove_unused([proc.pid])
 
 
 def wait_ready(address: str, proc: subprocess.Popen, log_path: Path, timeout_s: float = 240.0) -> None:

@@ -59,7 +59,8 @@ def _pids() -> list[int]:
         return []
 
 
-def _group_pids(pgid: int) -> list[int]:
+def _group_pids(pgid: int, running: bool = False) -> list[int]:
+    """The processes of group ``pgid``; with ``running``, not those that have exited (zombies)."""
     pids = []
     for pid in _pids():
         try:
@@ -68,9 +69,14 @@ def _group_pids(pgid: int) -> list[int]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, ...
-        if int(fields[2]) == pgid:
+        if int(fields[2]) == pgid and not (running and fields[0] == "Z"):
             pids.append(pid)
     return pids
+
+
+def group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is still running (a zombie has unmapped its memory already)."""
+    return bool(_group_pids(pgid, running=True))
 
 
 def _mapped_files(pid: int) -> set[str]:
