@@ -27,12 +27,18 @@ def write_config(path: Path, model_dir: Path, **sections) -> Path:
 
 
 def start_rlx(args: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
+    from rlx.launch.processes import _term_when_parent_dies
+
+    def child_setup() -> None:
+        # as from a terminal: a suite started in the background (``pytest ... &``) inherits SIGINT ignored, and
+        # Python then never turns Ctrl-C into KeyboardInterrupt; and SIGTERM if pytest dies without stopping the
+        # child (a SIGKILL), as the launcher's children get: it then stops its own children
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        _term_when_parent_dies()
+
     log = open(log_path, "w")
-    # as from a terminal: a suite started in the background (``pytest ... &``) inherits SIGINT ignored, and
-    # Python then never turns Ctrl-C into KeyboardInterrupt
     return subprocess.Popen([sys.executable, "-m", "rlx", *args], stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=child_setup,
                             env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
 
 

@@ -144,7 +144,8 @@ def test_icepop_masks_stale_samples_at_sequence_level(runs):
     assert second["is_weight_mean"] != pytest.approx(1.0, abs=1e-6)  # step 2's were generated one update ago
     assert second["icepop_mask_frac"] > 0
     if second["response_len_mean"] == MAX_TOKENS:  # all sequences are full length
-        masked = second["icepop_mask_frac"] * PROMPTS_PER_STEP * N
+        trained = PROMPTS_PER_STEP * N * (1.0 - second.get("groups_no_signal", 0.0))  # groups with no signal: no update
+        masked = second["icepop_mask_frac"] * trained
         assert masked == pytest.approx(round(masked), abs=1e-6), "sequence level masks whole sequences"
     token_level = runs["reinforce_pp"].rows[1]
     assert "icepop_mask_frac" in token_level and "tis_clip_frac" not in token_level
