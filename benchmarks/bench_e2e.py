@@ -190,8 +190,10 @@ def bench(args) -> dict:
             rows.append(result)
             print(f"  wall {result['wall_s']:.1f} s, step {result['step_s']:.3f} s, "
                   f"held-out {base:.3f} -> {result['eval_accuracy']:.3f}", flush=True)
-    return {"workload": args.workload, "start_accuracy": base, "rows": rows, "per_seed": per_seed(rows),
-            "rounds": args.rounds, "overrides": args.override, "rlx_overrides": args.rlx_override}
+    seeds = per_seed(rows)
+    return {"workload": args.workload, "start_accuracy": base, "rows": rows, "per_seed": seeds,
+            "over_seeds": over_seeds(seeds), "rounds": args.rounds, "overrides": args.override,
+            "rlx_overrides": args.rlx_override}
 
 
 def per_seed(rows: list[dict]) -> list[dict]:
@@ -212,6 +214,25 @@ def per_seed(rows: list[dict]) -> list[dict]:
     return out
 
 
+def over_seeds(seeds: list[dict]) -> dict:
+    """Across seeds (each its rounds' median): each side's mean gain, and the paired difference rlx - TRL
+    with its standard error, so a gap can be told from the seed-to-seed spread of chaotic runs."""
+    paired = [s for s in seeds if "gain_diff" in s]
+    if not paired:
+        return {}
+    diffs = [s["gain_diff"] for s in paired]
+    return {
+        "seeds": len(paired),
+        "rlx_gain_mean": statistics.fmean(s["rlx"]["gain"] for s in paired),
+        "trl_gain_mean": statistics.fmean(s["trl"]["gain"] for s in paired),
+        "gain_diff_mean": statistics.fmean(diffs),
+        "gain_diff_stderr": statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None,
+        "seeds_rlx_at_or_above": sum(d >= 0 for d in diffs),
+        "step_ratio_median": statistics.median(s["step_ratio"] for s in paired),
+        "wall_ratio_median": statistics.median(s["wall_ratio"] for s in paired),
+    }
+
+
 def print_table(report: dict) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -227,6 +248,13 @@ def print_table(report: dict) -> None:
             table.add_row("rlx/trl", str(entry["seed"]), "median", f"{entry['wall_ratio']:.2f}x",
                           f"{entry['step_ratio']:.2f}x", "", f"{entry['gain_diff']:+.3f}")
     Console().print(table)
+    if summary := report.get("over_seeds"):
+        stderr = summary["gain_diff_stderr"]
+        print(f"over {summary['seeds']} seeds: mean gain rlx {summary['rlx_gain_mean']:+.3f}, TRL "
+              f"{summary['trl_gain_mean']:+.3f}; rlx - TRL {summary['gain_diff_mean']:+.3f}"
+              + (f" +- {stderr:.3f} (standard error)" if stderr is not None else "")
+              + f"; rlx at or above TRL on {summary['seeds_rlx_at_or_above']} of {summary['seeds']}; median ratios: "
+              f"step {summary['step_ratio_median']:.2f}x, wall {summary['wall_ratio_median']:.2f}x")
     print(f"mean training reward per {LOG_EVERY} steps:")
     for r in report["rows"]:
         print(f"  {r['side']:>3} seed {r['seed']} round {r.get('round', 0)}: "
