@@ -115,7 +115,7 @@ def main() -> None:
 
     cfg = load_config(CONFIG, [])
     if not Path(ROOT / cfg.model.path, "config.json").is_file():
-        build_model(cfg, Display())
+        build_model(cfg, Display(total_steps=0))
     teacher = build_teacher(cfg)
     if args.build_teacher:
         return

@@ -58,7 +58,7 @@ def ensure_model(cfg) -> None:
         from rlx.launch.display import Display
         from rlx.launch.preflight import build_model
 
-        build_model(cfg, Display())
+        build_model(cfg, Display(total_steps=0))
 
 
 def greedy_accuracy(model_dir: Path, cfg) -> float:
