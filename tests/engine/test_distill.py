@@ -30,7 +30,7 @@ def test_served_and_colocated_teacher_logprobs_agree(tiny_model_dir, teacher_ser
 
 
 def test_a_sample_with_no_completion_tokens_is_scored_as_nothing(tiny_model_dir, teacher_server):
-    """A sample can end before its first token (the hf server ends one at a sampled pad token): the served
+    """A sample can hold no completion tokens (a turn of an episode, or one from another sender): the served
     teacher sends the others and leaves its row at 0, as the colocated one does."""
     from rlx.engine.batch import build_batch
 

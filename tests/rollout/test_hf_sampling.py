@@ -131,3 +131,23 @@ def test_noise_drawn_ahead_gives_the_tokens_of_one_draw_per_step(vocab):
         assert torch.equal(onehot.argmax(-1), want)
         assert torch.isinf(onehot).sum() == len(seeds) * (vocab - 1)
         torch.testing.assert_close(sampler.logprobs[step], logp.gather(-1, want[:, None]).squeeze(-1))
+
+
+def test_a_pad_token_the_model_draws_is_one_of_the_samples_tokens(hf_server, tiny_model_dir):
+    """generate writes pad after a row has finished; a pad the row drew itself, before its EOS, is a token like any
+    other (vLLM keeps it too): the sample goes on past it, with the model's logprobs for what follows."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    spec = p.SamplingSpec(n=16, temperature=1.0, max_tokens=96, seed=11)
+    results = asyncio.run(_ask(hf_server, [(prompt, spec) for prompt in PROMPTS]))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    drew_pad = [(prompt, s) for prompt, r in zip(PROMPTS, results) for s in r.samples if pad in s.token_ids[:-1]]
+    assert drew_pad, "the random model drew no pad in 48 samples of 96 tokens"
+    for prompt, sample in drew_pad:
+        assert len(sample.logprobs) == len(sample.token_ids) == len(sample.versions)
+        want = _full_forward_logprobs(model, prompt, sample.token_ids, 1.0)
+        torch.testing.assert_close(torch.tensor(sample.logprobs), want, rtol=1e-4, atol=1e-4)
+    finished = [s for r in results for s in r.samples if s.finish_reason == "stop"]
+    assert finished and all(s.token_ids[-1] == eos for s in finished)  # EOS kept, no pad after it

@@ -90,6 +90,9 @@ class HfBackend(Backend):
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device).eval()
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
+        config_eos = self.model.generation_config.eos_token_id
+        self.stop_ids = {self.tokenizer.eos_token_id, *(config_eos if isinstance(config_eos, list) else [config_eos])}
+        """Tokens that end a sample and are kept in it: the tokenizer's EOS and the generation config's."""
         torch.manual_seed(self.cfg.trainer.seed)
         if self.device == "cuda":
             from rlx.launch.placement import apply_memory_budget
@@ -215,12 +218,13 @@ class HfBackend(Backend):
                 output_scores=sampler is None, return_dict_in_generate=True, pad_token_id=self.tokenizer.pad_token_id)
         new_tokens = out.sequences[:, inputs["input_ids"].shape[1]:]
         if sampler is not None:
-            token_logprobs = torch.stack(sampler.logprobs, dim=1)
+            token_logprobs, drawn = torch.stack(sampler.logprobs, dim=1), torch.stack(sampler.tokens, dim=1)
         else:
             steps = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [B*n, T, V]
-            token_logprobs = steps.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+            token_logprobs, drawn = steps.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1), steps.argmax(-1)
         elapsed = time.perf_counter() - start
-        samples = self._samples(new_tokens.tolist(), token_logprobs.tolist(), stepper.versions)
+        samples = self._samples(new_tokens.tolist(), token_logprobs.tolist(), stepper.versions,
+                                (new_tokens != drawn).tolist())
         return [PromptResult(prompt_token_ids=list(prompt_ids), samples=[samples[i * rows + j % rows] for j in range(spec.n)],
                              generate_s=elapsed) for i, prompt_ids in enumerate(ids)]
 
@@ -263,16 +267,18 @@ class HfBackend(Backend):
             self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                        use_cache=True)
 
-    def _samples(self, token_rows: list[list[int]], logprob_rows: list[list[float]], versions: list[int]) -> list[Sample]:
-        """One ``Sample`` per generated row: its tokens up to and with the first EOS (or before the first pad,
-        which generate writes after a row has finished), decoded together."""
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+    def _samples(self, token_rows: list[list[int]], logprob_rows: list[list[float]], versions: list[int],
+                 filler_rows: list[list[bool]]) -> list[Sample]:
+        """One ``Sample`` per generated row: its tokens up to and with the first stop token (``stop_ids``), or up
+        to where generate wrote pad in place of the drawn token (``filler_rows``: the row had finished at a stop
+        string or its deadline), decoded together. A pad token the row drew itself is one of its tokens, as vLLM
+        keeps it."""
         ends = []
-        for tokens in token_rows:
+        for tokens, filler in zip(token_rows, filler_rows):
             length, finish = len(tokens), "length"
-            for pos, tok in enumerate(tokens):
-                if tok == eos or tok == pad:
-                    length, finish = pos + (tok == eos), "stop"
+            for pos, (tok, padded) in enumerate(zip(tokens, filler)):
+                if padded or tok in self.stop_ids:
+                    length, finish = pos + (not padded), "stop"
                     break
             ends.append((length, finish))
         kept = [tokens[:length] for tokens, (length, _) in zip(token_rows, ends)]
@@ -444,7 +450,7 @@ class _RowSampler:
     as the request asks (temperature, top-k, top-p), one token is drawn per row by the Gumbel-max trick with that
     row's generator, and the row comes back one-hot (0 on the token, -inf elsewhere) for greedy decoding to
     take. ``logprobs`` holds each step's logprobs of the drawn tokens under the warped distribution (vLLM's
-    ``processed_logprobs``)."""
+    ``processed_logprobs``), ``tokens`` the drawn tokens."""
 
     def __init__(self, seeds: list[int], spec: SamplingSpec, device) -> None:
         import torch
@@ -465,6 +471,8 @@ class _RowSampler:
         self.generators = [torch.Generator(device=device).manual_seed(seed % 2**64) for seed in seeds]
         self.max_tokens = spec.max_tokens
         self.logprobs: list = []
+        self.tokens: list = []
+        """Each step's drawn token per row: where generate's output differs, the row had finished and got pad."""
         self._gumbel = None  # [rows, steps, vocab]: the noise of the next steps, drawn together
         self._step = 0
 
@@ -478,6 +486,7 @@ class _RowSampler:
         self._step += 1
         token = (logp + gumbel).argmax(dim=-1, keepdim=True)  # a draw from softmax(logp)
         self.logprobs.append(logp.gather(-1, token).squeeze(-1))
+        self.tokens.append(token.squeeze(-1))
         return torch.full_like(scores, float("-inf")).scatter_(-1, token, 0.0)
 
     def _draw(self, vocab: int, device):
