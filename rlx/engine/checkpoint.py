@@ -40,6 +40,7 @@ from rlx.engine.checkpoint_format import (
     verify_checkpoint,
     write_manifest,
 )
+from rlx.engine.optim import live_implementation
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +240,8 @@ def load_checkpoint(ckpt: Path, model, optimizer, scheduler) -> dict[str, Any]:
             if embed is not None:
                 model_sd["lm_head.weight"] = model_sd[embed]
         set_model_state_dict(model, model_sd, options=_options())
-    optim_sd = _unflatten_optimizer(load_file(str(ckpt / "optimizer.safetensors")), state["optimizer_param_groups"])
+    groups = live_implementation(state["optimizer_param_groups"], optimizer)
+    optim_sd = _unflatten_optimizer(load_file(str(ckpt / "optimizer.safetensors")), groups)
     set_optimizer_state_dict(model, optimizer, optim_sd, options=_options())
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(load_file(str(ckpt / "rng.safetensors"))["torch_cpu"])

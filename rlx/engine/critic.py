@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 
 from rlx.engine.algorithms.gae import gae_advantages
 from rlx.engine.logprobs import _features
+from rlx.engine.optim import adamw, live_implementation
 from rlx.engine.packing import MicroBatch
 
 VALUE_FILE = "critic.safetensors"
@@ -69,9 +70,7 @@ class Critic:
 
             use_packed_attention(lm)
         self.model = ValueModel(lm.model, lm.config.hidden_size).to(device)
-        t = cfg.trainer
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=a.critic_lr or t.lr, betas=tuple(t.betas),
-                                           weight_decay=t.weight_decay, foreach=False)
+        self.optimizer = adamw(self.model.parameters(), a.critic_lr or cfg.trainer.lr, cfg)
         self.steps = 0
         """Critic updates so far; the policy trains once it reaches algorithm.critic_warmup_steps."""
         self._old_values: torch.Tensor | None = None
@@ -153,5 +152,5 @@ class Critic:
             index, name = key.rsplit("::", 1)
             state.setdefault(int(index), {})[name] = value
         groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in saved["param_groups"]]
-        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
+        self.optimizer.load_state_dict({"state": state, "param_groups": live_implementation(groups, self.optimizer)})
         self.steps = int(saved["steps"])

@@ -6,12 +6,31 @@ import math
 
 import torch
 
+IMPLEMENTATION_KEYS = ("foreach", "fused", "capturable", "differentiable")
+"""Param-group keys that say how ``step`` runs its kernels, not what the optimizer has learned."""
+
+
+def adamw(params, lr: float, cfg) -> torch.optim.AdamW:
+    """AdamW with the trainer's betas and weight decay. Fused (one kernel over every parameter, on CPU and
+    CUDA, FSDP2's DTensors included) when every parameter is a float tensor on one of those devices, else the
+    per-tensor loop. Both compute the same update."""
+    t = cfg.trainer
+    params = list(params)
+    fused = bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    return torch.optim.AdamW(params, lr=lr, betas=tuple(t.betas), weight_decay=t.weight_decay,
+                             **({"fused": True} if fused else {"foreach": False}))
+
 
 def build_optimizer(model, cfg) -> torch.optim.Optimizer:
-    t = cfg.trainer
-    params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay,
-                             foreach=False)
+    return adamw((p for p in model.parameters() if p.requires_grad), cfg.trainer.lr, cfg)
+
+
+def live_implementation(saved_groups: list[dict], optimizer: torch.optim.Optimizer) -> list[dict]:
+    """``saved_groups`` (a checkpoint's param groups) with ``optimizer``'s own implementation flags, so a
+    resumed run keeps the kernels it was built with whatever run wrote the checkpoint (loading a state dict
+    otherwise takes every group key from the file)."""
+    return [{**saved, **{k: live[k] for k in IMPLEMENTATION_KEYS if k in live}}
+            for saved, live in zip(saved_groups, optimizer.param_groups, strict=True)]
 
 
 def lr_factor(step: int, cfg) -> float:
