@@ -20,6 +20,9 @@ Workloads:
     python benchmarks/bench_e2e.py [--workload quickstart] [--seeds 0 1 2] [--rounds 1] [--sides rlx trl] [--json OUT]
         [--override KEY=VALUE ...]      (the workload's config, both sides: e.g. trainer.lr=3e-4)
         [--rlx-override KEY=VALUE ...]  (rlx only: e.g. rollout.backend=hf)
+        [--plot PNG]                    (draw the run: gains per seed, training reward, time ratios)
+    python benchmarks/bench_e2e.py --replot REPORT.json [REPORT.json ...] --plot PNG
+                                        (draw saved reports, e.g. rlx's sync and fully_async runs, in one figure)
 
 Both sides train on the task's own reward (``task.reward``: exact match for tiny_math, the shaped
 step-by-step reward for running_sum); the held-out score is exact match for both.
@@ -261,6 +264,81 @@ def print_table(report: dict) -> None:
               + " ".join(f"{x:.3f}" for x in r.get("train_reward", [])))
 
 
+def rlx_label(report: dict) -> str:
+    """How rlx ran in ``report``: its trainer mode, then any other rlx-only override."""
+    overrides = dict(o.split("=", 1) for o in report.get("rlx_overrides", []))
+    mode = overrides.pop("trainer.mode", "sync")
+    rest = [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in overrides.items() if k != "trainer.max_staleness"]
+    return f"rlx {mode}" + (f" ({' '.join(rest)})" if rest else "")
+
+
+def draw(reports: list[dict], out: Path) -> None:
+    """One figure of one workload's reports: each seed's held-out gain (rlx against TRL), the mean training
+    reward per window over the seeds, and each seed's step and wall ratios."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (gains, curves, ratios) = plt.subplots(1, 3, figsize=(15, 4.4))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    trl_curves, low, high = [], float("inf"), float("-inf")
+    for index, report in enumerate(reports):
+        color, label = colors[index % len(colors)], rlx_label(report)
+        paired = [s for s in report["per_seed"] if "gain_diff" in s]
+        x, y = [s["trl"]["gain"] for s in paired], [s["rlx"]["gain"] for s in paired]
+        low, high = min([low, *x, *y]), max([high, *x, *y])
+        above = sum(s["gain_diff"] >= 0 for s in paired)
+        gains.scatter(x, y, color=color, alpha=0.7, label=f"{label}: at or above TRL on {above} of {len(paired)}")
+        rows = [r for r in report["rows"] if r.get("train_reward")]
+        rlx = [r["train_reward"] for r in rows if r["side"] == "rlx"]
+        trl_curves += [r["train_reward"] for r in rows if r["side"] == "trl"]
+        if rlx:
+            curves.plot(*window_means(rlx), marker="o", color=color, label=f"{label} ({len(rlx)} runs)")
+        seeds = [s["seed"] for s in paired]
+        ratios.plot(seeds, [s["step_ratio"] for s in paired], "o", color=color, label=f"{label}: step")
+        ratios.plot(seeds, [s["wall_ratio"] for s in paired], "x", color=color, label=f"{label}: wall")
+    if trl_curves:
+        curves.plot(*window_means(trl_curves), marker="s", color="black", linestyle="--",
+                    label=f"TRL GRPOTrainer ({len(trl_curves)} runs)")
+    pad = 0.02
+    gains.plot([low - pad, high + pad], [low - pad, high + pad], color="grey", linestyle="--", label="equal gain")
+    gains.set(xlabel="TRL held-out gain", ylabel="rlx held-out gain",
+              title=f"{reports[0]['workload']}: held-out gain per seed (from {reports[0]['start_accuracy']:.3f})")
+    curves.set(xlabel="step", ylabel="training reward (mean over seeds)",
+               title=f"training reward, mean of each {LOG_EVERY} steps")
+    ratios.xaxis.get_major_locator().set_params(integer=True)
+    ratios.axhline(1.0, color="grey", linestyle="--")
+    ratios.axhline(0.5, color="grey", linestyle=":")
+    ratios.set(xlabel="seed", ylabel="rlx / TRL", ylim=(0, max(1.2, ratios.get_ylim()[1])),
+               title="rlx / TRL per seed: median step (o), wall (x)")
+    for ax in (gains, curves, ratios):
+        ax.legend(fontsize=7, framealpha=0.85)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def window_means(curves: list[list[float]]) -> tuple[list[int], list[float]]:
+    """The last step of each window and the mean over ``curves`` there (curves cut to the shortest)."""
+    length = min(len(c) for c in curves)
+    return ([(i + 1) * LOG_EVERY for i in range(length)],
+            [statistics.fmean(c[i] for c in curves) for i in range(length)])
+
+
+def replot(paths: list[str], out: Path) -> None:
+    reports = [json.loads(Path(p).read_text()) for p in paths]
+    workloads = {r["workload"] for r in reports}
+    if len(workloads) > 1:
+        raise SystemExit(f"error: --replot takes reports of one workload, got {sorted(workloads)}; "
+                         "draw each workload's reports into its own --plot file")
+    starts = {round(r["start_accuracy"], 6) for r in reports}
+    if len(starts) > 1:
+        raise SystemExit(f"error: --replot takes reports of one starting model, got held-out start accuracies "
+                         f"{sorted(starts)} (models built on different machines); draw each into its own --plot file")
+    draw(reports, out)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_trl":
         p = argparse.ArgumentParser()
@@ -283,11 +361,20 @@ def main() -> None:
     p.add_argument("--rlx-override", action="append", default=[], help="extra KEY=VALUE for rlx train only")
     p.add_argument("--work-dir", default="", help="where runs are written (default: a new temporary directory)")
     p.add_argument("--json", default="", help="write the report here")
+    p.add_argument("--plot", type=Path, default=None, help="draw the report here (PNG)")
+    p.add_argument("--replot", nargs="+", default=[], metavar="REPORT",
+                   help="draw these saved reports (--json files of one workload) into --plot instead of running")
     args = p.parse_args()
+    if args.replot:
+        if args.plot is None:
+            p.error("--replot draws into the file --plot names: add --plot OUT.png")
+        return replot(args.replot, args.plot)
     report = bench(args)
     print_table(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
+    if args.plot:
+        draw([report], args.plot)
 
 
 if __name__ == "__main__":
