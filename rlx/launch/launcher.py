@@ -199,7 +199,8 @@ class Launch:
         from rlx.rollout.client import RolloutClient
 
         cfg = self.cfg
-        client = RolloutClient(addresses, token=cfg.rollout.auth_token, timeout_s=cfg.rollout.request_timeout_s)
+        client = RolloutClient(addresses, token=cfg.rollout.auth_token, timeout_s=cfg.rollout.request_timeout_s,
+                               awaits_restarts=cfg.rollout.restart_on_failure)
         controller = None
         try:
             controller = Controller(cfg, self.run_dir, client, trainer, self.display)

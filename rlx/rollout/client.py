@@ -7,7 +7,9 @@ becomes ``RolloutServerError`` naming its address, never a hang. Generate reques
 live server with the fewest requests in flight. A server the launcher restarts is marked down
 (``mark_down``): its requests in flight fail at once and generate re-issues them to a live server
 (waiting for one, within the request's deadline), broadcasts leave it out, and nothing is routed to
-it until ``mark_up`` (once it holds the trainer's weights again). ``channel(i)`` hands the weight
+it until ``mark_up`` (once it holds the trainer's weights again). A server that stops answers its
+requests in flight with ``protocol.SERVER_STOPPING``: the request fails with that error, or, where the
+holder restarts servers (``awaits_restarts``), waits for its server to be marked down and is re-issued. ``channel(i)`` hands the weight
 sender server ``i``'s socket as an ``rlx.sync.rpc.RpcSyncChannel``, which carries each sync request
 as its own bytes in one ``UpdateWeights``; this client never sees them. The socket plumbing
 (request-id frames, deadlines) is ``rlx.sync.rpc.RpcClient``.
@@ -31,11 +33,15 @@ class RolloutServerError(RuntimeError):
 
 
 class RolloutClient:
-    def __init__(self, addresses: Sequence[str], token: str = "", timeout_s: float = 300.0) -> None:
+    def __init__(self, addresses: Sequence[str], token: str = "", timeout_s: float = 300.0,
+                 awaits_restarts: bool = False) -> None:
         if not addresses:
             raise ValueError("no rollout server addresses; set rollout.servers or let rlx train launch servers")
         self.token = token
         self.timeout_s = timeout_s
+        self.awaits_restarts = awaits_restarts
+        """Whoever holds this client restarts a server that exits and marks it down meanwhile (the launcher with
+        rollout.restart_on_failure): a request its stopping server cancelled waits for that, to be re-issued."""
         self._ctx = zmq.asyncio.Context()
         self._peers = [RpcClient(a, f"rollout server {a}", p.decode_reply, self._ctx, hwm=0) for a in addresses]
         self._ids = itertools.count(1)
@@ -99,11 +105,19 @@ class RolloutClient:
                 epoch = self._epochs[index]
                 try:
                     return (await self.call(index, body, max(deadline - time.time(), 0.1))).results[0]
-                except RolloutServerError:
+                except RolloutServerError as exc:
+                    if self.awaits_restarts and p.SERVER_STOPPING in str(exc):
+                        await self._marked_down(index, epoch, max(deadline - time.time(), 0.0))
                     if self._epochs[index] == epoch or time.time() > deadline:
-                        raise  # the server is alive: its error is the answer
+                        raise  # the server is alive, or stopped for good: its error is the answer
 
         return list(await asyncio.gather(*(one(prompt) for prompt in prompts)))
+
+    async def _marked_down(self, index: int, epoch: int, within_s: float) -> None:
+        """Wait up to ``within_s`` for server ``index`` to be marked down after ``epoch``."""
+        until = time.monotonic() + within_s
+        while self._epochs[index] == epoch and time.monotonic() < until:
+            await asyncio.sleep(0.05)
 
     async def broadcast(self, body, timeout_s: float | None = None) -> list:
         """``body`` to every live server; one that dies meanwhile is left out of the replies."""

@@ -20,6 +20,10 @@ from rlx.sync.messages import BucketAck
 
 PROTOCOL_VERSION = 1
 
+SERVER_STOPPING = ("the rollout server is stopping (SIGTERM, SIGINT or a Shutdown request) and cancelled this request "
+                   "unfinished; send it again to a live server")
+"""The error of every request a stopping server cancels; a client that restarts servers re-issues such a request."""
+
 
 class SamplingSpec(msgspec.Struct, frozen=True):
     """Sampling parameters of one generate request (vLLM's names and meanings)."""

@@ -17,7 +17,9 @@ against the context (``rollout.max_model_len``), and refused with the field and 
 it) and answered with an error. A weight update that fails, or whose sender sends nothing for
 ``sync.timeout_s``, is aborted, so the backend generates again and takes the next sync. When the
 backend reports a failure (its engine died), every request in flight and every new one is
-answered with that failure, and the server stops and raises ``BackendDied`` (a non-zero exit).
+answered with that failure, and the server stops and raises ``BackendDied`` (a non-zero exit). When
+the server stops (SIGTERM, SIGINT, ``Shutdown``), every request still in flight is cancelled and
+answered that the server is stopping, so no client waits out its timeout.
 """
 
 from __future__ import annotations
@@ -113,6 +115,8 @@ class RolloutServer:
             watch.cancel()
             for task in list(self._tasks):
                 task.cancel()
+            if self._tasks:  # each request still in flight answers that the server is stopping
+                await asyncio.wait(list(self._tasks), timeout=drain_s)
             await self._close_backend()
             sock.close(0)
             ctx.term()
@@ -178,7 +182,12 @@ class RolloutServer:
             log.warning("malformed message from a client (%d bytes): %s", len(payload), exc)
             await self._send(frames, p.Reply(id=exc.request_id, ok=False, error=str(exc)))
             return
-        reply = await self.answer(request)
+        try:
+            reply = await self.answer(request)
+        except asyncio.CancelledError:
+            if not self._stop.is_set():
+                raise
+            reply = p.Reply(id=request.id, ok=False, error=p.SERVER_STOPPING)
         await self._send(frames, reply)
 
     async def answer(self, request: p.Request) -> p.Reply:
@@ -277,10 +286,11 @@ class RolloutServer:
             tracer.event("queued", request_id=rid, paused=self.paused)
         try:
             together = max(body.together, len(prompts))
-            results = await asyncio.wait_for(
-                asyncio.gather(*(self._generate_one(prompt, sampling, rid, deadline, together)
-                                 for prompt, sampling, rid in zip(prompts, samplings, ids))),
-                max(deadline - time.time(), 0.0))
+            # asyncio.timeout, not wait_for: when the server stops and cancels this request, the gather's
+            # outcome is retrieved here rather than left for the loop to log as never retrieved.
+            async with asyncio.timeout(max(deadline - time.time(), 0.0)):
+                results = await asyncio.gather(*(self._generate_one(prompt, sampling, rid, deadline, together)
+                                                 for prompt, sampling, rid in zip(prompts, samplings, ids)))
         except TimeoutError:
             raise RequestRefused(f"request {request_id} reached its deadline while generating; it was cancelled "
                                  "(raise the client's timeout or lower max_tokens)") from None

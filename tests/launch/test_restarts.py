@@ -125,8 +125,11 @@ def test_a_server_that_keeps_dying_stops_the_run_once_its_restarts_are_spent(tin
     assert_no_children_alive(run_dir)
 
 
-def test_requests_in_flight_to_a_dead_server_are_reissued_to_a_live_one(tiny_model_dir, tmp_path):
-    """What the launcher does on a death (``mark_down``), done by hand: every prompt still gets its answer."""
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_requests_in_flight_to_a_dead_server_are_reissued_to_a_live_one(sig, tiny_model_dir, tmp_path):
+    """What the launcher does on a death (``mark_down`` once the process has exited), done by hand: every
+    prompt still gets its answer. A SIGTERMed server first answers its requests that it is stopping; they
+    wait for the mark and are re-issued too."""
     import asyncio
 
     from rlx.rollout import protocol as p
@@ -137,14 +140,15 @@ def test_requests_in_flight_to_a_dead_server_are_reissued_to_a_live_one(tiny_mod
     with serve_with(tiny_model_dir, tmp_path, "a", **sections) as (live, _), \
             serve_with(tiny_model_dir, tmp_path, "b", **sections) as (doomed, doomed_proc):
         async def go():
-            client = RolloutClient([live, doomed], timeout_s=120.0)
+            client = RolloutClient([live, doomed], timeout_s=120.0, awaits_restarts=True)
             try:
-                sampling = p.SamplingSpec(n=2, max_tokens=64, temperature=1.0, seed=1)
+                sampling = p.SamplingSpec(n=16, max_tokens=192, temperature=1.0, seed=1)  # long enough to stop mid-way
                 work = asyncio.create_task(client.generate([f"{i}+{i}=" for i in range(32)], sampling))
                 while client._peers[1].in_flight == 0:
                     await asyncio.sleep(0.01)
                 in_flight = client._peers[1].in_flight
-                os.killpg(doomed_proc.pid, signal.SIGKILL)
+                os.killpg(doomed_proc.pid, sig)
+                await asyncio.to_thread(doomed_proc.wait, 30)
                 client.mark_down(1)
                 results = await work
                 return in_flight, results
@@ -153,4 +157,4 @@ def test_requests_in_flight_to_a_dead_server_are_reissued_to_a_live_one(tiny_mod
 
         in_flight, results = asyncio.run(go())
     assert in_flight > 0
-    assert len(results) == 32 and all(len(r.samples) == 2 for r in results)
+    assert len(results) == 32 and all(len(r.samples) == 16 for r in results)

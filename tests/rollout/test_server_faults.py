@@ -177,7 +177,8 @@ def test_a_request_past_its_deadline_stops_generating_and_frees_the_server(hf_se
 
 def test_empty_prompts_and_bad_sleep_requests_are_refused_and_sigterm_removes_the_socket_file(tiny_model_dir, tmp_path):
     """An empty text prompt, a Sleep level other than 1 or 2 and unknown WakeUp tags are refused (the server
-    keeps generating); SIGTERM then ends the server and removes its ipc socket file."""
+    keeps generating); SIGTERM then ends the server, answers the request it was generating that it stopped
+    (not left to the client's timeout, nothing logged as never retrieved) and removes its ipc socket file."""
     import os
     import signal
     from pathlib import Path
@@ -195,6 +196,22 @@ def test_empty_prompts_and_bad_sleep_requests_are_refused_and_sigterm_removes_th
         run_with_client(address, scenario)
         socket_file = Path(address.removeprefix("ipc://"))
         assert socket_file.exists()
-        os.killpg(proc.pid, signal.SIGTERM)
+
+        async def stopped_mid_generate(client):
+            long = p.SamplingSpec(n=64, temperature=1.0, max_tokens=400)
+            work = asyncio.create_task(client.generate([f"{i}+{i}=" for i in range(4)], long, timeout_s=60.0))
+            while client._peers[0].in_flight == 0:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)  # in the engine, not just sent
+            assert not work.done(), "the request ended before the server was stopped"
+            os.killpg(proc.pid, signal.SIGTERM)
+            with pytest.raises(RolloutServerError) as err:
+                await work
+            return str(err.value)
+
+        error = run_with_client(address, stopped_mid_generate)
+        assert p.SERVER_STOPPING in error, error
         assert proc.wait(30) == 0
         assert not socket_file.exists()
+        log = (tmp_path / "server-hf.log").read_text()
+        assert "never retrieved" not in log and "Traceback" not in log, log[-3000:]

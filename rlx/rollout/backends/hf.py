@@ -63,6 +63,7 @@ class HfBackend(Backend):
         self._sync_open = False
         self._client_paused = False
         self._gate = _StepGate()
+        self._closing = threading.Event()  # set by close: the batch being generated ends at its next step
         self._generating = False  # a batch runs in the generation thread
         self.weight_version = 0  # the version that labels the tokens sampled from here on
         self._batcher: asyncio.Task | None = None
@@ -214,7 +215,7 @@ class HfBackend(Backend):
                 **inputs, do_sample=False, temperature=None, top_p=None, top_k=None, max_new_tokens=spec.max_tokens,
                 stop_strings=list(spec.stop) or None, tokenizer=self.tokenizer, past_key_values=cache,
                 logits_processor=LogitsProcessorList([sampler] if sampler else []),
-                stopping_criteria=StoppingCriteriaList([_PastDeadline(row_deadlines), stepper]),
+                stopping_criteria=StoppingCriteriaList([_PastDeadline(row_deadlines, self._closing), stepper]),
                 output_scores=sampler is None, return_dict_in_generate=True, pad_token_id=self.tokenizer.pad_token_id)
         new_tokens = out.sequences[:, inputs["input_ids"].shape[1]:]
         if sampler is not None:
@@ -404,6 +405,7 @@ class HfBackend(Backend):
         return ""
 
     async def close(self) -> None:
+        self._closing.set()  # the batch in the generation thread stops at its next step: the process can exit
         self._gate.open()  # a generation thread waiting between two steps must not outlive the server
         if self._batcher is not None:
             self._batcher.cancel()
@@ -502,15 +504,17 @@ class _RowSampler:
 
 
 class _PastDeadline:
-    """A transformers stopping criterion: a row is done once its request's deadline has passed."""
+    """A transformers stopping criterion: a row is done once its request's deadline has passed, and every row
+    once the backend is closing."""
 
-    def __init__(self, row_deadlines: list[float]) -> None:
+    def __init__(self, row_deadlines: list[float], closing: threading.Event) -> None:
         self.row_deadlines = row_deadlines
+        self.closing = closing
 
     def __call__(self, input_ids, scores, **kwargs):
         import torch
 
-        now = time.time()
+        now = float("inf") if self.closing.is_set() else time.time()
         return torch.tensor([now >= d for d in self.row_deadlines], dtype=torch.bool, device=input_ids.device)
 
 
