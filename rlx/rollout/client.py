@@ -8,10 +8,11 @@ live server with the fewest requests in flight. A server the launcher restarts i
 (``mark_down``): its requests in flight fail at once and generate re-issues them to a live server
 (waiting for one, within the request's deadline), broadcasts leave it out, and nothing is routed to
 it until ``mark_up`` (once it holds the trainer's weights again). A server that stops answers its
-requests in flight with ``protocol.SERVER_STOPPING``: the request fails with that error, or, where the
-holder restarts servers (``awaits_restarts``), waits for its server to be marked down and is re-issued. ``channel(i)`` hands the weight
-sender server ``i``'s socket as an ``rlx.sync.rpc.RpcSyncChannel``, which carries each sync request
-as its own bytes in one ``UpdateWeights``; this client never sees them. The socket plumbing
+requests in flight with ``protocol.SERVER_STOPPING``: the request fails with that error, or, where
+the holder restarts servers (``awaits_restarts``), waits for its server to be marked down and is
+re-issued. ``channel(i)`` hands the weight sender server ``i``'s socket as an
+``rlx.sync.rpc.RpcSyncChannel``, which carries each sync request as its own bytes in one
+``UpdateWeights``; this client never sees them. The socket plumbing
 (request-id frames, deadlines) is ``rlx.sync.rpc.RpcClient``.
 """
 
