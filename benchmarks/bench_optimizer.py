@@ -25,18 +25,14 @@ sys.path.insert(0, str(ROOT))
 
 
 def cpu_models() -> dict[str, Path]:
-    """The quickstart's and the long workload's model directories, built if missing."""
-    from rlx.config import load_config
-    from rlx.launch.display import Display
-    from rlx.launch.preflight import build_model
+    """The quickstart's and the long workload's model directories (``bench_e2e``'s), built if missing."""
+    from benchmarks.bench_e2e import ensure_model, load_cfg
 
     models = {}
-    for name, config in (("quickstart", "configs/quickstart.yaml"), ("long", "configs/bench_long.yaml")):
-        cfg = load_config(ROOT / config, [])
-        path = ROOT / cfg.model.path
-        if not (path / "config.json").is_file():
-            build_model(cfg, Display(total_steps=0))
-        models[name] = path
+    for name in ("quickstart", "long"):
+        cfg = load_cfg(name)
+        ensure_model(cfg)
+        models[name] = Path(cfg.model.path)
     return models
 
 
