@@ -245,6 +245,10 @@ class RolloutConfig:
     keys and values the old weights computed (hf backend only), which costs nothing where syncs land mid-batch
     (trainer.mode=fully_async). Either way the logprob returned is that of the distribution each token was
     sampled from, which is what the off-policy correction weighs against."""
+    token_versions: str = "auto"
+    """vLLM: where each token's policy version comes from: engine = vLLM labels its outputs (newer vLLMs than
+    0.25), counted = rlx counts each request's tokens at every weight update (exact: the engine is paused then),
+    auto = the engine's where it has them, else counted."""
     request_timeout_s: float = 300.0
     """Deadline of one generate request."""
     startup_timeout_s: float = 300.0
@@ -303,6 +307,7 @@ class RolloutConfig:
             raise ConfigError("rollout.kv_after_sync=keep needs rollout.backend=hf: vLLM clears its prefix cache "
                               "(which must not serve keys computed under old weights) only by making every running "
                               "request recompute; set rollout.kv_after_sync=recompute or rollout.backend=hf")
+        check_choice("rollout.token_versions", self.token_versions, ("auto", "engine", "counted"))
         check_range("rollout.port", self.port, 0, 65535)
         check_range("rollout.openai_port", self.openai_port, 0, 65535)
         check_range("rollout.top_k", self.top_k, -1, hint="-1 turns top-k sampling off")

@@ -198,8 +198,13 @@ def node_checks(cfg, node: str, facts: dict, roles: dict[str, int], needs: dict[
                               "a free range (or 0 for any free port)")
     checks.append(Check("versions", node, f"python {facts['python']}, torch {facts['torch']}, vllm {facts['vllm']}, "
                                           f"rlx {facts['rlx']}"))
-    if cfg.rollout.backend == "vllm" and facts["vllm"] == "missing" and roles.get("rollout"):
-        checks[-1].fix = "rollout.backend=vllm but vLLM is not installed here; pip install 'rlx[cpu]' or 'rlx[gpu]'"
+    if cfg.rollout.backend == "vllm" and roles.get("rollout"):
+        from rlx.rollout.backends.vllm_support import verdict
+
+        if facts["vllm"] == "missing":
+            checks[-1].fix = "rollout.backend=vllm but vLLM is not installed here; pip install 'rlx[cpu]' or 'rlx[gpu]'"
+        elif verdict(facts["vllm"]):
+            checks[-1].fix = verdict(facts["vllm"])
     return checks
 
 

@@ -174,9 +174,28 @@ async def _paused_mid_request(client: RolloutClient, seed: int) -> tuple[int, as
     return before, request
 
 
-def test_vllm_request_kept_across_an_update_returns_the_version_of_each_token(vllm_server, tiny_model_dir):
-    """vLLM labels each engine step with the weight version; the same weights are sent, so the shared server
-    serves on unchanged (only its label moves)."""
+@pytest.fixture(scope="module")
+def counting_vllm_server(tiny_model_dir, tmp_path_factory):
+    """A vLLM server that counts each request's tokens at every update (``rollout.token_versions=counted``), as
+    it must on vLLM 0.25, whose engine labels no output with a version."""
+    from tests.helpers import serve_with
+
+    work = tmp_path_factory.mktemp("counted")
+    with serve_with(tiny_model_dir, work, "server-counted", rollout={"backend": "vllm",
+                                                                    "token_versions": "counted"}) as (address, _):
+        yield address
+
+
+@pytest.fixture(params=["engine", "counted"])
+def versions_server(request):
+    """Both sources of per-token versions: the engine's labels (newer vLLMs) and rlx's count (vLLM 0.25)."""
+    return request.getfixturevalue("vllm_server" if request.param == "engine" else "counting_vllm_server")
+
+
+def test_vllm_request_kept_across_an_update_returns_the_version_of_each_token(versions_server, tiny_model_dir):
+    """The engine's step labels or rlx's count of each request's tokens at the update; the same weights are
+    sent, so the shared server serves on unchanged (only its label moves)."""
+    vllm_server = versions_server
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
@@ -207,10 +226,12 @@ def test_vllm_request_kept_across_an_update_returns_the_version_of_each_token(vl
     assert spanning, f"no sample spans the update: {[(len(s.token_ids), s.versions[:3]) for s in result.samples]}"
 
 
-def test_vllm_request_kept_across_an_update_recomputes_its_kv_with_the_new_weights(vllm_server, tiny_model_dir):
+def test_vllm_request_kept_across_an_update_recomputes_its_kv_with_the_new_weights(versions_server, tiny_model_dir):
     """v1 changes every value projection, so the keys and values of the tokens sampled before the update
     differ under v1: a token sampled after it has exactly v1's full-forward logprob only if the engine
-    recomputed them. The shared server gets v0 back at the end."""
+    recomputed them. The versions split each sample where the logprobs change from v0's to v1's, so a count
+    that were one token off fails here. The shared server gets v0 back at the end."""
+    vllm_server = versions_server
     from transformers import AutoModelForCausalLM
 
     v0 = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()

