@@ -303,11 +303,12 @@ class BroadcastCeiling:
             for flat in self.flats:
                 buffer.send_chunk(flat)
             buffer.ready(0)
+            buffer.post(0)
             _check_acks(await asyncio.gather(*calls), "plain broadcast")
             seconds = time.perf_counter() - start
             _check_acks(await asyncio.gather(*(ch.call(SyncEnd(sync_id), self.timeout_s) for ch in self.channels)),
                         "SyncEnd")
-            buffer.end_sync()
+            await buffer.end_sync()
         finally:
             buffer.close()
         if record:

@@ -175,9 +175,9 @@ class WeightSender:
         buckets = pack_buckets(self._sources(named_tensors, pending, counts), buffer.slot_bytes)
         try:
             await buffer.connect(begun)
-            await self._stream(sync_id, buckets, fill, buffer.num_slots, channels, counts, begun)
+            await self._stream(sync_id, buckets, fill, buffer.num_slots, channels, counts, begun, buffer.post)
             await self._broadcast(SyncEnd(sync_id), channels)
-            buffer.end_sync()
+            await buffer.end_sync()
         except BaseException:
             self.close()  # never overwrite bytes a slow receiver might still be reading
             await _cancel(begun)
@@ -210,9 +210,11 @@ class WeightSender:
                           verified=self.verify)
 
     async def _stream(self, sync_id: int, buckets: Iterator[Bucket], prepare: Prepare, window: int,
-                      channels: list[SyncChannel], counts: collections.Counter, begun: list[asyncio.Task]) -> None:
+                      channels: list[SyncChannel], counts: collections.Counter, begun: list[asyncio.Task],
+                      post: Callable[[int], None] | None = None) -> None:
         """Send each bucket once every receiver acknowledged the bucket ``window`` places before it
-        (the one that last used its slot); ``prepare`` fills it and names its slot."""
+        (the one that last used its slot); ``prepare`` fills it and names its slot, ``post`` starts moving
+        its bytes once its meta is on the wire."""
         inflight: list[list[asyncio.Task]] = [[] for _ in range(window)]
         try:
             for bucket_id, bucket in enumerate(buckets):
@@ -224,6 +226,8 @@ class WeightSender:
                 waiting += [asyncio.create_task(self._call(ch, SyncBucket(meta), checksums)) for ch in channels]
                 counts["buckets"] += 1
                 await asyncio.sleep(0)  # the new calls put the bucket's request on the wire before the next copy
+                if post is not None:
+                    post(slot)
             await _settle(begun)
             for tasks in inflight:
                 await _settle(tasks)

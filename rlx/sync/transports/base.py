@@ -49,7 +49,11 @@ class SenderBuffer(ABC):
         """Start sending ``source`` (1-D uint8), the next chunk of the bucket (``sends_from_source``)."""
         raise NotImplementedError(f"{type(self).__name__} copies chunks into its slots")
 
-    def end_sync(self) -> None:
+    def post(self, index: int) -> None:
+        """Slot ``index``'s meta is on the wire: a transport that moves bytes starts sending its chunks now
+        (a shared buffer's receivers read in place: nothing to do)."""
+
+    async def end_sync(self) -> None:
         """The sync ended well (every receiver acknowledged SyncEnd); nothing to do for a shared buffer."""
 
     def unlink(self) -> None:

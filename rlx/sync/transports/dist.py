@@ -14,12 +14,19 @@ Bytes: the sender broadcasts every chunk straight from its source tensor (no slo
 receiver receives every chunk straight into its destination when the consumer names one
 (``WeightReceiver(assemble_into=...)``), else into its own slot memory, from which the consumer
 copies (vLLM's ``load_weights``). Both sides post the broadcasts of a bucket in chunk order (the
-process group matches collectives by sequence), so with two buffers the sender's broadcasts of
-bucket k+1 are queued while the receiver still loads bucket k. Empty chunks are not broadcast.
+process group matches collectives by sequence). The sender posts a bucket's broadcasts only after its
+meta is on the wire (``post``), so the receiver is already on its way to post its side: a post that
+waits for its peer (NCCL may set up a connection at the first collective) can never wait on a meta that
+is not sent. With two buffers the sender's broadcasts of bucket k+1 are queued while the receiver still
+loads bucket k. Empty chunks are not broadcast.
 
-Deadlines: the group's timeout is the sync's (``sync.timeout_s``), so a broadcast whose peer died
-fails within it instead of hanging; the receiver's error names the sender, and the sender's
-acknowledgement deadline names the receiver.
+Deadlines, and nothing blocks where a signal must land: on the sender every gloo / NCCL call (the
+rendezvous, the posts, the aborts) runs on the buffer's ``Lane``, one daemon thread, and the event loop
+polls the broadcasts' completion; a receiver polls its own. Where a broadcast has not finished within
+``sync.timeout_s`` the communicator is aborted (which frees a GPU kernel waiting on a dead peer) and
+the sync fails naming the peer; the group's own timeout is longer, so torch's NCCL watchdog, which
+would end the whole process, never fires first. A rendezvous that does not finish in time is left on
+its thread (a daemon: it never holds the process at exit) and the next sync takes a new lane.
 
 Addresses: the store listens on every interface of the sender's host; it advertises the address
 that routes to the first receiver not on this host (127.0.0.1 when all are local), or
@@ -31,10 +38,15 @@ token-checked ``SyncBegin``, but the bytes are not encrypted: sync over a truste
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime
+import logging
 import os
+import queue
 import secrets
 import socket
+import threading
+import time
 from urllib.parse import urlparse
 
 import torch
@@ -44,8 +56,38 @@ from rlx.sync.errors import SyncError
 from rlx.sync.messages import TransportHandle
 from rlx.sync.transports.base import ReceiverMapping, SenderBuffer
 
+log = logging.getLogger(__name__)
+
 DIST_TRANSPORTS = ("gloo", "nccl")
 _PAYLOAD = ("host", "port", "group", "rank", "world_size", "timeout_s")
+GROUP_TIMEOUT_MARGIN_S = 60.0  # the group's own timeout exceeds the sync's: rlx's deadline fires first
+POLL_S = 0.0005  # how often a wait looks at its broadcasts
+
+
+class Lane:
+    """One daemon thread running calls in order: a gloo / NCCL call that waits on a peer without bound
+    blocks this thread, never the caller's event loop or its signal handlers."""
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def submit(self, fn, *args) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._calls.put((future, fn, args))
+        return future
+
+    def close(self) -> None:
+        self._calls.put(None)
+
+    def _run(self) -> None:
+        while (call := self._calls.get()) is not None:
+            future, fn, args = call
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    future.set_exception(exc)
 
 
 class DistBuffer(SenderBuffer):
@@ -56,9 +98,11 @@ class DistBuffer(SenderBuffer):
         self.device = _device(kind, device)
         self._store = None
         self._group = None
+        self._lane: Lane | None = None
         self._join: dict | None = None  # the rendezvous of the sync in progress
-        self._posting: list = []  # (work, source) of the bucket being sent
-        self._works: dict[int, list] = {}  # slot -> its last bucket's (work, source)
+        self._filling: list[torch.Tensor] = []  # the chunks of the bucket being filled
+        self._staged: dict[int, list[torch.Tensor]] = {}  # slot -> its bucket's chunks, until its meta is out
+        self._posted: list[concurrent.futures.Future] = []  # each bucket's posts: their works and sources
 
     def slot(self, index: int) -> torch.Tensor:
         raise NotImplementedError("the dist transport sends each chunk from its source tensor; it has no slots")
@@ -68,7 +112,7 @@ class DistBuffer(SenderBuffer):
 
     def handles(self, peers: list[str]) -> list[TransportHandle]:
         """A new group for this sync: one handle per receiver (rank 1..n), in ``peers`` order."""
-        self.end_sync()
+        self._drop_group()
         host = os.environ.get("RLX_SYNC_HOST") or advertised_host(peers)
         if self._store is None:
             from torch.distributed import TCPStore
@@ -82,51 +126,87 @@ class DistBuffer(SenderBuffer):
                 for rank in range(1, len(peers) + 1)]
 
     async def connect(self, begun: list[asyncio.Task]) -> None:
-        """Join the group (in a thread: the rendezvous waits for every receiver) while the receivers
+        """Join the group (on the lane: the rendezvous waits for every receiver) while the receivers
         handle their ``SyncBegin``; a receiver that fails its begin fails this at once."""
         join = self._join
         assert join is not None, "handles() comes before connect()"
         from torch.distributed import PrefixStore
 
-        joining = asyncio.ensure_future(asyncio.to_thread(
+        if self._lane is None:
+            self._lane = Lane(f"rlx-{self.kind}-sync")
+        joining = asyncio.wrap_future(self._lane.submit(
             new_group, self.kind, PrefixStore(join["group"], self._store), 0, join["world_size"], join["host"],
-            self.timeout_s))
-        await asyncio.wait([joining, *begun], return_when=asyncio.FIRST_EXCEPTION)
-        for task in begun:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                joining.add_done_callback(_abort_late_group)
-                raise task.exception()
+            self.timeout_s, self.device))
+        done, _ = await asyncio.wait([joining, *begun], timeout=self.timeout_s, return_when=asyncio.FIRST_EXCEPTION)
+        failed = [t for t in begun if t.done() and not t.cancelled() and t.exception() is not None]
+        if failed or joining not in done:
+            joining.add_done_callback(_abort_late_group)
+            self._abandon_lane()
+            if failed:
+                raise failed[0].exception()
+            raise SyncError(f"the {self.kind} group {join['group']} did not form within {self.timeout_s:g} s "
+                            f"(sync.timeout_s); receivers: {', '.join(join['peers'])}")
         try:
-            self._group = await joining
+            self._group = joining.result()
         except Exception as exc:  # noqa: BLE001 - any rendezvous failure is reported naming the receivers
             raise SyncError(f"the {self.kind} group {join['group']} did not form within {self.timeout_s:g} s "
                             f"(sync.timeout_s): {exc}; receivers: {', '.join(join['peers'])}") from None
 
     def send_chunk(self, source: torch.Tensor) -> None:
         if source.numel():
-            self._posting.append((self._group.broadcast([source], _root()), source))
+            self._filling.append(source)
 
     def ready(self, index: int) -> None:
-        """The bucket's broadcasts are posted; those of the last bucket in this slot are finished
-        (every receiver acknowledged it), so their errors, if any, are raised here."""
-        _wait_all(self._works.pop(index, []), self.timeout_s, f"the receivers of group {self._name()}")
-        self._works[index], self._posting = self._posting, []
+        """The bucket is complete; its chunks wait for ``post`` (after its meta went out)."""
+        self._staged[index], self._filling = self._filling, []
 
-    def end_sync(self) -> None:
-        works = [w for slot_works in self._works.values() for w in slot_works] + self._posting
-        self._works, self._posting = {}, []
-        group, self._group, self._join = self._group, None, None
+    def post(self, index: int) -> None:
+        """The bucket's meta is on the wire: post its broadcasts on the lane, in chunk order."""
+        chunks = self._staged.pop(index, [])
+        if chunks:
+            self._posted.append(self._lane.submit(_post_all, self._group, chunks))
+
+    async def end_sync(self) -> None:
+        """Every receiver acknowledged ``SyncEnd``: wait (polling, within ``sync.timeout_s``) until the
+        sender's broadcasts finished too, then close the group."""
+        posted, self._posted = self._posted, []
+        deadline = time.monotonic() + self.timeout_s
         try:
-            if group is not None:
-                _wait_all(works, self.timeout_s, "the receivers")
-        finally:
-            _abort(group)
+            for future in posted:
+                works = await asyncio.wait_for(asyncio.wrap_future(future), max(deadline - time.monotonic(), 0.001))
+                await wait_works(works, deadline, f"the receivers of group {self._name()}")
+        except (SyncError, asyncio.TimeoutError) as exc:
+            self._drop_group(abandon=True)
+            if isinstance(exc, SyncError):
+                raise
+            raise SyncError(f"broadcasts to the receivers of group {self._name()} were not posted within "
+                            f"{self.timeout_s:g} s (sync.timeout_s)") from None
+        self._drop_group()
 
     def close(self) -> None:
-        self._works, self._posting = {}, []
-        group, self._group, self._join = self._group, None, None
-        _abort(group)
+        self._filling, self._staged, self._posted = [], {}, []
+        self._drop_group(abandon=True)
+        if self._lane is not None:
+            self._lane.close()
+            self._lane = None
         self._store = None
+
+    def _drop_group(self, abandon: bool = False) -> None:
+        """Abort the group of the sync that ends (on the lane, after the posts: it never blocks here);
+        ``abandon``: the lane may be stuck, so the abort runs on a thread of its own and the lane is left."""
+        group, self._group, self._join = self._group, None, None
+        if group is None:
+            return
+        if abandon or self._lane is None:
+            abort_soon(group)
+            self._abandon_lane()
+        else:
+            self._lane.submit(_abort, group)
+
+    def _abandon_lane(self) -> None:
+        if self._lane is not None:
+            self._lane.close()  # it ends after the call it is stuck in, if that ever returns
+            self._lane = None
 
     def _name(self) -> str:
         return self._join["group"] if self._join else "(none)"
@@ -136,8 +216,6 @@ class DistMapping(ReceiverMapping):
     moves_bytes = True
 
     def __init__(self, handle: TransportHandle):
-        from torch.distributed import PrefixStore, TCPStore
-
         self.handle = handle
         p = handle.payload
         missing = [k for k in _PAYLOAD if k not in p]
@@ -147,14 +225,25 @@ class DistMapping(ReceiverMapping):
         self.peer = f"the sender at {p['host']}:{p['port']} (group {p['group']})"
         self.timeout_s = float(p["timeout_s"])
         self.device = _device(handle.kind, "cuda" if handle.kind == "nccl" else "cpu")
-        try:
-            store = TCPStore(p["host"], int(p["port"]), None, False, _timedelta(self.timeout_s))
-            self._group = new_group(handle.kind, PrefixStore(p["group"], store), int(p["rank"]), int(p["world_size"]),
-                                    route_to(p["host"]), self.timeout_s)
+        self._slots: torch.Tensor | None = None
+        joining = Lane(f"rlx-{handle.kind}-join").submit(self._join, p)
+        try:  # on a thread of its own: a rendezvous whose sender died may never return
+            self._group = joining.result(timeout=self.timeout_s)
+        except concurrent.futures.TimeoutError:
+            joining.add_done_callback(lambda f: f.exception() is None and abort_soon(f.result()))
+            raise RuntimeError(f"cannot join {self.peer} within {self.timeout_s:g} s (sync.timeout_s): the "
+                               "rendezvous did not finish; is the trainer alive and reachable from this host "
+                               "(firewall, RLX_SYNC_HOST)?") from None
         except Exception as exc:  # noqa: BLE001 - the store or group failed: one error naming the sender
             raise RuntimeError(f"cannot join {self.peer} within {self.timeout_s:g} s: {exc}; is the trainer "
                                "reachable from this host (firewall, RLX_SYNC_HOST)?") from None
-        self._slots: torch.Tensor | None = None
+
+    def _join(self, p: dict):
+        from torch.distributed import PrefixStore, TCPStore
+
+        store = TCPStore(p["host"], int(p["port"]), None, False, _timedelta(self.timeout_s))
+        return new_group(self.handle.kind, PrefixStore(p["group"], store), int(p["rank"]), int(p["world_size"]),
+                         route_to(p["host"]), self.timeout_s, self.device)
 
     def slot(self, index: int) -> torch.Tensor:
         if self._slots is None:  # only chunks without a destination of their own land here
@@ -166,8 +255,13 @@ class DistMapping(ReceiverMapping):
         """Receive each piece straight into its destination, in chunk order (the sender's order)."""
         if self._group is None:
             raise RuntimeError(f"the group with {self.peer} was closed")
-        works = [(self._group.broadcast([dst], _root()), dst) for _, dst in pieces if dst.numel()]
-        _wait_all(works, self.timeout_s, self.peer)
+        works = _post_all(self._group, [dst for _, dst in pieces if dst.numel()])
+        try:
+            wait_works_blocking(works, time.monotonic() + self.timeout_s, self.peer)
+        except SyncError:
+            group, self._group = self._group, None
+            abort_soon(group)
+            raise
 
     def done_reading(self, index: int) -> None:
         if self.device.type == "cuda":
@@ -175,25 +269,78 @@ class DistMapping(ReceiverMapping):
 
     def close(self) -> None:
         group, self._group, self._slots = self._group, None, None
-        _abort(group)
+        abort_soon(group)
 
 
-def new_group(kind: str, store, rank: int, world_size: int, local_host: str, timeout_s: float):
-    """A stateless process group of ``world_size`` over ``store``; blocks until every rank joined."""
+def new_group(kind: str, store, rank: int, world_size: int, local_host: str, timeout_s: float,
+              device: torch.device):
+    """A stateless process group of ``world_size`` over ``store`` on ``device``; blocks until every rank
+    joined (NCCL: its communicator is made now, for ``device``, not at the first broadcast)."""
     from torch.distributed import ProcessGroupGloo
 
+    timeout = _timedelta(timeout_s + GROUP_TIMEOUT_MARGIN_S)
     if kind == "gloo":
         options = ProcessGroupGloo._Options()
-        options._timeout = _timedelta(timeout_s)
+        options._timeout = timeout
         options._devices = [ProcessGroupGloo.create_device(hostname=local_host)]
         return ProcessGroupGloo(store, rank, world_size, options)
     from torch.distributed import ProcessGroupNCCL
 
+    torch.cuda.set_device(device)  # this thread's device: NCCL binds the communicator to it
     options = ProcessGroupNCCL.Options()
-    options._timeout = _timedelta(timeout_s)
+    options._timeout = timeout
     group = ProcessGroupNCCL(store, rank, world_size, options)
-    group.eager_connect_single_device(torch.device("cuda", torch.cuda.current_device()))
+    group.eager_connect_single_device(device)
     return group
+
+
+def _post_all(group, tensors: list[torch.Tensor]) -> list:
+    """Post one broadcast from rank 0 per tensor, in order; (work, tensor) pairs keep each tensor alive
+    until its broadcast finished."""
+    return [(group.broadcast([t], _root()), t) for t in tensors]
+
+
+async def wait_works(works: list, deadline: float, peer: str) -> None:
+    """Until every broadcast of ``works`` finished, polling from the event loop; ``SyncError`` naming
+    ``peer`` when one failed or ``deadline`` (``time.monotonic``) passed."""
+    for work, _ in works:
+        while not _finished(work, peer, deadline):
+            await asyncio.sleep(POLL_S)
+        work.wait()  # the stream that reads the tensor next waits for the broadcast (no CPU wait: it is done)
+
+
+def wait_works_blocking(works: list, deadline: float, peer: str) -> None:
+    """``wait_works`` for a caller outside an event loop (a receiver)."""
+    for work, _ in works:
+        while not _finished(work, peer, deadline):
+            time.sleep(POLL_S)
+        work.wait()
+
+
+def _finished(work, peer: str, deadline: float) -> bool:
+    try:
+        if work.is_completed():
+            return True
+    except Exception as exc:  # noqa: BLE001 - gloo and nccl raise RuntimeError subclasses or DistError
+        raise SyncError(f"broadcast with {peer} failed: {str(exc).splitlines()[0]}") from None
+    if time.monotonic() > deadline:
+        raise SyncError(f"broadcast with {peer} did not finish within the sync's deadline (sync.timeout_s); "
+                        "its group is aborted")
+    return False
+
+
+def abort_soon(group) -> None:
+    """Abort ``group`` on a daemon thread: an abort of a communicator whose peer is stuck may itself take
+    time, and must not hold the caller (a deadline, a signal handler's teardown)."""
+    if group is not None:
+        threading.Thread(target=_abort_logged, args=(group,), name="rlx-sync-abort", daemon=True).start()
+
+
+def _abort_logged(group) -> None:
+    try:
+        group.abort()
+    except Exception:  # noqa: BLE001 - the group is dropped either way
+        log.debug("aborting a sync group failed", exc_info=True)
 
 
 def advertised_host(peers: list[str]) -> str:
@@ -215,15 +362,6 @@ def route_to(host: str) -> str:
         return s.getsockname()[0]
 
 
-def _wait_all(works: list, timeout_s: float, peer: str) -> None:
-    for work, _ in works:
-        try:
-            work.wait(_timedelta(timeout_s))
-        except Exception as exc:  # noqa: BLE001 - gloo and nccl raise RuntimeError subclasses or DistError
-            raise SyncError(f"broadcast with {peer} failed within {timeout_s:g} s (sync.timeout_s): "
-                            f"{str(exc).splitlines()[0]}") from None
-
-
 def _abort(group) -> None:
     if group is not None:
         group.abort()
@@ -231,7 +369,7 @@ def _abort(group) -> None:
 
 def _abort_late_group(joining: asyncio.Future) -> None:
     if not joining.cancelled() and joining.exception() is None:
-        _abort(joining.result())
+        abort_soon(joining.result())
 
 
 def _root():
