@@ -31,6 +31,7 @@ def bench_sync(
     timeout_s: float = typer.Option(120.0, "--timeout-s", help="Deadline for each acknowledgement, in seconds."),
     assemble_in_place: bool = typer.Option(True, "--assemble-in-place/--no-assemble-in-place", help="The receiver assembles split tensors straight into its destination (one copy fewer)."),
     lora_rank: int = typer.Option(0, "--lora-rank", help="Also compare LoRA sync of rank R: adapter-only (model.lora.sync=adapter) against merged, same model and sender."),
+    receiver_gpu: Optional[int] = typer.Option(None, "--receiver-gpu", help="GPU of the receiver (the sender uses GPU 0); default 1 for nccl, 0 for cuda_ipc (another GPU: peer-to-peer)."),
 ) -> None:
     """Measure weight transfer (trainer -> receiver process) against a one-thread copy and a lock-step baseline."""
     import asyncio
@@ -44,7 +45,7 @@ def bench_sync(
     opts = BenchOptions(presets=list(preset), model=str(model) if model else None, transports=list(transport),
                         bucket_mb=list(bucket_mb) if bucket_mb else None, repeats=repeats, dtype=dtype, verify=verify, target=target,
                         memory_gb=memory_gb, timeout_s=timeout_s, assemble_in_place=assemble_in_place, server=server,
-                        lora_rank=lora_rank)
+                        lora_rank=lora_rank, receiver_gpu=receiver_gpu)
     with user_errors():
         if server is not None and not server.startswith(("tcp://", "ipc://")):
             raise UserError(f"--server {server!r} must start with tcp:// or ipc:// (the address rlx rollout-serve "

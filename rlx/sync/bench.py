@@ -60,6 +60,7 @@ class BenchOptions(msgspec.Struct):
     assemble_in_place: bool = True
     server: str | None = None  # --target server: address of a running rollout server (else one is started)
     lora_rank: int = 0  # > 0: also adapter-only against merged LoRA sync of each model (rlx.sync.bench_lora)
+    receiver_gpu: int | None = None  # the receiver's GPU (index among the visible ones); None: receiver_gpu()
 
 
 # shm pays for mapping the slots at every sync and wants short pipeline fills: small buckets;
@@ -90,20 +91,53 @@ class BenchResult(msgspec.Struct):
     environment: dict
 
 
-Target = Callable[[BenchOptions, str], AsyncContextManager[list[SyncChannel]]]
+Target = Callable[[BenchOptions, str, dict], AsyncContextManager[list[SyncChannel]]]
+
+
+def receiver_gpu(transport: str, chosen: int | None, num_gpus: int) -> int | None:
+    """The GPU the receiver uses (the bench sends from GPU 0): ``nccl`` needs another one (NCCL refuses two
+    ranks on one GPU), ``cuda_ipc`` shares GPU 0 unless told otherwise (another GPU: peer-to-peer)."""
+    if transport not in GPU_TRANSPORTS:
+        return None
+    if chosen is not None:
+        if not 0 <= chosen < num_gpus:
+            raise ValueError(f"--receiver-gpu {chosen} is not one of the {num_gpus} visible GPUs (0..{num_gpus - 1})")
+        if transport == "nccl" and chosen == 0:
+            raise ValueError("--transport nccl needs the receiver on another GPU than the sender's (GPU 0): NCCL "
+                             "refuses two ranks on one GPU; pass --receiver-gpu 1")
+        return chosen
+    if transport == "nccl":
+        if num_gpus < 2:
+            raise ValueError(f"--transport nccl needs two GPUs (sender and receiver on different GPUs); {num_gpus} "
+                             "visible. On one GPU measure --transport cuda_ipc")
+        return 1
+    return 0
+
+
+def receiver_env(gpu: int | None) -> dict[str, str]:
+    """``CUDA_VISIBLE_DEVICES`` of the receiver process: its GPU first (its cuda:0), then the sender's, so it
+    can open the sender's CUDA IPC buffer across GPUs; mapped through the bench's own visible list."""
+    if gpu is None:
+        return {}
+    import os
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    physical = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(max(gpu, 0) + 1)]
+    order = [gpu] if gpu == 0 else [gpu, 0]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(physical[i] for i in order)}
 
 
 @contextlib.asynccontextmanager
-async def process_target(opts: BenchOptions, device: str) -> AsyncIterator[list[SyncChannel]]:
+async def process_target(opts: BenchOptions, device: str, env: dict) -> AsyncIterator[list[SyncChannel]]:
     from rlx.sync.local_receiver import local_receiver
 
     args = ["--torch-threads", "1"] + ([] if opts.assemble_in_place else ["--no-assemble-in-place"])
-    async with local_receiver(*args, name="bench receiver") as (channel, _proc):
+    async with local_receiver(*args, name="bench receiver", env=env) as (channel, _proc):
         yield [channel]
 
 
 @contextlib.asynccontextmanager
-async def server_target(opts: BenchOptions, device: str) -> AsyncIterator[list[SyncChannel]]:
+async def server_target(opts: BenchOptions, device: str, env: dict) -> AsyncIterator[list[SyncChannel]]:
     """A rollout server, so vLLM's ``load_weights`` and post-processing are in the time: the one at
     ``--server``, or an `rlx rollout-serve` (vLLM) started here on ``--model`` and ended by pid."""
     from rlx.rollout.client import RolloutClient
@@ -118,13 +152,13 @@ async def server_target(opts: BenchOptions, device: str) -> AsyncIterator[list[S
         return
     if not opts.model:
         raise ValueError("--target server needs --model DIR (the server loads that model) or --server ADDRESS")
-    async with _started_server(opts.model, device) as address:
-        async with server_target(msgspec.structs.replace(opts, server=address), device) as channels:
+    async with _started_server(opts.model, device, env) as address:
+        async with server_target(msgspec.structs.replace(opts, server=address), device, env) as channels:
             yield channels
 
 
 @contextlib.asynccontextmanager
-async def _started_server(model: str, device: str) -> AsyncIterator[str]:
+async def _started_server(model: str, device: str, env: dict) -> AsyncIterator[str]:
     import tempfile
 
     import yaml
@@ -139,7 +173,7 @@ async def _started_server(model: str, device: str) -> AsyncIterator[str]:
     address = f"ipc://{work}/rollout.sock"
     procs = ProcessSet(work, emit=lambda line: None)
     child = procs.start("rollout0", python_argv("rlx", "rollout-serve", str(work / "serve.yaml"), "--address", address),
-                        quiet_server_env())
+                        {**quiet_server_env(), **env})
     client = RolloutClient([address])
     try:
         await client.wait_ready(300.0, is_alive=child.alive)
@@ -174,7 +208,8 @@ async def _bench_model(opts: BenchOptions, model: ModelTensors, transport: str, 
     arena, resident = arena_for(transport, device, model.tensors)
     rows = []
     try:
-        async with TARGETS[opts.target](opts, device) as channels:
+        gpu = receiver_gpu(transport, opts.receiver_gpu, torch.cuda.device_count() if device == "cuda" else 0)
+        async with TARGETS[opts.target](opts, device, receiver_env(gpu)) as channels:
             ceiling = Ceiling(model.tensors, device) if arena is not None else \
                 BroadcastCeiling(model.tensors, transport, device, channels, opts.timeout_s)
             await ceiling.measure(record=False)  # warm-up

@@ -22,12 +22,14 @@ from rlx.sync.messages import SyncPing
 from rlx.sync.rpc import RpcSyncChannel
 
 
-def start_receiver(*extra_args: str, name: str = "receiver process") -> tuple[subprocess.Popen, str]:
-    """Spawn the receiver process; return it and the address it binds."""
+def start_receiver(*extra_args: str, name: str = "receiver process",
+                   env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """Spawn the receiver process (``env``: variables set for it, e.g. its GPU); return it and its address."""
     address = f"ipc://{tempfile.gettempdir()}/rlx-sync-{os.getpid()}-{secrets.token_hex(4)}.sock"
     cmd = [sys.executable, "-m", "rlx.sync.receiver_process", "--address", address, "--name", name,
            "--parent-pid", str(os.getpid()), *extra_args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, **env} if env else None)
     return proc, address
 
 
@@ -59,10 +61,10 @@ async def wait_ready(channel: RpcSyncChannel, proc: subprocess.Popen, timeout_s:
 
 
 @contextlib.asynccontextmanager
-async def local_receiver(*extra_args: str, name: str = "receiver process",
-                         ready_timeout_s: float = 60.0) -> AsyncIterator[tuple[RpcSyncChannel, subprocess.Popen]]:
+async def local_receiver(*extra_args: str, name: str = "receiver process", ready_timeout_s: float = 60.0,
+                         env: dict[str, str] | None = None) -> AsyncIterator[tuple[RpcSyncChannel, subprocess.Popen]]:
     """A running receiver process and a channel to it, both ended on exit."""
-    proc, address = start_receiver(*extra_args, name=name)
+    proc, address = start_receiver(*extra_args, name=name, env=env)
     channel = RpcSyncChannel.connect(address, name=f"{name} (pid {proc.pid}, {address})")
     try:
         await wait_ready(channel, proc, ready_timeout_s)

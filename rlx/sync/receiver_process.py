@@ -43,7 +43,7 @@ class CopyConsumer(Consumer):
     def load(self, tensors: list[tuple[str, torch.Tensor]], verify: bool) -> dict[str, int] | None:
         before = {name: tensor_checksum(t) for name, t in tensors} if self.check_intact else None
         for name, t in tensors:
-            dst = self.destination(name, t.dtype, list(t.shape), t.device)
+            dst = self.destination(name, t.dtype, list(t.shape), _own(t.device))
             if dst.data_ptr() != t.data_ptr():
                 copy_bytes(dst, t)
         if self.hold_s:
@@ -100,6 +100,11 @@ def frames_reply(frames: list[bytes], handler: SyncHandler) -> list[bytes]:
                       f"[request_id, payload] frames, got {len(frames) - 1}")
     return [frames[0], b"", encode(error)]
 
+def _own(device: torch.device) -> torch.device:
+    """Where this receiver keeps its copy: its own GPU (cuda:0 of what it sees) for a buffer on a GPU, which may
+    be another GPU's (CUDA IPC peer-to-peer), as a rollout engine keeps its weights on its own GPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if device.type == "cuda" else device
+
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse(argv)
@@ -130,3 +135,4 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 if __name__ == "__main__":
     main()
+

@@ -34,3 +34,23 @@ def test_bench_sync_rejects_unknown_transport_and_missing_gpu():
 
     if not torch.cuda.is_available():
         assert result.exit_code == 2 and "needs a CUDA GPU" in result.output
+
+
+def test_the_receiver_gpu_follows_the_transport(monkeypatch):
+    """nccl puts the receiver on another GPU (NCCL refuses two ranks on one), cuda_ipc shares GPU 0 unless told;
+    the receiver then sees its own GPU first and the sender's after it, so CUDA IPC works peer-to-peer."""
+    import pytest
+
+    from rlx.sync.bench import receiver_env, receiver_gpu
+
+    assert receiver_gpu("nccl", None, 2) == 1 and receiver_gpu("cuda_ipc", None, 2) == 0
+    assert receiver_gpu("cuda_ipc", 1, 2) == 1 and receiver_gpu("shm", None, 0) is None
+    with pytest.raises(ValueError, match="needs two GPUs"):
+        receiver_gpu("nccl", None, 1)
+    with pytest.raises(ValueError, match="pass --receiver-gpu 1"):
+        receiver_gpu("nccl", 0, 2)
+    with pytest.raises(ValueError, match="not one of the 2 visible GPUs"):
+        receiver_gpu("nccl", 5, 2)
+    assert receiver_env(None) == {}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert receiver_env(1) == {"CUDA_VISIBLE_DEVICES": "6,4"} and receiver_env(0) == {"CUDA_VISIBLE_DEVICES": "4"}

@@ -4,7 +4,9 @@ The sender allocates the slots as one CUDA tensor and exports it with torch's ow
 (``UntypedStorage._share_cuda_``); the eight fields it returns travel as plain msgpack fields
 (ints, bytes, bool), never pickled, and a receiver rebuilds the storage with
 ``UntypedStorage._new_shared_cuda``. The receiver finds its local index of the GPU by UUID, so
-sender and receiver may see different ``CUDA_VISIBLE_DEVICES``.
+sender and receiver may see different ``CUDA_VISIBLE_DEVICES``; a receiver on another GPU of the host
+opens the buffer as long as it sees the sender's GPU too (peer-to-peer: the launcher appends the trainer's
+GPU to a separate engine's ``CUDA_VISIBLE_DEVICES``, after the engine's own).
 
 Ordering: the sender synchronises its stream before a bucket's meta is sent (``ready``), and a
 receiver synchronises the device before it acknowledges a bucket (``done_reading``), so an
@@ -77,18 +79,26 @@ class CudaIpcMapping(ReceiverMapping):
         return self._tensor[index * self.handle.slot_bytes:(index + 1) * self.handle.slot_bytes]
 
     def done_reading(self, index: int) -> None:
-        torch.cuda.synchronize(self.device)
+        _synchronize_both(self.device)
 
     def close(self) -> None:
         if self._tensor is None:
             return
-        torch.cuda.synchronize(self.device)
+        _synchronize_both(self.device)
         self._tensor = None
         if not torch.UntypedStorage._expired(self._weak):
             raise BufferError("tensors over the CUDA IPC buffer are still referenced; drop every view "
                               "returned by WeightReceiver.tensors() before the bucket's ack")
         torch.UntypedStorage._free_weak_ref(self._weak)
         self._weak = None
+
+
+def _synchronize_both(device: torch.device) -> None:
+    """The buffer's GPU and this process's own: a consumer on another GPU (peer-to-peer) copies out of the
+    buffer on its own device's stream."""
+    torch.cuda.synchronize(device)
+    if torch.cuda.current_device() != device.index:
+        torch.cuda.synchronize(torch.cuda.current_device())
 
 
 def device_uuid(index: int) -> str:
