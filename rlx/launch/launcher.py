@@ -118,6 +118,7 @@ class Launch:
         self.procs = ProcessSet(run_dir / "logs", emit=display.log_line)
         self.own_addresses: list[str] = []  # the ipc sockets of the servers this run started
         self.placement = plan(cfg, visible_gpus())  # checked in pre-flight
+        cfg.sync.transport = self.placement.sync_transport  # what the launched engines were set up for
         self.restarts = ServerRestarts(self.procs, cfg.rollout.max_restarts, cfg.rollout.restart_on_failure,
                                        stop=stops.report, note=lambda text: display.note(escape(text)))
 

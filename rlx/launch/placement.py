@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rlx.config.errors import ConfigError
 
@@ -50,13 +50,17 @@ class Slot:
     """Indices into the launcher's visible GPUs; () = inherit the launcher's environment (CPU host)."""
     memory_fraction: float | None = None
     """A server's engine memory fraction of each of its GPUs; None = leave rollout.gpu_memory_utilization."""
+    peer_devices: tuple[int, ...] = ()
+    """GPUs the child sees after its own without using them: the sending trainer rank's, so an engine on
+    another GPU opens the trainer's CUDA IPC buffer peer-to-peer."""
 
     def env(self, parent_visible: str | None = None) -> dict[str, str]:
         """``CUDA_VISIBLE_DEVICES`` for this child, mapped through the launcher's own (``parent_visible``)."""
         if not self.devices:
             return {}
         physical = [d.strip() for d in parent_visible.split(",")] if parent_visible else None
-        return {"CUDA_VISIBLE_DEVICES": ",".join(physical[d] if physical else str(d) for d in self.devices)}
+        visible = (*self.devices, *self.peer_devices)
+        return {"CUDA_VISIBLE_DEVICES": ",".join(physical[d] if physical else str(d) for d in visible)}
 
     def overrides(self) -> list[str]:
         """Config overrides of this child (`rlx rollout-serve CONFIG KEY=VALUE ...`)."""
@@ -68,6 +72,9 @@ class Plan:
     trainer: tuple[Slot, ...]
     rollout: tuple[Slot, ...]
     num_gpus: int
+    sync_transport: str = "auto"
+    """sync.transport made concrete for the launched servers on this host (``auto`` where it is left to the
+    trainer: no GPU, or servers on other hosts)."""
 
     def server(self, index: int) -> Slot:
         return self.rollout[index] if index < len(self.rollout) else Slot(f"rollout{index}")
@@ -82,7 +89,12 @@ class Plan:
         parts = [f"{s.name}: GPU {','.join(map(str, s.devices))}" + (f" ({s.memory_fraction:.2g} of memory)"
                                                                        if s.memory_fraction is not None else "")
                  for s in (*self.trainer, *self.rollout)]
-        return "placement: " + "; ".join(parts)
+        line = "placement: " + "; ".join(parts)
+        if self.sync_transport == "cuda_ipc" and any(s.peer_devices for s in self.rollout):
+            line += "; weights over CUDA IPC, peer-to-peer from the trainer's GPU"
+        elif self.sync_transport == "nccl":
+            line += "; weights over NCCL"
+        return line
 
 
 def uses_gpus(cfg, num_gpus: int) -> bool:
@@ -93,8 +105,9 @@ def rollout_gpus(cfg) -> int:
     return cfg.placement.rollout_gpus or cfg.rollout.servers_to_launch * cfg.rollout.tensor_parallel_size
 
 
-def check(cfg, num_gpus: int) -> None:
-    """Every layout mistake as one error naming the fix; nothing has been started."""
+def check(cfg, num_gpus: int, peer_access=None) -> None:
+    """Every layout mistake as one error naming the fix; nothing has been started. ``peer_access`` as in
+    ``plan``."""
     r, t, pl = cfg.rollout, cfg.trainer, cfg.placement
     if t.device == "cuda" and num_gpus == 0:
         raise ConfigError("trainer.device=cuda but this host sees no GPU (CUDA_VISIBLE_DEVICES, driver); "
@@ -109,6 +122,10 @@ def check(cfg, num_gpus: int) -> None:
         raise ConfigError(f"placement.rollout_gpus={wanted} with rollout.tensor_parallel_size={tp} makes "
                           f"{wanted // tp} engines but rollout.num_servers={servers}; set rollout.num_servers="
                           f"{wanted // tp} (one server per engine: data parallelism)")
+    reach = peer_access or _peer_access
+    if cfg.sync.transport == "cuda_ipc" and not all(reach(0, d) for d in range(1, num_gpus)):
+        raise ConfigError("sync.transport=cuda_ipc needs every engine to open the trainer's GPU memory, but the GPUs "
+                          "of this host cannot reach each other peer-to-peer; set sync.transport=auto (NCCL then)")
     if pl.mode == "separate":
         need = t.num_ranks + wanted
         if need > num_gpus:
@@ -133,8 +150,26 @@ def check(cfg, num_gpus: int) -> None:
                           "placement.sleep_level=1, or fewer rollout.num_servers")
 
 
-def plan(cfg, num_gpus: int) -> Plan:
-    """The slot of every child; ``check(cfg, num_gpus)`` must have passed."""
+def sync_transport(cfg, rollout: tuple[Slot, ...], peer_access) -> str:
+    """``sync.transport=auto`` on one GPU host: CUDA IPC where every launched engine sees the sending rank's
+    GPU (it shares it, or can reach it peer-to-peer: ``peer_access(a, b)``), else NCCL; a named transport,
+    or servers beyond this host (the trainer decides then), stay as they are."""
+    wanted = cfg.sync.transport
+    if wanted != "auto" or not rollout or cfg.rollout.servers:
+        return wanted
+    sender = 0  # trainer rank 0 sends, from the first visible GPU
+    if all(sender in s.devices or all(peer_access(sender, d) for d in s.devices) for s in rollout):
+        return "cuda_ipc"
+    if any(sender in s.devices for s in rollout):  # NCCL refuses two ranks of one group on one GPU
+        raise ConfigError("the engines on GPU 0 need CUDA IPC and the others NCCL (the GPUs of this host cannot "
+                          "reach each other peer-to-peer), and one sync uses one transport; set "
+                          "placement.mode=separate, or launch engines on GPU 0 only (rollout.num_servers)")
+    return "nccl"
+
+
+def plan(cfg, num_gpus: int, peer_access=None) -> Plan:
+    """The slot of every child; ``check(cfg, num_gpus)`` must have passed. ``peer_access(a, b)``: whether GPU
+    ``a``'s memory can be opened from GPU ``b`` (default: torch's answer on this host)."""
     t, r = cfg.trainer, cfg.rollout
     servers = r.servers_to_launch
     if not uses_gpus(cfg, num_gpus):
@@ -150,7 +185,16 @@ def plan(cfg, num_gpus: int) -> Plan:
         fraction = round(_turn_share(cfg) / _engines_per_gpu(cfg), 4)
         rollout = tuple(Slot(f"rollout{i}", tuple((i * tp + k) % t.num_ranks for k in range(tp)), fraction)
                         for i in range(servers))
-    return Plan(trainer, rollout, num_gpus)
+    transport = sync_transport(cfg, rollout, peer_access or _peer_access)
+    if transport == "cuda_ipc":  # engines away from the sender's GPU see it after their own
+        rollout = tuple(s if 0 in s.devices else replace(s, peer_devices=(0,)) for s in rollout)
+    return Plan(trainer, rollout, num_gpus, transport)
+
+
+def _peer_access(a: int, b: int) -> bool:
+    import torch
+
+    return torch.cuda.can_device_access_peer(b, a)
 
 
 def _engines_per_gpu(cfg) -> int:

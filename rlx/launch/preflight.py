@@ -30,6 +30,7 @@ def preflight(cfg, display: Display) -> None:
 
     run_dir = Path(cfg.trainer.output_dir).resolve()
     placement.check(cfg, placement.visible_gpus())
+    placement.plan(cfg, placement.visible_gpus())  # the weight transport this host's layout allows
     check_output_dir(run_dir)
     check_installed(cfg.checkpoint.plugins)
     if cfg.model.build_if_missing and not Path(cfg.model.path, "config.json").is_file():

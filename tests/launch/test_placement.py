@@ -26,16 +26,48 @@ def test_cpu_host_assigns_nothing_and_keeps_the_engine_setting(tmp_path):
     assert placement.plan(cfg(tmp_path, "trainer.device=cpu"), 8).rollout[0].devices == ()
 
 
+def peers(a: int, b: int) -> bool:
+    return True  # every GPU reaches every other (NVLink)
+
+
+def no_peers(a: int, b: int) -> bool:
+    return False  # GPUs that cannot open each other's memory
+
+
 def test_separate_gives_each_role_its_own_gpus(tmp_path):
     c = cfg(tmp_path, "trainer.num_ranks=2", "rollout.num_servers=2", "rollout.tensor_parallel_size=2")
-    placement.check(c, 6)
-    p = placement.plan(c, 6)
+    placement.check(c, 6, peers)
+    p = placement.plan(c, 6, peers)
     assert [s.devices for s in p.trainer] == [(0,), (1,)]
     assert [s.devices for s in p.rollout] == [(2, 3), (4, 5)]
-    assert p.rollout[1].env(None) == {"CUDA_VISIBLE_DEVICES": "4,5"}
-    assert p.rollout[1].env("3,5,6,7,8,9") == {"CUDA_VISIBLE_DEVICES": "8,9"}  # through the launcher's own list
+    # sync.transport=auto: CUDA IPC peer-to-peer, each engine sees the sending rank's GPU after its own
+    assert p.sync_transport == "cuda_ipc" and p.rollout[1].peer_devices == (0,)
+    assert p.rollout[1].env(None) == {"CUDA_VISIBLE_DEVICES": "4,5,0"}
+    assert p.rollout[1].env("3,5,6,7,8,9") == {"CUDA_VISIBLE_DEVICES": "8,9,3"}  # through the launcher's own list
     assert p.rollout[0].overrides() == [f"rollout.gpu_memory_utilization={placement.SEPARATE_FRACTION:.4g}"]
     assert "rollout1: GPU 4,5" in p.describe()
+
+
+def test_auto_transport_falls_back_to_nccl_where_gpus_are_not_peers_and_keeps_a_named_one(tmp_path):
+    c = cfg(tmp_path, "rollout.backend=vllm")
+    p = placement.plan(c, 2, no_peers)
+    assert p.sync_transport == "nccl" and p.rollout[0].env(None) == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert "weights over NCCL" in p.describe()
+    assert placement.plan(cfg(tmp_path, "sync.transport=nccl"), 2, peers).sync_transport == "nccl"
+    with pytest.raises(ConfigError, match="set sync.transport=auto"):
+        placement.check(cfg(tmp_path, "sync.transport=cuda_ipc"), 2, no_peers)
+    assert placement.plan(c, 0).sync_transport == "auto"  # no GPU: the trainer's choice (shm)
+
+
+def test_colocated_engines_away_from_the_senders_gpu_see_it(tmp_path):
+    """Two ranks on two GPUs, one engine on each: the engine on GPU 1 opens rank 0's buffer peer-to-peer."""
+    c = cfg(tmp_path, "placement.mode=colocated", "trainer.num_ranks=2", "rollout.num_servers=2",
+            "placement.offload=false", "rollout.backend=vllm")
+    p = placement.plan(c, 2, peers)
+    assert [s.devices for s in p.rollout] == [(0,), (1,)]
+    assert [s.env(None)["CUDA_VISIBLE_DEVICES"] for s in p.rollout] == ["0", "1,0"]
+    with pytest.raises(ConfigError, match="one sync uses one transport"):
+        placement.plan(c, 2, no_peers)
 
 
 def test_colocated_shares_the_trainers_gpus_and_the_memory_follows_the_turns(tmp_path):
@@ -66,7 +98,7 @@ def test_colocated_shares_the_trainers_gpus_and_the_memory_follows_the_turns(tmp
 def test_layout_errors_name_the_fix(tmp_path, overrides, gpus, fix):
     c = cfg(tmp_path, "rollout.backend=vllm", *overrides)
     with pytest.raises(ConfigError, match=fix):
-        placement.check(c, gpus)
+        placement.check(c, gpus, peers)
 
 
 @pytest.mark.parametrize("overrides, fix", [
