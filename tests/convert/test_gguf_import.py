@@ -1,0 +1,98 @@
+"""`rlx convert-ckpt SRC.gguf DST`: the GGUF file of SmolLM2-135M-Instruct becomes a Hugging Face directory
+whose weights are the GGUF file's, dequantized, with the tokenizer's chat template and the generation config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from rlx.cli import app
+from rlx.convert.gguf_import import SMOLLM2_INSTALL, import_gguf, smollm2_gguf
+
+runner = CliRunner()
+GGUF = smollm2_gguf()
+needs_smollm2 = pytest.mark.skipif(GGUF is None, reason=f"the SmolLM2 GGUF file is not installed ({SMOLLM2_INSTALL})")
+
+
+def _run(*args):
+    result = runner.invoke(app, [str(a) for a in args])
+    return result.exit_code, " ".join(result.output.split())
+
+
+@pytest.fixture(scope="module")
+def gguf_model():
+    """transformers' own reading of the GGUF file, to compare the import against."""
+    pytest.importorskip("gguf", reason="transformers reads GGUF files with the gguf package (pip install gguf)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return (AutoModelForCausalLM.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name),
+            AutoTokenizer.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name))
+
+
+@needs_smollm2
+@pytest.mark.slow
+def test_cli_import_holds_the_gguf_weights_tokenizer_and_chat_template(gguf_model, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    code, text = _run("convert-ckpt", GGUF, tmp_path / "smollm2")
+    assert code == 0, text
+    out = tmp_path / "smollm2"
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= {
+        p.name for p in out.iterdir()}
+    reference, reference_tokenizer = gguf_model
+    model = AutoModelForCausalLM.from_pretrained(out)
+    expected = reference.state_dict()
+    for name, tensor in model.state_dict().items():
+        assert tensor.dtype == torch.float32 and torch.equal(tensor, expected[name]), name
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer.chat_template == reference_tokenizer.chat_template and "<|im_start|>" in tokenizer.chat_template
+    messages = [{"role": "user", "content": "What is 47*38?"}]
+    assert (tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            == reference_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+    assert tokenizer.eos_token == "<|im_end|>"
+    assert GenerationConfig.from_pretrained(out).eos_token_id == tokenizer.eos_token_id
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "float32"
+
+
+@needs_smollm2
+@pytest.mark.slow
+def test_import_casts_to_the_dtype_asked_for(gguf_model, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    summary = import_gguf(GGUF, tmp_path / "bf16", dtype="bfloat16")
+    weights = load_file(tmp_path / "bf16" / "model.safetensors")
+    expected = gguf_model[0].state_dict()
+    assert weights and all(t.dtype == torch.bfloat16 for t in weights.values())
+    for name, tensor in weights.items():
+        assert torch.equal(tensor, expected[name].to(torch.bfloat16)), name
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert summary.bytes_out == (tmp_path / "bf16" / "model.safetensors").stat().st_size
+
+
+@needs_smollm2
+def test_dry_run_plans_without_writing(tmp_path):
+    pytest.importorskip("gguf", reason="transformers reads GGUF files with the gguf package (pip install gguf)")
+    code, text = _run("convert-ckpt", GGUF, tmp_path / "out", "--dry-run", "--dtype", "bfloat16")
+    assert code == 0, text
+    assert "GGUF -> Hugging Face (llama)" in text and "model.layers.{i}.mlp.down_proj.weight" in text
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_file_that_is_not_gguf_is_refused_by_name(tmp_path):
+    bogus = tmp_path / "model.gguf"
+    bogus.write_bytes(b"not a gguf file")
+    code, text = _run("convert-ckpt", bogus, tmp_path / "out")
+    assert code == 2 and "does not start with the GGUF magic bytes" in text and "Traceback" not in text
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_gguf_file_converts_only_to_hf(tmp_path):
+    header = tmp_path / "model.gguf"
+    header.write_bytes(b"GGUF" + bytes(20))
+    code, text = _run("convert-ckpt", header, tmp_path / "out", "--to", "torch_dist")
+    assert code == 2 and "imported as a Hugging Face directory" in text
+    assert not (tmp_path / "out").exists()
