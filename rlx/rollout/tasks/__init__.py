@@ -4,7 +4,8 @@
 ``Problem`` plus ``reward`` and ``is_correct``. Built in: ``tiny_math`` (synthetic
 arithmetic), ``running_sum`` (long worked sums), ``calc``
 (two-turn multiplication with a calculator tool, ``rlx.rollout.agent``), ``gsm8k`` (math from a local
-JSONL/Parquet/datasets file, ``dataset``) and ``external`` (episodes an agent records on the servers'
+JSONL/Parquet/datasets file, ``dataset``), ``reasoning_gym`` (the library's procedural, verifiable
+tasks) and ``external`` (episodes an agent records on the servers'
 OpenAI endpoint, ``external``). ``task.reward`` swaps in a
 user function ``module:function`` (completion, answer) -> float. The order in which train
 problems are used is ``base.DataStream``'s job.
@@ -38,8 +39,13 @@ def build_task(cfg, tokenizer_path: str = "") -> Task:
         from rlx.rollout.tasks.calc import Calc
 
         return Calc.from_config(cfg, reward_fn)
+    if cfg.name == "reasoning_gym":
+        from rlx.rollout.tasks.reasoning_gym import ReasoningGym
+
+        return ReasoningGym.from_config(cfg, reward_fn, tokenizer_path)
     if cfg.name == "external":
         from rlx.rollout.tasks.external import External
 
         return External()
-    raise ValueError(f"task.name={cfg.name!r} is unknown; use tiny_math, gsm8k, running_sum, calc or external")
+    raise ValueError(f"task.name={cfg.name!r} is unknown; use tiny_math, gsm8k, running_sum, calc, reasoning_gym "
+                     "or external")
