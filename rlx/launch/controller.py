@@ -102,7 +102,7 @@ class Controller:
                     metrics.update(await asyncio.to_thread(self.train, collected))
                 self.policy_version = step
                 await self.colocation.before_sync()
-                metrics["time_sync"], metrics["sync_zero_copy"] = await self.sync_weights()
+                metrics["time_sync"], metrics["sync_zero_copy"], metrics["sync_verified"] = await self.sync_weights()
                 await self.colocation.after_sync()
                 metrics.update(self.colocation.metrics())
                 async with self.ranks_busy:
@@ -151,14 +151,18 @@ class Controller:
             self.bus.bytes_sent += batch_bytes(batch)
             batch = broadcast_batch(batch, self.trainer.device).to(torch.device("cpu"))
         metrics = self.trainer.step(batch)
+        if self.trainer.device.type == "cuda":  # rank 0's peak since the last step, all of a step's phases
+            metrics["gpu_peak_gb"] = torch.cuda.max_memory_allocated(self.trainer.device) / 1e9
+            torch.cuda.reset_peak_memory_stats(self.trainer.device)
         if self.plane is not None:
             metrics.update(self.plane.done())
         if self.bus.active:
             metrics["rank_bus_bytes"] = float(self.bus.bytes_sent - sent)  # what rank 0 sent the others to train
         return metrics
 
-    async def sync_weights(self) -> tuple[float, float]:
-        """Seconds the sync took, and 1.0 when it sent from the weight arena (0.0: through buckets).
+    async def sync_weights(self) -> tuple[float, float, float]:
+        """Seconds the sync took, 1.0 when it sent from the weight arena (0.0: through buckets), and 1.0 when
+        every receiver's checksums matched the trainer's (sync.verify; a mismatch fails the sync).
 
         Goes to the live servers; when one dies during it, the sync is repeated to those left (a
         restarted server gets its own sync when it rejoins)."""
@@ -168,7 +172,8 @@ class Controller:
             with tracer.span("sync"):
                 while report is None and self.client.live_indices():
                     report = await self._sync_to(self.client.live_indices(), regular=True)
-            return time.perf_counter() - started, float(report.zero_copy if report else 0.0)
+            return (time.perf_counter() - started, float(report.zero_copy if report else 0.0),
+                    float(report.verified if report else 0.0))
 
     async def _sync_to(self, servers: list[int], regular: bool = False):
         """One sync to ``servers``; the caller holds ``ranks_busy``. ``regular``: the live servers are

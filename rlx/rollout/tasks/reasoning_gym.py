@@ -8,7 +8,7 @@ Prompts go through the model's chat template (``task.chat_template``, ``task.sys
 ``task.answer_pattern`` (the text inside ``<answer>...</answer>`` when the completion has one), and the
 library's own ``score_answer`` scores it: the reward is that score, and a score of 1 is correct.
 
-``rlx.rollout.tasks.reasoning_gym export`` writes the same entries as JSONL (question, answer) for a
+``python -m rlx.rollout.tasks.reasoning_gym DATASET FILE`` writes the same entries as JSONL (question, answer) for a
 machine without the library, where ``task.name=gsm8k`` reads them (numbers compare as numbers). The
 library is an optional dependency: ``pip install reasoning-gym``.
 """
@@ -96,11 +96,13 @@ def export(dataset: str, path: str, num: int, seed: int, config: dict | None = N
 
 if __name__ == "__main__":
     import argparse
+    import json
 
     parser = argparse.ArgumentParser(description="Export reasoning-gym entries as JSONL for task.name=gsm8k")
     parser.add_argument("dataset")
     parser.add_argument("path")
     parser.add_argument("--num", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--config", default="{}", help="the generator's options as JSON (task.dataset_config)")
     args = parser.parse_args()
-    print(f"wrote {export(args.dataset, args.path, args.num, args.seed)} rows to {args.path}")
+    print(f"wrote {export(args.dataset, args.path, args.num, args.seed, json.loads(args.config))} rows to {args.path}")
