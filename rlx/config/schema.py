@@ -256,6 +256,9 @@ class RolloutConfig:
     keys and values the old weights computed (hf backend only), which costs nothing where syncs land mid-batch
     (trainer.mode=fully_async). Either way the logprob returned is that of the distribution each token was
     sampled from, which is what the off-policy correction weighs against."""
+    logits_dtype: str = "float32"
+    """vLLM: dtype of the engine's LM head output: float32 (the logits, and so the logprobs the off-policy correction
+    compares with the trainer's, lose nothing to a bfloat16 engine's rounding) or auto (the engine's dtype)."""
     token_versions: str = "auto"
     """vLLM: where each token's policy version comes from: engine = vLLM labels its outputs (newer vLLMs than
     0.25), counted = rlx counts each request's tokens at every weight update (exact: the engine is paused then),
@@ -319,6 +322,7 @@ class RolloutConfig:
                               "(which must not serve keys computed under old weights) only by making every running "
                               "request recompute; set rollout.kv_after_sync=recompute or rollout.backend=hf")
         check_choice("rollout.token_versions", self.token_versions, ("auto", "engine", "counted"))
+        check_choice("rollout.logits_dtype", self.logits_dtype, ("float32", "auto"))
         check_range("rollout.port", self.port, 0, 65535)
         check_range("rollout.openai_port", self.openai_port, 0, 65535)
         check_range("rollout.top_k", self.top_k, -1, hint="-1 turns top-k sampling off")

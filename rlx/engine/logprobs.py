@@ -81,6 +81,8 @@ def chunked_logprobs(features: torch.Tensor, weight: torch.Tensor | None, target
     if features.shape[0] == 0:  # a filler micro-batch: keep the graph so backward still reaches every layer
         empty = features.sum(dim=-1).float() * 0.0
         return empty, empty
+    if weight is not None and features.dtype != weight.dtype:  # autocast's hidden states meet the float32 head
+        features = features.to(weight.dtype)
     pieces = [HeadLogprob.apply(features[s:s + chunk_size], weight, targets[s:s + chunk_size], temperature)
               for s in range(0, features.shape[0], chunk_size)]
     return torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])

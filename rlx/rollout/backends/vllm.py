@@ -105,6 +105,10 @@ class VllmBackend(Backend):
             self._counted = CountedVersions()
         logging.getLogger("vllm.v1.engine.async_llm").addFilter(_EngineDeathWithoutTraceback())
         await self._label_version()
+        if r.logits_dtype == "float32":  # a float32 engine's head gives float32 logits already; the same op then
+            if not all(await self.engine.collective_rpc("rlx_float32_logits")):
+                log.warning("rollout.logits_dtype=float32: this model's LM head is quantized; its logits stay in "
+                            "%s", self.cfg.model.engine_dtype)
         if self.cfg.lora_sync == "adapter":
             from rlx.rollout.backends.lora import peft_adapter_config
 
@@ -444,12 +448,42 @@ class WeightSyncExtension:
             handler = self._rlx_handler = SyncHandler(WeightReceiver(name), consumer)
         return handler.handle_bytes(payload)
 
+    def rlx_float32_logits(self) -> bool:
+        """The LM head in float32 (``rollout.logits_dtype``): bfloat16 logits are rounded to steps of 0.125 where
+        they reach 16, which alone puts ~0.03 between the engine's logprobs and the trainer's. vLLM computes the
+        logits outside its CUDA graphs, so this holds with graphs captured. False where the head is quantized
+        (left as it is)."""
+        model = self.get_model() if hasattr(self, "get_model") else self.model_runner.model
+        head = getattr(model, "lm_head", None)
+        method = getattr(head, "quant_method", None)
+        if method is None or type(method).__name__ not in ("UnquantizedEmbeddingMethod", "UnquantizedLinearMethod"):
+            return False
+        if not isinstance(method, _Float32Head):
+            head.quant_method = _Float32Head(method)
+        return True
+
     def rlx_serve_adapter(self, directory: str, adapter_config: str) -> None:
         """``model.lora.sync=adapter``: syncs carry LoRA factors, loaded as the engine's LoRA
         (``rlx.rollout.backends.lora.VllmAdapterLoader``) instead of into the weights."""
         from rlx.rollout.backends.lora import VllmAdapterLoader
 
         self._rlx_adapter_loader = VllmAdapterLoader(self, directory, adapter_config)
+
+
+class _Float32Head:
+    """An unquantized head's method whose ``apply`` (the logits) runs in float32; everything else (the embedding
+    lookup of a tied head, weight creation) is the wrapped method's."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def apply(self, layer, x, bias=None):
+        import torch.nn.functional as F
+
+        return F.linear(x.float(), layer.weight.float(), None if bias is None else bias.float())
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
 
 
 class _VllmLoader(Consumer):
