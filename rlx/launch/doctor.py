@@ -121,8 +121,8 @@ class NodeProbe:
         if token:
             _prove_token(store, rank, token, nonce, f"{host}:{port}")
         local = LOOPBACK if host == LOOPBACK else _node_ip()
-        group = new_group(kind, store, rank, 2, local, STORE_TIMEOUT_S)
         device = torch.device("cuda", 0) if kind == "nccl" else torch.device("cpu")
+        group = new_group(kind, store, rank, 2, local, STORE_TIMEOUT_S, device)
         tensor = torch.ones(size_mb * 2**20 // 4, dtype=torch.float32, device=device) * (rank == 0)
         best = float("inf")
         try:
