@@ -54,11 +54,10 @@ def test_doctor_names_a_busy_openai_port_and_a_port_two_keys_would_bind(tiny_mod
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        taken = run_doctor(config, f"rollout.openai_port={port - 1}")
+        taken = run_doctor(config, f"rollout.openai_port={port}")  # server 0's endpoint; server 1's is port + 1
     assert taken.returncode == 1, taken.stdout + taken.stderr
     assert f"port {port} is taken on this host" in taken.stdout and "set rollout.openai_port to a free" in \
         taken.stdout, taken.stdout
-    assert "1 problem(s) found" in taken.stdout, taken.stdout
     clash = run_doctor(config, f"rollout.port={port + 10}", f"rollout.openai_port={port + 11}")
     assert clash.returncode == 1, clash.stdout + clash.stderr
     assert f"port {port + 11} is both rollout.port and rollout.openai_port" in " ".join(clash.stdout.split())
