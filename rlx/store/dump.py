@@ -372,7 +372,8 @@ def check_dump(cfg, contents: bool = True) -> Dump:
         held = f"steps {dump.steps[0]}..{dump.steps[-1]}" if dump.steps else "no step"
         raise DumpError(f"{where} holds {held} ({len(dump.steps)} in all); rollout.reuse={r.reuse} needs steps "
                         f"1..{needed} (step {missing[0]} is missing): lower "
-                        f"{'rollout.reuse_steps' if r.reuse == 'first_k' else 'trainer.total_steps'} or dump more steps")
+                        f"{'rollout.reuse_steps' if r.reuse == 'first_k' else 'trainer.total_steps'} or dump "
+                        "more steps")
     for step in dump.steps:
         if contents:
             dump.step(step)

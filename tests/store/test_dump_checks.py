@@ -77,7 +77,8 @@ def edit_manifest(dump: Path, edit) -> None:
     (lambda m: m["steps"]["1"].update(rows="4"), "manifest.json: field steps.1.rows: expected int, got str"),
     (lambda m: m["steps"].update(first=m["steps"].pop("1")), "manifest.json: a key of field steps: expected int"),
     (lambda m: m["sampling"].update(n=None), "manifest.json: field sampling.n: expected int, got null"),
-    (lambda m: m["steps"]["1"].update(file="../outside.safetensors"), "field steps.1.file='../outside.safetensors' is not a step"),
+    (lambda m: m["steps"]["1"].update(file="../outside.safetensors"),
+     "field steps.1.file='../outside.safetensors' is not a step"),
     (lambda m: m["steps"]["1"].update(rows=5), "has 4 rows, the manifest says 5"),
 ])
 def test_a_manifest_that_is_not_one_is_refused_naming_the_field(dump, tiny_model_dir, tmp_path, edit, expected):
