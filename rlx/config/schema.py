@@ -8,6 +8,7 @@ constants and are enforced by ``__post_init__``. This module imports no torch or
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Optional
 
@@ -647,6 +648,20 @@ LAUNCHER_CHOICES = ("local", "ray")
 
 
 RAY_STRATEGY_CHOICES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+_HOST_PORT = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?):([0-9]{1,5})")
+RAY_ADDRESS_FORMS = "auto, local, HOST:PORT (the GCS of a running cluster, e.g. 10.0.0.5:6379) or ray://HOST:PORT"
+
+
+def check_ray_address(where: str, value: str) -> None:
+    """A Ray address in a form ``ray.init`` takes: ``auto``, ``local``, ``HOST:PORT`` or ``ray://HOST:PORT``
+    (IPv6 hosts in brackets); empty passes (it means: RAY_ADDRESS, else a local instance)."""
+    if value in ("", "auto", "local"):
+        return
+    match = _HOST_PORT.fullmatch(value.removeprefix("ray://"))
+    if match is None or not 1 <= int(match.group(1)) <= 65535:
+        empty = "leave it empty to start a local instance" if where == "RAY_ADDRESS" else \
+            "leave it empty to use RAY_ADDRESS, else start a local instance"
+        raise ConfigError(f"{where}={value!r} is not a Ray address; set it to {RAY_ADDRESS_FORMS}, or {empty}")
 
 
 @dataclass
@@ -663,6 +678,7 @@ class RayConfig:
     """How long to wait for the cluster to grant a role's placement group before naming what is missing."""
 
     def __post_init__(self) -> None:
+        check_ray_address("ray.address", self.address)
         check_choice("ray.strategy", self.strategy, RAY_STRATEGY_CHOICES)
         check_range("ray.placement_timeout_s", self.placement_timeout_s, 0.1)
         for role in ("trainer", "rollout"):

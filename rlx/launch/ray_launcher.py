@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlx.config.errors import ConfigError
+from rlx.config.schema import check_ray_address
 from rlx.launch.display import Display
 from rlx.launch.launcher import _trace_env, prepare, quiet_server_env, supervise
 from rlx.launch.processes import TracebackFolder, write_json
@@ -62,7 +63,11 @@ def import_ray():
 
 def cluster_address(cfg) -> str:
     """``ray.address``, else RAY_ADDRESS (set by `ray job submit`), else "local" (a fresh instance)."""
-    return cfg.ray.address or os.environ.get("RAY_ADDRESS", "") or "local"
+    if cfg.ray.address:
+        return cfg.ray.address
+    from_env = os.environ.get("RAY_ADDRESS", "")
+    check_ray_address("RAY_ADDRESS", from_env)
+    return from_env or "local"
 
 
 def connect(cfg):

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import hmac
 import itertools
+import logging
 import math
 import socket
 import time
@@ -38,6 +39,8 @@ from rlx.rollout import protocol as p
 from rlx.rollout.addresses import is_loopback_host
 from rlx.rollout.chat import ChatFormat
 from rlx.trace import tracer
+
+log = logging.getLogger("rlx.rollout.openai_http")
 
 MAX_EPISODES = 10_000
 """Most episodes held at once (open + finished but not yet taken by the trainer)."""
@@ -140,6 +143,7 @@ class OpenAIEndpoint:
     def _endpoint(self, handler):
         """``handler(request) -> dict`` as a starlette endpoint: bearer check, JSON in and out, errors shaped
         like OpenAI's (``{"error": {"message", "type"}}``)."""
+        from starlette.requests import ClientDisconnect
         from starlette.responses import Response
 
         async def endpoint(request):
@@ -148,6 +152,11 @@ class OpenAIEndpoint:
                 status, body = 200, await handler(request)
             except HttpError as exc:
                 status, body = exc.status, _error(exc.status, str(exc))
+            except ClientDisconnect:  # nobody is left to answer: one line, no traceback
+                client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+                log.warning("%s hung up before sending the whole body of %s %s; the request was dropped",
+                            client, request.method, request.url.path)
+                return Response(status_code=400)
             return Response(msgspec.json.encode(body), status_code=status, media_type="application/json")
 
         return endpoint

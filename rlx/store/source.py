@@ -34,7 +34,7 @@ class StepSource:
         from rlx.store.dump import DumpWriter, check_dump
 
         self.cfg, self.collector, self.more, self.pad_id = cfg, collector, more, pad_id
-        self.dump = check_dump(cfg) if cfg.rollout.reuse else None
+        self.dump = check_dump(cfg, contents=False) if cfg.rollout.reuse else None  # pre-flight read them
         self.writer = DumpWriter(cfg) if cfg.rollout.dump_dir else None
 
     @property

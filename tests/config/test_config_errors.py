@@ -92,3 +92,18 @@ def test_values_that_would_fail_only_after_start_up_are_refused_here(tmp_path, o
 def test_a_setting_the_chosen_launcher_would_ignore_is_refused(tmp_path):
     code, output = check(tmp_path, "model:\n  path: /m\n", "launcher=ray", "rollout.restart_on_failure=true")
     assert_one_error_line(code, output, "rollout.restart_on_failure", "launcher=ray", "set rollout.restart_on_failure=false")
+
+
+@pytest.mark.parametrize("address", ["::not-an-address::", "localhost", "10.0.0.5:0", "ray://head", "http://head:8265"])
+def test_a_ray_address_in_no_form_ray_takes_is_refused_naming_the_forms(tmp_path, address):
+    code, output = check(tmp_path, "model:\n  path: /m\n", "launcher=ray", f"ray.address='{address}'")
+    assert_one_error_line(code, output, f"ray.address={address!r} is not a Ray address", "HOST:PORT",
+                          "ray://HOST:PORT", "auto")
+
+
+@pytest.mark.parametrize("address", ["auto", "local", "10.0.0.5:6379", "head-node.example:6379", "ray://head:10001",
+                                     "[::1]:6379"])
+def test_the_ray_address_forms_ray_takes_are_accepted(tmp_path, address):
+    code, output = check(tmp_path, "model:\n  path: /m\n", "launcher=ray", f"ray.address='{address}'")
+    assert code == 0, output
+

@@ -4,6 +4,7 @@ the fix, exit 2, the source untouched and no destination written (an existing on
 import json
 import shutil
 import struct
+import sys
 
 import pytest
 from convert_helpers import build_family_model, tree_digest, write_trainer_checkpoint
@@ -158,3 +159,25 @@ def test_out_of_range_counts_are_refused(model, tmp_path, flag, expected):
     code, output = convert(model, tmp_path / "out", "--to", "torch_dist", *flag)
     assert_refused(code, output, expected)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def without_megatron(monkeypatch):
+    """megatron-core as if not installed: its import fails (None in sys.modules stops an import)."""
+    for name in ("megatron", "megatron.core"):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_torch_dist_without_megatron_core_is_one_line_naming_the_install(model, tmp_path, without_megatron, dry_run):
+    out = tmp_path / "megatron"
+    code, output = convert(model, out, "--to", "torch_dist", *(["--dry-run"] if dry_run else []))
+    assert_refused(code, output, "--to torch_dist needs megatron-core", 'pip install -e ".[megatron]"')
+    assert not out.exists()
+    source = tmp_path / "torch_dist"
+    source.mkdir()
+    (source / "latest_checkpointed_iteration.txt").write_text("0\n")
+    code, output = convert(source, tmp_path / "hf", *(["--dry-run"] if dry_run else []))
+    assert_refused(code, output, f"converting {source} from torch_dist needs megatron-core",
+                   'pip install -e ".[megatron]"')
+    assert not (tmp_path / "hf").exists()

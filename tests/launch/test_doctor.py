@@ -1,22 +1,30 @@
 """`rlx doctor` on the local layout (this host, no Ray): a clean layout passes with a real gloo broadcast
-measured, a busy rollout port and a GPU that is not there are problems with their fix, and neither
-the doctor nor the local launcher imports Ray. The Ray-cluster side is tested in test_ray.py."""
+measured, a busy rollout port, a busy OpenAI port, a port two keys would both bind and a GPU that is not
+there are problems with their fix, and neither the doctor nor the local launcher imports Ray. The
+broadcast's rendezvous store listens on loopback only, and across nodes both ends prove the run's token.
+The Ray-cluster side is tested in test_ray.py."""
 
 from __future__ import annotations
 
+import os
+import secrets
 import socket
 import subprocess
 import sys
+import threading
 
+import pytest
+
+from rlx.launch import doctor
 from tests.helpers import write_config
 
 
-def run_doctor(config, *overrides: str) -> subprocess.CompletedProcess:
+def run_doctor(config, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
     code = ("import sys; from typer.testing import CliRunner; from rlx.cli import app; import rlx.launch.launcher; "
             "result = CliRunner().invoke(app, ['doctor', *sys.argv[1:]]); print(result.output); "
             "print('ray imported:', 'ray' in sys.modules); sys.exit(result.exit_code)")
     return subprocess.run([sys.executable, "-c", code, str(config), "--broadcast-mb", "2", *overrides],
-                          check=False, capture_output=True, text=True, timeout=120)
+                          check=False, capture_output=True, text=True, timeout=120, env=dict(os.environ, **(env or {})))
 
 
 def test_doctor_passes_a_local_layout_without_importing_ray(tiny_model_dir, tmp_path):
@@ -38,3 +46,75 @@ def test_doctor_names_a_busy_port_and_a_missing_gpu_with_their_fix(tiny_model_di
     assert f"port {port} is taken on this host" in result.stdout, result.stdout
     assert "none is visible here" in result.stdout and "set trainer.device=cpu" in result.stdout, result.stdout
     assert "2 problem(s) found" in result.stdout, result.stdout
+
+
+def test_doctor_names_a_busy_openai_port_and_a_port_two_keys_would_bind(tiny_model_dir, tmp_path):
+    config = write_config(tmp_path / "local.yaml", tiny_model_dir, rollout={"backend": "hf", "num_servers": 2})
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        taken = run_doctor(config, f"rollout.openai_port={port}")  # server 0's endpoint; server 1's is port + 1
+    assert taken.returncode == 1, taken.stdout + taken.stderr
+    assert f"port {port} is taken on this host" in taken.stdout and "set rollout.openai_port to a free" in \
+        taken.stdout, taken.stdout
+    clash = run_doctor(config, f"rollout.port={port + 10}", f"rollout.openai_port={port + 11}")
+    assert clash.returncode == 1, clash.stdout + clash.stderr
+    assert f"port {port + 11} is both rollout.port and rollout.openai_port" in " ".join(clash.stdout.split())
+
+
+def test_a_bad_ray_address_env_is_one_error_line_naming_the_variable(tiny_model_dir, tmp_path):
+    config = write_config(tmp_path / "ray.yaml", tiny_model_dir, rollout={"backend": "hf"})
+    result = run_doctor(config, "launcher=ray", env={"RAY_ADDRESS": "::not-an-address::"})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "RAY_ADDRESS='::not-an-address::' is not a Ray address" in result.stdout, result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def listening_addresses(port: int) -> set[str]:
+    """Local addresses (hex, as /proc/net writes them) of the sockets listening on ``port``."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                found.add(local.rsplit(":", 1)[0])
+    return found
+
+
+def test_the_local_broadcast_store_listens_on_loopback_only(monkeypatch):
+    seen = []
+    broadcast = doctor.NodeProbe.broadcast
+
+    def observed(self, host, port, rank, *args, **kwargs):
+        if rank == 0:  # the store is up: what listens on its port?
+            seen.append(listening_addresses(port))
+        return broadcast(self, host, port, rank, *args, **kwargs)
+
+    monkeypatch.setattr(doctor.NodeProbe, "broadcast", observed)
+    seconds, error = doctor._local_broadcast(1)
+    assert seconds is not None, error
+    assert seen == [{"0100007F"}], f"the rendezvous store listens on {seen} (0100007F = 127.0.0.1 only)"
+
+
+@pytest.mark.parametrize("receiver_token", ["run-token", "another-token"])
+def test_broadcast_ends_prove_the_runs_token_before_forming_a_group(receiver_token):
+    sender, receiver = doctor.NodeProbe(), doctor.NodeProbe()
+    port, nonce, results = sender.open_store("127.0.0.1"), secrets.token_hex(8), {}
+
+    def side(probe, rank, token):
+        try:
+            results[rank] = probe.broadcast("127.0.0.1", port, rank, 1, token=token, nonce=nonce)
+        except RuntimeError as exc:
+            results[rank] = str(exc)
+
+    threads = [threading.Thread(target=side, args=args)
+               for args in ((sender, 0, "run-token"), (receiver, 1, receiver_token))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    if receiver_token == "run-token":
+        assert all(isinstance(r, float) for r in results.values()) and len(results) == 2, results
+    else:
+        assert all("did not prove the run's token" in str(r) for r in results.values()) and len(results) == 2, results

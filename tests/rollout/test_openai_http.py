@@ -58,9 +58,15 @@ def chat_model_dir(tiny_model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def endpoint(chat_model_dir, tmp_path_factory):
+def openai_work(tmp_path_factory):
+    """The directory of the endpoint fixture's server: its config and its log (serve.log)."""
+    return tmp_path_factory.mktemp("openai")
+
+
+@pytest.fixture(scope="module")
+def endpoint(chat_model_dir, openai_work):
     """A real hf-backend server whose OpenAI endpoint binds every interface, which needs the token."""
-    work = tmp_path_factory.mktemp("openai")
+    work = openai_work
     port = free_port()
     config = write_config(work / "serve.yaml", chat_model_dir,
                           rollout={"backend": "hf", "openai_host": "0.0.0.0", "openai_port": port})
@@ -173,6 +179,26 @@ def test_auth_and_request_errors_are_clear(endpoint):
     assert reply.status_code == 400 and "max_tokens" in reply.json()["error"]["message"]
     reply = httpx.post(f"{url}/v1/episodes/refused/finish", headers=AUTH, json={"reward": 1.0})
     assert reply.status_code == 404  # a refused first request opened no episode
+
+
+def test_a_client_that_hangs_up_mid_body_costs_one_log_line(endpoint, openai_work):
+    url, _ = endpoint
+    port = int(url.rsplit(":", 1)[1])
+    for _ in range(2):
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: 100000\r\nAuthorization: Bearer " + TOKEN.encode() +
+                           b"\r\n\r\n{\"messages\": [{\"role\": \"user\", \"content\": \"hel")
+            time.sleep(0.3)  # the body is being read when the client goes
+    response = httpx.get(f"{url}/v1/models", headers=AUTH, timeout=10.0)  # the server stays up
+    assert response.status_code == 200
+    deadline = time.time() + 10
+    while time.time() < deadline and (openai_work / "serve.log").read_text().count("hung up") < 2:
+        time.sleep(0.2)
+    log = (openai_work / "serve.log").read_text()
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-4000:]
+    lines = [line for line in log.splitlines() if "hung up" in line]
+    assert len(lines) == 2 and "POST /v1/chat/completions" in lines[0], log[-4000:]
 
 
 def test_off_loopback_endpoint_without_a_token_is_refused_before_start(tiny_model_dir, tmp_path, monkeypatch):

@@ -63,9 +63,9 @@ class EpisodeCollector:
             if self._pools is None:
                 a = self.cfg.agent
                 tools = WorkerPool("tool", a.tool_workers, a.tool_timeout_s, a.tool_memory_mb,
-                                   a.max_tool_output_chars) if self.tools else None
-                rewards = WorkerPool("reward", a.reward_workers, a.reward_timeout_s,
-                                     a.tool_memory_mb) if self.reward_ref else None
+                                   a.max_tool_output_chars, a.max_worker_output_bytes) if self.tools else None
+                rewards = WorkerPool("reward", a.reward_workers, a.reward_timeout_s, a.tool_memory_mb,
+                                     max_log_bytes=a.max_worker_output_bytes) if self.reward_ref else None
                 await asyncio.gather(*(p.start() for p in (tools, rewards) if p is not None))
                 self._pools = (tools, rewards)
         return self._pools

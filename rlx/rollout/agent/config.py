@@ -33,6 +33,9 @@ class AgentConfig:
     """Wall time one reward call may take; past it the sample's reward is 0 and reward_errors counts it."""
     max_tool_output_chars: int = 1024
     """A tool's result is cut to this many characters before it becomes an observation."""
+    max_worker_output_bytes: int = 65536
+    """Bytes of what one tool or reward call prints (stdout and stderr) shown on the console and in the run's
+    logs; the rest of that call's output is dropped, with a note saying so. 0 = none shown."""
 
     def __post_init__(self) -> None:
         from rlx.config.schema import check_choice, check_range
@@ -46,3 +49,4 @@ class AgentConfig:
         check_range("agent.tool_workers", self.tool_workers, 1)
         check_range("agent.reward_workers", self.reward_workers, 1)
         check_range("agent.max_tool_output_chars", self.max_tool_output_chars, 1)
+        check_range("agent.max_worker_output_bytes", self.max_worker_output_bytes, 0, hint="0 shows none of it")

@@ -3,7 +3,8 @@
 It reads requests from stdin and writes replies to its original stdout, each a 4-byte big-endian
 length then msgpack (never pickle): request ``{"fn": "module:function", "args": [...]}``, reply
 ``{"ok": bool, "value": ..., "error": str}``. The function's own prints go to stderr, so they
-cannot corrupt a reply. The address-space limit (``--memory-mb``, RLIMIT_AS) is set before any
+cannot corrupt a reply; the pool reads that pipe and shows at most ``agent.max_worker_output_bytes`` of
+it per call. The address-space limit (``--memory-mb``, RLIMIT_AS) is set before any
 user code is imported; a string result longer than ``--max-output-chars`` is truncated here, so a
 huge output never crosses the pipe. Timeouts are the pool's job: it kills this process group; the
 worker also dies with the process that started it (PR_SET_PDEATHSIG on Linux).

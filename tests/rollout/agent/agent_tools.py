@@ -34,3 +34,11 @@ def hanging_reward(completion: str, answer: str) -> float:
 
 def exact_reward(completion: str, answer: str) -> float:
     return 1.0 if completion.strip() == answer else 0.0
+
+
+def spew(arguments: dict) -> str:
+    chunk = "spew " * 200_000 + "\n"  # 1 MB a line, to stdout and to stderr
+    for _ in range(int(arguments.get("expression", "8"))):
+        print(chunk, end="")
+        print(chunk, end="", file=__import__("sys").stderr)
+    return "done"

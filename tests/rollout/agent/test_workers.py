@@ -11,7 +11,7 @@ from rlx.rollout.agent.workers import WorkerPool
 from rlx.rollout.tasks.base import Problem
 
 T = "tests.rollout.agent.agent_tools"
-TOOLS = {name: f"{T}:{name}" for name in ("hang", "crash", "huge", "hog", "shout")} | {
+TOOLS = {name: f"{T}:{name}" for name in ("hang", "crash", "huge", "hog", "shout", "spew")} | {
     "calc": "rlx.rollout.agent.tools:calc"}
 
 
@@ -99,3 +99,18 @@ def test_a_hung_or_failing_reward_gives_the_sample_zero_and_is_counted(tmp_path)
         assert (hung, scored, missing, errors[0]) == (0.0, 1.0, 0.0, 2)
 
     asyncio.run(main())
+
+
+def test_a_call_that_prints_megabytes_shows_only_its_first_bytes_and_a_note(capfd):
+    async def main():
+        async with WorkerPool("tool", 1, timeout_s=30.0, memory_mb=512, max_log_bytes=5000) as pool:
+            spewed = await pool.call(TOOLS["spew"], {"expression": "8"})  # 16 MB of output
+            shouted = await pool.call(TOOLS["shout"], {"expression": "next"})  # the next call shows its own
+            return spewed, shouted
+
+    spewed, shouted = asyncio.run(main())
+    assert spewed.ok and spewed.value == "done" and shouted.ok and shouted.value == "NEXT"
+    err = capfd.readouterr().err
+    assert len(err) < 10_000, f"{len(err)} bytes reached the console"
+    assert err.count("printed more than 5000 bytes") == 1 and "agent.max_worker_output_bytes" in err, err[-500:]
+    assert err.startswith("spew spew") and err.rstrip().endswith("noise on stdout must not corrupt the reply"), err
