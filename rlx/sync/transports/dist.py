@@ -38,6 +38,7 @@ token-checked ``SyncBegin``, but the bytes are not encrypted: sync over a truste
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import datetime
 import logging
@@ -47,6 +48,7 @@ import secrets
 import socket
 import threading
 import time
+import weakref
 from urllib.parse import urlparse
 
 import torch
@@ -62,6 +64,7 @@ DIST_TRANSPORTS = ("gloo", "nccl")
 _PAYLOAD = ("host", "port", "group", "rank", "world_size", "timeout_s")
 GROUP_TIMEOUT_MARGIN_S = 60.0  # the group's own timeout exceeds the sync's: rlx's deadline fires first
 POLL_S = 0.0005  # how often a wait looks at its broadcasts
+CLOSE_WAIT_S = 10.0  # the longest a process waits at exit for its groups to be aborted
 
 
 class Lane:
@@ -70,7 +73,7 @@ class Lane:
 
     def __init__(self, name: str) -> None:
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._run, name=name, daemon=True).start()
+        self._thread = _started(threading.Thread(target=self._run, name=name, daemon=True))
 
     def submit(self, fn, *args) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -78,6 +81,7 @@ class Lane:
         return future
 
     def close(self) -> None:
+        """No more calls; those queued still run (the process waits for them at exit, ``_join_at_exit``)."""
         self._calls.put(None)
 
     def _run(self) -> None:
@@ -185,10 +189,14 @@ class DistBuffer(SenderBuffer):
 
     def close(self) -> None:
         self._filling, self._staged, self._posted = [], {}, []
-        self._drop_group(abandon=True)
+        group, self._group, self._join = self._group, None, None
         if self._lane is not None:
+            if group is not None:
+                self._lane.submit(_abort, group)
             self._lane.close()
             self._lane = None
+        elif group is not None:
+            abort_soon(group)
         self._store = None
 
     def _drop_group(self, abandon: bool = False) -> None:
@@ -333,7 +341,26 @@ def abort_soon(group) -> None:
     """Abort ``group`` on a daemon thread: an abort of a communicator whose peer is stuck may itself take
     time, and must not hold the caller (a deadline, a signal handler's teardown)."""
     if group is not None:
-        threading.Thread(target=_abort_logged, args=(group,), name="rlx-sync-abort", daemon=True).start()
+        _started(threading.Thread(target=_abort_logged, args=(group,), name="rlx-sync-abort", daemon=True))
+
+
+_THREADS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+
+
+def _started(thread: threading.Thread) -> threading.Thread:
+    _THREADS.add(thread)
+    thread.start()
+    return thread
+
+
+@atexit.register
+def _join_at_exit() -> None:
+    """At exit, give the lanes and aborts still running up to ``CLOSE_WAIT_S`` in all: a group destroyed by its
+    own thread, not by the interpreter's teardown (torch's NCCL threads do not survive that: the process aborts
+    with "terminate called without an active exception"). One stuck for good is left behind."""
+    deadline = time.monotonic() + CLOSE_WAIT_S
+    for thread in list(_THREADS):
+        thread.join(max(deadline - time.monotonic(), 0.0))
 
 
 def _abort_logged(group) -> None:
