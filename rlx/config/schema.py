@@ -16,6 +16,7 @@ from omegaconf import MISSING
 
 from rlx.config.errors import ConfigError
 from rlx.rollout.agent.config import AgentConfig
+from rlx.rollout.protocol import MIN_TEMPERATURE
 from rlx.rollout.reward_models.config import RewardModelConfig
 from rlx.store.config import FiltersConfig, StoreConfig, check_reuse
 
@@ -228,7 +229,8 @@ class RolloutConfig:
     n: int = 8
     """Samples per prompt (the GRPO group size)."""
     temperature: float = 1.0
-    """Sampling temperature."""
+    """Sampling temperature: 0 = greedy, else >= 0.01 (a smaller one divides the logits past float range: the
+    engine's probabilities and the trainer's logprobs would be NaN; vLLM raises such a value to 0.01)."""
     top_p: float = 1.0
     """Nucleus sampling probability mass."""
     top_k: int = -1
@@ -307,6 +309,10 @@ class RolloutConfig:
                               "list running servers in rollout.servers or launch some with rollout.num_servers")
         check_range("rollout.n", self.n, 1, hint="set rollout.n to the samples per prompt")
         check_range("rollout.temperature", self.temperature, 0.0)
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            raise ConfigError(f"rollout.temperature={self.temperature!r} is below {MIN_TEMPERATURE}: dividing the "
+                              "logits by it overflows and the logprobs come out NaN; set rollout.temperature=0 for "
+                              f"greedy decoding or a value >= {MIN_TEMPERATURE}")
         check_range("rollout.top_p", self.top_p, 0.0, 1.0)
         check_range("rollout.max_tokens", self.max_tokens, 1)
         check_range("rollout.cpu_threads", self.cpu_threads, 0)

@@ -107,3 +107,15 @@ def test_the_ray_address_forms_ray_takes_are_accepted(tmp_path, address):
     code, output = check(tmp_path, "model:\n  path: /m\n", "launcher=ray", f"ray.address='{address}'")
     assert code == 0, output
 
+
+@pytest.mark.parametrize("value", ["1e-40", "0.001", "5e-324"])
+def test_a_temperature_too_small_to_divide_by_is_refused(tmp_path, value):
+    code, output = check(tmp_path, "model:\n  path: /m\n", f"rollout.temperature={value}")
+    assert_one_error_line(code, output, f"rollout.temperature={float(value)!r} is below 0.01",
+                          "set rollout.temperature=0 for greedy decoding or a value >= 0.01")
+
+
+def test_greedy_and_the_smallest_safe_temperature_pass(tmp_path):
+    for value in ("0", "0.01"):
+        code, output = check(tmp_path, "model:\n  path: /m\n", f"rollout.temperature={value}")
+        assert code == 0, output
