@@ -236,7 +236,7 @@ class RolloutConfig:
     top_k: int = -1
     """Top-k sampling; -1 = off."""
     max_tokens: int = 16
-    """Maximum completion tokens per sample."""
+    """Maximum completion tokens per sample; below rollout.max_model_len, which holds the prompt too."""
     stop: list[str] = field(default_factory=list)
     """Stop strings that end a completion."""
     gpu_memory_utilization: Optional[float] = None
@@ -334,6 +334,10 @@ class RolloutConfig:
         check_range("rollout.openai_port", self.openai_port, 0, 65535)
         check_range("rollout.top_k", self.top_k, -1, hint="-1 turns top-k sampling off")
         check_range("rollout.max_model_len", self.max_model_len, 2)
+        if self.max_tokens >= self.max_model_len:
+            raise ConfigError(f"rollout.max_tokens={self.max_tokens} with rollout.max_model_len={self.max_model_len}: "
+                              "the prompt and its completion share the context, so no prompt would fit; set "
+                              "rollout.max_tokens below rollout.max_model_len, or raise rollout.max_model_len")
         check_range("rollout.request_timeout_s", self.request_timeout_s, 0.1)
         check_range("rollout.startup_timeout_s", self.startup_timeout_s, 0.1)
         check_range("rollout.max_restarts", self.max_restarts, 0, hint="set rollout.max_restarts to the restarts "
@@ -650,6 +654,20 @@ def check_colocated(cfg) -> None:
                           "trainer rank; set trainer.num_ranks=1 or placement.offload=false")
 
 
+def check_sizes(cfg) -> None:
+    """Sizes one section sets that another's must hold: each field is fine alone, the pair fails only later."""
+    r, f, t = cfg.rollout, cfg.filters, cfg.trainer
+    if f.overlong == "soft" and f.overlong_buffer > r.max_tokens:
+        raise ConfigError(f"filters.overlong_buffer={f.overlong_buffer} is longer than rollout.max_tokens="
+                          f"{r.max_tokens}: the overlong penalty would start before the first token; set "
+                          "filters.overlong_buffer to at most rollout.max_tokens")
+    rows = t.prompts_per_step * r.n
+    if t.num_ranks > 1 and t.data_plane == "store" and cfg.store.max_rows < rows:
+        raise ConfigError(f"store.max_rows={cfg.store.max_rows} is smaller than one step's batch "
+                          f"(trainer.prompts_per_step={t.prompts_per_step} x rollout.n={r.n} = {rows} samples), "
+                          f"which the sample store holds at once; set store.max_rows >= {rows}")
+
+
 LAUNCHER_CHOICES = ("local", "ray")
 
 
@@ -745,6 +763,7 @@ class RunConfig:
             raise ConfigError("trainer.mode=fully_async trains on prompt groups as they finish and applies no filters.*, "
                               "rollout.dump_dir or rollout.reuse; turn those off or use trainer.mode=sync / one_step_off")
         check_lora_sync(self)
+        check_sizes(self)
         if self.rollout.host not in ("127.0.0.1", "localhost", "::1") and not self.rollout.auth_token:
             raise ConfigError(
                 f"rollout.host={self.rollout.host!r} is not loopback; set rollout.auth_token to a shared secret "
