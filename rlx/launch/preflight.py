@@ -1,6 +1,6 @@
 """Checks that run before any process of `rlx train` starts: the run directory, model directory
 (built first when ``model.build_if_missing`` asks for it), task data (every prompt fits the context) and
-reward function, the checkpoint plugins (installed under the names the config gives), the checkpoint
+reward function, the checkpoint plugins (installed under the names the config gives, importable, made without an error), the checkpoint
 ``--resume`` continues from, stale weight-sync buffers. A mistake found here is one line naming the
 fix; nothing has been started and nothing in the run directory was written.
 """
@@ -21,7 +21,7 @@ def preflight(cfg, display: Display) -> None:
     """Fail before any process starts: run directory, plugins, model directory, task data, reward function,
     resume."""
     from rlx.engine.model import check_model_dir
-    from rlx.plugins import check_installed
+    from rlx.plugins import check_loadable
     from rlx.rollout.agent.tools import check_agent
     from rlx.rollout.reward_models import check_reward_model
     from rlx.rollout.tasks import build_task
@@ -32,7 +32,7 @@ def preflight(cfg, display: Display) -> None:
     placement.check(cfg, placement.visible_gpus())
     placement.plan(cfg, placement.visible_gpus())  # the weight transport this host's layout allows
     check_output_dir(run_dir)
-    check_installed(cfg.checkpoint.plugins)
+    check_loadable(cfg.checkpoint.plugins)
     if cfg.model.build_if_missing and not Path(cfg.model.path, "config.json").is_file():
         build_model(cfg, display)
     check_model_dir(cfg.model.path)
