@@ -506,6 +506,10 @@ class TrainerConfig:
     """AdamW betas."""
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm; 0 = off."""
+    max_nonfinite_steps: int = 3
+    """Steps in a row whose loss or gradient norm is NaN or inf after which the run stops with an error. Each such
+    step is skipped (no optimizer update, the weights unchanged; metric skipped_nonfinite), so no checkpoint holds
+    NaN."""
     fused_kernels: str = "auto"
     """Liger's fused RMSNorm and SwiGLU kernels on the trainer's model (CUDA, liger-kernel installed, Llama /
     Mistral / Qwen2 / Qwen3): auto = where they apply, on = required, off = never (rlx.engine.kernels)."""
@@ -537,6 +541,8 @@ class TrainerConfig:
         check_range("trainer.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
         check_range("trainer.weight_decay", self.weight_decay, 0.0)
         check_range("trainer.max_grad_norm", self.max_grad_norm, 0.0, hint="0 turns clipping off")
+        check_range("trainer.max_nonfinite_steps", self.max_nonfinite_steps, 1,
+                    hint="1 stops the run at the first step whose loss or gradient norm is NaN or inf")
         check_range("trainer.warmup_steps", self.warmup_steps, 0)
         check_range("trainer.logprob_chunk_size", self.logprob_chunk_size, 1)
         check_choice("trainer.fused_kernels", self.fused_kernels, ("auto", "on", "off"))
