@@ -279,6 +279,8 @@ class RolloutConfig:
     """Restarts allowed per launched server with rollout.restart_on_failure; one more death stops the run."""
     openai_port: int = 0
     """Also serve an OpenAI-compatible HTTP endpoint (/v1/chat/completions) on this port (+ server index); 0 = off."""
+    openai_max_body_mb: float = 4.0
+    """Largest request body the OpenAI endpoint reads, in MiB; a larger one is answered HTTP 413 unread."""
     openai_host: str = "127.0.0.1"
     """Interface the OpenAI endpoint binds; anything but loopback needs rollout.auth_token (sent as a Bearer token)."""
     dump_dir: str = ""
@@ -332,6 +334,8 @@ class RolloutConfig:
         check_choice("rollout.logits_dtype", self.logits_dtype, ("float32", "auto"))
         check_range("rollout.port", self.port, 0, 65535)
         check_range("rollout.openai_port", self.openai_port, 0, 65535)
+        check_range("rollout.openai_max_body_mb", self.openai_max_body_mb, 0.001,
+                    hint="set it to the largest chat request body the endpoint reads, in MiB")
         check_range("rollout.top_k", self.top_k, -1, hint="-1 turns top-k sampling off")
         check_range("rollout.max_model_len", self.max_model_len, 2)
         if self.max_tokens >= self.max_model_len:
