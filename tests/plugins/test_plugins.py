@@ -37,12 +37,17 @@ def site(tmp_path_factory) -> Path:
 
 
 def run(config: Path, tmp_path: Path, site: Path, *args: str):
-    os.environ["PYTHONPATH"] = str(site)  # start_rlx passes os.environ on
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(site)] + ([before] if before else []))  # start_rlx passes it on
     os.environ["RLX_EXAMPLE_PLUGIN_LOG"] = str(tmp_path / "hooks.jsonl")
     try:
         return run_to_end(config, tmp_path, *args, timeout_s=300)
     finally:
-        del os.environ["PYTHONPATH"], os.environ["RLX_EXAMPLE_PLUGIN_LOG"]
+        del os.environ["RLX_EXAMPLE_PLUGIN_LOG"]
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def hooks(tmp_path: Path) -> list[tuple]:
