@@ -6,7 +6,7 @@ connects to HOST:PORT (``CONNECT_TIMEOUT_S``) and opens an HTTP/2 session, as ev
 since the cluster's GCS and the Ray Client server (``ray://``) are gRPC servers: a port that refuses,
 or that accepts but does not answer with HTTP/2 (another service, such as the dashboard), is named
 with the fix. With ``RAY_USE_TLS`` set the session starts with TLS instead, so only the connection is
-checked. An address that is not HOST:PORT (``auto``, or one Ray cannot parse) is left to ``ray.init``.
+checked. ``auto`` (the cluster started on this host) is left to ``ray.init``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from rlx.rollout.addresses import is_loopback_host
 
 CONNECT_TIMEOUT_S = 5.0
 """How long the address has to accept a connection, and then to answer the HTTP/2 preface."""
-DEFAULT_PORTS = {"ray://": 10001, "": 6379}
-"""The port Ray assumes when an address names none: the Ray Client server's, the GCS's."""
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS frame
 _SETTINGS = 4
 
@@ -45,22 +43,11 @@ def check_reachable(address: str, where: str) -> str:
 
 
 def host_port(address: str) -> tuple[str, int] | None:
-    """(host, port) of ``[ray://]HOST[:PORT]`` with Ray's default port, or None for anything else."""
-    scheme = "ray://" if address.startswith("ray://") else ""
-    rest = address[len(scheme):].rstrip("/")
-    if rest in ("", "auto") or "/" in rest:
-        return None
-    if rest.startswith("["):  # [IPv6]:PORT
-        host, _, port = rest[1:].partition("]")
-        port = port[1:] if port.startswith(":") else port
-    elif rest.count(":") == 1:
-        host, port = rest.split(":")
-    elif ":" in rest:  # a bare IPv6 address, or not an address at all
-        return None
-    else:
-        host, port = rest, ""
-    port = port or str(DEFAULT_PORTS[scheme])
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    """(host, port) of ``[ray://]HOST:PORT`` (the forms ``rlx.config.schema.check_ray_address`` lets through),
+    or None for ``auto``, ``local`` and anything else."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         return None
     return host, int(port)
 
