@@ -72,7 +72,8 @@ def rollout_serve(
         from rlx.rollout.openai_http import run_with_openai
 
         serving = run_with_openai(make_backend(cfg), address, cfg.rollout.auth_token, http_socket,
-                                  Path(cfg.model.path).name, _default_sampling(cfg), **limits)
+                                  Path(cfg.model.path).name, _default_sampling(cfg),
+                                  max_body_mb=cfg.rollout.openai_max_body_mb, **limits)
     try:
         asyncio.run(serving)
     except BackendDied as exc:

@@ -16,6 +16,7 @@ from omegaconf import MISSING
 
 from rlx.config.errors import ConfigError
 from rlx.rollout.agent.config import AgentConfig
+from rlx.rollout.protocol import MIN_TEMPERATURE
 from rlx.rollout.reward_models.config import RewardModelConfig
 from rlx.store.config import FiltersConfig, StoreConfig, check_reuse
 
@@ -228,13 +229,14 @@ class RolloutConfig:
     n: int = 8
     """Samples per prompt (the GRPO group size)."""
     temperature: float = 1.0
-    """Sampling temperature."""
+    """Sampling temperature: 0 = greedy, else >= 0.01 (a smaller one divides the logits past float range: the
+    engine's probabilities and the trainer's logprobs would be NaN; vLLM raises such a value to 0.01)."""
     top_p: float = 1.0
     """Nucleus sampling probability mass."""
     top_k: int = -1
     """Top-k sampling; -1 = off."""
     max_tokens: int = 16
-    """Maximum completion tokens per sample."""
+    """Maximum completion tokens per sample; below rollout.max_model_len, which holds the prompt too."""
     stop: list[str] = field(default_factory=list)
     """Stop strings that end a completion."""
     gpu_memory_utilization: Optional[float] = None
@@ -277,6 +279,8 @@ class RolloutConfig:
     """Restarts allowed per launched server with rollout.restart_on_failure; one more death stops the run."""
     openai_port: int = 0
     """Also serve an OpenAI-compatible HTTP endpoint (/v1/chat/completions) on this port (+ server index); 0 = off."""
+    openai_max_body_mb: float = 4.0
+    """Largest request body the OpenAI endpoint reads, in MiB; a larger one is answered HTTP 413 unread."""
     openai_host: str = "127.0.0.1"
     """Interface the OpenAI endpoint binds; anything but loopback needs rollout.auth_token (sent as a Bearer token)."""
     dump_dir: str = ""
@@ -307,6 +311,10 @@ class RolloutConfig:
                               "list running servers in rollout.servers or launch some with rollout.num_servers")
         check_range("rollout.n", self.n, 1, hint="set rollout.n to the samples per prompt")
         check_range("rollout.temperature", self.temperature, 0.0)
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            raise ConfigError(f"rollout.temperature={self.temperature!r} is below {MIN_TEMPERATURE}: dividing the "
+                              "logits by it overflows and the logprobs come out NaN; set rollout.temperature=0 for "
+                              f"greedy decoding or a value >= {MIN_TEMPERATURE}")
         check_range("rollout.top_p", self.top_p, 0.0, 1.0)
         check_range("rollout.max_tokens", self.max_tokens, 1)
         check_range("rollout.cpu_threads", self.cpu_threads, 0)
@@ -326,8 +334,14 @@ class RolloutConfig:
         check_choice("rollout.logits_dtype", self.logits_dtype, ("float32", "auto"))
         check_range("rollout.port", self.port, 0, 65535)
         check_range("rollout.openai_port", self.openai_port, 0, 65535)
+        check_range("rollout.openai_max_body_mb", self.openai_max_body_mb, 0.001,
+                    hint="set it to the largest chat request body the endpoint reads, in MiB")
         check_range("rollout.top_k", self.top_k, -1, hint="-1 turns top-k sampling off")
         check_range("rollout.max_model_len", self.max_model_len, 2)
+        if self.max_tokens >= self.max_model_len:
+            raise ConfigError(f"rollout.max_tokens={self.max_tokens} with rollout.max_model_len={self.max_model_len}: "
+                              "the prompt and its completion share the context, so no prompt would fit; set "
+                              "rollout.max_tokens below rollout.max_model_len, or raise rollout.max_model_len")
         check_range("rollout.request_timeout_s", self.request_timeout_s, 0.1)
         check_range("rollout.startup_timeout_s", self.startup_timeout_s, 0.1)
         check_range("rollout.max_restarts", self.max_restarts, 0, hint="set rollout.max_restarts to the restarts "
@@ -496,6 +510,10 @@ class TrainerConfig:
     """AdamW betas."""
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm; 0 = off."""
+    max_nonfinite_steps: int = 3
+    """Steps in a row whose loss or gradient norm is NaN or inf after which the run stops with an error. Each such
+    step is skipped (no optimizer update, the weights unchanged; metric skipped_nonfinite), so no checkpoint holds
+    NaN."""
     fused_kernels: str = "auto"
     """Liger's fused RMSNorm and SwiGLU kernels on the trainer's model (CUDA, liger-kernel installed, Llama /
     Mistral / Qwen2 / Qwen3): auto = where they apply, on = required, off = never (rlx.engine.kernels)."""
@@ -527,6 +545,8 @@ class TrainerConfig:
         check_range("trainer.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
         check_range("trainer.weight_decay", self.weight_decay, 0.0)
         check_range("trainer.max_grad_norm", self.max_grad_norm, 0.0, hint="0 turns clipping off")
+        check_range("trainer.max_nonfinite_steps", self.max_nonfinite_steps, 1,
+                    hint="1 stops the run at the first step whose loss or gradient norm is NaN or inf")
         check_range("trainer.warmup_steps", self.warmup_steps, 0)
         check_range("trainer.logprob_chunk_size", self.logprob_chunk_size, 1)
         check_choice("trainer.fused_kernels", self.fused_kernels, ("auto", "on", "off"))
@@ -644,6 +664,20 @@ def check_colocated(cfg) -> None:
                           "trainer rank; set trainer.num_ranks=1 or placement.offload=false")
 
 
+def check_sizes(cfg) -> None:
+    """Sizes one section sets that another's must hold: each field is fine alone, the pair fails only later."""
+    r, f, t = cfg.rollout, cfg.filters, cfg.trainer
+    if f.overlong == "soft" and f.overlong_buffer > r.max_tokens:
+        raise ConfigError(f"filters.overlong_buffer={f.overlong_buffer} is longer than rollout.max_tokens="
+                          f"{r.max_tokens}: the overlong penalty would start before the first token; set "
+                          "filters.overlong_buffer to at most rollout.max_tokens")
+    rows = t.prompts_per_step * r.n
+    if t.num_ranks > 1 and t.data_plane == "store" and cfg.store.max_rows < rows:
+        raise ConfigError(f"store.max_rows={cfg.store.max_rows} is smaller than one step's batch "
+                          f"(trainer.prompts_per_step={t.prompts_per_step} x rollout.n={r.n} = {rows} samples), "
+                          f"which the sample store holds at once; set store.max_rows >= {rows}")
+
+
 LAUNCHER_CHOICES = ("local", "ray")
 
 
@@ -739,6 +773,7 @@ class RunConfig:
             raise ConfigError("trainer.mode=fully_async trains on prompt groups as they finish and applies no filters.*, "
                               "rollout.dump_dir or rollout.reuse; turn those off or use trainer.mode=sync / one_step_off")
         check_lora_sync(self)
+        check_sizes(self)
         if self.rollout.host not in ("127.0.0.1", "localhost", "::1") and not self.rollout.auth_token:
             raise ConfigError(
                 f"rollout.host={self.rollout.host!r} is not loopback; set rollout.auth_token to a shared secret "

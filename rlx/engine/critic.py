@@ -20,6 +20,7 @@ LoRA critics, and several critic epochs per step.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from rlx.engine.algorithms.gae import gae_advantages
 from rlx.engine.logprobs import _features
-from rlx.engine.optim import adamw, live_implementation
+from rlx.engine.optim import adamw, live_implementation, step_if_finite
 from rlx.engine.packing import MicroBatch
 
 VALUE_FILE = "critic.safetensors"
@@ -60,7 +61,7 @@ class Critic:
     def __init__(self, cfg, device: torch.device, packed_attention: bool) -> None:
         from transformers import AutoModelForCausalLM
 
-        self.cfg = cfg
+        self.cfg, self.device = cfg, device
         a = cfg.algorithm
         lm = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=getattr(torch, cfg.model.dtype),
                                                   attn_implementation=cfg.model.attn_implementation)
@@ -121,12 +122,11 @@ class Critic:
             loss = 0.5 * (loss_tokens * mask).sum() / total_tokens
             loss.backward()
             loss_sum += loss.item()
-        max_norm = self.cfg.trainer.max_grad_norm or float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        norm, stepped = step_if_finite(self.optimizer, list(self.model.parameters()), self.cfg.trainer.max_grad_norm,
+                                       math.isfinite(loss_sum), self.device)
         self.steps += 1
-        return {"value_loss": loss_sum, "value_clip_frac": clipped / total_tokens, "critic_grad_norm": norm.item()}
+        return {"value_loss": loss_sum, "value_clip_frac": clipped / total_tokens, "critic_grad_norm": norm,
+                "critic_skipped_nonfinite": float(not stepped)}
 
     def save(self, directory: Path) -> None:
         """Write the value model, its optimizer state and the step count into ``directory``."""

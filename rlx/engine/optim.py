@@ -1,10 +1,13 @@
-"""AdamW with linear warm-up, then a constant or cosine learning rate."""
+"""AdamW with linear warm-up, then a constant or cosine learning rate, and the guarded optimizer step:
+one whose loss or gradient norm is NaN or inf is skipped, leaving the weights and the optimizer's state
+as they were."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+import torch.distributed as dist
 
 IMPLEMENTATION_KEYS = ("foreach", "fused", "capturable", "differentiable")
 """Param-group keys that say how ``step`` runs its kernels, not what the optimizer has learned."""
@@ -23,6 +26,29 @@ def adamw(params, lr: float, cfg) -> torch.optim.AdamW:
 
 def build_optimizer(model, cfg) -> torch.optim.Optimizer:
     return adamw((p for p in model.parameters() if p.requires_grad), cfg.trainer.lr, cfg)
+
+
+def step_if_finite(optimizer: torch.optim.Optimizer, params: list, max_grad_norm: float, loss_finite: bool,
+                   device: torch.device) -> tuple[float, bool]:
+    """Clip the gradients of ``params`` to ``max_grad_norm`` (0 = no clipping) and take the optimizer step,
+    unless this rank's loss or the global gradient norm is NaN or inf: then the gradients are dropped and
+    nothing else changes. Every rank decides alike (the norm is global; a rank's loss flag is all-reduced).
+    Returns the norm and whether the step was taken."""
+    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm or float("inf"))
+    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    finite = math.isfinite(norm) and _on_every_rank(loss_finite, device)
+    if finite:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm, finite
+
+
+def _on_every_rank(flag: bool, device: torch.device) -> bool:
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return flag
+    unset = torch.tensor([0.0 if flag else 1.0], device=device)
+    dist.all_reduce(unset)
+    return float(unset) == 0.0
 
 
 def live_implementation(saved_groups: list[dict], optimizer: torch.optim.Optimizer) -> list[dict]:

@@ -17,11 +17,15 @@ known in the update's forward.
 Groups whose advantages are all zero (every reward of the prompt equal) stay out of the update's
 forward and backward when nothing else in the loss reads them (``rows_with_signal``): the gradient
 is the same, and the update's metrics (entropy, clip fractions, ratios) cover the rows it trained.
+An optimizer step whose loss or gradient norm is NaN or inf is skipped (``optim.step_if_finite``): the
+weights, the optimizer's state and the learning-rate schedule stay as they were, ``skipped_nonfinite``
+counts it, and the controller stops the run after ``trainer.max_nonfinite_steps`` such steps in a row.
 It leaves out data, rollout and weight transfer: the controller does those.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 
@@ -44,7 +48,7 @@ from rlx.engine.model import (
     resolve_device,
     set_cpu_threads,
 )
-from rlx.engine.optim import build_optimizer, build_scheduler
+from rlx.engine.optim import build_optimizer, build_scheduler, step_if_finite
 from rlx.engine.packing import MicroBatch, micro_batches
 from rlx.trace import tracer
 
@@ -117,6 +121,7 @@ class Trainer:
             metrics.update(self._update(micro, agg))
         if self.critic is not None:
             metrics.update(self.critic.update(micro))
+            metrics["skipped_nonfinite"] = metrics.get("skipped_nonfinite", 0.0) + metrics["critic_skipped_nonfinite"]
         metrics["time_update"] = time.perf_counter() - start
         metrics["time_logprob"] = time_logprob
         return metrics
@@ -180,8 +185,10 @@ class Trainer:
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
         tokens = seen = 0.0
-        norms = []
+        norms, skipped = [], 0
+        params = [p for p in self.model.parameters() if p.requires_grad]
         for _ in range(t.epochs_per_step):  # one optimizer step per pass: later passes see updated weights
+            loss_finite = True
             for mb in micro:
                 with tracer.span("update.micro_batch", rows=mb.batch.size, tokens=mb.num_tokens):
                     loss, stats = self._micro_batch_loss(mb, agg)
@@ -189,18 +196,24 @@ class Trainer:
                 mb_tokens = float(mb.batch.mask.sum())
                 tokens += mb_tokens
                 seen += mb.num_tokens
-                sums["loss"] += loss.item()
+                loss_value = loss.item()
+                sums["loss"] += loss_value
+                loss_finite = loss_finite and math.isfinite(loss_value)
                 for key, value in stats.items():
                     sums[key] += value * mb_tokens
             with tracer.span("optimizer_step"):
-                norms.append(self._optimizer_step())
-        self.scheduler.step()  # the schedule counts RL steps
+                norm, stepped = step_if_finite(self.optimizer, params, t.max_grad_norm, loss_finite, self.device)
+            norms.append(norm)
+            skipped += not stepped
+        if skipped < t.epochs_per_step:  # the schedule counts RL steps that updated the weights
+            self.scheduler.step()
         metrics = self._reduce({k: v for k, v in sums.items() if k != "loss"}, tokens)
         totals = self._reduce({"loss": sums["loss"], "update_tokens": seen}, 1.0 if self.rank == 0 else 0.0)
         metrics["loss"] = totals["loss"] / t.epochs_per_step
         metrics["update_tokens"] = totals["update_tokens"]  # real prompt + completion tokens through forward+backward
         metrics["grad_norm"] = sum(norms) / len(norms)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
+        metrics["skipped_nonfinite"] = float(skipped)
         return metrics
 
     def _micro_batch_loss(self, mb: MicroBatch, agg: LossAgg):
@@ -224,15 +237,6 @@ class Trainer:
             if not a.kl_in_reward:
                 loss = loss + a.kl_coef * agg(kl, b.mask)
         return loss, stats
-
-    def _optimizer_step(self) -> float:
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        max_norm = self.cfg.trainer.max_grad_norm or float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
 
     def _reduce(self, sums: dict[str, float], weight: float) -> dict[str, float]:
         """Weighted means over ranks of per-rank weighted sums."""

@@ -35,6 +35,10 @@ from rlx.trace import tracer
 from rlx.trace.sinks import MetricsLogger
 
 
+class NonFiniteSteps(RuntimeError):
+    """``trainer.max_nonfinite_steps`` steps in a row had a NaN or inf loss or gradient norm; the run stops."""
+
+
 class Controller:
     def __init__(self, cfg, run_dir: Path, client: RolloutClient, trainer: Trainer, display) -> None:
         from rlx.engine.model import load_tokenizer
@@ -79,6 +83,7 @@ class Controller:
         self.fully_async = None  # trainer.mode=fully_async: the producer and its buffer, from the first step
         self.first_eval = float("nan")
         self.rollout_restarts = 0
+        self.nonfinite_in_a_row = 0  # steps in a row the trainer skipped for a NaN or inf loss or gradient norm
         self.ranks_busy = asyncio.Lock()  # one command of the trainer ranks at a time (train, sync, checkpoint)
         self._rejoining: dict[int, asyncio.Task] = {}
 
@@ -100,6 +105,7 @@ class Controller:
                 await self.colocation.before_train()
                 async with self.ranks_busy:
                     metrics.update(await asyncio.to_thread(self.train, collected))
+                self._count_nonfinite(step, metrics)
                 self.policy_version = step
                 await self.colocation.before_sync()
                 metrics["time_sync"], metrics["sync_zero_copy"], metrics["sync_verified"] = await self.sync_weights()
@@ -117,6 +123,26 @@ class Controller:
             self.plugins.call("after_step", step, metrics)
             last = metrics
         return last
+
+    def _count_nonfinite(self, step: int, metrics: dict[str, float]) -> None:
+        """Note a step the trainer skipped for a NaN or inf loss or gradient norm; after
+        ``trainer.max_nonfinite_steps`` in a row, log the step's metrics and stop the run (``NonFiniteSteps``)."""
+        if not metrics.get("skipped_nonfinite"):
+            self.nonfinite_in_a_row = 0
+            return
+        self.nonfinite_in_a_row += 1
+        limit = self.cfg.trainer.max_nonfinite_steps
+        self.display.note(f"step {step}: loss {metrics.get('loss')} and gradient norm {metrics.get('grad_norm')} are "
+                          f"not both finite; the update was skipped and the weights are unchanged "
+                          f"({self.nonfinite_in_a_row} such steps in a row, the run stops at {limit})")
+        if self.nonfinite_in_a_row >= limit:
+            self.metrics.log(step, metrics)
+            first = step - limit + 1
+            raise NonFiniteSteps(
+                f"steps {first}..{step}: the loss or gradient norm was NaN or inf in {limit} steps in a row "
+                f"(trainer.max_nonfinite_steps={limit}); each was skipped, so the weights and every checkpoint "
+                "written hold no NaN. Check the rewards (a reward function, or a dump rollout.reuse replays), "
+                "trainer.lr and trainer.max_grad_norm, then resume (--resume) from the newest checkpoint")
 
     async def next_batch(self, step: int) -> Collected:
         """This step's batch; in one_step_off, also start generating the next one."""

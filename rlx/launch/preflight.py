@@ -1,8 +1,8 @@
 """Checks that run before any process of `rlx train` starts: the run directory, model directory
-(built first when ``model.build_if_missing`` asks for it), task data and reward function, the
-checkpoint plugins (installed under the names the config gives), the checkpoint ``--resume``
-continues from, stale weight-sync buffers. A mistake found here is one
-line naming the fix; nothing has been started and nothing in the run directory was written.
+(built first when ``model.build_if_missing`` asks for it), task data (every prompt fits the context) and
+reward function, the checkpoint plugins (installed under the names the config gives, importable, made without an error), the checkpoint
+``--resume`` continues from, stale weight-sync buffers. A mistake found here is one line naming the
+fix; nothing has been started and nothing in the run directory was written.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def preflight(cfg, display: Display) -> None:
     """Fail before any process starts: run directory, plugins, model directory, task data, reward function,
     resume."""
     from rlx.engine.model import check_model_dir
-    from rlx.plugins import check_installed
+    from rlx.plugins import check_loadable
     from rlx.rollout.agent.tools import check_agent
     from rlx.rollout.reward_models import check_reward_model
     from rlx.rollout.tasks import build_task
@@ -32,7 +32,7 @@ def preflight(cfg, display: Display) -> None:
     placement.check(cfg, placement.visible_gpus())
     placement.plan(cfg, placement.visible_gpus())  # the weight transport this host's layout allows
     check_output_dir(run_dir)
-    check_installed(cfg.checkpoint.plugins)
+    check_loadable(cfg.checkpoint.plugins)
     if cfg.model.build_if_missing and not Path(cfg.model.path, "config.json").is_file():
         build_model(cfg, display)
     check_model_dir(cfg.model.path)
@@ -45,6 +45,7 @@ def preflight(cfg, display: Display) -> None:
 
         check_config(cfg)
     task = build_task(cfg.task, cfg.model.path)
+    check_prompts(cfg, task)
     check_agent(cfg, task)
     check_reward_model(cfg)
     if cfg.trainer.resume:
@@ -52,6 +53,21 @@ def preflight(cfg, display: Display) -> None:
     for path in remove_stale_segments():
         display.note(f"removed {path}, the weight-sync buffer of an rlx run that was killed")
     check_store(cfg, display)
+
+
+def check_prompts(cfg, task) -> None:
+    """Every train and eval prompt fits rollout.max_model_len with room for a completion, counted as the
+    rollout backend counts a text prompt (vLLM adds the tokenizer's special tokens, such as BOS; hf does not)."""
+    from rlx.engine.model import load_tokenizer
+    from rlx.rollout.tasks.base import check_prompt_lengths
+
+    tokenizer = load_tokenizer(cfg.model.path)
+    special = cfg.rollout.backend == "vllm"
+
+    def count_tokens(texts: list[str]) -> list[int]:
+        return [len(ids) for ids in tokenizer(texts, add_special_tokens=special)["input_ids"]]
+
+    check_prompt_lengths(list(task.train) + list(task.eval), count_tokens, cfg.rollout.max_model_len)
 
 
 def check_store(cfg, display: Display) -> None:

@@ -40,6 +40,7 @@ from rlx.config.schema import check_ray_address
 from rlx.launch.display import Display
 from rlx.launch.launcher import _trace_env, prepare, quiet_server_env, supervise
 from rlx.launch.processes import TracebackFolder, write_json
+from rlx.launch.ray_probe import check_reachable
 from rlx.launch.run_dir import (
     SECRET_ENV,
     secret_overrides,
@@ -71,10 +72,15 @@ def cluster_address(cfg) -> str:
 
 
 def connect(cfg):
-    """Join the cluster (or start a local instance); returns the ray module."""
+    """Join the cluster (or start a local instance); returns the ray module. An address where no cluster
+    answers is refused within seconds (``rlx.launch.ray_probe``)."""
     ray = import_ray()
     address = cluster_address(cfg)
     if not ray.is_initialized():
+        problem = "" if address == "local" else check_reachable(address, "ray.address" if cfg.ray.address else
+                                                                "RAY_ADDRESS")
+        if problem:  # ray.init would retry for many minutes
+            raise ConfigError(problem)
         extra = {"include_dashboard": False} if address == "local" else {}
         try:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR", **extra)

@@ -14,6 +14,9 @@ the model's answer gets the model's own tokens as its prefix (``ChatFormat.conti
 multi-request conversation is one token-in/token-out episode. Finishing it with a reward queues it
 for the trainer, which takes it with ``protocol.TakeEpisodes`` (``rlx.rollout.tasks.external``).
 
+A request body is read up to ``rollout.openai_max_body_mb`` (HTTP 413 past it), and prompts are rendered
+and tokenized in a worker thread, so one huge message stalls neither HTTP nor ZeroMQ.
+
 Binding: loopback unless ``rollout.openai_host`` names another interface, which needs
 ``rollout.auth_token``; with a token set, every request must send ``Authorization: Bearer TOKEN``.
 Left out: streaming, the legacy ``/v1/completions`` route, tool-call parsing of the answer.
@@ -42,6 +45,8 @@ from rlx.trace import tracer
 
 log = logging.getLogger("rlx.rollout.openai_http")
 
+DEFAULT_MAX_BODY_MB = 4.0
+"""Largest request body read by default (``rollout.openai_max_body_mb``)."""
 MAX_EPISODES = 10_000
 """Most episodes held at once (open + finished but not yet taken by the trainer)."""
 MAX_TURNS = 1024
@@ -121,12 +126,14 @@ class EpisodeStore:
 
 
 class OpenAIEndpoint:
-    def __init__(self, server, tokenizer, defaults: p.SamplingSpec, model_name: str) -> None:
+    def __init__(self, server, tokenizer, defaults: p.SamplingSpec, model_name: str,
+                 max_body_mb: float = DEFAULT_MAX_BODY_MB) -> None:
         self.server = server
         self.tokenizer = tokenizer
         self.chat = ChatFormat(tokenizer, "auto", where="the OpenAI endpoint")
         self.defaults = defaults
         self.model_name = model_name
+        self.max_body_mb = max_body_mb
         self.episodes = EpisodeStore()
         self._ids = itertools.count(HTTP_REQUEST_IDS)
 
@@ -171,8 +178,26 @@ class OpenAIEndpoint:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": int(self.server.started),
                                             "owned_by": "rlx"}]}
 
+    async def _body(self, request, kind):
+        """The request's JSON body as ``kind``, read only up to ``max_body_mb``: a larger one is a 413, whether
+        its Content-Length says so or its stream (chunked) runs past the limit."""
+        limit = int(self.max_body_mb * 2**20)
+        too_large = HttpError(413, f"the request body is larger than rollout.openai_max_body_mb={self.max_body_mb:g} "
+                                   "MiB; send a shorter conversation, or raise rollout.openai_max_body_mb on the "
+                                   "rollout server")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+        return _decode(b"".join(chunks), kind)
+
     async def finish(self, request) -> dict:
-        body = _decode(await request.body(), Finish)
+        body = await self._body(request, Finish)
         if not math.isfinite(body.reward):
             raise HttpError(400, f"reward={body.reward} is not a finite number; send a float")
         recorded = self.episodes.finish(request.path_params["episode_id"], body.reward)
@@ -181,7 +206,7 @@ class OpenAIEndpoint:
                 "waiting_for_trainer": len(self.episodes.finished)}
 
     async def chat_completion(self, request) -> dict:
-        body = _decode(await request.body(), ChatRequest)
+        body = await self._body(request, ChatRequest)
         if body.stream:
             raise HttpError(400, "stream=true is not supported; send stream=false")
         if not body.messages:
@@ -191,14 +216,14 @@ class OpenAIEndpoint:
             raise HttpError(400, f"n={body.n} in episode {episode_id!r}: an episode records one answer per request; "
                                  "send n=1, or give each sample its own episode id")
         if not episode_id:
-            return await self._complete(body, self._prompt_ids(body, _OpenEpisode()), "")
+            return await self._complete(body, await self._prompt_ids(body, _OpenEpisode()), "")
         episode = self.episodes.get_or_open(episode_id)
         async with episode.lock:
             if len(episode.turns) >= MAX_TURNS:
                 raise HttpError(400, f"episode {episode_id!r} already has {MAX_TURNS} turns; finish it (POST "
                                      f"/v1/episodes/{episode_id}/finish) or use a new episode id")
             try:
-                prompt_ids = self._prompt_ids(body, episode)
+                prompt_ids = await self._prompt_ids(body, episode)
                 response = await self._complete(body, prompt_ids, episode_id)
             except HttpError:
                 if not episode.turns:  # nothing recorded: a failed first request opens no episode
@@ -212,8 +237,13 @@ class OpenAIEndpoint:
         response.pop("_sample", None)
         return response
 
-    def _prompt_ids(self, body: ChatRequest, episode: _OpenEpisode) -> list[int]:
-        """Token-in/token-out: a follow-up starts with the episode's own tokens; else the rendered messages."""
+    async def _prompt_ids(self, body: ChatRequest, episode: _OpenEpisode) -> list[int]:
+        """Token-in/token-out: a follow-up starts with the episode's own tokens; else the rendered messages.
+        Rendered and tokenized in a worker thread: a long conversation takes seconds, during which the event
+        loop goes on serving HTTP and ZeroMQ (the tokenizer releases the GIL)."""
+        return await asyncio.to_thread(self._prompt_ids_now, body, episode)
+
+    def _prompt_ids_now(self, body: ChatRequest, episode: _OpenEpisode) -> list[int]:
         if episode.turns:
             last = episode.turns[-1]
             added = self._rendered(lambda: self.chat.continuation(episode.messages, body.messages, episode.text,
@@ -319,7 +349,7 @@ def _uvicorn_server(app):
 
 
 async def run_with_openai(backend, address: str, token: str, sock: socket.socket, model_name: str,
-                          defaults: p.SamplingSpec, **limits) -> None:
+                          defaults: p.SamplingSpec, max_body_mb: float = DEFAULT_MAX_BODY_MB, **limits) -> None:
     """``rlx.rollout.server.run_server`` plus the HTTP endpoint on ``sock``, in one event loop."""
     from transformers import AutoTokenizer
 
@@ -329,7 +359,7 @@ async def run_with_openai(backend, address: str, token: str, sock: socket.socket
     with tracer.span("rollout.start", backend=backend.name):
         await backend.start()
     server = RolloutServer(backend, address, token, **limits)
-    endpoint = OpenAIEndpoint(server, tokenizer, defaults, model_name)
+    endpoint = OpenAIEndpoint(server, tokenizer, defaults, model_name, max_body_mb)
     server.episodes = endpoint.episodes
     http = _uvicorn_server(endpoint.app())
     http_task = asyncio.create_task(http.serve(sockets=[sock]))

@@ -19,6 +19,10 @@ import msgspec
 from rlx.sync.messages import BucketAck
 
 PROTOCOL_VERSION = 1
+MIN_TEMPERATURE = 0.01
+"""The smallest sampling temperature above 0 (greedy): logits divided by less overflow float range, and the
+probabilities come out NaN. vLLM raises a smaller one to this value; rlx refuses it instead, since the trainer
+would score the tokens at the temperature asked for."""
 
 SERVER_STOPPING = ("the rollout server is stopping (SIGTERM, SIGINT or a Shutdown request) and cancelled this request "
                    "unfinished; send it again to a live server")
@@ -289,7 +293,8 @@ def sampling_problem(s: SamplingSpec, max_model_len: int) -> str:
     """The first sampling parameter outside its range, as an error message; "" when all are fine."""
     checks = (
         ("n", s.n, 1 <= s.n <= MAX_N, f"[1, {MAX_N}]"),
-        ("temperature", s.temperature, math.isfinite(s.temperature) and s.temperature >= 0, ">= 0 (0 = greedy)"),
+        ("temperature", s.temperature, s.temperature == 0 or MIN_TEMPERATURE <= s.temperature < math.inf,
+         f"0 (greedy) or >= {MIN_TEMPERATURE}"),
         ("top_p", s.top_p, 0 < s.top_p <= 1, "(0, 1]"),
         ("top_k", s.top_k, s.top_k >= -1, ">= -1 (-1 and 0 = off)"),
         ("max_tokens", s.max_tokens, 1 <= s.max_tokens <= max_model_len,

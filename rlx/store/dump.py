@@ -13,7 +13,7 @@ starts: it refuses a manifest that is not one (each field checked against the ``
 unknown schema version, another model or tokenizer (by fingerprint), another group size, too few
 steps, any step file whose sha256 is not the manifest's, and any step file whose contents do not hold
 together (a missing or mistyped tensor, lengths that do not add up, rows the manifest does not list,
-token ids past the model's vocabulary, logprobs that are not finite, bad metadata). A
+token ids past the model's vocabulary, logprobs or rewards that are not finite, bad metadata). A
 checksum says only that a file is the one the manifest lists; a file edited and re-checksummed is
 caught by the contents check, which names the file, the row and the fix. Only safetensors and JSON
 are ever read: nothing in a dump can run code.
@@ -287,6 +287,9 @@ def _check_tensors(file: Path, t: dict[str, torch.Tensor], rows: int, n: int, vo
         _check_rows(file, t, ids, lens, (t[ids] < 0) | (t[ids] >= (vocab_size or 1 << 62)),
                     f"a token id outside the model's vocabulary [0, {vocab_size})")
     _check_rows(file, t, "logprobs", "completion_lens", ~torch.isfinite(t["logprobs"]), "a logprob that is not finite")
+    bad = torch.nonzero(~torch.isfinite(t["rewards"])).flatten()
+    if len(bad):  # training on it would make the step's loss NaN
+        raise DumpError(f"{file}: row {int(bad[0])}: reward {t['rewards'][bad[0]].item()!r} is not finite; {_FIX}")
     mask = t["loss_mask"]
     _check_rows(file, t, "loss_mask", "completion_lens", ~torch.isfinite(mask) | (mask < 0) | (mask > 1),
                 "a loss mask value outside [0, 1]")

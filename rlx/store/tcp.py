@@ -12,7 +12,9 @@ shape, then one frame of raw bytes per tensor (``get``: prompt ids, completion i
 mask and, when present, versions of each row; ``meta``: the rows' table entries). A released row
 (or one never put) gets an error reply that the reader raises as ``RowGone``, as in ``shm``; a bad
 or missing token gets a refusal naming the key to set; a malformed request gets an error reply and
-the server stays up.
+the server stays up. A request names at most ``store.max_rows`` rows, each once (the reader folds
+repeats), so one request holds the server's thread for at most one store's worth of rows; a request
+too large to be one of those (``max_request_bytes``) disconnects its sender unread.
 
 Auth follows the rollout servers: on loopback no token is needed; binding any other interface needs
 the run's token (``rollout.auth_token``, which the launchers hand every process in
@@ -50,6 +52,8 @@ log = logging.getLogger(__name__)
 VERSION = 1
 TOKEN_ENV = "RLX_ROLLOUT_AUTH_TOKEN"  # rlx.launch.run_dir.SECRET_ENV["rollout.auth_token"]
 _POLL_MS = 100
+MAX_TOKEN_BYTES = 64 << 10
+"""Room for the auth token in a request's bytes (``max_request_bytes``)."""
 _DTYPES = {"<i8": torch.long, "<f4": torch.float32}
 
 
@@ -121,6 +125,7 @@ class TcpStore(SampleStore):
         self._lock = threading.Lock()  # the server thread reads while the producer puts and releases
         self._socket = zmq.Context.instance().socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, max_request_bytes(max_rows))
         port = self._socket.bind_to_random_port(f"tcp://{ip}")
         self.address = f"tcp://{ip}:{port}"
         self.requests_served = 0
@@ -183,6 +188,10 @@ class TcpStore(SampleStore):
             return [_error(f"sample store request version {request.version} op {request.op!r}; this rank 0 "
                            f"serves version {VERSION}, ops get and meta (every rank must run the same rlx)",
                            "bad_request")]
+        problem = rows_problem(request.rows, self._rows.max_rows)
+        if problem:
+            log.warning("sample store: refused a request (%s)", problem)
+            return [_error(problem, "bad_request")]
         try:
             if request.op == "meta":
                 entries = self.meta(request.rows)
@@ -194,6 +203,23 @@ class TcpStore(SampleStore):
         except Exception as exc:  # noqa: BLE001 - one bad request fails itself; the server stays up
             log.warning("sample store: %s failed (%s)", request.op, exc)
             return [_error(f"{request.op} of rows {request.rows[:4]}... failed on rank 0: {exc}", "bad_request")]
+
+
+def max_request_bytes(max_rows: int) -> int:
+    """The largest request a reader sends: ``max_rows`` row ids (at most 9 msgpack bytes each) and a token."""
+    return 9 * max_rows + MAX_TOKEN_BYTES
+
+
+def rows_problem(rows: list[int], max_rows: int) -> str:
+    """Why a request for ``rows`` is refused, or "": more rows than the store holds, or a row named twice (a
+    reader asks for each row once; ``TcpStoreReader`` folds repeats itself)."""
+    if len(rows) > max_rows:
+        return (f"a request for {len(rows)} rows; rank 0's store holds at most {max_rows} (store.max_rows), so a "
+                "request names at most that many rows")
+    repeats = len(rows) - len(set(rows))
+    if repeats:
+        return f"a request names {repeats} rows more than once; name each row once"
+    return ""
 
 
 def _error(message: str, kind: str) -> bytes:
@@ -234,10 +260,11 @@ class TcpStoreReader(StoreReader):
         self._socket.connect(self.address)
 
     def get(self, rows: list[int]) -> list[Sample]:
-        reply, buffers = self._call("get", rows)
-        if len(reply.tensors) != len(buffers) or len(reply.rows) != len(rows):
+        unique = list(dict.fromkeys(rows))  # each row crosses the wire once, however often it is asked for
+        reply, buffers = self._call("get", unique)
+        if len(reply.tensors) != len(buffers) or len(reply.rows) != len(unique):
             raise StoreRefused(f"rank 0's sample store at {self.address} sent {len(buffers)} buffers for "
-                               f"{len(reply.tensors)} tensors and {len(reply.rows)} rows for {len(rows)}")
+                               f"{len(reply.tensors)} tensors and {len(reply.rows)} rows for {len(unique)}")
         tensors = iter(_tensor(spec, buffer, self.address) for spec, buffer in zip(reply.tensors, buffers))
         samples = []
         for head in reply.rows:
@@ -245,15 +272,18 @@ class TcpStoreReader(StoreReader):
             versions = next(tensors) if head.has_versions else None
             samples.append(Sample(prompt, completion, logprobs, head.reward, mask, versions, head.prompt_id,
                                   head.group, head.status))
-        return samples
+        by_row = dict(zip(unique, samples))
+        return [by_row[row] for row in rows]
 
     def meta(self, rows: list[int]) -> np.ndarray:
-        _, buffers = self._call("meta", rows)
+        unique = list(dict.fromkeys(rows))
+        _, buffers = self._call("meta", unique)
         entries = np.frombuffer(buffers[0], dtype=_ROW).copy() if buffers else np.zeros(0, dtype=_ROW)
-        if len(entries) != len(rows):
+        if len(entries) != len(unique):
             raise StoreRefused(f"rank 0's sample store at {self.address} sent {len(entries)} table entries "
-                               f"for {len(rows)} rows")
-        return entries
+                               f"for {len(unique)} rows")
+        at = {row: i for i, row in enumerate(unique)}
+        return entries[[at[row] for row in rows]]
 
     def close(self) -> None:
         if self._socket is not None:

@@ -107,3 +107,30 @@ def test_the_ray_address_forms_ray_takes_are_accepted(tmp_path, address):
     code, output = check(tmp_path, "model:\n  path: /m\n", "launcher=ray", f"ray.address='{address}'")
     assert code == 0, output
 
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["rollout.max_tokens=600", "rollout.max_model_len=512"],
+     ["rollout.max_tokens=600 with rollout.max_model_len=512", "no prompt would fit",
+      "set rollout.max_tokens below rollout.max_model_len"]),
+    (["rollout.max_tokens=512"], ["rollout.max_tokens=512 with rollout.max_model_len=512"]),
+    (["filters.overlong=soft", "filters.overlong_buffer=40", "rollout.max_tokens=32"],
+     ["filters.overlong_buffer=40 is longer than rollout.max_tokens=32", "set filters.overlong_buffer to at most"]),
+    (["trainer.num_ranks=2", "trainer.prompts_per_step=64", "rollout.n=8", "store.max_rows=100"],
+     ["store.max_rows=100 is smaller than one step's batch", "= 512 samples", "set store.max_rows >= 512"]),
+])
+def test_sizes_that_contradict_each_other_across_fields_are_refused(tmp_path, overrides, expected):
+    code, output = check(tmp_path, "model:\n  path: /m\n", *overrides)
+    assert_one_error_line(code, output, *expected)
+
+
+@pytest.mark.parametrize("value", ["1e-40", "0.001", "5e-324"])
+def test_a_temperature_too_small_to_divide_by_is_refused(tmp_path, value):
+    code, output = check(tmp_path, "model:\n  path: /m\n", f"rollout.temperature={value}")
+    assert_one_error_line(code, output, f"rollout.temperature={float(value)!r} is below 0.01",
+                          "set rollout.temperature=0 for greedy decoding or a value >= 0.01")
+
+
+def test_greedy_and_the_smallest_safe_temperature_pass(tmp_path):
+    for value in ("0", "0.01"):
+        code, output = check(tmp_path, "model:\n  path: /m\n", f"rollout.temperature={value}")
+        assert code == 0, output

@@ -3,7 +3,9 @@
 Used by test_ranks.py through real processes (gloo). Not a test module itself. With ``--lora OUT CKPT``
 (test_lora_ranks.py) the model trains a LoRA adapter for two steps on the batch, checkpointing after the
 first into CKPT; then a second trainer resumes from that checkpoint and takes the second step again. Rank 0
-writes the merged weights and the adapter of both into the safetensors file OUT.
+writes the merged weights and the adapter of both into the safetensors file OUT. With ``--nan`` a second step
+trains on the batch with one reward NaN, in a group that only the last rank trains on; rank 0 prints whether
+that step was skipped and left every weight as it was.
 """
 
 import json
@@ -12,7 +14,7 @@ import sys
 import torch
 
 
-def main(model_dir: str, lora: list[str]) -> None:
+def main(model_dir: str, lora: list[str], nan: bool = False) -> None:
     from rlx.config.schema import LoraConfig, ModelConfig, RunConfig, TrainerConfig
     from rlx.engine.trainer import Trainer
     from rlx.launch.ranks import init_distributed
@@ -28,6 +30,8 @@ def main(model_dir: str, lora: list[str]) -> None:
         return lora_steps(trainer, Trainer(cfg), *lora)
     metrics = trainer.step(fixed_batch())
     params = {name: t.double().sum().item() for name, t in trainer.named_tensors()}
+    if nan:
+        return nan_step(trainer)
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         print("RESULT" + json.dumps({"loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
                                      "entropy": metrics["entropy"], "params": params}))
@@ -47,6 +51,17 @@ def fixed_batch():
         logps.append([-1.0 - 0.1 * j for j in range(len(completion))])
         rewards.append(float((i * 5) % 3 == 0))
     return build_batch(prompts, completions, logps, rewards, pad_id=0)
+
+
+def nan_step(trainer) -> None:
+    before = {name: t.clone() for name, t in trainer.named_tensors()}
+    batch = fixed_batch()
+    batch.rewards[9] = float("nan")  # rows 8..11, the third group: the second rank's share (padded, contiguous)
+    metrics = trainer.step(batch)
+    unchanged = all(torch.equal(t, before[name]) for name, t in trainer.named_tensors())
+    if torch.distributed.get_rank() == 0:
+        print("RESULT" + json.dumps({"skipped_nonfinite": metrics["skipped_nonfinite"], "unchanged": unchanged}))
+    torch.distributed.destroy_process_group()
 
 
 def lora_steps(trainer, resumed, out: str, ckpt_root: str) -> None:
@@ -75,4 +90,4 @@ def lora_steps(trainer, resumed, out: str, ckpt_root: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[3:] if sys.argv[2:3] == ["--lora"] else [])
+    main(sys.argv[1], sys.argv[3:] if sys.argv[2:3] == ["--lora"] else [], nan=sys.argv[2:3] == ["--nan"])

@@ -48,3 +48,8 @@ def test_two_ranks_match_one_rank(tiny_model_dir):
     assert one["params"].keys() == two["params"].keys()
     for name in one["params"]:
         assert one["params"][name] == pytest.approx(two["params"][name], rel=1e-4, abs=1e-4), name
+
+
+def test_a_nan_in_one_ranks_share_skips_the_step_on_every_rank(tiny_model_dir):
+    result = finish_world(start_world(2, str(tiny_model_dir), "--nan"))
+    assert result == {"skipped_nonfinite": 1.0, "unchanged": True}

@@ -2,6 +2,7 @@
 match each sequence run alone through the plain model."""
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -572,3 +573,29 @@ def test_compute_dtype_runs_the_forward_in_bfloat16_over_float32_weights(tiny_mo
     after = dict(trainer.named_tensors())
     assert all(t.dtype == torch.float32 for t in after.values())
     assert any(not torch.equal(before[name], t) for name, t in after.items())
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "gae"])
+def test_a_step_with_a_nan_loss_is_skipped_and_leaves_weights_and_optimizer_untouched(tiny_model_dir, advantage):
+    trainer = make_trainer(tiny_model_dir, algorithm=AlgorithmConfig(advantage=advantage), epochs_per_step=2)
+    trainer.step(grouped_batch())  # the optimizer has state (moments) to keep
+    before = {name: t.clone() for name, t in trainer.named_tensors()}
+    moments = [v.clone() for state in trainer.optimizer.state.values() for v in state.values()]
+    critic = [p.detach().clone() for p in trainer.critic.model.parameters()] if trainer.critic else []
+    schedule = trainer.scheduler.last_epoch
+    poisoned = grouped_batch()
+    poisoned.rewards[5] = float("nan")  # as a dump with a NaN reward delivered it
+    metrics = trainer.step(poisoned)
+    assert metrics["skipped_nonfinite"] == (2.0 if advantage == "grpo" else 3.0)  # two passes (+ the critic's step)
+    assert not math.isfinite(metrics["loss"]) and trainer.scheduler.last_epoch == schedule
+    for name, tensor in trainer.named_tensors():
+        assert torch.equal(tensor, before[name]), name
+    assert all(torch.equal(a, b) for a, b in zip(moments, (v for state in trainer.optimizer.state.values()
+                                                              for v in state.values())))
+    if advantage == "gae":
+        assert metrics["critic_skipped_nonfinite"] == 1.0
+        assert all(torch.equal(a, p) for a, p in zip(critic, trainer.critic.model.parameters(), strict=True))
+    metrics = trainer.step(grouped_batch())  # the next good batch trains from the same weights
+    assert metrics["skipped_nonfinite"] == 0.0 and math.isfinite(metrics["grad_norm"])
+    assert any(not torch.equal(tensor, before[name]) for name, tensor in trainer.named_tensors())
+    assert all(torch.isfinite(tensor).all() for _, tensor in trainer.named_tensors())

@@ -4,12 +4,14 @@ modules in the working directory, secrets. Real launcher, real `hf` rollout serv
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers import start_rlx, stop_group
 from tests.launch.test_train import (assert_no_children_alive, child_pids, read_metrics, run_to_end, small_config,
@@ -217,3 +219,35 @@ def test_a_reward_function_that_never_returns_stops_the_run_after_its_timeout(ti
     assert "has not returned after task.reward_timeout_s=2 s" in output and "Traceback" not in output, output[-3000:]
     assert "time.sleep(3600)" in (run_dir / "logs" / "train.log").read_text()  # where the reward was stuck
     assert_no_children_alive(run_dir)
+
+
+def test_steps_whose_loss_is_not_finite_are_skipped_then_stop_the_run_with_finite_checkpoints(tiny_model_dir,
+                                                                                               tmp_path):
+    """A reward so large (finite, as reward functions must return) that the loss overflows: each such step is
+    skipped with a note and a metric, and trainer.max_nonfinite_steps in a row stop the run; the checkpoint
+    written on the way holds the starting weights, no NaN."""
+    from safetensors.torch import load_file
+
+    (tmp_path / "huge_reward.py").write_text("def score(completion, answer):\n"
+                                             "    return 3e38 if sum(map(ord, completion)) % 2 else -3e38\n")
+    config = small_config(tmp_path, tiny_model_dir, "hf", task={"reward": "huge_reward:score"},
+                          algorithm={"advantage": "drgrpo"}, checkpoint={"every": 1},
+                          trainer={"eval_every": 0, "total_steps": 4, "max_nonfinite_steps": 2})
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    log = tmp_path / "train.log"
+    proc = start_rlx(["train", str(config)], log, env)
+    try:
+        proc.wait(300)
+    finally:
+        stop_group(proc)
+    output, run_dir = log.read_text(), tmp_path / "run"
+    assert proc.returncode == 1, output[-3000:]
+    assert re.search(r"step 1: loss \S+ and gradient norm \S+ are not both finite; the update was skipped", output)
+    assert_one_line_failure(output, run_dir, "NonFiniteSteps: steps 1..2: the loss or gradient norm was NaN or inf "
+                            "in 2 steps in a row (trainer.max_nonfinite_steps=2)")
+    assert [(m["step"], m["skipped_nonfinite"]) for m in read_metrics(run_dir)] == [(1, 1.0), (2, 1.0)]
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert checkpoints == ["step_00000001"]  # step 2 stopped the run before its checkpoint
+    saved = load_file(run_dir / "checkpoints" / "step_00000001" / "model.safetensors")
+    start = load_file(tiny_model_dir / "model.safetensors")
+    assert saved.keys() == start.keys() and all(torch.equal(saved[k], start[k]) for k in start)

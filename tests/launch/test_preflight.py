@@ -3,6 +3,7 @@ and before anything is written into the run directory."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -105,3 +106,22 @@ def test_an_output_dir_with_a_name_too_long_for_the_file_system_is_refused(tmp_p
 
     with pytest.raises(ConfigError, match="a name of 300 bytes .* file systems allow 255"):
         check_output_dir(tmp_path / ("x" * 300) / "run")
+
+
+def test_a_dataset_prompt_longer_than_the_context_names_its_file_and_row(config, tmp_path):
+    data = tmp_path / "data.jsonl"
+    rows = [{"question": "1+1", "answer": "2"}] * 3 + [{"question": "1+" * 300, "answer": "2"}] \
+        + [{"question": "2+2", "answer": "4"}] + [{"question": "3+" * 400, "answer": "3"}]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    code, output = train(config, "task.name=gsm8k", f"task.path={data}", "task.num_eval=1", "task.chat_template=off",
+                         "rollout.max_model_len=512")
+    assert_refused_before_start(code, output, tmp_path / "run", f"task.path={str(data)!r} row 3: the prompt is 600 "
+                                "tokens", "rollout.max_model_len=512", "1 more prompts are too long, the longest 800",
+                                "raise rollout.max_model_len above 800")
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows[:3]))  # the train rows fit; one held-out does not
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text(json.dumps(rows[0]) + "\n" + json.dumps(rows[-1]) + "\n")
+    code, output = train(config, "task.name=gsm8k", f"task.path={data}", f"task.eval_path={held_out}",
+                         "task.chat_template=off", "rollout.max_model_len=700")
+    assert_refused_before_start(code, output, tmp_path / "run", f"task.eval_path={str(held_out)!r} row 1: the prompt "
+                                "is 800 tokens", "raise rollout.max_model_len above 800")

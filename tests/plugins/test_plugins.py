@@ -37,12 +37,17 @@ def site(tmp_path_factory) -> Path:
 
 
 def run(config: Path, tmp_path: Path, site: Path, *args: str):
-    os.environ["PYTHONPATH"] = str(site)  # start_rlx passes os.environ on
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(site)] + ([before] if before else []))  # start_rlx passes it on
     os.environ["RLX_EXAMPLE_PLUGIN_LOG"] = str(tmp_path / "hooks.jsonl")
     try:
         return run_to_end(config, tmp_path, *args, timeout_s=300)
     finally:
-        del os.environ["PYTHONPATH"], os.environ["RLX_EXAMPLE_PLUGIN_LOG"]
+        del os.environ["RLX_EXAMPLE_PLUGIN_LOG"]
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def hooks(tmp_path: Path) -> list[tuple]:
@@ -92,3 +97,42 @@ def test_raising_plugin_fails_the_run_and_keeps_the_newest_checkpoint(site, tiny
     state = load_checkpoint(ckpt, trainer.model, trainer.optimizer, trainer.scheduler)
     assert state["step"] == 1
     assert hooks(tmp_path) == [("on_save", 1), ("after_step", 1), ("on_save", 2)]
+
+
+BROKEN = {"missing_module": "rlx_no_such_plugin_module:Plugin", "raising_factory": "rlx_broken_plugin:Raising",
+          "missing_name": "rlx_broken_plugin:NoSuchClass"}
+
+
+@pytest.fixture(scope="module")
+def broken_site(tmp_path_factory) -> Path:
+    """Installed plugins that cannot be made: a module that is not there, a factory that raises, a name the
+    module lacks."""
+    site = tmp_path_factory.mktemp("broken_site")
+    (site / "rlx_broken_plugin.py").write_text(
+        "class Raising:\n    def __init__(self):\n        raise RuntimeError('RLX_BROKEN_TOKEN is not set')\n")
+    info = site / "rlx_broken_plugin-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rlx-broken-plugin\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[rlx.plugins]\n" + "".join(f"{k} = {v}\n" for k, v in BROKEN.items()))
+    return site
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("missing_module", ["checkpoint plugin 'missing_module' (rlx_no_such_plugin_module:Plugin) cannot be imported",
+                        "No module named 'rlx_no_such_plugin_module'", "reinstall the package that provides it"]),
+    ("missing_name", ["checkpoint plugin 'missing_name' (rlx_broken_plugin:NoSuchClass) cannot be imported",
+                      "AttributeError"]),
+    ("raising_factory", ["checkpoint plugin 'raising_factory': making it (rlx_broken_plugin:Raising, called with no "
+                         "arguments) raised RuntimeError: RLX_BROKEN_TOKEN is not set", "fix the plugin or its "
+                         "environment"]),
+])
+def test_a_plugin_that_cannot_be_made_fails_before_any_process_starts(broken_site, tiny_model_dir, tmp_path, name,
+                                                                      expected):
+    config = small_config(tmp_path, tiny_model_dir, "hf", checkpoint={"plugins": [name]})
+    code, output = run(config, tmp_path, broken_site)
+    text = " ".join(output.split())
+    assert code == 2, output[-3000:]
+    for fragment in expected + [f"or remove {name!r} from checkpoint.plugins"]:
+        assert fragment in text, output[-3000:]
+    assert "Traceback" not in output
+    assert not (tmp_path / "run").exists()  # nothing started, nothing written

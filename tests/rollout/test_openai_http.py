@@ -20,6 +20,7 @@ TOKEN = "test-secret-token"
 TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}<eos>\n{% endfor %}"
             "{% if add_generation_prompt %}<assistant>{% endif %}")
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+MAX_BODY_MB = 0.25
 
 
 def free_port() -> int:
@@ -69,7 +70,8 @@ def endpoint(chat_model_dir, openai_work):
     work = openai_work
     port = free_port()
     config = write_config(work / "serve.yaml", chat_model_dir,
-                          rollout={"backend": "hf", "openai_host": "0.0.0.0", "openai_port": port})
+                          rollout={"backend": "hf", "openai_host": "0.0.0.0", "openai_port": port,
+                                   "openai_max_body_mb": MAX_BODY_MB})
     address = f"ipc://{work}/serve.sock"
     log = work / "serve.log"
     proc = start_rlx(["rollout-serve", str(config), "--address", address], log,
@@ -201,6 +203,25 @@ def test_a_client_that_hangs_up_mid_body_costs_one_log_line(endpoint, openai_wor
     assert len(lines) == 2 and "POST /v1/chat/completions" in lines[0], log[-4000:]
 
 
+def test_a_body_over_the_limit_is_refused_unread_and_the_server_goes_on(endpoint):
+    url, address = endpoint
+    huge = {"messages": [{"role": "user", "content": "1+" * int(MAX_BODY_MB * 2**20)}], "max_tokens": 2}
+    data = json.dumps(huge).encode()
+
+    def chunked():  # no Content-Length: the limit holds on the stream itself
+        for start in range(0, len(data), 65536):
+            yield data[start:start + 65536]
+
+    for content in (data, chunked()):
+        reply = httpx.post(f"{url}/v1/chat/completions", headers=AUTH, content=content, timeout=60.0)
+        assert reply.status_code == 413, reply.text
+        assert reply.json()["error"]["message"] == (
+            f"the request body is larger than rollout.openai_max_body_mb={MAX_BODY_MB:g} MiB; send a shorter "
+            "conversation, or raise rollout.openai_max_body_mb on the rollout server")
+    assert chat(url, [{"role": "user", "content": "1+1="}], max_tokens=2)["choices"]
+    assert zmq_call(address, p.Health()).weight_version >= 0
+
+
 def test_off_loopback_endpoint_without_a_token_is_refused_before_start(tiny_model_dir, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
@@ -256,3 +277,49 @@ def test_external_task_needs_groupless_settings(tiny_model_dir, tmp_path):
     launched = load_config(str(config), ["rollout.n=1", "algorithm.advantage=reinforce_pp"])
     with pytest.raises(ConfigError, match="set rollout.openai_port"):
         check_config(launched)
+
+
+def test_a_prompt_is_tokenized_while_the_server_goes_on_answering(chat_model_dir):
+    """In process, with a real hf backend: rendering and tokenizing a conversation (seconds for a long one) must
+    leave the event loop free. The chat format here waits, inside its tokenization, for the server to answer a
+    Health request on the loop; were it tokenizing on the loop itself, that wait could never end."""
+    from transformers import AutoTokenizer
+
+    from rlx.config.schema import ModelConfig, RolloutConfig, RunConfig
+    from rlx.rollout.backends.base import make_backend
+    from rlx.rollout.openai_http import OpenAIEndpoint
+    from rlx.rollout.server import RolloutServer
+
+    class WaitsForTheLoop:
+        def __init__(self, chat, server, loop):
+            self.chat, self.server, self.loop, self.answered = chat, server, loop, []
+
+        def __getattr__(self, name):
+            return getattr(self.chat, name)
+
+        def prompt_ids(self, messages, tools=None):
+            health = p.Request(id=7, body=p.Health(), deadline=time.time() + 60)
+            reply = asyncio.run_coroutine_threadsafe(self.server.answer(health), self.loop).result(timeout=30)
+            self.answered.append(reply.ok)
+            return self.chat.prompt_ids(messages, tools)
+
+    async def scenario():
+        cfg = RunConfig(model=ModelConfig(path=str(chat_model_dir)), rollout=RolloutConfig(backend="hf"))
+        backend = make_backend(cfg)
+        await backend.start()
+        server = RolloutServer(backend, "ipc://unused")
+        endpoint = OpenAIEndpoint(server, AutoTokenizer.from_pretrained(chat_model_dir),
+                                  p.SamplingSpec(max_tokens=2), "tiny")
+        endpoint.chat = WaitsForTheLoop(endpoint.chat, server, asyncio.get_running_loop())
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=endpoint.app()),
+                                         base_url="http://rlx") as client:
+                reply = await client.post("/v1/chat/completions", timeout=60.0,
+                                          json={"messages": [{"role": "user", "content": "1+1="}]})
+        finally:
+            await backend.close()
+        return reply, endpoint.chat.answered
+
+    reply, answered = asyncio.run(scenario())
+    assert reply.status_code == 200, reply.text
+    assert answered == [True]

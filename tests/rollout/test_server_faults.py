@@ -107,7 +107,7 @@ def test_every_failed_weight_update_leaves_the_server_generating_and_syncing(ser
 
 
 def test_out_of_range_generate_requests_are_refused_naming_the_field(server):
-    bad_sampling = {"n": [0, -1, 10**6], "top_p": [1.5, 0.0, float("nan")], "temperature": [-0.5, float("inf")],
+    bad_sampling = {"n": [0, -1, 10**6], "top_p": [1.5, 0.0, float("nan")], "temperature": [-0.5, float("inf"), 1e-40, 0.005],
                     "top_k": [-2], "max_tokens": [0, 10**9], "seed": [-1]}
     long_prompt = "1+" * server.max_model_len
 

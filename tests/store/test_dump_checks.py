@@ -116,6 +116,8 @@ def set_at(key: str, index: int, value):
     (tensors(set_at("completion_ids", 8, 10**6)), "row 2: completion_ids holds a token id outside the model's vocab"),
     (tensors(set_at("prompt_ids", 0, -4)), "row 0: prompt_ids holds a token id outside"),
     (tensors(set_at("logprobs", 17, float("nan"))), "row 3: logprobs holds a logprob that is not finite"),
+    (tensors(set_at("rewards", 2, float("nan"))), "row 2: reward nan is not finite"),
+    (tensors(set_at("rewards", 3, float("-inf"))), "row 3: reward -inf is not finite"),
     (tensors(set_at("status", 1, 9)), "row 1: status 9 is not one of"),
     (tensors(lambda t: t.update(logprobs=t["logprobs"].double())), "tensor 'logprobs' is torch.float64"),
     (tensors(lambda t: t.__delitem__("groups")), "lacks the tensor 'groups'"),

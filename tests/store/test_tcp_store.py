@@ -122,3 +122,40 @@ def _an_address_not_loopback() -> str:
         except OSError:
             return ""
     return "" if ip.startswith("127.") else ip
+
+
+def test_a_request_for_too_many_or_repeated_rows_is_refused_and_a_reader_folds_repeats():
+    import msgspec
+    import zmq
+
+    from rlx.store.tcp import VERSION, Reply, Request, max_request_bytes
+
+    store = TcpStore(1 << 16, 8, host="127.0.0.1", token="", timeout_s=10.0)
+    raw = zmq.Context.instance().socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(store.handle().name)
+
+    def ask(payload: bytes) -> Reply:
+        raw.send_multipart([b"\0" * 8, payload])
+        assert raw.poll(10_000), "the store did not answer"
+        return msgspec.msgpack.decode(raw.recv_multipart()[1], type=Reply)
+
+    try:
+        rows = store.put([sample(i) for i in range(3)])
+        for op in ("get", "meta"):
+            reply = ask(msgspec.msgpack.encode(Request(VERSION, op, [rows[0]] * 1000)))
+            assert reply.error_kind == "bad_request" and reply.rows == [] and reply.tensors == []
+            assert "a request for 1000 rows; rank 0's store holds at most 8 (store.max_rows)" in reply.error
+            reply = ask(msgspec.msgpack.encode(Request(VERSION, op, [rows[0], rows[1], rows[0], rows[0]])))
+            assert reply.error == "a request names 2 rows more than once; name each row once"
+        # a request larger than any a reader sends: its sender is cut off unread, the store serves the others
+        raw.send_multipart([b"\0" * 8, b"\x00" * (max_request_bytes(8) + 1)])
+        reader = TcpStoreReader(store.handle(), token="")
+        got = reader.get([rows[2], rows[0], rows[2]])
+        assert [s.prompt_id for s in got] == [102, 100, 102]
+        assert reader.meta([rows[1], rows[1]])["prompt_id"].tolist() == [101, 101]
+        assert not raw.poll(100)  # answered in order: a reply to the oversized request would be here by now
+        reader.close()
+    finally:
+        raw.close(linger=0)
+        store.close()

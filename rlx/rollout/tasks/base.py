@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from numbers import Real
 from typing import Callable, Protocol
+
+from rlx.config.errors import ConfigError
 
 RewardFn = Callable[[str, str], float]
 """A user reward: (completion, ground-truth answer) -> float."""
@@ -26,6 +28,8 @@ class Problem:
     """Text given to the model."""
     answer: str
     """Ground truth the reward compares against."""
+    source: str = field(default="", compare=False)
+    """Where the prompt was read, for errors: e.g. "task.path='data.jsonl' row 12"; empty for generated tasks."""
 
 
 class Task(Protocol):
@@ -51,6 +55,32 @@ def task_reward(reward_fn: RewardFn | None, correct: Callable[[], bool], complet
         raise ValueError(f"reward function {name} (task.reward) returned {type(value).__name__} {value!r}; "
                          "it must return a finite float")
     return float(value)
+
+
+PROMPTS_PER_CALL = 4096
+"""Prompts tokenized per call when their lengths are checked (the ids of one call are held at once)."""
+
+
+def check_prompt_lengths(problems: list[Problem], count_tokens: Callable[[list[str]], list[int]],
+                         max_model_len: int) -> None:
+    """Every prompt leaves room in the context for at least one completion token, as the rollout server
+    requires; else a ``ConfigError`` naming the first prompt that does not (its file and row when it was read
+    from one), how many do not, and the fix. ``count_tokens``: prompt texts -> their lengths in tokens."""
+    too_long: list[tuple[Problem, int]] = []
+    for start in range(0, len(problems), PROMPTS_PER_CALL):
+        chunk = problems[start:start + PROMPTS_PER_CALL]
+        lengths = count_tokens([p.prompt for p in chunk])
+        too_long += [(p, n) for p, n in zip(chunk, lengths) if n >= max_model_len]
+    if not too_long:
+        return
+    problem, length = too_long[0]
+    where = problem.source or f"problem {problem.id} of the task"
+    longest = max(n for _, n in too_long)
+    others = f" ({len(too_long) - 1} more prompts are too long, the longest {longest} tokens)" if len(too_long) > 1 \
+        else ""
+    raise ConfigError(f"{where}: the prompt is {length} tokens, and rollout.max_model_len={max_model_len} (prompt + "
+                      f"completion) leaves no room for a completion{others}; shorten or drop those prompts, or "
+                      f"raise rollout.max_model_len above {longest}")
 
 
 class DataStream:

@@ -80,8 +80,10 @@ def ground_truth(answer) -> str:
 
 def to_problems(rows: list[dict], cfg, first_id: int, config_key: str, make_prompt: PromptMaker) -> list[Problem]:
     check_columns(rows, {**make_prompt.columns(), cfg.answer_key: "task.answer_key"}, config_key)
+    path = getattr(cfg, config_key.split(".")[-1])  # task.path or task.eval_path
     return [Problem(id=first_id + i, prompt=make_prompt(row, f"{config_key} row {i}"),
-                    answer=ground_truth(row[cfg.answer_key])) for i, row in enumerate(rows)]
+                    answer=ground_truth(row[cfg.answer_key]), source=f"{config_key}={path!r} row {i}")
+            for i, row in enumerate(rows)]
 
 
 def extract_answer(completion: str, pattern: re.Pattern) -> str | None:
