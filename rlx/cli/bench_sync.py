@@ -136,5 +136,5 @@ def _footer(opts, result) -> list[str]:
     if opts.lora_rank:
         lines += _lora_lines(opts.lora_rank, result.rows)
     if opts.verify and not result.failures:
-        lines.append("verify: every sender did one more sync with per-tensor CRC-32 checksums; all matched.")
+        lines.append("verify: every sender did one more sync with per-tensor checksums; all matched.")
     return lines + [f"note: {note}" for note in result.notes]
