@@ -1,5 +1,8 @@
 # The two entry points of the README. Each creates or reuses .venv and installs what it needs.
+# `make test PYTEST_ARGS=tests/sync` runs only tests/sync; PYTEST_ARGS holds pytest's own arguments (paths,
+# -k, -m ...), and without a path pytest collects every test under tests/ (pyproject's testpaths).
 PY := .venv/bin/python
+PYTEST_ARGS ?=
 
 .PHONY: setup quickstart test
 
@@ -8,6 +11,8 @@ setup:
 
 quickstart: setup
 	$(PY) -m rlx train configs/quickstart.yaml
+	@echo "rlx is installed in .venv: run 'source .venv/bin/activate' to type 'rlx ...' as the README does"
 
 test: setup
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
