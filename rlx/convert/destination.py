@@ -2,7 +2,8 @@
 
 A conversion writes into ``.<name>.tmp-<pid>`` beside the destination and renames it into place
 only when every file is written and fsynced, so an interrupted run never leaves a directory that
-looks complete. An existing destination is refused unless ``--overwrite``, and a destination
+looks complete; missing parent directories of the destination are created (`out/hf` works on a fresh
+clone). An existing destination is refused unless ``--overwrite``, and a destination
 that is, contains or lies inside the source is always refused: the source is never modified.
 
 Left out: what is written (the converters).
@@ -26,9 +27,11 @@ def check_destination(dst: str | Path, source: str | Path, overwrite: bool) -> P
     if dst == source or dst in source.parents or source in dst.parents:
         raise ConvertError(f"destination {dst} overlaps the source {source}; choose a destination "
                            "outside the source (the source is never modified)")
-    if not dst.parent.is_dir():
-        raise ConvertError(f"the parent directory {dst.parent} of the destination does not exist; "
-                           f"create it (mkdir -p {dst.parent}) or choose another destination")
+    existing = next(p for p in dst.parents if p.exists())  # missing parents are created when writing starts
+    if not existing.is_dir():
+        raise ConvertError(f"the destination {dst} lies under {existing}, which is a file; choose another destination")
+    if existing != dst.parent and not os.access(existing, os.W_OK | os.X_OK):
+        raise ConvertError(f"cannot create {dst.parent}: {existing} is not writable; choose another destination")
     if dst.exists() and not overwrite:
         raise ConvertError(f"destination {dst} already exists; pass --overwrite to replace it, "
                            "or choose a new destination")
@@ -38,6 +41,7 @@ def check_destination(dst: str | Path, source: str | Path, overwrite: bool) -> P
 @contextlib.contextmanager
 def staged_directory(dst: Path) -> Iterator[Path]:
     """Yield an empty temporary directory; on success it replaces ``dst``, on failure it is removed."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.parent / f".{dst.name}.tmp-{os.getpid()}"
     _remove(tmp)
     tmp.mkdir()

@@ -25,10 +25,17 @@ def model(tmp_path_factory):
     return build_family_model(tmp_path_factory.mktemp("cli") / "llama", "llama", hidden_size=256)
 
 
-def test_missing_parent_and_existing_destination_are_refused(model, tmp_path):
+def test_missing_parents_are_created_and_existing_destination_is_refused(model, tmp_path):
     before = tree_digest(model)
+    code, text = _run("convert-ckpt", model, tmp_path / "no" / "such" / "out", "--to", "hf", "--dry-run")
+    assert code == 0 and not (tmp_path / "no").exists(), text  # a dry run creates nothing
     code, text = _run("convert-ckpt", model, tmp_path / "no" / "such" / "out", "--to", "hf")
-    assert code == 2 and "parent directory" in text and "does not exist" in text and "mkdir -p" in text
+    assert code == 0 and (tmp_path / "no" / "such" / "out" / "config.json").is_file(), text
+    code, text = _run("fp8-convert", model, tmp_path / "fp8" / "out")
+    assert code == 0 and (tmp_path / "fp8" / "out" / "model.safetensors").is_file(), text
+    (tmp_path / "afile").write_text("x")
+    code, text = _run("convert-ckpt", model, tmp_path / "afile" / "out", "--to", "hf")
+    assert code == 2 and "which is a file" in text
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "keep.txt").write_text("user data")
     code, text = _run("fp8-convert", model, tmp_path / "taken")

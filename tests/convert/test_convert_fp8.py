@@ -159,12 +159,15 @@ def test_tp_check_names_every_tensor_vllm_would_refuse(llama, tiny_model_dir):
         fp8_job(tiny_model_dir, Fp8Options())
     assert "model.layers.0.self_attn.k_proj.weight: 64 output rows per rank" in str(small.value)
     assert "model.layers.1.self_attn.k_proj.weight" in str(small.value)
+    assert "--block-size 64 64 (fits every tensor here)" in str(small.value)  # the kit's 128-wide model
+    assert fp8_job(tiny_model_dir, Fp8Options(block=(64, 64))).weights
     with pytest.raises(ConvertError) as tp4:
         fp8_job(llama, Fp8Options(tp=4))
     message = str(tp4.value)
     assert "--tp 4" in message and "model.layers.0.self_attn.o_proj.weight: 64 input columns per rank" in message
     assert "model.layers.1.self_attn.v_proj.weight: 64 output rows per rank" in message
-    assert "smaller --block-size" in message
+    assert "--block-size 64 64 (fits every tensor here)" in message
+    assert fp8_job(llama, Fp8Options(tp=4, block=(64, 64))).weights
     assert fp8_job(llama, Fp8Options(tp=2, block=(32, 32))).weights
 
 

@@ -136,9 +136,10 @@ def fp8_job(src: Path, options: Fp8Options) -> Fp8Job:
             kept.append((name, reason))
         else:
             quantized.append(info)
-    problems = check_all({i.name: i.shape for i in quantized}, options.tp, options.strategy, options.block, config)
+    shapes = {i.name: i.shape for i in quantized}
+    problems = check_all(shapes, options.tp, options.strategy, options.block, config)
     if problems:
-        raise ConvertError(_tp_message(problems, options))
+        raise ConvertError(_tp_message(problems, options, _block_that_fits(shapes, options, config)))
     weights = {info.name: TensorStats(info.name) for info in quantized}
     shards = [_shard(source, f, weights, options) for f in source.files]
     return Fp8Job(src, source, options, shards, weights, kept, config)
@@ -187,8 +188,20 @@ def _refuse_fp8_input(src: Path, source: SafetensorsDir, config: dict) -> None:
                            f"{len(fp8)} in all); convert from the bf16 / fp16 / fp32 checkpoint")
 
 
-def _tp_message(problems: list[str], options: Fp8Options) -> str:
+def _block_that_fits(shapes: dict, options: Fp8Options, config: dict) -> tuple[int, int] | None:
+    """The largest square block, halving from the one asked for down to 16, that every tensor allows at this
+    --tp (small models: the quickstart's 128-wide one needs 64x64)."""
+    size = min(options.block) // 2
+    while size >= 16:
+        if not check_all(shapes, options.tp, options.strategy, (size, size), config):
+            return size, size
+        size //= 2
+    return None
+
+
+def _tp_message(problems: list[str], options: Fp8Options, fits: tuple[int, int] | None = None) -> str:
     listed = "\n  ".join(problems[:20]) + (f"\n  … and {len(problems) - 20} more" if len(problems) > 20 else "")
+    smaller = f"--block-size {fits[0]} {fits[1]} (fits every tensor here)" if fits else "a smaller --block-size"
     return (f"with --tp {options.tp} and --strategy {options.strategy} (block {options.block[0]}x"
             f"{options.block[1]}), vLLM would refuse {len(problems)} tensors:\n  {listed}\n"
-            "Fix: choose a --tp these sizes divide by, a smaller --block-size, or --skip those layers.")
+            f"Fix: choose a --tp these sizes divide by, {smaller}, --strategy channel, or --skip those layers.")
