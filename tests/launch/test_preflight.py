@@ -125,3 +125,32 @@ def test_a_dataset_prompt_longer_than_the_context_names_its_file_and_row(config,
                          "task.chat_template=off", "rollout.max_model_len=700")
     assert_refused_before_start(code, output, tmp_path / "run", f"task.eval_path={str(held_out)!r} row 1: the prompt "
                                 "is 800 tokens", "raise rollout.max_model_len above 800")
+
+
+def test_a_missing_teacher_names_how_to_build_it(config, tmp_path):
+    code, output = train(config, f"algorithm.distill.teacher={tmp_path / 'teacher'}")
+    assert_refused_before_start(code, output, tmp_path / "run", "algorithm.distill.teacher=", "no config.json",
+                                "algorithm.distill.teacher_build_if_missing=tiny_math_teacher")
+
+
+def test_the_teacher_is_built_when_missing(config, tmp_path, monkeypatch):
+    """The distillation quickstart's teacher is built in pre-flight, as the student is (the recipe cut to a few
+    steps here: the real one trains 1600), and the note says where, as an absolute path."""
+    import io
+
+    from rich.console import Console
+
+    from rlx.config import load_config
+    from rlx.engine import warmstart
+    from rlx.launch.display import Display
+    from rlx.launch.preflight import preflight
+
+    monkeypatch.setitem(warmstart.RECIPES, "tiny_math_teacher",
+                        warmstart.Recipe(hidden_size=128, num_layers=2, steps=3, lr=1e-3, seed=1))
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(str(config), ["algorithm.distill.teacher=models/teacher",
+                                    "algorithm.distill.teacher_build_if_missing=tiny_math_teacher"])
+    out = io.StringIO()
+    preflight(cfg, Display(1, console=Console(file=out, width=200)))
+    assert (tmp_path / "models" / "teacher" / "config.json").is_file()
+    assert f"building the teacher into {tmp_path / 'models' / 'teacher'}" in out.getvalue()
