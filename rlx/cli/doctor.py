@@ -29,7 +29,7 @@ def doctor(
     console = Console(soft_wrap=True)
     table = Table(title=f"rlx doctor: launcher={cfg.launcher}")
     for column in ("check", "node", "found", ""):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # paths and addresses whole, never cut to an ellipsis
     for check in checks:
         table.add_row(check.what, escape(check.node), escape(check.found), "[green]ok[/]" if check.ok else "[red]problem[/]")
     console.print(table)

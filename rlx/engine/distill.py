@@ -47,7 +47,7 @@ def check_same_tokenizer(student_path: str, teacher_path: str) -> None:
                           "set it to a local Hugging Face directory of the teacher, or add "
                           "algorithm.distill.teacher_build_if_missing=tiny_math_teacher to build the tiny-math "
                           "teacher there first")
-    check_model_dir(teacher_path)
+    check_model_dir(teacher_path, "algorithm.distill.teacher")
     student, teacher = load_tokenizer(student_path), load_tokenizer(teacher_path)
     s_vocab, t_vocab = student.get_vocab(), teacher.get_vocab()
     if s_vocab != t_vocab:

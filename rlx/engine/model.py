@@ -30,27 +30,27 @@ def set_cpu_threads(threads: int, device) -> None:
         torch.set_num_threads(threads)
 
 
-def check_model_dir(path: str) -> Path:
+def check_model_dir(path: str, key: str = "model.path") -> Path:
     """``path`` as a Path if it holds what training and the rollout engines load: a config.json that
     parses, weights (safetensors whose headers check out, or ``.bin``) and a tokenizer; else one error
-    naming what is missing."""
+    naming what is missing (``key``: the config key that names the directory)."""
     import json
 
     from rlx.config.errors import ConfigError
 
     model_dir = Path(path)
     if not (model_dir / "config.json").is_file():
-        raise FileNotFoundError(f"model.path={path!r} is not a Hugging Face model directory (no config.json); "
-                                "set model.path to a local directory with config.json, tokenizer and safetensors")
+        raise FileNotFoundError(f"{key}={path!r} is not a Hugging Face model directory (no config.json); "
+                                f"set {key} to a local directory with config.json, tokenizer and safetensors")
     try:
         config = json.loads((model_dir / "config.json").read_bytes())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{model_dir / 'config.json'} is not valid JSON ({exc}); re-copy the model") from None
     if not isinstance(config, dict) or "model_type" not in config:
         raise ConfigError(f"{model_dir / 'config.json'} has no model_type; it is not a transformers model config")
-    _check_weights(model_dir, path)
+    _check_weights(model_dir, path, key)
     if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
-        raise ConfigError(f"model.path={path!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+        raise ConfigError(f"{key}={path!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
                           "copy the model's tokenizer files into it")
     return model_dir
 
@@ -58,7 +58,7 @@ def check_model_dir(path: str) -> Path:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-def _check_weights(model_dir: Path, path: str) -> None:
+def _check_weights(model_dir: Path, path: str, key: str) -> None:
     from rlx.config.errors import ConfigError
     from rlx.convert.errors import ConvertError
     from rlx.convert.safetensors_io import SafetensorsDir
@@ -67,10 +67,10 @@ def _check_weights(model_dir: Path, path: str) -> None:
         try:
             SafetensorsDir(model_dir)  # headers, index and sizes: a truncated copy fails here, not in a child
         except ConvertError as exc:
-            raise ConfigError(f"model.path={path!r}: {exc}") from None
+            raise ConfigError(f"{key}={path!r}: {exc}") from None
     elif not any(model_dir.glob("*.bin")):
-        raise ConfigError(f"model.path={path!r} has config.json but no weights (*.safetensors or *.bin); copy the "
-                          "model's weight files into it, or set model.path to the complete model directory")
+        raise ConfigError(f"{key}={path!r} has config.json but no weights (*.safetensors or *.bin); copy the "
+                          f"model's weight files into it, or set {key} to the complete model directory")
 
 
 def load_tokenizer(path: str):

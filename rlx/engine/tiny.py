@@ -89,11 +89,30 @@ def build_tiny_model(out_dir: str | Path, *, hidden_size: int = 128, num_layers:
     return out_dir
 
 
+QWEN2_0P5B_SHAPE = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
+                        vocab_size=151936)
+
+
 def build_qwen2_0p5b_random(out_dir: str | Path, seed: int = 0) -> Path:
     """A randomly initialised model of Qwen2.5-0.5B's shape (494M parameters, bfloat16) with the
     character tokenizer: for GPU throughput runs where a real checkpoint is not at hand."""
-    return build_tiny_model(out_dir, hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, seed=seed,
-                            intermediate_size=4864, vocab_size=151936, dtype="bfloat16")
+    return build_tiny_model(out_dir, seed=seed, dtype="bfloat16", **QWEN2_0P5B_SHAPE)
+
+
+def planned_parameter_count(*, hidden_size: int = 128, num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
+                            intermediate_size: int | None = None, vocab_size: int | None = None,
+                            tie_word_embeddings: bool = True) -> int:
+    """Parameters ``build_tiny_model`` with these arguments writes, counted on the meta device (nothing is
+    allocated): `rlx doctor` sizes a model that `rlx train` has not built yet."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    vocab_size = vocab_size or _round_up(len(SPECIAL_TOKENS) + len(CHARACTERS), 64)
+    config = tiny_qwen2_config(vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
+                               intermediate_size=intermediate_size, tie_word_embeddings=tie_word_embeddings)
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(config)
+    return sum(p.numel() for p in model.parameters())
 
 
 def _pin_dtype(config_path: Path, dtype: str) -> None:

@@ -304,24 +304,64 @@ def broadcast_check(pair: str, seconds: float | None, error: str, size_mb: int, 
 
 
 def diagnose(cfg, size_mb: int = BROADCAST_MB) -> list[Check]:
-    """Every check of ``cfg``'s layout: this host (launcher=local) or the Ray cluster (launcher=ray)."""
+    """Every check of ``cfg``'s layout: this host (launcher=local) or the Ray cluster (launcher=ray). The model
+    directories come first; a problem there is a row like any other, and the layout is still checked."""
+    checks, params = model_checks(cfg)
+    if cfg.launcher == "ray":
+        return checks + _diagnose_ray(cfg, size_mb, params)
+    return checks + _diagnose_local(cfg, size_mb, params)
+
+
+def model_checks(cfg) -> tuple[list[Check], int]:
+    """A row for model.path (and the distillation teacher), and the policy's parameter count (0 when unknown).
+    A directory that is missing but that `rlx train` builds first (``build_if_missing``) is fine: its size is
+    that of the model it will build."""
+    params, row = _model_check("model", "model.path", cfg.model.path, cfg.model.build_if_missing,
+                               "model.build_if_missing")
+    checks = [row]
+    distill = cfg.algorithm.distill
+    if distill.teacher:
+        checks.append(_model_check("teacher", "algorithm.distill.teacher", distill.teacher,
+                                   distill.teacher_build_if_missing, "algorithm.distill.teacher_build_if_missing")[1])
+    return checks, params
+
+
+def _model_check(what: str, key: str, path: str, build: str, build_key: str) -> tuple[int, Check]:
+    from rlx.config.errors import ConfigError
     from rlx.engine.model import check_model_dir
 
-    check_model_dir(cfg.model.path)
-    if cfg.launcher == "ray":
-        return _diagnose_ray(cfg, size_mb)
-    return _diagnose_local(cfg, size_mb)
+    where = str(Path(path).resolve())
+    if build and not Path(path, "config.json").is_file():
+        params = _planned_parameter_count(build)
+        return params, Check(what, "this host", f"{where}: not built yet; `rlx train` builds it first ({build_key}="
+                                                f"{build}, {params / 1e6:.1f}M parameters)")
+    try:
+        check_model_dir(path, key)
+    except (ConfigError, FileNotFoundError) as exc:
+        return 0, Check(what, "this host", f"{where}: unusable", str(exc))
+    params = parameter_count(path)
+    return params, Check(what, "this host", f"{where}: {params / 1e6:.1f}M parameters")
+
+
+def _planned_parameter_count(build: str) -> int:
+    from rlx.engine.tiny import QWEN2_0P5B_SHAPE, planned_parameter_count
+    from rlx.engine.warmstart import RECIPES
+
+    if build == "qwen2_0p5b_random":
+        return planned_parameter_count(**QWEN2_0P5B_SHAPE)
+    recipe = RECIPES[build]
+    return planned_parameter_count(hidden_size=recipe.hidden_size, num_layers=recipe.num_layers)
 
 
 def _wants_gpu(cfg, resources: dict | None = None) -> bool:
     return cfg.trainer.device == "cuda" or bool(resources and resources.get("GPU"))
 
 
-def _diagnose_local(cfg, size_mb: int) -> list[Check]:
+def _diagnose_local(cfg, size_mb: int, params: int) -> list[Check]:
     probe = NodeProbe()
     facts = probe.facts(bound_ports(cfg))
     device_bytes = facts["mem_total"] if not facts["gpus"] else sum(facts["gpu_free"])
-    needs = role_needs(cfg, parameter_count(cfg.model.path), device_bytes)
+    needs = role_needs(cfg, params, device_bytes)
     roles = {"trainer": cfg.trainer.num_ranks, "rollout": cfg.rollout.servers_to_launch}
     checks = node_checks(cfg, "this host", facts, roles, needs, _wants_gpu(cfg))
     seconds, error = _local_broadcast(size_mb)
@@ -350,7 +390,7 @@ def _local_broadcast(size_mb: int) -> tuple[float | None, str]:
     return (None, str(failed[0]).splitlines()[0][:200]) if failed else (max(results.values()), "")
 
 
-def _diagnose_ray(cfg, size_mb: int) -> list[Check]:
+def _diagnose_ray(cfg, size_mb: int, params: int) -> list[Check]:
     from rlx.launch.ray_launcher import connect
 
     ray = connect(cfg)
@@ -367,7 +407,6 @@ def _diagnose_ray(cfg, size_mb: int) -> list[Check]:
         ports = bound_ports(cfg)
         facts = dict(zip(probes, ray.get([p.facts.remote(ports) for p in probes.values()], timeout=120)))
         names = {node_id: f"{f['ip']} ({node_id[:6]})" for node_id, f in facts.items()}
-        params = parameter_count(cfg.model.path)
         for node in nodes:
             node_facts = facts[node["NodeID"]]
             roles = {role: int(_fits(node["Resources"], getattr(cfg.ray, f"{role}_resources")) > 0)

@@ -118,3 +118,23 @@ def test_broadcast_ends_prove_the_runs_token_before_forming_a_group(receiver_tok
         assert all(isinstance(r, float) for r in results.values()) and len(results) == 2, results
     else:
         assert all("did not prove the run's token" in str(r) for r in results.values()) and len(results) == 2, results
+
+
+def test_doctor_sizes_a_model_that_train_will_build(tmp_path):
+    """A fresh clone: the quickstart's model is not built yet, and `rlx train` would build it; the doctor says so
+    and sizes the model it will build instead of calling the directory invalid."""
+    missing = tmp_path / "models" / "tiny-math-warmstart"
+    config = write_config(tmp_path / "local.yaml", missing, rollout={"backend": "hf"})
+    result = run_doctor(config, "model.build_if_missing=tiny_math_warmstart")
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = " ".join(result.stdout.replace("│", " ").split())
+    assert "not built yet; `rlx train` builds it first" in found and "0.5M parameters" in found, result.stdout
+    assert not missing.exists() and "no problem found" in result.stdout
+
+
+def test_doctor_prints_its_whole_table_when_the_model_path_is_wrong(tmp_path):
+    config = write_config(tmp_path / "local.yaml", tmp_path / "nowhere", rollout={"backend": "hf"})
+    result = run_doctor(config)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "problem model on this host: model.path=" in result.stdout and "no config.json" in result.stdout
+    assert "gloo broadcast" in result.stdout and "1 problem(s) found" in result.stdout, result.stdout
