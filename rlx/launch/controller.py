@@ -17,6 +17,7 @@ as soon as it answers health, between two commands of the trainer ranks (``ranks
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from pathlib import Path
 
@@ -75,13 +76,15 @@ class Controller:
         self.arena = self.sender.arena
         self.ckpt_root = run_dir / "checkpoints"
         self.plugins = Plugins.load(cfg.checkpoint.plugins)
-        self.start_step = self._resume() if cfg.trainer.resume else 0
+        self.start_step, restored = self._resume() if cfg.trainer.resume else (0, None)
         self.metrics = MetricsLogger(cfg, run_dir, self.start_step if cfg.trainer.resume else None)
+        if restored is not None:  # stopped after the checkpoint, before its step's line: the curve has no gap
+            self.metrics.log_if_missing(self.start_step, restored)
         self._prefetch: asyncio.Task | None = None
         self._state_before_prefetch = self.stream.state()
         self.policy_version = self.start_step  # the step whose update the servers' weights hold
         self.fully_async = None  # trainer.mode=fully_async: the producer and its buffer, from the first step
-        self.first_eval = float("nan")
+        self.evals: list[tuple[int, float]] = []  # (step, held-out accuracy) of each evaluation this run made
         self.rollout_restarts = 0
         self.nonfinite_in_a_row = 0  # steps in a row the trainer skipped for a NaN or inf loss or gradient norm
         self.ranks_busy = asyncio.Lock()  # one command of the trainer ranks at a time (train, sync, checkpoint)
@@ -94,7 +97,7 @@ class Controller:
         await self.colocation.start()
         last = {}
         if t.eval_every and self.start_step == 0:
-            last["eval_accuracy"] = self.first_eval = await self.collector.evaluate(self.task.eval)
+            last["eval_accuracy"] = await self.evaluate(0)
             self.metrics.log(0, dict(last))
             self.display.step(0, last)
         for step in range(self.start_step + 1, t.total_steps + 1):
@@ -111,10 +114,10 @@ class Controller:
                 metrics["time_sync"], metrics["sync_zero_copy"], metrics["sync_verified"] = await self.sync_weights()
                 await self.colocation.after_sync()
                 metrics.update(self.colocation.metrics())
-                async with self.ranks_busy:
-                    metrics["time_checkpoint"] = self.maybe_checkpoint(step)
                 if t.eval_every and (step % t.eval_every == 0 or step == t.total_steps):
-                    metrics["eval_accuracy"] = await self.collector.evaluate(self.task.eval)
+                    metrics["eval_accuracy"] = await self.evaluate(step)
+                async with self.ranks_busy:  # after the evaluation: the checkpoint holds the step's whole line
+                    metrics["time_checkpoint"] = self.maybe_checkpoint(step, metrics)
                 metrics["time_step"] = time.perf_counter() - started
                 if self.cfg.rollout.restart_on_failure:
                     metrics["rollout_restarts"] = self.rollout_restarts
@@ -143,6 +146,11 @@ class Controller:
                 f"(trainer.max_nonfinite_steps={limit}); each was skipped, so the weights and every checkpoint "
                 "written hold no NaN. Check the rewards (a reward function, or a dump rollout.reuse replays), "
                 "trainer.lr and trainer.max_grad_norm, then resume (--resume) from the newest checkpoint")
+
+    async def evaluate(self, step: int) -> float:
+        accuracy = await self.collector.evaluate(self.task.eval)
+        self.evals.append((step, accuracy))
+        return accuracy
 
     async def next_batch(self, step: int) -> Collected:
         """This step's batch; in one_step_off, also start generating the next one."""
@@ -272,7 +280,9 @@ class Controller:
         self.display.note(f"rollout server {self.client.addresses[index]} is back, with the trainer's current "
                           f"weights (weight version {version})")
 
-    def maybe_checkpoint(self, step: int) -> float:
+    def maybe_checkpoint(self, step: int, metrics: dict[str, float]) -> float:
+        """Save when due; ``metrics`` (the step's line so far) goes into the checkpoint, so that a run stopped
+        between the save and the metrics line gets the line back on --resume."""
         c, t = self.cfg.checkpoint, self.cfg.trainer
         due = (c.every and step % c.every == 0) or (c.save_final and step == t.total_steps)
         if not due:
@@ -280,7 +290,9 @@ class Controller:
         started = time.perf_counter()
         with tracer.span("checkpoint", step=step):
             self.bus.announce(Command.CHECKPOINT, step)
-            state = {"step": step, "data": self._data_state_for_resume(), "run_name": self.cfg.run_name}
+            line = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+            state = {"step": step, "data": self._data_state_for_resume(), "run_name": self.cfg.run_name,
+                     "metrics": line}
             save_checkpoint(self.ckpt_root, step, self.trainer.model, self.trainer.optimizer, self.trainer.scheduler,
                             self.cfg.model.path, state, c.keep,
                             before_manifest=lambda staged: self._before_manifest(staged, step))
@@ -298,11 +310,12 @@ class Controller:
             return self._state_before_prefetch
         return self.stream.state()
 
-    def _resume(self) -> int:
+    def _resume(self) -> tuple[int, dict | None]:
+        """The step the checkpoint holds, and the metrics line it saved (None: an older checkpoint without)."""
         ckpt, _ = resume_checkpoint(self.run_dir)  # pre-flight made the same choice and reported what it skipped
         if ckpt is None:
             self.display.note(f"no earlier run in {self.run_dir} to resume; starting from step 0")
-            return 0
+            return 0, None
         step = int(ckpt.name.split("_")[-1])
         self.bus.announce(Command.LOAD, step)
         state = load_checkpoint(ckpt, self.trainer.model, self.trainer.optimizer, self.trainer.scheduler)
@@ -310,7 +323,7 @@ class Controller:
         self.stream.load_state(state["data"])
         self.plugins.call("on_load", ckpt, step)
         self.display.note(f"resumed from {ckpt} (step {step})")
-        return step
+        return step, state.get("metrics")
 
     def close(self) -> None:
         if self._prefetch is not None:

@@ -20,7 +20,6 @@ only then does it wait for the servers.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import socket
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
+from rlx.launch.closing import already_done, done_line, resume_hint
 from rlx.launch.display import Display
 from rlx.launch.placement import plan, visible_gpus
 from rlx.launch.preflight import preflight
@@ -64,14 +64,19 @@ def run_train(cfg) -> int:
             dead = launch.procs.dead_children(within_s=2.0)  # a death often surfaces first as a peer's error
             return f"the run failed ({dead[0][1]})" if dead else "the run failed"
 
-        return supervise(launch, display, stops, "stopping every child process", failed)
+        return supervise(launch, display, stops, lambda: f"stopping every child process; {resume_hint(run_dir)}",
+                         failed)
 
 
 def prepare(cfg, run_dir: Path, display: Display, log_name: str) -> int | None:
     """Before anything starts (under ``stops.installed()``): pre-flight, the previous run moved aside, the
-    console logged to ``RUN_DIR/logs/log_name``. The exit code if a stop came meanwhile, else None."""
+    console logged to ``RUN_DIR/logs/log_name``. The exit code if the run ends here (a stop came meanwhile, or
+    ``--resume`` of a run already at trainer.total_steps), else None."""
     try:
-        preflight(cfg, display)
+        resumed_step = preflight(cfg, display)
+        if resumed_step is not None and resumed_step >= cfg.trainer.total_steps:
+            display.note(already_done(run_dir, resumed_step, cfg.trainer.total_steps))
+            return 0
         if not cfg.trainer.resume:
             archive_previous_run(run_dir, display)
         display.log_to(run_dir / "logs" / log_name)
@@ -80,15 +85,15 @@ def prepare(cfg, run_dir: Path, display: Display, log_name: str) -> int | None:
     return None
 
 
-def supervise(run, display: Display, stops: StopWatch, stopping: str, failed=lambda: "the run failed",
+def supervise(run, display: Display, stops: StopWatch, stopping, failed=lambda: "the run failed",
               passthrough: tuple[type[BaseException], ...] = ()) -> int:
-    """``run.run()``'s exit code, however it ends: a stop or Ctrl-C says ``stopping``; an error is one console
-    line (``failed()``; the traceback in the log) and exit 1, except ``passthrough`` errors, which propagate;
-    ``run.tear_down()`` always runs, shielded from a second stop."""
+    """``run.run()``'s exit code, however it ends: a stop or Ctrl-C says ``stopping`` (a string, or a callable
+    that makes it then); an error is one console line (``failed()``; the traceback in the log) and exit 1, except
+    ``passthrough`` errors, which propagate; ``run.tear_down()`` always runs, shielded from a second stop."""
     try:
         return run.run()
     except (KeyboardInterrupt, RunStopped) as exc:
-        return _stopped(display, exc, stopping)
+        return _stopped(display, exc, stopping() if callable(stopping) else stopping)
     except passthrough:
         raise
     except Exception as exc:  # noqa: BLE001 - one line on the console, the traceback in the log
@@ -185,17 +190,14 @@ class Launch:
         try:
             init_distributed(_device_type(cfg))
             trainer = Trainer(cfg)
-            last = asyncio.run(self.stops.guard(self._control(trainer, addresses)))
+            evals = asyncio.run(self.stops.guard(self._control(trainer, addresses)))
         finally:
             tracer.close()
-        evaluated = not math.isnan(last.get("first_eval", math.nan)) and "eval_accuracy" in last
-        accuracy = (f"held-out accuracy {last['first_eval']:.3f} -> {last['eval_accuracy']:.3f}" if evaluated
-                    else "no held-out evaluation ran (trainer.eval_every=0)")
-        display.note(f"done: run directory {run_dir}; {accuracy}; `rlx plot {run_dir}` draws the curves, "
-                     f"`rlx trace-view {run_dir / 'trace'}` shows the timeline")
+        display.note(done_line(cfg, run_dir, evals))
         return 0
 
-    async def _control(self, trainer, addresses: list[str]) -> dict:
+    async def _control(self, trainer, addresses: list[str]) -> list[tuple[int, float]]:
+        """Train; the (step, held-out accuracy) pairs measured."""
         from rlx.launch.controller import Controller
         from rlx.rollout.client import RolloutClient
 
@@ -209,8 +211,8 @@ class Launch:
             await client.wait_ready(cfg.rollout.startup_timeout_s, is_alive=alive)
             self.display.note(f"rollout servers ready: {', '.join(addresses)}")
             self.restarts.attach(controller)
-            last = await controller.run()
-            return dict(last, first_eval=controller.first_eval)
+            await controller.run()
+            return controller.evals
         finally:
             self.restarts.detach()
             if controller is not None:

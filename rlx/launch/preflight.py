@@ -17,9 +17,9 @@ from rlx.launch.display import Display
 from rlx.sync.transports.shm import remove_stale_segments
 
 
-def preflight(cfg, display: Display) -> None:
+def preflight(cfg, display: Display) -> int | None:
     """Fail before any process starts: run directory, plugins, model directory, task data, reward function,
-    resume."""
+    resume. Returns the step ``--resume`` continues from (None without --resume or a checkpoint)."""
     from rlx.engine.model import check_model_dir
     from rlx.plugins import check_loadable
     from rlx.rollout.agent.tools import check_agent
@@ -51,11 +51,11 @@ def preflight(cfg, display: Display) -> None:
     check_prompts(cfg, task)
     check_agent(cfg, task)
     check_reward_model(cfg)
-    if cfg.trainer.resume:
-        check_resume(cfg, run_dir, len(task.train), display)
+    resumed_step = check_resume(cfg, run_dir, len(task.train), display) if cfg.trainer.resume else None
     for path in remove_stale_segments():
         display.note(f"removed {path}, the weight-sync buffer of an rlx run that was killed")
     check_store(cfg, display)
+    return resumed_step
 
 
 def check_prompts(cfg, task) -> None:
@@ -135,12 +135,15 @@ def check_output_dir(run_dir: Path) -> None:
                           "trainer.output_dir to a directory you can write")
 
 
-def check_resume(cfg, run_dir: Path, num_problems: int, display: Display) -> None:
-    """The checkpoint --resume continues from exists and fits this config; else refuse, changing nothing."""
+def check_resume(cfg, run_dir: Path, num_problems: int, display: Display) -> int | None:
+    """The checkpoint --resume continues from exists and fits this config; else refuse, changing nothing.
+    Returns its step (None: no earlier run, start at step 0)."""
     from rlx.engine.checkpoint import check_resumable, resume_checkpoint
 
     ckpt, skipped = resume_checkpoint(run_dir)
     for reason in skipped:
         display.note(f"skipping checkpoint: {escape(reason)}")
-    if ckpt is not None:
-        check_resumable(ckpt, cfg.model.path, cfg.task.seed, num_problems, lora=bool(cfg.model.lora.rank))
+    if ckpt is None:
+        return None
+    check_resumable(ckpt, cfg.model.path, cfg.task.seed, num_problems, lora=bool(cfg.model.lora.rank))
+    return int(ckpt.name.split("_")[-1])

@@ -35,6 +35,11 @@ def find_trace_files(path: str | Path) -> list[Path]:
     """The trace files a path names: the file itself, or the trace files of a (run) directory."""
     path = Path(path)
     if not path.exists():
+        run_dir = path.parent if path.name == "trace" else None
+        if run_dir is not None and (run_dir / "config.yaml").is_file():  # a run that recorded no trace
+            raise FileNotFoundError(f"no such trace file or directory: {path}; the run in {run_dir} recorded no "
+                                    "trace (trace.enabled is off in its config); run it again with "
+                                    "trace.enabled=true to record one")
         raise FileNotFoundError(f"no such trace file or directory: {path}")
     if path.is_file():
         return [path]

@@ -18,13 +18,15 @@ METRICS_FILE = "metrics.jsonl"
 
 class JsonlSink:
     def __init__(self, path: Path, resume_from_step: int | None) -> None:
+        self.steps: set[int] = set()  # the steps the file holds a line of
         if resume_from_step is not None and path.exists():
-            _truncate_after(path, resume_from_step)
+            self.steps = _truncate_after(path, resume_from_step)
         self._file = open(path, "a", buffering=1)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, "time": time.time(), **{k: _finite(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(row) + "\n")
+        self.steps.add(step)
 
     def close(self) -> None:
         self._file.close()
@@ -78,6 +80,13 @@ class MetricsLogger:
         for sink in self.sinks:
             sink.log(step, metrics)
 
+    def log_if_missing(self, step: int, metrics: dict[str, float]) -> None:
+        """On resume: log the checkpoint's own line when metrics.jsonl lacks it (the run stopped between the save
+        and the line)."""
+        jsonl = next((sink for sink in self.sinks if isinstance(sink, JsonlSink)), None)
+        if jsonl is not None and step not in jsonl.steps:
+            self.log(step, metrics)
+
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
@@ -96,10 +105,11 @@ def read_metrics(path: Path) -> list[dict]:
     return rows
 
 
-def _truncate_after(path: Path, step: int) -> None:
-    """On resume, drop rows logged after the checkpoint so the curve has no duplicate steps."""
-    keep = [json.dumps(row) for row in read_metrics(path) if row["step"] <= step]
-    path.write_text("".join(line + "\n" for line in keep))
+def _truncate_after(path: Path, step: int) -> set[int]:
+    """On resume, drop rows logged after the checkpoint so the curve has no duplicate steps; the steps kept."""
+    rows = [row for row in read_metrics(path) if row["step"] <= step]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return {row["step"] for row in rows}
 
 
 def _finite(value):

@@ -78,6 +78,7 @@ def test_two_step_run_with_vllm(mode, tiny_model_dir, tmp_path):
     code, output = run_to_end(config, tmp_path, f"trainer.mode={mode}", "trainer.total_steps=2", "sync.verify=true")
     assert code == 0, output[-4000:]
     assert "leaked shared_memory" not in output  # the resource tracker's warning about vLLM's queues
+    assert f"`rlx trace-view {tmp_path / 'run' / 'trace'}` shows the timeline" in " ".join(output.split())
     run_dir = tmp_path / "run"
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2]

@@ -76,3 +76,11 @@ def test_missing_path_and_directory_without_traces(tmp_path):
     assert result.exit_code == 2 and "no such trace file or directory" in result.output
     result = invoke(tmp_path, "--summary")
     assert result.exit_code == 2 and "no rlx trace files" in result.output
+
+
+def test_the_trace_of_a_run_that_recorded_none_names_trace_enabled(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("trace: {enabled: false}\n")
+    result = invoke(tmp_path / "run" / "trace", "--summary")
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "recorded no trace" in text and "trace.enabled=true" in text, text
