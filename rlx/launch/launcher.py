@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -52,6 +53,7 @@ def run_train(cfg) -> int:
         return run_ray_train(cfg)
     run_dir = Path(cfg.trainer.output_dir).resolve()
     cfg.rollout.auth_token = cfg.rollout.auth_token or os.environ.get(SECRET_ENV["rollout.auth_token"], "")
+    quiet_progress_bars()
     display = Display(cfg.trainer.total_steps, enabled=cfg.logging.console)
     stops = StopWatch()
     with stops.installed():
@@ -242,6 +244,18 @@ def _trace_env(cfg, run_dir: Path) -> dict:
     from rlx.trace import ENV_TRACE_DIR
 
     return {ENV_TRACE_DIR: str(_trace_dir(cfg, run_dir))} if cfg.trace.enabled else {}
+
+
+def quiet_progress_bars() -> None:
+    """No transformers / huggingface_hub tqdm bars in this process and the children it starts (they inherit the
+    environment): a run loads a model in the trainer, in each server, for a reference model or a teacher, and
+    each load drew its own 'Loading weights' bar. The run's console has its progress bar and step lines.
+    HF_HUB_DISABLE_PROGRESS_BARS=0 in the environment keeps them."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1" and "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
 
 
 def quiet_server_env() -> dict[str, str]:

@@ -1,0 +1,16 @@
+"""The console line of a step: small values stay readable and each algorithm's own metrics show."""
+
+from rlx.launch.display import format_metrics
+
+
+def test_a_tiny_logprob_mismatch_is_not_printed_as_zero():
+    line = format_metrics({"reward_mean": 0.5, "logprob_diff_mean": 4.2e-7, "time_step": 0.14})
+    assert "|dlogp|=4.2e-07" in line and "s/step=0.14" in line
+
+
+def test_each_algorithm_shows_its_own_metrics():
+    assert "vloss=0.102" in format_metrics({"value_loss": 0.102, "critic_explained_variance": 0.01})
+    assert "rkl=1.670" in format_metrics({"distill_reverse_kl": 1.67})
+    assert "tool_ok=0.97 turns=2.0" in format_metrics({"tool_call_success_rate": 0.97, "turns_per_episode": 2.0})
+    assert "stale=0.50" in format_metrics({"staleness_mean": 0.5})
+    assert "vloss" not in format_metrics({"reward_mean": 0.3})  # GRPO has no critic: nothing to show
