@@ -52,6 +52,13 @@ class PeftJob:
         self.config = _read_adapter_config(self.ckpt.path / ADAPTER_CONFIG)
         base = self.config.get("base_model_name_or_path")
         self.notes = [f"skipped: {reason}" for reason in self.ckpt.skipped]
+        if isinstance(base, str) and base and not Path(base).is_absolute():  # a checkpoint of an older rlx
+            if Path(base).is_dir():
+                base = self.config["base_model_name_or_path"] = str(Path(base).resolve())
+            else:
+                self.notes.append(f"base model {base!r} is a relative path that does not exist from here; set "
+                                  "base_model_name_or_path in the adapter_config.json written to the base model's "
+                                  "directory")
         self.notes.append(f"base model: {base} (adapter_config.json base_model_name_or_path; load the adapter "
                           "onto that model)")
 

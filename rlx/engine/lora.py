@@ -22,6 +22,8 @@ shards with torch's distributed state-dict API.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 ADAPTER = "default"
@@ -142,10 +144,16 @@ def load_adapter_state(model, state: dict[str, torch.Tensor]) -> None:
     assert not result.unexpected_keys, result.unexpected_keys
 
 
+def absolute_model_path(path: str) -> str:
+    """A local model directory as an absolute path (``model.path`` is relative to where `rlx train` ran, and an
+    adapter is loaded from anywhere, e.g. by ``AutoPeftModelForCausalLM``); anything else unchanged."""
+    return str(Path(path).resolve()) if path and Path(path).is_dir() else str(path)
+
+
 def adapter_config(model, base_model_path: str) -> dict:
     """``adapter_config.json`` of the injected adapter, as PEFT writes it (JSON types only)."""
     config = model.peft_config[ADAPTER].to_dict()
-    config["base_model_name_or_path"] = str(base_model_path)
+    config["base_model_name_or_path"] = absolute_model_path(base_model_path)
     config["inference_mode"] = True
     return {k: sorted(v) if isinstance(v, set) else (str(v.value) if hasattr(v, "value") else v)
             for k, v in config.items()}

@@ -73,3 +73,41 @@ def test_full_checkpoint_refuses_peft(tiny_model_dir, tmp_path):
                            str(tiny_model_dir), {"step": 1, "data": {}}, keep=1)
     code, text = _convert(ckpt, tmp_path / "adapter", "--to", "peft")
     assert code == 2 and "holds full model weights, not a LoRA adapter" in text
+
+
+def test_the_adapter_names_its_base_model_by_an_absolute_path(lora_run, tiny_model_dir, tmp_path, monkeypatch):
+    """A run's model.path is relative to where it ran (.cache/models/...); the adapter must load from anywhere:
+    AutoPeftModelForCausalLM reads base_model_name_or_path. Also for a checkpoint that recorded a relative path."""
+    import shutil
+
+    from peft import AutoPeftModelForCausalLM
+
+    trainer, _ = lora_run
+    shutil.copytree(tiny_model_dir, tmp_path / "work" / "models" / "base")
+    monkeypatch.chdir(tmp_path / "work")
+    ckpt = save_checkpoint(tmp_path / "run" / "checkpoints", 2, trainer.model, trainer.optimizer, trainer.scheduler,
+                           "models/base", {"step": 2, "data": {}}, keep=1)
+    base = str(tmp_path / "work" / "models" / "base")
+    assert json.loads((ckpt / "adapter_config.json").read_text())["base_model_name_or_path"] == base
+    _rewrite_as_older_rlx(ckpt, base_model="models/base")
+    code, text = _convert(ckpt, tmp_path / "out" / "adapter")
+    assert code == 0, text
+    monkeypatch.chdir(tmp_path)  # somewhere else
+    config = json.loads((tmp_path / "out" / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == base
+    model = AutoPeftModelForCausalLM.from_pretrained(tmp_path / "out" / "adapter")
+    assert model.peft_config["default"].r == LORA.rank
+
+
+def _rewrite_as_older_rlx(ckpt, base_model: str) -> None:
+    """adapter_config.json as an older rlx wrote it (the path as given), the manifest's hash of it updated."""
+    import hashlib
+
+    path = ckpt / "adapter_config.json"
+    config = json.loads(path.read_text())
+    config["base_model_name_or_path"] = base_model
+    data = (json.dumps(config, indent=2) + "\n").encode()
+    path.write_bytes(data)
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"]["adapter_config.json"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest, indent=2))
