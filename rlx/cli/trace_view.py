@@ -46,8 +46,8 @@ def trace_view(
             _print_summary(loaded, sort, filter_text)
         if export or summary:
             return
-        _checked_filter(_parse_only, loaded, filter_text)
-        app = _make_app(loaded, trace, metrics, started_at, filter_text, window)
+        _checked_filter(_check_only, loaded, filter_text)
+        app = _make_app(loaded, trace, metrics, started_at, filter_text, _checked_window(window, loaded))
         if screenshot:
             _screenshot(app, screenshot, size)
             return
@@ -97,8 +97,10 @@ def _export(loaded, export: Tuple[str, str]) -> None:
         raise UserError(f"--export {fmt}: unknown format; use --export perfetto OUT.json")
     if Path(out).is_dir():
         raise UserError(f"--export {fmt} {out}: that is a directory; name the file to write, e.g. {Path(out) / 'trace.json'}")
-    if not Path(out).parent.is_dir():
-        raise UserError(f"--export {fmt} {out}: the directory {Path(out).parent} does not exist; create it first")
+    blocker = next((p for p in Path(out).parents if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise UserError(f"--export {fmt} {out}: {blocker} is a file, not a directory; choose another path")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)  # out/trace.json works on a fresh clone
     count = export_perfetto(loaded, out)
     console.print(f"wrote {count:,} events to {out} (open it at https://ui.perfetto.dev)", highlight=False)
 
@@ -127,13 +129,26 @@ def _checked_filter(match, loaded, text: str):
         raise UserError(f"--filter: {exc}") from None
 
 
-def _parse_only(loaded, text: str) -> None:
-    from rlx.trace.query import parse_query
+def _check_only(loaded, text: str) -> None:
+    from rlx.trace.query import check_keys, parse_query
 
-    parse_query(text)
+    check_keys(loaded, parse_query(text))
 
 
-def _make_app(loaded, trace: str, metrics_path: Optional[str], started_at: float, filter_text: str, window: str):
+def _checked_window(text: str, loaded) -> Optional[Tuple[int, int]]:
+    """--window as nanoseconds since the trace's start; one that starts after the trace ends is refused (it
+    would draw an empty timeline)."""
+    from rlx.trace.units import format_ns
+
+    window = _parse_window(text)
+    if window is not None and window[0] >= loaded.end_ns:
+        raise UserError(f"--window {text!r} starts after the trace ends ({format_ns(loaded.end_ns)} after its start); "
+                        f"choose a window within 0s:{format_ns(loaded.end_ns)}")
+    return window
+
+
+def _make_app(loaded, trace: str, metrics_path: Optional[str], started_at: float, filter_text: str,
+              window: Optional[Tuple[int, int]]):
     try:
         from rlx.trace.viewer import TraceViewerApp
     except ImportError as exc:
@@ -152,7 +167,7 @@ def _make_app(loaded, trace: str, metrics_path: Optional[str], started_at: float
     note = "" if metrics else escape(f"No metrics file found next to {shown(trace).plain} (looked for metrics.jsonl "
                                      f"beside the trace directory); pass --metrics PATH.")
     app = TraceViewerApp(loaded, trace, metrics=metrics, metrics_note=note, started_at=started_at,
-                         initial_filter=filter_text, initial_window=_parse_window(window))
+                         initial_filter=filter_text, initial_window=window)
     return app
 
 

@@ -17,6 +17,7 @@ duration or status term matches no event.
 
 from __future__ import annotations
 
+import difflib
 import operator
 import re
 from dataclasses import dataclass
@@ -66,11 +67,53 @@ def _check(term: Term) -> None:
         raise ValueError(f"status={term.value!r}: use one of {', '.join(_STATUS)}")
 
 
+SPECIAL_KEYS = ("name", "proc", "process", "role", "request_id", "dur", "status")
+
+
+def check_keys(trace: Trace, terms: list[Term]) -> None:
+    """ValueError naming a term's key that neither is a special key nor an attribute of any span or event of
+    ``trace``: a misspelled key (``rol=trainer``) would match nothing, silently."""
+    for term in terms:
+        if term.key and term.key not in SPECIAL_KEYS and not _has_attribute(trace, term.key):
+            known = attribute_keys(trace)
+            close = difflib.get_close_matches(term.key, [*SPECIAL_KEYS, *known], n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(f"{term.key}{term.op}{term.value}: no span or event of this trace has {term.key!r}; "
+                             f"{hint}keys: {', '.join(SPECIAL_KEYS)}, and the attributes "
+                             f"{', '.join(known) or '(none)'}")
+
+
+def _attribute_columns(trace: Trace) -> list:
+    return [trace.spans.begin_attrs, trace.spans.end_attrs.attrs, trace.events.attrs]
+
+
+def _has_attribute(trace: Trace, key: str) -> bool:
+    needle = f'"{key}":'.encode()
+    for raws in _attribute_columns(trace):
+        candidates = raws.candidates(needle) if hasattr(raws, "candidates") else range(len(raws))
+        if any(key in decode_attrs(raws[k]) for k in candidates):
+            return True
+    return False
+
+
+def attribute_keys(trace: Trace, sample: int = 20_000) -> list[str]:
+    """Attribute keys of the trace, from the first ``sample`` records of each attribute column (for messages)."""
+    keys: set[str] = set()
+    for raws in _attribute_columns(trace):
+        for k in range(min(len(raws), sample)):
+            if raws[k] is not NO_ATTRS:
+                keys.update(decode_attrs(raws[k]))
+    return sorted(keys)
+
+
 def match_spans(trace: Trace, text: str) -> np.ndarray:
-    """Boolean mask over trace.spans of the spans matching every term of the query."""
+    """Boolean mask over trace.spans of the spans matching every term of the query; ValueError for a term that
+    cannot be read or names a key the trace does not have."""
     spans = trace.spans
     mask = np.ones(len(spans), bool)
-    for term in parse_query(text):
+    terms = parse_query(text)
+    check_keys(trace, terms)
+    for term in terms:
         if term.key == "dur":
             mask &= _OPS[term.op](spans.duration, parse_duration_ns(term.value))
         elif term.key == "status":

@@ -17,6 +17,8 @@ from rlx.trace.safe_text import shown
 from rlx.trace.units import format_ns
 
 SORT_KEYS = ("name", "count", "total", "mean", "p50", "p99", "max", "errors", "unfinished")
+SUMMARY_NOTE = ("total adds up every span's duration: spans that overlap (requests in flight together, a span "
+                "and its children) are each counted, so a total can exceed the wall time")
 
 
 @dataclass
@@ -81,7 +83,7 @@ def summary_table(rows: list[SummaryRow], title: str = ""):
     """A rich Table of the rows."""
     from rich.table import Table
 
-    table = Table(title=title or None, title_justify="left")
+    table = Table(title=title or None, title_justify="left", caption=SUMMARY_NOTE, caption_justify="left")
     for column in SORT_KEYS:
         table.add_column(column, justify="left" if column == "name" else "right", no_wrap=True)
     for row in rows:

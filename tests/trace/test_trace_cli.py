@@ -84,3 +84,28 @@ def test_the_trace_of_a_run_that_recorded_none_names_trace_enabled(tmp_path):
     result = invoke(tmp_path / "run" / "trace", "--summary")
     text = " ".join(result.output.split())
     assert result.exit_code == 2 and "recorded no trace" in text and "trace.enabled=true" in text, text
+
+
+def test_a_misspelled_filter_key_is_refused_with_the_keys_the_trace_has(small_trace):
+    result = invoke(small_trace, "--summary", "--filter", "rol=trainer")
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "no span or event of this trace has 'rol'" in text, text
+    assert "did you mean 'role'?" in text and "finish_reason" in text
+    assert invoke(small_trace, "--summary", "--filter", "finish_reason=nothing").exit_code == 0  # a real key
+
+
+def test_a_window_after_the_end_of_the_trace_is_refused(small_trace, tmp_path):
+    result = invoke(small_trace, "--screenshot", tmp_path / "shot.svg", "--window", "30s:33s")
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "starts after the trace ends" in text and "choose a window within 0s:" in text
+    assert not (tmp_path / "shot.svg").exists()
+
+
+def test_the_summary_says_totals_add_up_overlapping_spans(small_trace):
+    result = invoke(small_trace, "--summary")
+    assert "total can exceed the wall time" in " ".join(result.output.split())
+
+
+def test_export_creates_the_directory_it_writes_into(small_trace, tmp_path):
+    result = invoke(small_trace, "--export", "perfetto", tmp_path / "out" / "trace.json")
+    assert result.exit_code == 0 and (tmp_path / "out" / "trace.json").is_file(), result.output

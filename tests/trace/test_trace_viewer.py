@@ -252,3 +252,46 @@ async def test_expanded_requests_follow_the_time_window(small_trace):
         rows = [r for r in tl.lanes.rows if r.kind == REQUEST]
         assert sorted(app.trace.request_ids[r.request] for r in rows) == [f"req-1-{i}" for i in range(6)]
         assert "requests 6/12 in view" in tl.lanes.label(tl.lanes.rows[row_of(tl, REQUESTS, "rollout0")])
+
+
+async def test_question_mark_lists_every_key(small_trace):
+    app = make_app(small_trace)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("question_mark")
+        await pilot.pause()
+        from rlx.trace.viewer.help import HelpScreen
+
+        assert isinstance(app.screen, HelpScreen)
+        text = str(app.screen.query_one("Static").content)
+        assert "zoom to it" in text and "total can exceed the wall time" in text and "status=error" in text
+        await pilot.press("x")  # any key closes it
+        await pilot.pause()
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_enter_on_a_summary_row_moves_a_window_that_shows_none_of_them(small_trace):
+    app = make_app(small_trace)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        tl, spans = app.timeline, app.trace.spans
+        checkpoints = np.flatnonzero(spans.name == app.trace.names.index("checkpoint"))
+        first_generate = spans.start[np.flatnonzero(spans.name == app.trace.names.index("generate"))].min()
+        tl.set_window(first_generate, first_generate + 1e6)  # 1 ms among the requests: no checkpoint there
+        await pilot.press("2")
+        await pilot.pause()
+        table = app.query_one(DataTable)
+        table.move_cursor(row=[r.name for r in table.rows_data].index("checkpoint"))
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.query_one("TabbedContent").active == "timeline"
+        shown_now = (spans.start[checkpoints] < tl.t1) & (spans.end[checkpoints] > tl.t0)
+        assert shown_now.all() and tl.t0 <= spans.start[checkpoints].min() <= tl.cursor_ns <= tl.t1
+
+
+async def test_the_summary_tab_says_totals_add_up_overlapping_spans(small_trace):
+    app = make_app(small_trace)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        await pilot.pause()
+        assert "total can exceed the wall time" in str(app.query_one("#summary-note").content)

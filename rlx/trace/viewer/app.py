@@ -21,7 +21,7 @@ from rlx.trace.metrics import Metrics
 from rlx.trace.model import Trace
 from rlx.trace.query import match_events, match_spans
 from rlx.trace.safe_text import shown
-from rlx.trace.summary import summarize
+from rlx.trace.summary import SUMMARY_NOTE, summarize
 from rlx.trace.units import format_ns
 from rlx.trace.viewer.details import SpanDetails
 from rlx.trace.viewer.summary_view import SummaryTable
@@ -37,9 +37,12 @@ class TraceViewerApp(App):
     TabbedContent { height: 1fr; }
     TabPane { height: 1fr; padding: 0; }
     #no-metrics { padding: 1 2; }
+    #summary-table { height: 1fr; }
+    #summary-note { height: auto; color: $text-muted; padding: 0 1; }
     """
     BINDINGS = [
         Binding("q", "quit", "quit"),
+        Binding("question_mark", "help", "help"),
         Binding("slash", "focus_filter", "filter"),
         Binding("1", "show_tab('timeline')", "timeline", show=False),
         Binding("2", "show_tab('summary')", "summary", show=False),
@@ -67,7 +70,9 @@ class TraceViewerApp(App):
                     yield Timeline(self.trace, id="timeline-view")
                     yield SpanDetails(id="details")
             with TabPane("Summary", id="summary"):
-                yield SummaryTable(id="summary-table")
+                with Vertical():
+                    yield SummaryTable(id="summary-table")
+                    yield Static(SUMMARY_NOTE, id="summary-note")
             with TabPane("Metrics", id="metrics"):  # plots are made when the tab is first shown
                 yield Vertical(id="metrics-body") if self.metrics else Static(self.metrics_note, id="no-metrics")
         yield Static(id="status")
@@ -177,6 +182,13 @@ class TraceViewerApp(App):
         self.query_one("#filter", Input).value = text
         self.apply_filter(text)
         self.action_show_tab("timeline")
+        if self._summary_mask is not None:  # a window that holds none of them would show an empty timeline
+            self.timeline.show_some_of(self._summary_mask)
+
+    def action_help(self) -> None:
+        from rlx.trace.viewer.help import HelpScreen
+
+        self.push_screen(HelpScreen())
 
     def action_show_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab

@@ -1,7 +1,8 @@
 """The Summary tab: per span name count, total, mean, p50, p99, max, errors, unfinished.
 
 Click a column header (or press s) to sort by it, again to reverse; Enter on a row filters the
-timeline to that span name.
+timeline to that span name (and moves its window to them when it held none). A note under the table
+says that totals add up overlapping spans.
 """
 
 from __future__ import annotations

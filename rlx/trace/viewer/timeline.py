@@ -229,6 +229,18 @@ class Timeline(Widget, can_focus=True):
         self.set_window(start - margin, end + margin)
         self.set_cursor((start + end) / 2)
 
+    def show_some_of(self, span_mask: np.ndarray) -> None:
+        """When the window holds none of the spans in ``span_mask``, move it to their extent (cursor on the first);
+        a window that holds some stays as it is."""
+        spans = self.trace.spans
+        chosen = np.flatnonzero(span_mask)
+        if not len(chosen) or np.any((spans.start[chosen] < self.t1) & (spans.end[chosen] > self.t0)):
+            return
+        start, end = float(spans.start[chosen].min()), float(spans.end[chosen].max())
+        margin = max((end - start) * 0.05, MIN_WINDOW_NS)
+        self.set_window(start - margin, end + margin)
+        self.set_cursor(float(spans.start[chosen[np.argmin(spans.start[chosen])]]))
+
     def apply_filter(self, span_mask: np.ndarray | None, event_mask: np.ndarray | None) -> None:
         expanded = self.lanes.expanded
         self.lanes = Lanes(self.trace, span_mask, event_mask)
