@@ -22,8 +22,10 @@ TOKEN_ENV = SECRET_ENV["rollout.auth_token"]  # the variable `rlx train` hands i
 def rollout_serve(
     config: str = typer.Argument(..., help="YAML run config (model, rollout sections)."),
     overrides: list[str] | None = typer.Argument(None, help="key=value overrides."),
-    address: str | None = typer.Option(None, help="Address to bind: ipc://PATH or tcp://HOST:PORT "
-                                                     "(default from rollout.host/port)."),
+    address: str | None = typer.Option(None, help="Address to bind: ipc://PATH or tcp://HOST:PORT (default: "
+                                                     "tcp://rollout.host:(rollout.port + index) when rollout.port "
+                                                     "is set, else ipc://TRAINER.OUTPUT_DIR/rollout-INDEX.sock; the "
+                                                     "log's 'listening on' line names it)."),
     host: str | None = typer.Option(None, help="Bind tcp://HOST:PORT (PORT from --port or rollout.port + "
                                                   "index); a non-loopback HOST needs an auth token."),
     port: int | None = typer.Option(None, min=1, max=65535,

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from rich.markup import escape
 
 from rlx.engine.batch import batch_bytes, broadcast_batch
 from rlx.engine.checkpoint import load_checkpoint, resume_checkpoint, save_checkpoint
@@ -53,7 +54,8 @@ class Controller:
         if cfg.task.name == "external":  # the step's batch is the episodes an agent finished
             from rlx.rollout.tasks.external import ExternalCollector
 
-            self.collector = ExternalCollector(cfg, client, tokenizer.pad_token_id)
+            self.collector = ExternalCollector(cfg, client, tokenizer.pad_token_id,
+                                               note=lambda text: display.note(escape(text)))
         self.bus = RankBus(trainer.device)
         self.plane = None  # trainer.data_plane=store: ranks > 0 pull their rows from the sample store
         if self.bus.active and cfg.trainer.data_plane == "store":

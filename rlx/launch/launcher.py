@@ -211,7 +211,7 @@ class Launch:
             controller = Controller(cfg, self.run_dir, client, trainer, self.display)
             alive = lambda: all(c.alive() for c in self.procs.children)
             await client.wait_ready(cfg.rollout.startup_timeout_s, is_alive=alive)
-            self.display.note(f"rollout servers ready: {', '.join(addresses)}")
+            self.display.note(f"rollout servers ready: {', '.join(addresses)}{_openai_endpoints(cfg)}")
             self.restarts.attach(controller)
             await controller.run()
             return controller.evals
@@ -220,6 +220,17 @@ class Launch:
             if controller is not None:
                 controller.close()
             client.close()
+
+
+def _openai_endpoints(cfg) -> str:
+    """``; OpenAI endpoint(s): URL, ...`` of the launched servers (rollout.openai_port), else ""."""
+    from rlx.rollout.openai_http import openai_url
+
+    r = cfg.rollout
+    if not (r.openai_port and r.servers_to_launch):
+        return ""
+    urls = [openai_url(r.openai_host, r.openai_port + i) for i in range(r.servers_to_launch)]
+    return f"; OpenAI-compatible endpoint{'s' if len(urls) > 1 else ''}: {', '.join(urls)}"
 
 
 def _export_hf(run_dir: Path, display: Display) -> int:

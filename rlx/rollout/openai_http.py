@@ -348,6 +348,11 @@ def _uvicorn_server(app):
     return Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
 
 
+def openai_url(host: str, port: int) -> str:
+    """The base URL an OpenAI client is given (``base_url``) for an endpoint bound to ``host:port``."""
+    return f"http://[{host}]:{port}/v1" if ":" in host else f"http://{host}:{port}/v1"
+
+
 async def run_with_openai(backend, address: str, token: str, sock: socket.socket, model_name: str,
                           defaults: p.SamplingSpec, max_body_mb: float = DEFAULT_MAX_BODY_MB, **limits) -> None:
     """``rlx.rollout.server.run_server`` plus the HTTP endpoint on ``sock``, in one event loop."""
@@ -363,6 +368,10 @@ async def run_with_openai(backend, address: str, token: str, sock: socket.socket
     server.episodes = endpoint.episodes
     http = _uvicorn_server(endpoint.app())
     http_task = asyncio.create_task(http.serve(sockets=[sock]))
+    host, port = sock.getsockname()[:2]
+    logging.getLogger("rlx.rollout.server").info(
+        "OpenAI-compatible endpoint at %s (POST /chat/completions; an X-Episode-Id header records an episode, "
+        "POST /episodes/ID/finish gives its reward)", openai_url(host, port))
     try:
         await server.serve()
     finally:

@@ -235,17 +235,17 @@ def test_off_loopback_endpoint_without_a_token_is_refused_before_start(tiny_mode
     assert "binding the OpenAI endpoint to 0.0.0.0 needs an auth token" in result.output
 
 
+def test_the_server_log_names_the_endpoint_url(endpoint, openai_work):
+    url, _ = endpoint
+    port = url.rsplit(":", 1)[1]
+    assert f"OpenAI-compatible endpoint at http://0.0.0.0:{port}/v1" in (openai_work / "serve.log").read_text()
+
+
 @pytest.mark.slow
 def test_train_on_episodes_an_external_client_finished(endpoint, chat_model_dir, tmp_path):
-    """Last in this module: the run syncs its weights into the shared server."""
+    """Last in this module: the run syncs its weights into the shared server. The run starts first and says on
+    its console that it waits for the agent's episodes; then the agent drives them."""
     url, address = endpoint
-    for episode, reward in (("a", 1.0), ("b", 0.0)):
-        first = [{"role": "user", "content": "3+4="}]
-        one = chat(url, first, episode=episode, max_tokens=4)
-        follow = first + [{"role": "assistant", "content": one["choices"][0]["message"]["content"]},
-                          {"role": "user", "content": "+2="}]
-        chat(url, follow, episode=episode, max_tokens=4)
-        assert httpx.post(f"{url}/v1/episodes/{episode}/finish", headers=AUTH, json={"reward": reward}).status_code == 200
     run_dir = tmp_path / "run"
     config = write_config(
         tmp_path / "run.yaml", chat_model_dir, task={"name": "external"},
@@ -255,6 +255,19 @@ def test_train_on_episodes_an_external_client_finished(endpoint, chat_model_dir,
     log = tmp_path / "train.log"
     proc = start_rlx(["train", str(config)], log, env={"RLX_ROLLOUT_AUTH_TOKEN": TOKEN})
     try:
+        deadline = time.monotonic() + 240
+        while "waiting for the agent: 0 of 2 episodes finished" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.2)
+        assert "POST .../v1/episodes/ID/finish" in " ".join(log.read_text().split())
+        for episode, reward in (("a", 1.0), ("b", 0.0)):
+            first = [{"role": "user", "content": "3+4="}]
+            one = chat(url, first, episode=episode, max_tokens=4)
+            follow = first + [{"role": "assistant", "content": one["choices"][0]["message"]["content"]},
+                              {"role": "user", "content": "+2="}]
+            chat(url, follow, episode=episode, max_tokens=4)
+            finish = httpx.post(f"{url}/v1/episodes/{episode}/finish", headers=AUTH, json={"reward": reward})
+            assert finish.status_code == 200
         assert proc.wait(300) == 0, log.read_text()[-4000:]
     finally:
         stop_group(proc)

@@ -33,6 +33,7 @@ from rlx.trace import tracer
 
 GROUPLESS_ADVANTAGES = ("reinforce_pp", "gae")
 POLL_INTERVAL_S = 0.2
+WAIT_NOTE_EVERY_S = 30.0
 
 
 @dataclass
@@ -80,16 +81,19 @@ def episode_rows(recorded: p.RecordedEpisode) -> list[Episode]:
 class ExternalCollector:
     """``Collector``'s interface over finished external episodes (see the module docstring)."""
 
-    def __init__(self, cfg, client: RolloutClient, pad_id: int) -> None:
+    def __init__(self, cfg, client: RolloutClient, pad_id: int, note=lambda text: None) -> None:
         check_config(cfg)
         self.cfg = cfg
         self.client = client
         self.pad_id = pad_id
+        self.note = note  # a console line: what the run waits for, when it waits
 
     async def take(self, wanted: int) -> list[p.RecordedEpisode]:
-        """``wanted`` finished episodes from the live servers, waiting for the agent within the request timeout."""
+        """``wanted`` finished episodes from the live servers, waiting for the agent within the request timeout;
+        a wait is said on the console when it starts and every WAIT_NOTE_EVERY_S after."""
         taken: list[p.RecordedEpisode] = []
-        deadline = time.monotonic() + self.cfg.rollout.request_timeout_s
+        started = time.monotonic()
+        deadline, next_note = started + self.cfg.rollout.request_timeout_s, started
         while True:
             for index in self.client.live_indices():
                 if len(taken) < wanted:
@@ -97,12 +101,25 @@ class ExternalCollector:
                     taken += reply.episodes
             if len(taken) == wanted:
                 return taken
+            if time.monotonic() >= next_note:
+                self.note(self._waiting(len(taken), wanted, time.monotonic() - started))
+                next_note = time.monotonic() + WAIT_NOTE_EVERY_S
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"task.name=external: {len(taken)} of {wanted} episodes finished within "
                     f"{self.cfg.rollout.request_timeout_s:g} s (rollout.request_timeout_s); the agent must finish "
                     "episodes with POST /v1/episodes/ID/finish on the servers' OpenAI endpoint")
             await asyncio.sleep(POLL_INTERVAL_S)
+
+    def _waiting(self, have: int, wanted: int, waited_s: float) -> str:
+        from rlx.rollout.openai_http import openai_url
+
+        r = self.cfg.rollout
+        urls = [openai_url(r.openai_host, r.openai_port + i) for i in range(r.servers_to_launch)] if r.openai_port else []
+        where = ", ".join(urls) if urls else "the servers' OpenAI endpoints"
+        return (f"waiting for the agent: {have} of {wanted} episodes finished ({waited_s:.0f} s of "
+                f"rollout.request_timeout_s={r.request_timeout_s:g}); it sends chat completions with an X-Episode-Id "
+                f"header to {where} and finishes each episode with POST .../v1/episodes/ID/finish {{\"reward\": R}}")
 
     async def collect(self, problems: list[Problem], seed: int):
         from rlx.rollout.collector import Collected
