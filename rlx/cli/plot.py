@@ -15,7 +15,9 @@ IMAGE_FORMATS = ("png", "svg", "pdf", "jpg", "jpeg", "webp")
 
 def plot(
     run: Path = typer.Argument(..., help="Run directory (with metrics.jsonl) or a metrics.jsonl file."),
-    out: Path = typer.Option(Path("metrics.png"), "--out", "-o", help="Image to write (.png or .svg)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Image to write (.png or .svg); default "
+                                                                  "RUN_DIR/metrics-<metric>-<metric>.png, beside the "
+                                                                  "run's metrics.jsonl."),
     metric: Optional[List[str]] = typer.Option(None, "--metric", "-m",
                                                help="Metric to draw (repeatable); default reward_mean and "
                                                     "eval_accuracy."),
@@ -25,8 +27,9 @@ def plot(
     from rlx.trace.sinks import METRICS_FILE, read_metrics
 
     with user_errors():
-        _check_out(out)
         path = run / METRICS_FILE if run.is_dir() else run
+        out = out or path.parent / f"metrics-{'-'.join(metric or DEFAULT_METRICS)}.png"
+        _check_out(out)
         if not path.is_file():
             raise UserError(f"no metrics file at {path}; pass a run directory of `rlx train` or its metrics.jsonl")
         if path.stat().st_size > MAX_METRICS_BYTES:  # ~200 bytes a step: a million steps is 0.2 GiB
@@ -37,14 +40,23 @@ def plot(
         except UnicodeDecodeError as exc:
             raise UserError(f"{path} is not UTF-8 text (byte offset {exc.start}); pass the metrics.jsonl that "
                             "`rlx train` wrote") from None
-        names = metric or DEFAULT_METRICS
-        series = {n: [(r["step"], r[n]) for r in rows if _is_number(r.get(n))] for n in names}
-        empty = [n for n, points in series.items() if not points]
-        if empty:
-            known = sorted({k for r in rows for k in r if k not in ("step", "time")})
-            raise UserError(f"{path} has no values for {', '.join(empty)}; metrics in it: {', '.join(known)}")
+        series = _series(rows, metric or DEFAULT_METRICS, path, asked=bool(metric))
         _draw(series, out, title or path.parent.name)
     console.print(f"wrote {out}")
+
+
+def _series(rows: list[dict], names: list[str], path: Path, asked: bool) -> dict[str, list[tuple[int, float]]]:
+    """(step, value) points of each metric. A metric named with -m must have a value; of the default ones, those
+    the run has none of are left out (an external task's run has no held-out accuracy: only nulls)."""
+    series = {n: [(r["step"], r[n]) for r in rows if _is_number(r.get(n))] for n in names}
+    empty = [n for n, points in series.items() if not points]
+    if empty and (asked or len(empty) == len(series)):
+        with_values = sorted({k for r in rows for k, v in r.items() if k not in ("step", "time") and _is_number(v)})
+        only_null = [n for n in empty if any(n in r for r in rows)]
+        why = f" ({', '.join(only_null)}: only null, never measured in this run)" if only_null else ""
+        raise UserError(f"{path} has no values for {', '.join(empty)}{why}; metrics with values: "
+                        f"{', '.join(with_values) or 'none'}; pick them with -m NAME")
+    return {n: points for n, points in series.items() if points}
 
 
 MAX_METRICS_BYTES = 4 << 30

@@ -21,6 +21,7 @@ def test_plot_names_missing_metrics_and_files(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.3}) + "\n")
     result = runner.invoke(app, ["plot", str(tmp_path), "-m", "kl"])
     assert result.exit_code == 2 and "no values for kl" in result.output and "reward_mean" in result.output
+    assert "only null" not in result.output  # kl is not in the file at all
     result = runner.invoke(app, ["plot", str(tmp_path / "nope")])
     assert result.exit_code == 2 and "no metrics file" in result.output
 
@@ -54,3 +55,32 @@ def test_plot_refuses_a_huge_metrics_file_without_reading_it(tmp_path):
         f.truncate(64 << 30)  # sparse
     result = runner.invoke(app, ["plot", str(tmp_path), "--out", str(tmp_path / "p.png")])
     assert result.exit_code == 2 and "64 GiB, far more than any run's metrics" in result.output, result.output
+
+
+def test_plot_writes_into_the_run_directory_by_default(tmp_path, monkeypatch):
+    """Two runs plotted from one directory: each image lands beside its run's metrics, none in the current
+    directory, and a plot of other metrics does not overwrite the first."""
+    monkeypatch.chdir(tmp_path)
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        rows = [{"step": s, "reward_mean": 0.1 * s, "kl": 0.01 * s, "eval_accuracy": 0.2} for s in range(3)]
+        (tmp_path / run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        assert runner.invoke(app, ["plot", run]).exit_code == 0
+    assert runner.invoke(app, ["plot", "a", "-m", "kl"]).exit_code == 0
+    assert sorted(p.name for p in (tmp_path / "a").glob("*.png")) == ["metrics-kl.png",
+                                                                      "metrics-reward_mean-eval_accuracy.png"]
+    assert (tmp_path / "b" / "metrics-reward_mean-eval_accuracy.png").is_file()
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_plot_of_a_run_without_held_out_accuracy(tmp_path):
+    """Step 0 of an external task's run logs eval_accuracy null: the default plot draws the reward alone; asking
+    for eval_accuracy says it was never measured and lists only metrics that have values."""
+    rows = [{"step": 0, "eval_accuracy": None}] + [{"step": s, "reward_mean": 0.1 * s} for s in range(1, 4)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = runner.invoke(app, ["plot", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["plot", str(tmp_path), "-m", "eval_accuracy"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "eval_accuracy: only null, never measured" in text, text
+    assert "metrics with values: reward_mean;" in text
