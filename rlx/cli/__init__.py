@@ -11,6 +11,7 @@ import importlib
 import typer
 
 from rlx import __version__
+from rlx.cli.common import FlagCommand, FlagGroup
 
 app = typer.Typer(
     name="rlx",
@@ -18,6 +19,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=FlagGroup,
 )
 
 # (module, attribute): a typer.Typer is added as a group, a function as a command.
@@ -49,9 +51,9 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 for _module, _attr, _name in _COMMANDS:
     _obj = getattr(importlib.import_module(_module), _attr)
     if isinstance(_obj, typer.Typer):
-        app.add_typer(_obj, name=_name)
+        app.add_typer(_obj, name=_name, cls=FlagGroup)
     else:
-        app.command(name=_name)(_obj)
+        app.command(name=_name, cls=FlagCommand)(_obj)
 
 
 def main() -> None:

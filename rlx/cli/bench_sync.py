@@ -17,15 +17,15 @@ _PRESETS = ["0.5b", "1.5b", "7b"]
 
 
 def bench_sync(
-    preset: list[str] = typer.Option(_PRESETS, "--preset", help="Synthetic Qwen2-shaped model: 0.5b, 1.5b, 7b (repeatable)."),
+    preset: Optional[list[str]] = typer.Option(None, "--preset", metavar="<0.5b|1.5b|7b>", help="Synthetic Qwen2-shaped model (repeatable); default 0.5b with a CPU transport, all three with cuda_ipc or nccl."),
     model: Optional[Path] = typer.Option(None, "--model", help="A Hugging Face model directory to send instead of presets."),
-    transport: list[str] = typer.Option(["shm"], "--transport", help="shm (CPU), cuda_ipc (GPU), gloo (broadcast, CPU) or nccl (broadcast, GPU) (repeatable)."),
+    transport: list[str] = typer.Option(["shm"], "--transport", metavar="<shm|cuda_ipc|gloo|nccl>", help="shm (CPU), cuda_ipc (GPU), gloo (broadcast, CPU) or nccl (broadcast, GPU) (repeatable)."),
     bucket_mb: Optional[list[int]] = typer.Option(None, "--bucket-mb", help="Bucket (slot) size in MiB (repeatable); default 32, 64, 128 for shm, 64, 256, 1024 for cuda_ipc, 16, 64 for gloo, 64, 256 for nccl."),
     repeats: int = typer.Option(3, "--repeats", help="Timed runs per measurement, after one warm-up; the median is shown."),
-    dtype: str = typer.Option("bfloat16", "--dtype", help="dtype of synthetic weights."),
+    dtype: str = typer.Option("bfloat16", "--dtype", metavar="<bfloat16|float16|float32>", help="dtype of synthetic weights."),
     verify: bool = typer.Option(False, "--verify", help="One more sync per sender with per-tensor checksums; exit 1 on a mismatch."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write all results (every timing) to this JSON file."),
-    target: str = typer.Option("process", "--target", help="Where the receivers run: process (a local receiver process) or server (a rollout server: vLLM load_weights included; needs --model or --server)."),
+    target: str = typer.Option("process", "--target", metavar="<process|server>", help="Where the receivers run: process (a local receiver process) or server (a rollout server: vLLM load_weights included; needs --model or --server)."),
     server: Optional[str] = typer.Option(None, "--server", help="--target server: address of a running rollout server (default: start one on --model)."),
     memory_gb: Optional[float] = typer.Option(None, "--memory-gb", help="Memory budget in GB (default: 45% of what is free); presets that do not fit lose layers."),
     timeout_s: float = typer.Option(120.0, "--timeout-s", help="Deadline for each acknowledgement, in seconds."),
@@ -39,8 +39,10 @@ def bench_sync(
 
     import msgspec
 
-    from rlx.sync.bench import BenchOptions, run_bench
+    from rlx.sync.bench import GPU_TRANSPORTS, BenchOptions, run_bench
 
+    # the three presets move 1 + 3 + 15 GB per sync: on a CPU host the bare command measures the smallest
+    preset = preset or (_PRESETS if any(t in GPU_TRANSPORTS for t in transport) else _PRESETS[:1])
 
     opts = BenchOptions(presets=list(preset), model=str(model) if model else None, transports=list(transport),
                         bucket_mb=list(bucket_mb) if bucket_mb else None, repeats=repeats, dtype=dtype, verify=verify, target=target,

@@ -7,10 +7,40 @@ import re
 from typing import Iterator
 
 import typer
+import typer.core
 from rich.console import Console
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
+
+
+class FlagCommand(typer.core.TyperCommand):
+    """A command whose help shows a flag (``--resume``, ``--help``) as a flag: typer labels it ``<bool>``, which
+    reads as if it took a value."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            _as_flag(param)
+
+    def get_help_option(self, ctx):
+        return _as_flag(super().get_help_option(ctx))
+
+
+class FlagGroup(typer.core.TyperGroup):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            _as_flag(param)
+
+    def get_help_option(self, ctx):
+        return _as_flag(super().get_help_option(ctx))
+
+
+def _as_flag(param):
+    if param is not None and getattr(param, "is_flag", False) and getattr(param, "metavar", None) is None:
+        param.metavar = ""
+    return param
 
 
 class UserError(Exception):

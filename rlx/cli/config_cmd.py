@@ -6,12 +6,12 @@ from typing import List, Optional
 
 import typer
 
-from rlx.cli.common import console, user_errors
+from rlx.cli.common import FlagCommand, FlagGroup, console, user_errors
 
-config_app = typer.Typer(help="Show or check a run config.", no_args_is_help=True)
+config_app = typer.Typer(help="Show or check a run config.", no_args_is_help=True, cls=FlagGroup)
 
 
-@config_app.command("show")
+@config_app.command("show", cls=FlagCommand)
 def show(config: str = typer.Argument(..., help="YAML run config."),
          overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides.")) -> None:
     """Print the resolved config (YAML) after overrides and validation; secrets are shown as ***."""
@@ -25,7 +25,7 @@ def show(config: str = typer.Argument(..., help="YAML run config."),
     console.print(OmegaConf.to_yaml(redacted(cfg)), highlight=False, markup=False, end="")
 
 
-@config_app.command("check")
+@config_app.command("check", cls=FlagCommand)
 def check(config: str = typer.Argument(..., help="YAML run config."),
           overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides.")) -> None:
     """Validate a config (keys, types, ranges) and exit non-zero on the first problem."""

@@ -28,10 +28,10 @@ def convert_ckpt(
     src: Path = typer.Argument(..., help="Trainer checkpoint (step dir, checkpoints/ or run dir), Hugging "
                                          "Face directory, Megatron torch_dist checkpoint, or GGUF file."),
     dst: Path = typer.Argument(..., help="Output directory (must not exist unless --overwrite)."),
-    to: Optional[str] = typer.Option(None, "--to", help="Target format: hf | torch_dist | peft. Default: hf; "
+    to: Optional[str] = typer.Option(None, "--to", metavar="<hf|torch_dist|peft>", help="Target format: hf | torch_dist | peft. Default: hf; "
                                                         "peft for a LoRA trainer checkpoint; required from a "
                                                         "Hugging Face source."),
-    dtype: str = typer.Option("auto", "--dtype", help="Output dtype of floating tensors: auto (keep) | "
+    dtype: str = typer.Option("auto", "--dtype", metavar="<auto|float32|bfloat16|float16>", help="Output dtype of floating tensors: auto (keep) | "
                                                       "float32 | bfloat16 | float16."),
     shard_size: str = typer.Option("5GB", "--shard-size", help="Largest safetensors shard (e.g. 5GB, 500MB)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (tensors, bytes, mapping) and exit."),
@@ -42,16 +42,19 @@ def convert_ckpt(
                                             "(default: latest) or to write (default: 0)."),
     vocab_multiple: int = typer.Option(128, "--vocab-multiple", help="-> torch_dist: pad the vocabulary to a "
                                        "multiple of this (Megatron's make-vocab-size-divisible-by x TP)."),
-    workers: int = typer.Option(2, "--workers", help="Shards written in parallel."),
+    workers: int = typer.Option(0, "--workers", help="Threads that write shards at once (0: one per CPU core, "
+                                                     "plus one, as fp8-convert)."),
 ) -> None:
     """Convert a checkpoint between rlx trainer, Hugging Face, Megatron torch_dist and PEFT adapter formats, or
     import a GGUF file as a Hugging Face directory."""
     with convert_errors():
         from rlx.convert.convert_ckpt import ConvertOptions, build_job
         from rlx.convert.destination import check_destination
+        from rlx.convert.fp8.parallel import default_workers
         from rlx.convert.units import parse_size
 
-        options = ConvertOptions(to, dtype, parse_size(shard_size), workers, hf_config, iteration, vocab_multiple)
+        options = ConvertOptions(to, dtype, parse_size(shard_size), workers or default_workers(), hf_config, iteration,
+                                 vocab_multiple)
         job = build_job(src, options)
         destination = check_destination(dst, src, overwrite)
         if dry_run:

@@ -71,7 +71,7 @@ def test_bad_output_paths_sizes_and_budgets_are_one_line(tmp_path):
                                  "pid": 1, "host": "h", "wall_ns": 1, "mono_ns": 1}) + "\n"
                      + json.dumps({"k": "X", "i": 1, "n": "step", "t": 0, "d": 5}) + "\n")
     cases = [(["trace-view", str(trace), "--export", "perfetto", str(tmp_path)], "that is a directory"),
-             (["trace-view", str(trace), "--export", "perfetto", str(tmp_path / "no" / "t.json")], "does not exist"),
+             (["trace-view", str(trace), "--export", "perfetto", str(trace / "t.json")], "is a file, not a directory"),
              (["trace-view", str(trace), "--screenshot", str(tmp_path / "s.svg"), "--size", "0x-5"], "must be in [1, 1000]"),
              (["bench-sync", "--memory-gb", "nan"], "--memory-gb nan must be a positive number"),
              (["bench-sync", "--target", "server", "--server", "garbage"], "must start with tcp:// or ipc://")]

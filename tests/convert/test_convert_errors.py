@@ -153,7 +153,7 @@ def test_huge_sparse_manifest_and_config_are_refused_without_reading_them(model,
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("flag, expected", [(["--workers", "0"], "--workers 0 must be >= 1"),
+@pytest.mark.parametrize("flag, expected", [(["--workers", "-1"], "--workers -1 must be >= 1"),
                                             (["--iteration", "-1"], "--iteration -1 must be >= 0")])
 def test_out_of_range_counts_are_refused(model, tmp_path, flag, expected):
     code, output = convert(model, tmp_path / "out", "--to", "torch_dist", *flag)
