@@ -1,5 +1,6 @@
-"""What `rlx train` says when a run ends: the closing line of a finished run, what a stopped run leaves
-to resume from, and why ``--resume`` of a run already at its last step trains nothing.
+"""What `rlx train` says about where its outputs go when a run starts, and when it ends: the closing line of
+a finished run, what a stopped run leaves to resume from, and why ``--resume`` of a run already at its last
+step trains nothing.
 
 Each line holds in every mode: the trace viewer is suggested only when the run recorded a trace, and
 held-out accuracy comes from the run's own metrics (a resumed run's include the steps before it), so
@@ -14,6 +15,14 @@ import sys
 from pathlib import Path
 
 from rich.markup import escape
+
+
+def where_things_go(cfg, run_dir: Path, log_name: str) -> str:
+    """The run's first line: its directory as an absolute path (trainer.output_dir is relative to where `rlx train`
+    runs) and what lands in it."""
+    trace = "" if not cfg.trace.enabled else ", trace/" if not cfg.trace.dir else f"; trace in {cfg.trace.dir}"
+    return (f"run directory {escape(str(run_dir))}: config.yaml, metrics.jsonl, checkpoints/, logs/{log_name} "
+            f"(one log per process beside it){escape(trace)}")
 
 
 def done_line(cfg, run_dir: Path, evals: list[tuple[int, float]]) -> str:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from rlx.launch.closing import already_done, done_line, resume_hint
+from rlx.launch.closing import already_done, done_line, resume_hint, where_things_go
 from rlx.launch.display import Display
 from rlx.launch.placement import plan, visible_gpus
 from rlx.launch.preflight import preflight
@@ -82,6 +82,7 @@ def prepare(cfg, run_dir: Path, display: Display, log_name: str) -> int | None:
         if not cfg.trainer.resume:
             archive_previous_run(run_dir, display)
         display.log_to(run_dir / "logs" / log_name)
+        display.note(where_things_go(cfg, run_dir, log_name))
     except (KeyboardInterrupt, RunStopped) as exc:
         return _stopped(display, exc, "nothing was started")
     return None

@@ -34,6 +34,7 @@ def test_closing_lines_of_a_run_resumed_twice(tiny_model_dir, tmp_path):
     text = one_line(output)
     assert f"held-out accuracy {evals[0]:.3f} at step 0 -> {evals[2]:.3f} at step 2" in text, text[-2000:]
     assert "no trace recorded (trace.enabled=true records one" in text and "`rlx trace-view " not in text
+    assert f"run directory {run_dir}: config.yaml, metrics.jsonl, checkpoints/, logs/train.log" in text
     # a log, not a terminal: neither transformers' loading bars nor the last frame of the progress bar
     assert "Loading weights" not in text and "━" not in text and "step 2 reward=" in text
 

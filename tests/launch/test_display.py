@@ -14,3 +14,15 @@ def test_each_algorithm_shows_its_own_metrics():
     assert "tool_ok=0.97 turns=2.0" in format_metrics({"tool_call_success_rate": 0.97, "turns_per_episode": 2.0})
     assert "stale=0.50" in format_metrics({"staleness_mean": 0.5})
     assert "vloss" not in format_metrics({"reward_mean": 0.3})  # GRPO has no critic: nothing to show
+
+
+def test_the_ready_line_names_the_launched_servers_openai_endpoints():
+    from pathlib import Path
+
+    from rlx.config import load_config
+    from rlx.launch.launcher import _openai_endpoints
+
+    config = str(Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml")
+    cfg = load_config(config, ["rollout.openai_port=8000", "rollout.num_servers=2"])
+    assert _openai_endpoints(cfg) == "; OpenAI-compatible endpoints: http://127.0.0.1:8000/v1, http://127.0.0.1:8001/v1"
+    assert _openai_endpoints(load_config(config, [])) == ""
