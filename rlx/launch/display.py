@@ -84,11 +84,12 @@ class Display:
         """A line for the launcher's log only."""
         self._write(text)
 
-    def failure(self, what: str, exc: BaseException) -> None:
-        """One console line naming what failed and where its traceback is; the traceback goes to the log."""
+    def failure(self, what: str, exc: BaseException, then: str = "") -> None:
+        """One console line naming what failed, where its traceback is and ``then`` (rich markup: what happens
+        next); the traceback goes to the log."""
         self._write("".join(traceback.format_exception(exc)).rstrip("\n"))
         where = f"; the traceback is in {self.log_path}" if self._log is not None else ""
-        self.note(f"[red]{escape(what)}:[/] {type(exc).__name__}: {escape(str(exc))}{where}")
+        self.note(f"[red]{escape(what)}:[/] {type(exc).__name__}: {escape(str(exc))}{where}{'; ' + then if then else ''}")
 
     def _write(self, text: str) -> None:
         if self._log is not None:

@@ -93,14 +93,15 @@ def supervise(run, display: Display, stops: StopWatch, stopping, failed=lambda: 
     """``run.run()``'s exit code, however it ends: a stop or Ctrl-C says ``stopping`` (a string, or a callable
     that makes it then); an error is one console line (``failed()``; the traceback in the log) and exit 1, except
     ``passthrough`` errors, which propagate; ``run.tear_down()`` always runs, shielded from a second stop."""
+    said = lambda: stopping() if callable(stopping) else stopping  # noqa: E731
     try:
         return run.run()
     except (KeyboardInterrupt, RunStopped) as exc:
-        return _stopped(display, exc, stopping() if callable(stopping) else stopping)
+        return _stopped(display, exc, said())
     except passthrough:
         raise
     except Exception as exc:  # noqa: BLE001 - one line on the console, the traceback in the log
-        display.failure(failed(), exc)
+        display.failure(failed(), exc, then=said())
         return 1
     finally:
         with stops.shield():

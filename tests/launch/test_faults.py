@@ -90,6 +90,7 @@ def test_a_fault_mid_run_is_one_line_and_a_logged_traceback(fault, tiny_model_di
     expected = "reward model unreachable" if fault == "reward_raises" else "did not answer"
     logged = assert_one_line_failure(output, run_dir, "the run failed", expected)
     assert expected in logged
+    assert "stopping every child process; no checkpoint was written yet" in " ".join(output.split())
     assert_no_children_alive(run_dir)
     assert not sync_segments_of(proc.pid)
 
