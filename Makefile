@@ -4,7 +4,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup quickstart test
+.PHONY: setup quickstart test test-docs
 
 setup:
 	@bash scripts/setup-venv.sh
@@ -16,3 +16,7 @@ quickstart: setup
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+
+# The user docs' command blocks that take minutes (whole quickstarts), run as written; `make test` runs the rest.
+test-docs: setup
+	$(PY) -m pytest tests/docs -m docs_slow $(PYTEST_ARGS)

@@ -1,6 +1,7 @@
-"""Shared fixtures: a kit-built tiny model (built once per session) and the gpu marker. Traces opened by
-any test (and the rlx processes it starts) are parsed, never read from or written to the user's trace cache;
-the cache's own tests point RLX_TRACE_CACHE at a temporary directory."""
+"""Shared fixtures: a kit-built tiny model (built once per session), the gpu marker, and the docs_slow marker
+(skipped unless selected: `make test-docs` runs those). Traces opened by any test (and the rlx processes it
+starts) are parsed, never read from or written to the user's trace cache; the cache's own tests point
+RLX_TRACE_CACHE at a temporary directory."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    if "docs_slow" not in (config.getoption("markexpr") or ""):  # their own job: make test-docs
+        long_docs = pytest.mark.skip(reason="a command block of the user docs that takes minutes: make test-docs")
+        for item in items:
+            if "docs_slow" in item.keywords:
+                item.add_marker(long_docs)
     if _cuda_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
