@@ -47,13 +47,13 @@ from rlx.launch.stops import ChildDied, Interrupted, RunStopped, StopWatch
 
 def run_train(cfg) -> int:
     """The whole run; returns the exit code. User errors found before any process starts propagate."""
+    quiet_progress_bars()
     if cfg.launcher == "ray":  # the Ray launcher's module is the only one that imports Ray
         from rlx.launch.ray_launcher import run_ray_train
 
         return run_ray_train(cfg)
     run_dir = Path(cfg.trainer.output_dir).resolve()
     cfg.rollout.auth_token = cfg.rollout.auth_token or os.environ.get(SECRET_ENV["rollout.auth_token"], "")
-    quiet_progress_bars()
     display = Display(cfg.trainer.total_steps, enabled=cfg.logging.console)
     stops = StopWatch()
     with stops.installed():
@@ -261,14 +261,20 @@ def _trace_env(cfg, run_dir: Path) -> dict:
 
 def quiet_progress_bars() -> None:
     """No transformers / huggingface_hub tqdm bars in this process and the children it starts (they inherit the
-    environment): a run loads a model in the trainer, in each server, for a reference model or a teacher, and
-    each load drew its own 'Loading weights' bar. The run's console has its progress bar and step lines.
-    HF_HUB_DISABLE_PROGRESS_BARS=0 in the environment keeps them."""
+    environment; on Ray, ``progress_bar_env`` goes with each process): a run loads a model in the trainer, in each
+    server, for a reference model or a teacher, and each load drew its own 'Loading weights' bar. The run's
+    console has its progress bar and step lines. HF_HUB_DISABLE_PROGRESS_BARS=0 in the environment keeps them."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1" and "transformers" in sys.modules:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
+
+
+def progress_bar_env() -> dict[str, str]:
+    """The launcher's choice of transformers' progress bars (``quiet_progress_bars``), for a process started on
+    another node, whose environment is that node's."""
+    return {"HF_HUB_DISABLE_PROGRESS_BARS": os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "1")}
 
 
 def quiet_server_env() -> dict[str, str]:

@@ -38,7 +38,7 @@ from pathlib import Path
 from rlx.config.errors import ConfigError
 from rlx.config.schema import check_ray_address
 from rlx.launch.display import Display
-from rlx.launch.launcher import _trace_env, prepare, quiet_server_env, supervise
+from rlx.launch.launcher import _trace_env, prepare, progress_bar_env, quiet_server_env, supervise
 from rlx.launch.processes import TracebackFolder, write_json
 from rlx.launch.ray_probe import check_reachable
 from rlx.launch.run_dir import (
@@ -146,7 +146,7 @@ class RayRun:
                           f"{'a local instance started for this run' if self.started_ray else cluster_address(cfg)}")
         _absolute_paths(cfg)
         secret_args, secret_env = secret_overrides(cfg)
-        env = dict(_trace_env(cfg, self.run_dir), **secret_env)
+        env = dict(_trace_env(cfg, self.run_dir), **secret_env, **progress_bar_env())
         servers = self._start_servers(secret_args, env)
         cfg.rollout.servers = list(cfg.rollout.servers) + servers
         cfg.rollout.num_servers = 0
