@@ -28,11 +28,11 @@ def convert_ckpt(
     src: Path = typer.Argument(..., help="Trainer checkpoint (step dir, checkpoints/ or run dir), Hugging "
                                          "Face directory, Megatron torch_dist checkpoint, or GGUF file."),
     dst: Path = typer.Argument(..., help="Output directory (must not exist unless --overwrite)."),
-    to: Optional[str] = typer.Option(None, "--to", metavar="<hf|torch_dist|peft>", help="Target format: hf | torch_dist | peft. Default: hf; "
-                                                        "peft for a LoRA trainer checkpoint; required from a "
-                                                        "Hugging Face source."),
-    dtype: str = typer.Option("auto", "--dtype", metavar="<auto|float32|bfloat16|float16>", help="Output dtype of floating tensors: auto (keep) | "
-                                                      "float32 | bfloat16 | float16."),
+    to: Optional[str] = typer.Option(None, "--to", metavar="<hf|torch_dist|peft>",
+                                     help="Target format. Default: hf; peft for a LoRA trainer checkpoint; "
+                                          "required from a Hugging Face source."),
+    dtype: str = typer.Option("auto", "--dtype", metavar="<auto|float32|bfloat16|float16>",
+                              help="Output dtype of floating tensors (auto: keep)."),
     shard_size: str = typer.Option("5GB", "--shard-size", help="Largest safetensors shard (e.g. 5GB, 500MB)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (tensors, bytes, mapping) and exit."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace DST if it exists."),

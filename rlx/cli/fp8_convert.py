@@ -14,8 +14,9 @@ from rlx.cli.convert_ckpt import convert_errors
 def fp8_convert(
     src: Path = typer.Argument(..., help="Hugging Face model directory (bf16 / fp16 / fp32 safetensors)."),
     dst: Path = typer.Argument(..., help="Output directory (must not exist unless --overwrite)."),
-    strategy: str = typer.Option("block", "--strategy", metavar="<block|channel|tensor>", help="block (weight_scale_inv per block) | channel "
-                                                             "| tensor (compressed-tensors weight_scale)."),
+    strategy: str = typer.Option("block", "--strategy", metavar="<block|channel|tensor>",
+                                 help="block (weight_scale_inv per block) | channel | tensor (compressed-tensors "
+                                      "weight_scale)."),
     block_size: Tuple[int, int] = typer.Option((128, 128), "--block-size", help="Block rows and columns (N K)."),
     skip: Optional[List[str]] = typer.Option(None, "--skip", help="Keep tensors / modules matching this glob "
                                                                   "in high precision (repeatable)."),

@@ -71,7 +71,8 @@ def resume_hint(run_dir: Path) -> str:
     if ckpt is None:
         return "no checkpoint was written yet; running the same command again starts over"
     step = int(ckpt.name.split("_")[-1])
-    return f"the newest complete checkpoint is {escape(str(ckpt))} (step {step}); {escape(resume_command())} continues from it"
+    return (f"the newest complete checkpoint is {escape(str(ckpt))} (step {step}); {escape(resume_command())} "
+            "continues from it")
 
 
 def resume_command() -> str:

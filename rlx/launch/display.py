@@ -89,7 +89,8 @@ class Display:
         next); the traceback goes to the log."""
         self._write("".join(traceback.format_exception(exc)).rstrip("\n"))
         where = f"; the traceback is in {self.log_path}" if self._log is not None else ""
-        self.note(f"[red]{escape(what)}:[/] {type(exc).__name__}: {escape(str(exc))}{where}{'; ' + then if then else ''}")
+        then = f"; {then}" if then else ""
+        self.note(f"[red]{escape(what)}:[/] {type(exc).__name__}: {escape(str(exc))}{where}{then}")
 
     def _write(self, text: str) -> None:
         if self._log is not None:

@@ -45,7 +45,8 @@ SKIP = [
     (r"python benchmarks/bench_convert\.py\b", "a benchmark of minutes: writes and converts 1.7-4 GB checkpoints"),
     (r"python benchmarks/bench_trace\.py\b", "a benchmark of minutes: opens a million-entry trace repeatedly"),
     (r"rlx trace-view runs/quickstart\s*(#.*)?$",
-     "opens the interactive viewer (a terminal and keys); the --summary / --export / --screenshot lines run it headless"),
+     "opens the interactive viewer (a terminal and keys); the --summary / --export / --screenshot lines run it "
+     "headless"),
 ]
 STAND_INS = [
     (r"make quickstart\b", "rlx train configs/quickstart.yaml",

@@ -115,7 +115,8 @@ class ExternalCollector:
         from rlx.rollout.openai_http import openai_url
 
         r = self.cfg.rollout
-        urls = [openai_url(r.openai_host, r.openai_port + i) for i in range(r.servers_to_launch)] if r.openai_port else []
+        launched = range(r.servers_to_launch) if r.openai_port else range(0)
+        urls = [openai_url(r.openai_host, r.openai_port + i) for i in launched]
         where = ", ".join(urls) if urls else "the servers' OpenAI endpoints"
         return (f"waiting for the agent: {have} of {wanted} episodes finished ({waited_s:.0f} s of "
                 f"rollout.request_timeout_s={r.request_timeout_s:g}); it sends chat completions with an X-Episode-Id "
