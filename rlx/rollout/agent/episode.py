@@ -52,6 +52,8 @@ class Turn:
     finish_reason: str = ""
     """The engine's finish reason ('stop', 'length')."""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    observation_messages: list[dict] = field(default_factory=list)
+    """The environment's reply as chat messages (framed by the chat template into ``observation_ids``)."""
 
 
 @dataclass

@@ -8,11 +8,18 @@ at its first newline, is the product. The reward is 1.0 when correct, else 0.0 (
 reward workers), or the user's ``task.reward``. Operands are drawn from [10, task.max_operand] with
 ``task.seed``: ``task.num_train`` train problems and ``task.num_eval`` held out, never overlapping.
 ``transcript`` is the whole correct episode, which the warm start (``calc_tools_warmstart``)
-imitates. Other operators and longer expressions are left out.
+imitates.
+
+On a chat model (``agent.tool_format=hermes`` and a tokenizer with a chat template) the episode's
+first prompt is ``messages``: two worked examples as chat turns (a Hermes tool call, the tool's
+reply, the answer) and then the question, ``What is 47*38?``. The examples multiply by a one-digit
+number, which no drawn problem does. A small instruct model (SmolLM2-135M) calls the tool from them
+on its own but not always; the reward teaches it to. Other operators and longer expressions are left out.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 
@@ -33,6 +40,22 @@ def transcript(problem: Problem) -> str:
     """The correct episode after the prompt: the tool call, the tool's observation, the answer."""
     expression = problem.prompt.rstrip("=")
     return f"<calc>{expression}</calc>={problem.answer}\n{problem.answer}"
+
+
+EXAMPLES = ((4, 213), (96, 7))
+"""Worked examples of the chat prompt: a one-digit operand, so never one of the drawn problems."""
+
+
+def messages(problem: Problem) -> list[dict]:
+    """The chat prompt: the worked examples as turns with a Hermes tool call, then the question."""
+    turns = []
+    for a, b in EXAMPLES:
+        call = {"name": "calc", "arguments": {"expression": f"{a}*{b}"}}
+        turns += [{"role": "user", "content": f"What is {a}*{b}?"},
+                  {"role": "assistant", "content": f"<tool_call>{json.dumps(call)}</tool_call>"},
+                  {"role": "tool", "content": str(a * b)},
+                  {"role": "assistant", "content": str(a * b)}]
+    return turns + [{"role": "user", "content": f"What is {problem.prompt.rstrip('=')}?"}]
 
 
 def draw(count: int, max_operand: int, rng: random.Random, taken: set[str]) -> list[Problem]:
@@ -78,6 +101,9 @@ class Calc:
 
     def transcript(self, problem: Problem) -> str:
         return transcript(problem)
+
+    def messages(self, problem: Problem) -> list[dict]:
+        return messages(problem)
 
     def is_correct(self, completion: str, problem: Problem) -> bool:
         return normalize(completion) == problem.answer
