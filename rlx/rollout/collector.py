@@ -67,13 +67,16 @@ class Collector:
         results = list(await asyncio.gather(*(self.generate_group(p, seed, i, together=len(problems))
                                               for i, p in enumerate(problems))))
         elapsed = time.perf_counter() - start
-        scored = None
-        if self.reward_model is not None:
-            pairs = [(p, s.text) for p, r in zip(problems, results) for s in r.samples]
-            with tracer.span("reward_model", samples=len(pairs)):
-                scored = await score_step(self.reward_model, [p.prompt for p, _ in pairs], [t for _, t in pairs],
-                                          [p.answer for p, _ in pairs])
-        return await self.score_off_loop(problems, results, elapsed, scored)
+        return await self.score_off_loop(problems, results, elapsed, await self.model_scores(problems, results))
+
+    async def model_scores(self, problems: list[Problem], results: list[PromptResult]) -> Scored | None:
+        """``task.reward_model``'s score of every sample (problem-major); None without a reward model."""
+        if self.reward_model is None:
+            return None
+        pairs = [(p, s.text) for p, r in zip(problems, results) for s in r.samples]
+        with tracer.span("reward_model", samples=len(pairs)):
+            return await score_step(self.reward_model, [p.prompt for p, _ in pairs], [t for _, t in pairs],
+                                    [p.answer for p, _ in pairs])
 
     async def score_off_loop(self, *args) -> Collected:
         """``score`` (the user's reward function) in a daemon thread, one call at a time: a reward that hangs
@@ -108,9 +111,12 @@ class Collector:
                 timeout.add_note(f"where the reward function's thread is now:\n{stack.rstrip()}")
                 raise timeout from None
 
-    async def generate_group(self, problem: Problem, seed: int, index: int, together: int = 0) -> PromptResult:
-        """The ``n`` samples of problem ``index`` of a step seeded ``seed`` (one group), as ``collect`` draws them;
-        ``together``: groups requested at once with this one (``RolloutClient.generate``)."""
+    async def generate_group(self, problem: Problem, seed: int, index: int, together: int = 0):
+        """The ``n`` samples of problem ``index`` of a step seeded ``seed`` (one group), as ``collect`` draws them:
+        a ``PromptResult``, or an ``EpisodeGroup`` of scored episodes for a multi-turn task; ``together``: groups
+        requested at once with this one (``RolloutClient.generate``)."""
+        if self.agent is not None:
+            return await self.agent.group(problem, seed, index)
         results = await self.client.generate([problem.prompt], self._seeded(seed, index),
                                              timeout_s=self.cfg.rollout.request_timeout_s, together=together)
         return results[0]

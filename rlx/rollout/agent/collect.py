@@ -23,6 +23,7 @@ import asyncio
 import math
 import statistics
 import time
+from dataclasses import dataclass
 from numbers import Real
 
 import msgspec
@@ -40,7 +41,21 @@ from rlx.rollout.tasks.base import Problem
 from rlx.trace import tracer
 
 MAX_PROMPTS_PER_STEP = 1 << 20
-__all__ = ["EpisodeCollector", "episode_metrics", "is_multi_turn"]
+__all__ = ["EpisodeCollector", "EpisodeGroup", "episode_metrics", "is_multi_turn"]
+
+
+@dataclass
+class EpisodeGroup:
+    """One problem's ``n`` scored episodes with their tool counters, as ``trainer.mode=fully_async`` buffers them."""
+
+    episodes: list[Episode]
+    stats: ToolStats
+    reward_errors: int
+
+    @property
+    def samples(self) -> list[Episode]:
+        """The group's samples (each has ``versions``, as a single-turn ``Sample`` does)."""
+        return self.episodes
 
 
 class EpisodeCollector:
@@ -85,8 +100,9 @@ class EpisodeCollector:
             self._pools = None
 
     async def episodes(self, problems: list[Problem], sampling: SamplingSpec, n: int,
-                       seed: int | None) -> tuple[list[Episode], ToolStats, int]:
-        """``n`` scored episodes per problem (problem-major), the tool counters and the reward errors."""
+                       seed: int | None, first_index: int = 0) -> tuple[list[Episode], ToolStats, int]:
+        """``n`` scored episodes per problem (problem-major), the tool counters and the reward errors; problem ``i``
+        is seeded as the step's problem ``first_index + i``."""
         tool_pool, reward_pool = await self.pools()
         stats, reward_errors = ToolStats(), [0]
 
@@ -105,7 +121,7 @@ class EpisodeCollector:
                 span.set(turns=len(episode.turns), reward=episode.reward, done_reason=episode.done_reason)
             return episode
 
-        done = await asyncio.gather(*(one(i, p, j) for i, p in enumerate(problems) for j in range(n)))
+        done = await asyncio.gather(*(one(first_index + i, p, j) for i, p in enumerate(problems) for j in range(n)))
         return list(done), stats, reward_errors[0]
 
     async def _reward(self, episode: Episode, problem: Problem, pool: WorkerPool | None, errors: list[int]) -> float:
@@ -120,13 +136,21 @@ class EpisodeCollector:
         errors[0] += 1
         return 0.0
 
-    async def collect(self, problems: list[Problem], seed: int):
-        from rlx.rollout.collector import Collected
+    async def group(self, problem: Problem, seed: int, index: int) -> EpisodeGroup:
+        """The ``n`` episodes of problem ``index`` of a step seeded ``seed``, as ``collect`` draws them."""
+        return EpisodeGroup(*await self.episodes([problem], self.sampling, self.cfg.rollout.n, seed, index))
 
+    async def collect(self, problems: list[Problem], seed: int):
         start = time.perf_counter()
         with tracer.span("agent.collect", prompts=len(problems)):
             episodes, stats, reward_errors = await self.episodes(problems, self.sampling, self.cfg.rollout.n, seed)
-        elapsed = time.perf_counter() - start
+        return await self.collected(problems, episodes, stats, reward_errors, time.perf_counter() - start)
+
+    async def collected(self, problems: list[Problem], episodes: list[Episode], stats: ToolStats, reward_errors: int,
+                        elapsed: float):
+        """The ``Collected`` batch and metrics of ``n`` episodes per problem (problem-major), generated in ``elapsed``."""
+        from rlx.rollout.collector import Collected
+
         rows = [e.row() for e in episodes]
         per_episode = [p for p in problems for _ in range(self.cfg.rollout.n)]
         model_metrics = await self._score_with_model(episodes, rows, per_episode)

@@ -44,7 +44,7 @@ async def run_episode(client: RolloutClient, env: Environment, problem: Problem,
             sample = result.samples[0]
             span.set(completion_tokens=len(sample.token_ids), finish_reason=sample.finish_reason)
         turn = Turn(token_ids=list(sample.token_ids), logprobs=list(sample.logprobs), text=sample.text,
-                    finish_reason=sample.finish_reason)
+                    finish_reason=sample.finish_reason, versions=list(sample.versions))
         episode.turns.append(turn)
         step = await env.step(turn)
         turn.tool_calls = step.tool_calls

@@ -189,10 +189,6 @@ def check_agent(cfg, task) -> None:
     """Pre-flight: every tool of a multi-turn run resolves to an importable function, and the reward does."""
     if not is_multi_turn(cfg, task):
         return
-    if cfg.trainer.mode == "fully_async":
-        raise ConfigError(f"task.name={cfg.task.name} runs multi-turn episodes with tools, which trainer.mode="
-                          "fully_async does not (it generates single-turn groups); set trainer.mode=sync or "
-                          "one_step_off")
     resolve_tools(tool_entries(cfg, task))
     reward_ref = getattr(task, "reward_ref", "")
     if reward_ref and not cfg.task.reward:
