@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from rlx.rollout.agent.collect import EpisodeGroup
 from rlx.rollout.agent.env import ToolStats
-from rlx.rollout.collector import Collected, Collector
+from rlx.rollout.collector import Collected, Collector, GroupRewards
 from rlx.rollout.protocol import PromptResult
 from rlx.rollout.tasks import DataStream, Problem
 from rlx.trace import tracer
@@ -56,6 +56,8 @@ class Group:
     """The data position before the prompt was first drawn."""
     started_version: int
     """The trainer's version when the request went out; the version of a sample without per-token versions."""
+    rewards: GroupRewards | None = None
+    """The samples' task rewards, scored as the group finished (episodes carry their own)."""
 
     def sample_oldest(self) -> list[int]:
         """The version of each sample's oldest token."""
@@ -156,12 +158,13 @@ class FullyAsyncRollout:
         seed = self.cfg.trainer.seed * 1_000_003 + 1 + attempt // self.group_size  # sync mode's seed of that step
         try:
             result = await self.collector.generate_group(problem, seed, attempt % self.group_size, together)
+            rewards = None if isinstance(result, EpisodeGroup) else await self.collector.group_rewards(problem, result)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - the step waiting for groups raises it
             self._failure = exc
         else:
-            self.buffer.put(Group(problem, result, order, drawn_state, started_version))
+            self.buffer.put(Group(problem, result, order, drawn_state, started_version, rewards))
         finally:
             self._in_flight.pop(order, None)
             self._changed.set()
@@ -192,8 +195,8 @@ class FullyAsyncRollout:
         return collected
 
     async def _scored(self, taken: list[Group], elapsed: float) -> Collected:
-        """The batch of ``taken``: episodes were scored as they finished; samples are scored now (with the reward
-        model's scores mixed in, if there is one)."""
+        """The batch of ``taken``, scored as each group finished (with the reward model's scores mixed in now, if
+        there is one)."""
         problems = [g.problem for g in taken]
         if isinstance(taken[0].result, EpisodeGroup):
             groups = [g.result for g in taken]
@@ -202,7 +205,8 @@ class FullyAsyncRollout:
                                                         sum(g.reward_errors for g in groups), elapsed)
         results = [g.result for g in taken]
         return await self.collector.score_off_loop(problems, results, elapsed,
-                                                   await self.collector.model_scores(problems, results))
+                                                   await self.collector.model_scores(problems, results),
+                                                   [g.rewards for g in taken])
 
     def _drop(self, stale: list[Group]) -> None:
         for group in stale:
