@@ -181,6 +181,9 @@ class TaskConfig:
     """Held-out prompts used for evaluation."""
     max_operand: int = 30
     """tiny_math, running_sum: operands are drawn from [0, max_operand]."""
+    num_examples: int = 2
+    """calc on a chat model: worked examples (a tool call, its result, the answer) given as chat turns before the
+    question, 0-2."""
     num_terms: int = 8
     """running_sum: numbers to add per problem (the completion grows about 10 tokens a term)."""
     num_train: int = 4096
@@ -208,6 +211,7 @@ class TaskConfig:
             check_range("task.max_operand", self.max_operand, 1, 1000,
                         hint="tiny_math builds every a<op>b problem, 3 million at 1000")
         check_range("task.num_terms", self.num_terms, 2)
+        check_range("task.num_examples", self.num_examples, 0, 2, hint="calc has two worked examples")
         check_range("task.num_train", self.num_train, 1)
         bad = set(self.operators) - set("+-*")
         if not self.operators or bad:

@@ -11,8 +11,8 @@ reward workers), or the user's ``task.reward``. Operands are drawn from [10, tas
 imitates.
 
 On a chat model (``agent.tool_format=hermes`` and a tokenizer with a chat template) the episode's
-first prompt is ``messages``: two worked examples as chat turns (a Hermes tool call, the tool's
-reply, the answer) and then the question, ``What is 47*38?``. The examples multiply by a one-digit
+first prompt is ``messages``: ``task.num_examples`` (default two) worked examples as chat turns (a
+Hermes tool call, the tool's reply, the answer) and then the question, ``What is 47*38?``. The examples multiply by a one-digit
 number, which no drawn problem does. A small instruct model (SmolLM2-135M) calls the tool from them
 on its own but not always; the reward teaches it to. Other operators and longer expressions are left out.
 """
@@ -46,10 +46,10 @@ EXAMPLES = ((4, 213), (96, 7))
 """Worked examples of the chat prompt: a one-digit operand, so never one of the drawn problems."""
 
 
-def messages(problem: Problem) -> list[dict]:
-    """The chat prompt: the worked examples as turns with a Hermes tool call, then the question."""
+def messages(problem: Problem, num_examples: int = len(EXAMPLES)) -> list[dict]:
+    """The chat prompt: the first ``num_examples`` worked examples as turns with a Hermes tool call, then the question."""
     turns = []
-    for a, b in EXAMPLES:
+    for a, b in EXAMPLES[:num_examples]:
         call = {"name": "calc", "arguments": {"expression": f"{a}*{b}"}}
         turns += [{"role": "user", "content": f"What is {a}*{b}?"},
                   {"role": "assistant", "content": f"<tool_call>{json.dumps(call)}</tool_call>"},
@@ -76,6 +76,8 @@ class Calc:
     train: list[Problem] = field(repr=False)
     eval: list[Problem] = field(repr=False)
     reward_fn: RewardFn | None = None
+    num_examples: int = len(EXAMPLES)
+    """Worked examples in the chat prompt (``messages``)."""
     name: str = field(default="calc", init=False)
     tools: list[str] = field(default_factory=lambda: list(TOOLS), init=False)
     """Tools the episodes need when agent.tools is empty."""
@@ -97,13 +99,13 @@ class Calc:
         if not train:
             raise ConfigError(f"task.num_eval={cfg.num_eval} leaves no calc problems to train on with "
                               f"task.max_operand={cfg.max_operand}; lower task.num_eval")
-        return cls(train, eval_, reward_fn)
+        return cls(train, eval_, reward_fn, cfg.num_examples)
 
     def transcript(self, problem: Problem) -> str:
         return transcript(problem)
 
     def messages(self, problem: Problem) -> list[dict]:
-        return messages(problem)
+        return messages(problem, self.num_examples)
 
     def is_correct(self, completion: str, problem: Problem) -> bool:
         return normalize(completion) == problem.answer
