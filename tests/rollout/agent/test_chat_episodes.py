@@ -15,7 +15,6 @@ from rlx.rollout.agent.framing import ChatFraming
 from rlx.rollout.agent.loop import run_episode
 from rlx.rollout.agent.tools import BUILTIN, tool_schemas
 from rlx.rollout.agent.workers import WorkerPool
-from rlx.rollout.client import RolloutClient
 from rlx.rollout.protocol import SamplingSpec
 from rlx.rollout.tasks.base import Problem
 from rlx.rollout.tasks.calc import Calc
