@@ -56,13 +56,14 @@ class AlwaysCallsEnv:
 
 
 async def run(address: str, tokenizer, episodes: int, call_s: float, concurrent: bool) -> float:
+    from rlx.rollout.agent.framing import PlainFraming
     from rlx.rollout.agent.loop import run_episode
     from rlx.rollout.agent.workers import WorkerPool
     from rlx.rollout.client import RolloutClient
     from rlx.rollout.protocol import SamplingSpec
     from rlx.rollout.tasks.base import Problem
 
-    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
+    framing = PlainFraming(tokenizer)
     sampling = SamplingSpec(temperature=1.0, max_tokens=8)
     workers = episodes if concurrent else 1
     client = RolloutClient([address])
@@ -72,7 +73,7 @@ async def run(address: str, tokenizer, episodes: int, call_s: float, concurrent:
         async def one(i: int) -> None:
             problem = Problem(i, f"{i}*{i + 7}=", str(call_s))
             spec = SamplingSpec(temperature=sampling.temperature, max_tokens=sampling.max_tokens, seed=i * 4)
-            episode = await run_episode(client, AlwaysCallsEnv(tools, call_s), problem, encode, spec, 2, 64, 120)
+            episode = await run_episode(client, AlwaysCallsEnv(tools, call_s), problem, framing, spec, 2, 64, 120)
             reward = await rewards.call("benchmarks.bench_agent:sleep_reward", episode.final_text, problem.answer)
             assert reward.ok, reward.error
 

@@ -172,13 +172,19 @@ class TaskConfig:
     reward: str = ""
     """User reward as 'module:function' (completion, ground_truth) -> float; empty = the task's own."""
     reward_timeout_s: float = 1800.0
-    """Longest one step's scoring by the reward function may take before the run stops naming it; 0 = no limit."""
+    """Longest the reward function may take scoring one group (or one step's batch) before the run stops naming it;
+    0 = no limit."""
+    reward_workers: int = 4
+    """Single-turn tasks: groups whose rewards are scored at once, each in its own thread, as the groups finish."""
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     """A learned reward scored over each step's samples: a served judge or a local sequence classifier."""
     num_eval: int = 128
     """Held-out prompts used for evaluation."""
     max_operand: int = 30
     """tiny_math, running_sum: operands are drawn from [0, max_operand]."""
+    num_examples: int = 2
+    """calc on a chat model: worked examples (a tool call, its result, the answer) given as chat turns before the
+    question, 0-2."""
     num_terms: int = 8
     """running_sum: numbers to add per problem (the completion grows about 10 tokens a term)."""
     num_train: int = 4096
@@ -200,11 +206,13 @@ class TaskConfig:
         check_choice("task.chat_template", self.chat_template, ("auto", "on", "off"))
         check_range("task.num_eval", self.num_eval, 0)
         check_range("task.reward_timeout_s", self.reward_timeout_s, 0.0)
+        check_range("task.reward_workers", self.reward_workers, 1)
         check_range("task.max_operand", self.max_operand, 1)
         if self.name == "tiny_math":
             check_range("task.max_operand", self.max_operand, 1, 1000,
                         hint="tiny_math builds every a<op>b problem, 3 million at 1000")
         check_range("task.num_terms", self.num_terms, 2)
+        check_range("task.num_examples", self.num_examples, 0, 2, hint="calc has two worked examples")
         check_range("task.num_train", self.num_train, 1)
         bad = set(self.operators) - set("+-*")
         if not self.operators or bad:

@@ -114,6 +114,7 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "auto",
         raise ConvertError(f"--dtype {dtype} is not supported; use one of {', '.join(DTYPES)}")
     config, tokenizer, state_dict = _load(gguf_path)
     model = _plain_model(config, state_dict, parse_dtype(dtype))
+    out_dir.parent.mkdir(parents=True, exist_ok=True)  # model.build_if_missing names a path under a new directory
     notes = []
     if not getattr(tokenizer, "chat_template", None):
         notes.append(f"{gguf_path.name} has no chat template (tokenizer.chat_template); chat prompts need "

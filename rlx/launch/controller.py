@@ -54,7 +54,7 @@ class Controller:
         if cfg.task.name == "external":  # the step's batch is the episodes an agent finished
             from rlx.rollout.tasks.external import ExternalCollector
 
-            self.collector = ExternalCollector(cfg, client, tokenizer.pad_token_id,
+            self.collector = ExternalCollector(cfg, client, tokenizer.pad_token_id, lambda: self.policy_version,
                                                note=lambda text: display.note(escape(text)))
         self.bus = RankBus(trainer.device)
         self.plane = None  # trainer.data_plane=store: ranks > 0 pull their rows from the sample store
@@ -156,7 +156,7 @@ class Controller:
 
     async def next_batch(self, step: int) -> Collected:
         """This step's batch; in one_step_off, also start generating the next one."""
-        if self.cfg.trainer.mode == "fully_async":
+        if self.cfg.trainer.mode == "fully_async" and self.cfg.task.name != "external":  # an agent is the producer
             if self.fully_async is None:
                 from rlx.launch.fully_async import FullyAsyncRollout
 

@@ -1,14 +1,18 @@
 """trainer.mode=fully_async: generation never stops; each step trains on whole prompt groups as they finish.
 
 A producer keeps prompt groups (one prompt, ``rollout.n`` samples) in flight on the rollout servers and
-puts each finished group into a ``GroupBuffer``; a step takes ``prompts_per_step`` groups from it. The
+puts each finished group into a ``GroupBuffer``; a step takes ``prompts_per_step`` groups from it. For a
+multi-turn task a group is ``rollout.n`` whole episodes (``rlx.rollout.agent.collect.EpisodeGroup``), tool
+calls and rewards included, each turn's tokens with the version that sampled them, so an episode that
+spans syncs is as stale as its oldest token. A reward model (``task.reward_model``) scores a step's
+groups when the step takes them. The
 controller's weight syncs happen while requests are in flight (pause keeping them, sync, a resume naming
 the new policy version), so a long sample spans versions (a partial rollout) and each token carries the
 version and the logprob that sampled it (``Sample.versions``, ``Sample.logprobs``); the loss takes PPO's
 ratio against each token's own behaviour logprob (``bypass``, unless ``algorithm.rollout_correction``
 says otherwise).
 
-Staleness of a sample = the trainer's policy version minus the version of its oldest token. The producer
+Staleness of a sample (or episode) = the trainer's policy version minus the version of its oldest token. The producer
 starts a group only while started-but-untrained groups stay within ``max_staleness + 1`` steps of the
 trainer (AReaL's bound), and a group whose oldest token is more than ``trainer.max_staleness`` versions
 behind when a step takes its batch is dropped and its prompt generated again (``samples_dropped_stale``).
@@ -17,7 +21,11 @@ sample store instead.
 
 Resume: a checkpoint records the data position before the oldest prompt not yet trained on; a resumed
 run generates what was in flight or buffered again (and draws prompts trained after it once more).
-It leaves out multi-turn episodes and several groups per request.
+Off-policy metrics per step: ``staleness_mean`` / ``staleness_max`` / ``staleness_hist_*``,
+``partial_rollout_frac`` (samples spanning versions), ``samples_dropped_stale`` and
+``stale_dropped_frac`` (the share of finished samples discarded as too stale, over the run),
+``time_wait_batch`` (the step waiting for groups) and ``time_producer_idle`` (the producer waiting for a
+new policy before it may start more). It leaves out several groups per request.
 """
 
 from __future__ import annotations
@@ -28,7 +36,9 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from rlx.rollout.collector import Collected, Collector
+from rlx.rollout.agent.collect import EpisodeGroup
+from rlx.rollout.agent.env import ToolStats
+from rlx.rollout.collector import Collected, Collector, GroupRewards
 from rlx.rollout.protocol import PromptResult
 from rlx.rollout.tasks import DataStream, Problem
 from rlx.trace import tracer
@@ -39,13 +49,15 @@ class Group:
     """One prompt's finished samples, with where it came from."""
 
     problem: Problem
-    result: PromptResult
+    result: PromptResult | EpisodeGroup
     order: int
     """Draw order of the prompt (a prompt generated again keeps its first draw's place)."""
     drawn_state: dict
     """The data position before the prompt was first drawn."""
     started_version: int
     """The trainer's version when the request went out; the version of a sample without per-token versions."""
+    rewards: GroupRewards | None = None
+    """The samples' task rewards, scored as the group finished (episodes carry their own)."""
 
     def sample_oldest(self) -> list[int]:
         """The version of each sample's oldest token."""
@@ -96,6 +108,7 @@ class FullyAsyncRollout:
         self._orders = 0
         self._attempts = 0  # requests sent; a prompt generated again gets a new seed
         self._trained = 0  # groups taken for training
+        self._trained_samples = 0
         self.dropped_samples = 0
         self._idle_s = 0.0
         self._failure: BaseException | None = None
@@ -145,12 +158,13 @@ class FullyAsyncRollout:
         seed = self.cfg.trainer.seed * 1_000_003 + 1 + attempt // self.group_size  # sync mode's seed of that step
         try:
             result = await self.collector.generate_group(problem, seed, attempt % self.group_size, together)
+            rewards = None if isinstance(result, EpisodeGroup) else await self.collector.group_rewards(problem, result)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - the step waiting for groups raises it
             self._failure = exc
         else:
-            self.buffer.put(Group(problem, result, order, drawn_state, started_version))
+            self.buffer.put(Group(problem, result, order, drawn_state, started_version, rewards))
         finally:
             self._in_flight.pop(order, None)
             self._changed.set()
@@ -173,12 +187,26 @@ class FullyAsyncRollout:
             span.set(buffered=len(self.buffer), dropped=self.dropped_samples)
         now = time.perf_counter()
         self._trained += len(taken)
+        self._trained_samples += sum(len(g.result.samples) for g in taken)
         self._changed.set()
-        collected = await self.collector.score_off_loop([g.problem for g in taken], [g.result for g in taken],
-                                                        now - self._last_take)
+        collected = await self._scored(taken, now - self._last_take)
         collected.metrics.update(self._metrics(taken, version, now - waited))
         self._last_take = now
         return collected
+
+    async def _scored(self, taken: list[Group], elapsed: float) -> Collected:
+        """The batch of ``taken``, scored as each group finished (with the reward model's scores mixed in now, if
+        there is one)."""
+        problems = [g.problem for g in taken]
+        if isinstance(taken[0].result, EpisodeGroup):
+            groups = [g.result for g in taken]
+            stats = ToolStats(*(sum(getattr(g.stats, f) for g in groups) for f in ("calls", "ok", "errors", "timeouts")))
+            return await self.collector.agent.collected(problems, [e for g in groups for e in g.episodes], stats,
+                                                        sum(g.reward_errors for g in groups), elapsed)
+        results = [g.result for g in taken]
+        return await self.collector.score_off_loop(problems, results, elapsed,
+                                                   await self.collector.model_scores(problems, results),
+                                                   [g.rewards for g in taken])
 
     def _drop(self, stale: list[Group]) -> None:
         for group in stale:
@@ -195,6 +223,7 @@ class FullyAsyncRollout:
             "staleness_max": float(max(staleness)),
             "partial_rollout_frac": sum(spans) / len(spans),
             "samples_dropped_stale": float(self.dropped_samples),
+            "stale_dropped_frac": self.dropped_samples / max(1, self.dropped_samples + self._trained_samples),
             "buffer_groups": float(len(self.buffer)),
             "groups_in_flight": float(len(self._in_flight)),
             "time_wait_batch": waited_s,

@@ -17,9 +17,15 @@ for the trainer, which takes it with ``protocol.TakeEpisodes`` (``rlx.rollout.ta
 A request body is read up to ``rollout.openai_max_body_mb`` (HTTP 413 past it), and prompts are rendered
 and tokenized in a worker thread, so one huge message stalls neither HTTP nor ZeroMQ.
 
+Groups (GRPO needs ``rollout.n`` samples of one state): the first request of episode ``E`` with ``n`` > 1
+samples ``n`` answers at once and opens the episodes ``E.0`` .. ``E.n-1`` (``rlx.episode_ids`` in the
+response), each going on with its own follow-ups and finish, all in group ``E``; or each episode's first
+request names its group in the header ``X-Group-Id``. The trainer takes whole groups.
+
 Binding: loopback unless ``rollout.openai_host`` names another interface, which needs
 ``rollout.auth_token``; with a token set, every request must send ``Authorization: Bearer TOKEN``.
-Left out: streaming, the legacy ``/v1/completions`` route, tool-call parsing of the answer.
+Left out: streaming, the legacy ``/v1/completions`` route, tool-call parsing of the answer, ``n`` > 1 in the
+middle of an episode (branching).
 """
 
 from __future__ import annotations
@@ -85,6 +91,8 @@ class HttpError(Exception):
 
 @dataclass
 class _OpenEpisode:
+    group: str = ""
+    """The group the episode belongs to ('' = none)."""
     turns: list[p.EpisodeTurn] = field(default_factory=list)
     messages: list[dict] = field(default_factory=list)
     """The last request's messages, which a follow-up repeats."""
@@ -102,13 +110,16 @@ class EpisodeStore:
         self.open: dict[str, _OpenEpisode] = {}
         self.finished: deque[p.RecordedEpisode] = deque()
 
-    def get_or_open(self, episode_id: str) -> _OpenEpisode:
+    def get_or_open(self, episode_id: str, group: str = "") -> _OpenEpisode:
         if episode_id not in self.open:
-            if len(self.open) + len(self.finished) >= self.max_episodes:
-                raise HttpError(429, f"{self.max_episodes} episodes are open or waiting for the trainer; finish "
-                                     "open ones (POST /v1/episodes/ID/finish) or let the trainer take some")
-            self.open[episode_id] = _OpenEpisode()
+            self.check_room(1)
+            self.open[episode_id] = _OpenEpisode(group)
         return self.open[episode_id]
+
+    def check_room(self, count: int) -> None:
+        if len(self.open) + len(self.finished) + count > self.max_episodes:
+            raise HttpError(429, f"{self.max_episodes} episodes are open or waiting for the trainer; finish "
+                                 "open ones (POST /v1/episodes/ID/finish) or let the trainer take some")
 
     def finish(self, episode_id: str, reward: float) -> p.RecordedEpisode:
         episode = self.open.get(episode_id)
@@ -116,13 +127,26 @@ class EpisodeStore:
             raise HttpError(404, f"no open episode {episode_id!r}; an episode opens with a /v1/chat/completions "
                                  "request carrying its id (X-Episode-Id header or the user field), and finishes once")
         del self.open[episode_id]
-        recorded = p.RecordedEpisode(id=episode_id, turns=episode.turns, reward=reward)
+        recorded = p.RecordedEpisode(id=episode_id, turns=episode.turns, reward=reward, group=episode.group)
         self.finished.append(recorded)
         return recorded
 
-    def take(self, max_episodes: int) -> list[p.RecordedEpisode]:
-        count = min(max(max_episodes, 0), len(self.finished))
-        return [self.finished.popleft() for _ in range(count)]
+    def take(self, max_episodes: int, group_size: int = 1) -> list[p.RecordedEpisode]:
+        """Up to ``max_episodes`` finished episodes, oldest first; with ``group_size`` > 1 whole groups only."""
+        if group_size <= 1:
+            count = min(max(max_episodes, 0), len(self.finished))
+            return [self.finished.popleft() for _ in range(count)]
+        members: dict[str, list[p.RecordedEpisode]] = {}
+        taken: list[p.RecordedEpisode] = []
+        for episode in self.finished:
+            group = members.setdefault(episode.group, []) if episode.group else []
+            group.append(episode)
+            if len(group) == group_size and len(taken) + group_size <= max_episodes:
+                taken += group
+                members[episode.group] = []  # more finished episodes of this group start another one
+        chosen = {id(e) for e in taken}
+        self.finished = deque(e for e in self.finished if id(e) not in chosen)
+        return taken
 
 
 class OpenAIEndpoint:
@@ -212,12 +236,14 @@ class OpenAIEndpoint:
         if not body.messages:
             raise HttpError(400, "messages is empty; send at least one {role, content} message")
         episode_id = request.headers.get("x-episode-id") or body.user or ""
-        if episode_id and body.n != 1:
-            raise HttpError(400, f"n={body.n} in episode {episode_id!r}: an episode records one answer per request; "
-                                 "send n=1, or give each sample its own episode id")
+        group = request.headers.get("x-group-id", "")
         if not episode_id:
-            return await self._complete(body, await self._prompt_ids(body, _OpenEpisode()), "")
-        episode = self.episodes.get_or_open(episode_id)
+            response = await self._complete(body, await self._prompt_ids(body, _OpenEpisode()), "")
+            response.pop("_samples")
+            return response
+        if body.n != 1:
+            return await self._fork(body, episode_id, group or episode_id)
+        episode = self.episodes.get_or_open(episode_id, group)
         async with episode.lock:
             if len(episode.turns) >= MAX_TURNS:
                 raise HttpError(400, f"episode {episode_id!r} already has {MAX_TURNS} turns; finish it (POST "
@@ -230,11 +256,28 @@ class OpenAIEndpoint:
                     self.episodes.open.pop(episode_id, None)
                 raise
             if self.episodes.open.get(episode_id) is episode:  # not finished while this request ran
-                result = response.pop("_sample")
-                episode.turns.append(p.EpisodeTurn(prompt_ids, result.token_ids, result.logprobs,
-                                                   self.server.weight_version))
-                episode.messages, episode.text = list(body.messages), result.text
-        response.pop("_sample", None)
+                self._record(episode, body, prompt_ids, response["_samples"][0])
+        response.pop("_samples", None)
+        return response
+
+    def _record(self, episode: _OpenEpisode, body: ChatRequest, prompt_ids: list[int], sample: p.Sample) -> None:
+        episode.turns.append(p.EpisodeTurn(prompt_ids, sample.token_ids, sample.logprobs, self.server.weight_version,
+                                           list(sample.versions)))
+        episode.messages, episode.text = list(body.messages), sample.text
+
+    async def _fork(self, body: ChatRequest, episode_id: str, group: str) -> dict:
+        """``n`` answers to the first request of ``episode_id``: the episodes ``episode_id.i`` of one group."""
+        ids = [f"{episode_id}.{i}" for i in range(body.n)]
+        if body.n < 1 or any(i in self.episodes.open for i in [episode_id, *ids]):
+            raise HttpError(400, f"n={body.n} in episode {episode_id!r}: n > 1 starts the episodes {episode_id}.0.."
+                                 f"{episode_id}.{body.n - 1} and is allowed on a new episode id only; send n=1 to go "
+                                 "on with one of them (X-Episode-Id: ID.i)")
+        self.episodes.check_room(body.n)
+        prompt_ids = await self._prompt_ids(body, _OpenEpisode())
+        response = await self._complete(body, prompt_ids, episode_id)
+        for i, sample in zip(ids, response.pop("_samples")):
+            self._record(self.episodes.get_or_open(i, group), body, prompt_ids, sample)
+        response["rlx"]["episode_ids"] = ids
         return response
 
     async def _prompt_ids(self, body: ChatRequest, episode: _OpenEpisode) -> list[int]:
@@ -280,7 +323,7 @@ class OpenAIEndpoint:
             "rlx": {"episode_id": episode_id or None, "prompt_format": self.chat.kind,
                     "weight_version": self.server.weight_version, "prompt_token_ids": prompt_ids,
                     "completion_token_ids": [s.token_ids for s in result.samples]},
-            "_sample": result.samples[0],
+            "_samples": result.samples,
         }
 
     def _sampling(self, body: ChatRequest) -> p.SamplingSpec:

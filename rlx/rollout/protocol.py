@@ -99,9 +99,12 @@ class UpdateWeights(msgspec.Struct, tag="update_weights"):
 
 class TakeEpisodes(msgspec.Struct, tag="take_episodes"):
     """Hand over (and forget) up to ``max_episodes`` episodes an external agent finished on the
-    server's OpenAI endpoint (``rlx.rollout.openai_http``), oldest first; answered with ``EpisodesResult``."""
+    server's OpenAI endpoint (``rlx.rollout.openai_http``), oldest first; answered with ``EpisodesResult``.
+    With ``group_size`` > 1 only whole groups are handed over: ``group_size`` finished episodes of one group,
+    the groups in the order their last episode finished."""
 
     max_episodes: int = 1
+    group_size: int = 1
 
 
 class ScoreTokens(msgspec.Struct, tag="score_tokens"):
@@ -189,12 +192,17 @@ class EpisodeTurn(msgspec.Struct):
     logprobs: list[float]
     weight_version: int = 0
     """The server's weight version when the call was answered."""
+    versions: list[int] = []
+    """The weight version that sampled each token (empty from a backend that does not record them)."""
 
 
 class RecordedEpisode(msgspec.Struct):
     id: str
     turns: list[EpisodeTurn]
     reward: float
+    group: str = ""
+    """The group the episode belongs to: the id of the request that asked for ``n`` samples, or the
+    ``X-Group-Id`` header; '' = none."""
 
 
 class EpisodesResult(msgspec.Struct, tag="episodes_result"):

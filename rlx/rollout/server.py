@@ -268,7 +268,7 @@ class RolloutServer:
             if self.episodes is None:
                 raise RequestRefused("this server records no episodes; start it with --openai-port (or set "
                                      "rollout.openai_port) so an agent can drive episodes over HTTP")
-            return p.EpisodesResult(episodes=self.episodes.take(body.max_episodes))
+            return p.EpisodesResult(episodes=self.episodes.take(body.max_episodes, body.group_size))
         if isinstance(body, (p.Sleep, p.WakeUp)):
             return await self._sleep_or_wake(body)
         return p.AckResult(ack=await self._update(body.payload))

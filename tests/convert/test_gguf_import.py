@@ -63,14 +63,15 @@ def test_import_casts_to_the_dtype_asked_for(gguf_model, tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    summary = import_gguf(GGUF, tmp_path / "bf16", dtype="bfloat16")
-    weights = load_file(tmp_path / "bf16" / "model.safetensors")
+    out = tmp_path / "models" / "bf16"  # its parent does not exist yet, as for model.build_if_missing's first run
+    summary = import_gguf(GGUF, out, dtype="bfloat16")
+    weights = load_file(out / "model.safetensors")
     expected = gguf_model[0].state_dict()
     assert weights and all(t.dtype == torch.bfloat16 for t in weights.values())
     for name, tensor in weights.items():
         assert torch.equal(tensor, expected[name].to(torch.bfloat16)), name
-    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
-    assert summary.bytes_out == (tmp_path / "bf16" / "model.safetensors").stat().st_size
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert summary.bytes_out == (out / "model.safetensors").stat().st_size
 
 
 @needs_smollm2

@@ -107,3 +107,49 @@ def test_a_reward_still_scoring_when_the_run_stops_ends_without_a_traceback():
     finally:
         threading.excepthook = before
     assert scoring.is_set() and errors == []
+
+
+def test_rewards_are_scored_as_groups_finish_each_sample_a_span(vllm_server, tmp_path, tiny_model_dir):
+    """Group 0's generation waits until group 1 has been scored: it finishes only if a group's rewards are scored as
+    soon as it is generated, not after the whole step. Every sample's reward is a span with its duration."""
+    import json
+    import threading
+
+    from rlx.trace import tracer
+
+    scored = threading.Event()
+
+    class Task(_Task):
+        def reward(self, completion, problem):
+            if problem.id == 1:
+                scored.set()
+            return float(problem.id)
+
+    class HeldClient(RolloutClient):
+        async def generate(self, prompts, sampling, timeout_s=None, together=0):
+            if prompts == ["1+1="]:
+                await asyncio.to_thread(scored.wait, 60)
+                assert scored.is_set(), "group 1 was not scored while group 0 was still generating"
+            return await super().generate(prompts, sampling, timeout_s, together)
+
+    from rlx.config import load_config
+    from tests.helpers import write_config
+
+    cfg = load_config(write_config(tmp_path / "c.yaml", tiny_model_dir, rollout={"n": 2, "max_tokens": 4}))
+    client = HeldClient([vllm_server])
+    tracer.configure(tmp_path / "trace", role="trainer", name="trainer0")
+    try:
+        collector = Collector(cfg, client, Task(), pad_id=0)
+        problems = [Problem(id=0, prompt="1+1=", answer="2"), Problem(id=1, prompt="2+2=", answer="4")]
+        collected = asyncio.run(collector.collect(problems, seed=3))
+    finally:
+        tracer.close()
+        client.close()
+    assert collected.batch.rewards.tolist() == [0.0, 0.0, 1.0, 1.0]
+    assert collected.metrics["time_reward"] >= 0
+    records = [json.loads(line) for path in (tmp_path / "trace").rglob("*.jsonl")
+               for line in path.read_text().splitlines()[1:]]
+    rewards = [r for r in records if r.get("n") == "reward"]
+    assert sorted((r["a"]["problem"], r["a"]["sample"], r["a"]["reward"]) for r in rewards) == [
+        (0, 0, 0.0), (0, 1, 0.0), (1, 0, 1.0), (1, 1, 1.0)]
+    assert all(r["d"] >= 0 for r in rewards)

@@ -166,6 +166,43 @@ def test_two_requests_form_one_token_in_token_out_episode(endpoint, chat_model_d
     assert all(lp <= 0.0 for lp in sampled) and any(lp < 0.0 for lp in sampled)
 
 
+def finish(url: str, episode: str, reward: float) -> None:
+    reply = httpx.post(f"{url}/v1/episodes/{episode}/finish", headers=AUTH, json={"reward": reward}, timeout=10.0)
+    assert reply.status_code == 200, reply.text
+
+
+def test_n_in_the_first_request_opens_a_group_of_episodes(endpoint):
+    url, address = endpoint
+    first = [{"role": "user", "content": "2+3="}]
+    forked = chat(url, first, episode="g", n=2, max_tokens=4, seed=5)
+    assert forked["rlx"]["episode_ids"] == ["g.0", "g.1"] and len(forked["choices"]) == 2
+    refused = httpx.post(f"{url}/v1/chat/completions", headers=dict(AUTH, **{"X-Episode-Id": "g.0"}), timeout=60.0,
+                         json={"messages": first, "n": 2})
+    assert refused.status_code == 400 and "allowed on a new episode id only" in refused.text
+    answer = forked["choices"][0]["message"]["content"]
+    follow = first + [{"role": "assistant", "content": answer}, {"role": "user", "content": "+1="}]
+    two = chat(url, follow, episode="g.0", max_tokens=4)  # each sample goes on as its own episode
+    context = forked["rlx"]["prompt_token_ids"] + forked["rlx"]["completion_token_ids"][0]
+    assert two["rlx"]["prompt_token_ids"][:len(context)] == context
+    finish(url, "g.0", 1.0)
+    assert zmq_call(address, p.TakeEpisodes(max_episodes=8, group_size=2)).episodes == []  # half a group waits
+    finish(url, "g.1", 0.0)
+    taken = zmq_call(address, p.TakeEpisodes(max_episodes=8, group_size=2)).episodes
+    assert [(e.id, e.group, e.reward, len(e.turns)) for e in taken] == [("g.0", "g", 1.0, 2), ("g.1", "g", 0.0, 1)]
+    assert taken[1].turns[0].token_ids == forked["rlx"]["completion_token_ids"][1]
+
+    # or the agent names each episode's group; an episode of no group is never taken as part of one
+    for episode, group in (("x", "h"), ("lone", ""), ("y", "h")):
+        headers = dict(AUTH, **{"X-Episode-Id": episode}, **({"X-Group-Id": group} if group else {}))
+        reply = httpx.post(f"{url}/v1/chat/completions", headers=headers, timeout=60.0,
+                           json={"messages": first, "max_tokens": 2})
+        assert reply.status_code == 200, reply.text
+        finish(url, episode, 0.5)
+    grouped = zmq_call(address, p.TakeEpisodes(max_episodes=8, group_size=2)).episodes
+    assert [(e.id, e.group) for e in grouped] == [("x", "h"), ("y", "h")]
+    assert [e.id for e in zmq_call(address, p.TakeEpisodes(max_episodes=8)).episodes] == ["lone"]
+
+
 def test_auth_and_request_errors_are_clear(endpoint):
     url, _ = endpoint
     body = {"messages": [{"role": "user", "content": "1+1="}], "max_tokens": 2}
@@ -174,7 +211,10 @@ def test_auth_and_request_errors_are_clear(endpoint):
         assert reply.status_code == 401 and "Authorization: Bearer" in reply.json()["error"]["message"]
     reply = httpx.post(f"{url}/v1/episodes/nope/finish", headers=AUTH, json={"reward": 1.0})
     assert reply.status_code == 404 and "no open episode 'nope'" in reply.json()["error"]["message"]
-    reply = httpx.post(f"{url}/v1/chat/completions", headers=dict(AUTH, **{"X-Episode-Id": "e"}), json=dict(body, n=2))
+    assert httpx.post(f"{url}/v1/chat/completions", headers=dict(AUTH, **{"X-Episode-Id": "e"}), json=body,
+                      timeout=60.0).status_code == 200
+    reply = httpx.post(f"{url}/v1/chat/completions", headers=dict(AUTH, **{"X-Episode-Id": "e"}), json=dict(body, n=2),
+                       timeout=60.0)  # n > 1 in the middle of an episode (branching) is left out
     assert reply.status_code == 400 and "send n=1" in reply.json()["error"]["message"]
     reply = httpx.post(f"{url}/v1/chat/completions", headers=dict(AUTH, **{"X-Episode-Id": "refused"}),
                        json=dict(body, max_tokens=0))
@@ -279,15 +319,19 @@ def test_train_on_episodes_an_external_client_finished(endpoint, chat_model_dir,
     assert after["rlx"]["weight_version"] >= 1
 
 
-def test_external_task_needs_groupless_settings(tiny_model_dir, tmp_path):
+def test_external_task_needs_groups_or_a_groupless_advantage(tiny_model_dir, tmp_path):
     from rlx.config import load_config
     from rlx.config.errors import ConfigError
     from rlx.rollout.tasks.external import check_config
 
-    config = write_config(tmp_path / "run.yaml", tiny_model_dir, task={"name": "external"}, rollout={"n": 4})
-    with pytest.raises(ConfigError, match="set rollout.n=1 and algorithm.advantage=reinforce_pp"):
-        check_config(load_config(str(config), []))
-    launched = load_config(str(config), ["rollout.n=1", "algorithm.advantage=reinforce_pp"])
+    config = write_config(tmp_path / "run.yaml", tiny_model_dir, task={"name": "external"},
+                          rollout={"n": 1, "openai_port": 8000})
+    with pytest.raises(ConfigError, match="set algorithm.advantage=reinforce_pp .* or rollout.n to the group size"):
+        check_config(load_config(str(config), ["algorithm.advantage=grpo"]))
+    check_config(load_config(str(config), ["algorithm.advantage=reinforce_pp"]))
+    check_config(load_config(str(config), ["rollout.n=4", "algorithm.advantage=grpo",
+                                           "trainer.mode=fully_async"]))  # groups of 4, as the agent asks for them
+    launched = load_config(str(config), ["rollout.openai_port=0", "algorithm.advantage=reinforce_pp"])
     with pytest.raises(ConfigError, match="set rollout.openai_port"):
         check_config(launched)
 
@@ -336,3 +380,33 @@ def test_a_prompt_is_tokenized_while_the_server_goes_on_answering(chat_model_dir
     reply, answered = asyncio.run(scenario())
     assert reply.status_code == 200, reply.text
     assert answered == [True]
+
+
+@pytest.mark.slow
+def test_fully_async_grpo_trains_on_groups_an_external_client_asked_for(endpoint, chat_model_dir, tmp_path):
+    """After the single-episode run: the weights it synced make the servers' version 1 or more."""
+    url, address = endpoint
+    version = chat(url, [{"role": "user", "content": "1+1="}], max_tokens=1)["rlx"]["weight_version"]
+    for group in ("p", "q"):
+        forked = chat(url, [{"role": "user", "content": "3+4="}], episode=group, n=2, max_tokens=4, seed=1)
+        for i, episode in enumerate(forked["rlx"]["episode_ids"]):
+            finish(url, episode, float(i))
+    run_dir = tmp_path / "run"
+    config = write_config(
+        tmp_path / "run.yaml", chat_model_dir, task={"name": "external"},
+        rollout={"backend": "hf", "n": 2, "max_tokens": 4, "servers": [address], "num_servers": 0},
+        algorithm={"advantage": "grpo"},
+        trainer={"mode": "fully_async", "max_staleness": 1, "prompts_per_step": 2, "total_steps": 1,
+                 "micro_batch_size": 4, "output_dir": str(run_dir)})
+    log = tmp_path / "train.log"
+    proc = start_rlx(["train", str(config)], log, env={"RLX_ROLLOUT_AUTH_TOKEN": TOKEN})
+    try:
+        assert proc.wait(300) == 0, log.read_text()[-4000:]
+    finally:
+        stop_group(proc)
+    (step,) = [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if m.get("step") == 1]
+    assert step["episodes"] == 4 and step["episode_rows"] == 4 and step["reward_mean"] == 0.5
+    assert step["groups_dropped_split"] == 0 and step["samples_dropped_stale"] == 0
+    assert step["grad_norm"] > 0  # rewards 0 and 1 in each group: a signal
+    # the episodes were sampled by the weights an earlier run synced (version >= 1); this run starts at 0
+    assert version >= 1 and step["staleness_max"] == 0

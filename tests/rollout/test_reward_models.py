@@ -213,3 +213,42 @@ def test_requests_of_two_clients_keep_apart_in_the_servers_trace(judge_server):
     new = queued(trace_dir)[before:]
     assert len(new) == 2 and new[0] != new[1], new
     assert all(i.startswith("rollout0:") for i in new), new  # the server's process name in the trace
+
+
+def test_fully_async_mixes_classifier_scores_into_the_groups_a_step_takes(tiny_model_dir, judge_server, tmp_path):
+    """trainer.mode=fully_async with a reward model: the groups a step takes are scored then, as a sync step's are."""
+    from rlx.config import load_config
+    from rlx.launch.fully_async import FullyAsyncRollout
+    from rlx.rollout.collector import Collector
+    from rlx.rollout.tasks import DataStream, Problem
+
+    path = save_classifier(tiny_model_dir, tmp_path / "rm")
+    cfg = load_config(write_config(tmp_path / "c.yaml", tiny_model_dir, rollout={"n": 2, "max_tokens": 4},
+                                   trainer={"mode": "fully_async", "prompts_per_step": 3, "total_steps": 1},
+                                   task={"reward_model": {"kind": "classifier", "path": str(path), "weight": 0.5}}))
+    task = SimpleNamespace(reward=lambda completion, problem: 1.0, is_correct=lambda completion, problem: False)
+    problems = [Problem(id=i, prompt=q, answer=a) for i, (q, a) in enumerate(zip(QUESTIONS[:3], ANSWERS))]
+
+    async def one_step():
+        client = RolloutClient([judge_server[0]])
+        rollout = FullyAsyncRollout(cfg, Collector(cfg, client, task, pad_id=0), DataStream(problems, seed=0), 0)
+        try:
+            return await rollout.next_batch(0)
+        finally:
+            rollout.close()
+            client.close()
+
+    collected = asyncio.run(one_step())
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    batch = collected.batch
+    prompt_len = batch.input_ids.shape[1] - batch.completion_ids.shape[1]
+    prompts = [tokenizer.decode(batch.input_ids[r, :prompt_len][batch.attention_mask[r, :prompt_len].bool()])
+               for r in range(len(collected.completions))]
+    assert sorted(prompts) == sorted(p.prompt for p in problems for _ in range(2))  # the three groups, two samples
+    scores = reference_scores(cfg.task.reward_model, [q + c for q, c in zip(prompts, collected.completions)])
+    expected = torch.tensor([0.5 * s + 0.5 for s in scores])
+    torch.testing.assert_close(batch.rewards.float(), expected, rtol=0, atol=1e-5)
+    assert collected.metrics["reward_model_mean"] == pytest.approx(sum(scores) / len(scores), abs=1e-5)
+    assert collected.metrics["staleness_max"] == 0

@@ -7,6 +7,11 @@ tool calls overlap the generation of other episodes. A reward call that fails or
 that sample 0 and counts in ``reward_errors``. One row per episode: the first prompt, then
 everything after it, with the loss mask on policy tokens only (``Episode.row``).
 
+Turns are framed by the model's chat template when it has one (``task.chat_template``: auto, on,
+off; ``rlx.rollout.agent.framing``), with ``task.system_prompt`` and the tools' schemas. The task's
+stop strings (calc's ``</calc>``) end turns only in the plain tool format; a chat model ends its turn
+with its end-of-turn token.
+
 Metrics, beside the single-turn ones: ``turns_per_episode``, ``tool_calls_per_episode``,
 ``tool_call_success_rate`` (calls that returned a result / calls), ``tool_errors``,
 ``tool_timeouts``, ``reward_errors``.
@@ -18,6 +23,7 @@ import asyncio
 import math
 import statistics
 import time
+from dataclasses import dataclass
 from numbers import Real
 
 import msgspec
@@ -25,8 +31,9 @@ import msgspec
 from rlx.engine.batch import build_batch
 from rlx.rollout.agent.env import ToolEnv, ToolStats
 from rlx.rollout.agent.episode import Episode
+from rlx.rollout.agent.framing import make_framing
 from rlx.rollout.agent.loop import run_episode
-from rlx.rollout.agent.tools import is_multi_turn, resolve_tools, tool_entries
+from rlx.rollout.agent.tools import is_multi_turn, resolve_tools, tool_entries, tool_schemas
 from rlx.rollout.agent.workers import WorkerPool
 from rlx.rollout.protocol import SamplingSpec
 from rlx.rollout.reward_models import make_reward_model, mix, score_step
@@ -34,7 +41,21 @@ from rlx.rollout.tasks.base import Problem
 from rlx.trace import tracer
 
 MAX_PROMPTS_PER_STEP = 1 << 20
-__all__ = ["EpisodeCollector", "episode_metrics", "is_multi_turn"]
+__all__ = ["EpisodeCollector", "EpisodeGroup", "episode_metrics", "is_multi_turn"]
+
+
+@dataclass
+class EpisodeGroup:
+    """One problem's ``n`` scored episodes with their tool counters, as ``trainer.mode=fully_async`` buffers them."""
+
+    episodes: list[Episode]
+    stats: ToolStats
+    reward_errors: int
+
+    @property
+    def samples(self) -> list[Episode]:
+        """The group's samples (each has ``versions``, as a single-turn ``Sample`` does)."""
+        return self.episodes
 
 
 class EpisodeCollector:
@@ -43,7 +64,13 @@ class EpisodeCollector:
         self.tools = resolve_tools(tool_entries(cfg, task))
         self.reward_ref = cfg.task.reward or getattr(task, "reward_ref", "")
         r = cfg.rollout
-        self.stop = list(r.stop) + [s for s in getattr(task, "stop", []) if s not in r.stop]
+        self.framing = make_framing(tokenizer, cfg.task.chat_template, cfg.task.system_prompt,
+                                    tool_schemas(self.tools))
+        self.tool_format = cfg.agent.tool_format
+        if self.tool_format == "auto":
+            self.tool_format = "hermes" if self.framing.kind == "chat_template" else "plain"
+        task_stop = getattr(task, "stop", []) if self.tool_format == "plain" else []
+        self.stop = list(r.stop) + [s for s in task_stop if s not in r.stop]
         self.sampling = SamplingSpec(n=1, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                      max_tokens=r.max_tokens, stop=self.stop)
         self.max_total_tokens = min(cfg.agent.max_total_tokens, r.max_model_len)
@@ -51,9 +78,6 @@ class EpisodeCollector:
         self.reward_model = make_reward_model(cfg)
         """``task.reward_model``: scores every episode's transcript after the prompt, once per step."""
         self._starting: asyncio.Lock | None = None
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     async def pools(self) -> tuple[WorkerPool | None, WorkerPool | None]:
         """(tool pool, reward pool), started on first use in the running event loop."""
@@ -76,8 +100,9 @@ class EpisodeCollector:
             self._pools = None
 
     async def episodes(self, problems: list[Problem], sampling: SamplingSpec, n: int,
-                       seed: int | None) -> tuple[list[Episode], ToolStats, int]:
-        """``n`` scored episodes per problem (problem-major), the tool counters and the reward errors."""
+                       seed: int | None, first_index: int = 0) -> tuple[list[Episode], ToolStats, int]:
+        """``n`` scored episodes per problem (problem-major), the tool counters and the reward errors; problem ``i``
+        is seeded as the step's problem ``first_index + i``."""
         tool_pool, reward_pool = await self.pools()
         stats, reward_errors = ToolStats(), [0]
 
@@ -86,16 +111,17 @@ class EpisodeCollector:
             if seed is not None:
                 turn_seed = ((seed * MAX_PROMPTS_PER_STEP + index) * n + sample) * self.cfg.agent.max_turns
             spec = sampling if turn_seed is None else msgspec.structs.replace(sampling, seed=turn_seed)
-            env = ToolEnv(self.tools, tool_pool, self.cfg.agent.tool_format, stats)
+            env = ToolEnv(self.tools, tool_pool, self.tool_format, stats, self.task,
+                          chat=self.framing.kind == "chat_template")
             with tracer.span("agent.episode", problem=problem.id, sample=sample) as span:
-                episode = await run_episode(self.client, env, problem, self.encode, spec, self.cfg.agent.max_turns,
+                episode = await run_episode(self.client, env, problem, self.framing, spec, self.cfg.agent.max_turns,
                                             self.max_total_tokens, self.cfg.rollout.request_timeout_s)
                 episode.correct = bool(self.task.is_correct(episode.final_text, problem))
                 episode.reward = await self._reward(episode, problem, reward_pool, reward_errors)
                 span.set(turns=len(episode.turns), reward=episode.reward, done_reason=episode.done_reason)
             return episode
 
-        done = await asyncio.gather(*(one(i, p, j) for i, p in enumerate(problems) for j in range(n)))
+        done = await asyncio.gather(*(one(first_index + i, p, j) for i, p in enumerate(problems) for j in range(n)))
         return list(done), stats, reward_errors[0]
 
     async def _reward(self, episode: Episode, problem: Problem, pool: WorkerPool | None, errors: list[int]) -> float:
@@ -110,13 +136,21 @@ class EpisodeCollector:
         errors[0] += 1
         return 0.0
 
-    async def collect(self, problems: list[Problem], seed: int):
-        from rlx.rollout.collector import Collected
+    async def group(self, problem: Problem, seed: int, index: int) -> EpisodeGroup:
+        """The ``n`` episodes of problem ``index`` of a step seeded ``seed``, as ``collect`` draws them."""
+        return EpisodeGroup(*await self.episodes([problem], self.sampling, self.cfg.rollout.n, seed, index))
 
+    async def collect(self, problems: list[Problem], seed: int):
         start = time.perf_counter()
         with tracer.span("agent.collect", prompts=len(problems)):
             episodes, stats, reward_errors = await self.episodes(problems, self.sampling, self.cfg.rollout.n, seed)
-        elapsed = time.perf_counter() - start
+        return await self.collected(problems, episodes, stats, reward_errors, time.perf_counter() - start)
+
+    async def collected(self, problems: list[Problem], episodes: list[Episode], stats: ToolStats, reward_errors: int,
+                        elapsed: float):
+        """The ``Collected`` batch and metrics of ``n`` episodes per problem (problem-major), generated in ``elapsed``."""
+        from rlx.rollout.collector import Collected
+
         rows = [e.row() for e in episodes]
         per_episode = [p for p in problems for _ in range(self.cfg.rollout.n)]
         model_metrics = await self._score_with_model(episodes, rows, per_episode)

@@ -15,8 +15,9 @@ class AgentConfig:
     tools: list[str] = field(default_factory=list)
     """Tools the policy may call: built-ins (calc, python), 'name=module:function', 'module:function' or an
     installed 'rlx.tools' entry point; empty = the task's own (calc: [calc])."""
-    tool_format: str = "plain"
-    """How the policy writes a call: plain (<calc>3*4</calc>, for tiny models) or hermes (<tool_call>{json}</tool_call>)."""
+    tool_format: str = "auto"
+    """How the policy writes a call: plain (<calc>3*4</calc>, for tiny models), hermes (<tool_call>{json}</tool_call>)
+    or auto (hermes when turns are framed by the model's chat template, else plain)."""
     max_turns: int = 4
     """Most policy turns per episode (a turn = one generate call, then the environment's reply)."""
     max_total_tokens: int = 256
@@ -40,7 +41,7 @@ class AgentConfig:
     def __post_init__(self) -> None:
         from rlx.config.schema import check_choice, check_range
 
-        check_choice("agent.tool_format", self.tool_format, ("plain", "hermes"))
+        check_choice("agent.tool_format", self.tool_format, ("auto", "plain", "hermes"))
         check_range("agent.max_turns", self.max_turns, 1)
         check_range("agent.max_total_tokens", self.max_total_tokens, 2)
         check_range("agent.tool_timeout_s", self.tool_timeout_s, 0.01)

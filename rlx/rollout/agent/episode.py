@@ -43,6 +43,8 @@ class Turn:
     """The policy's sampled token ids, exactly as the engine returned them."""
     logprobs: list[float]
     """The engine's logprob of each sampled token (same length as ``token_ids``)."""
+    versions: list[int] = field(default_factory=list)
+    """The policy version that sampled each token (empty when the backend does not record them)."""
     observation_ids: list[int] = field(default_factory=list)
     """The environment's reply, tokenised once, appended after this turn; empty on the last turn."""
     text: str = ""
@@ -52,6 +54,8 @@ class Turn:
     finish_reason: str = ""
     """The engine's finish reason ('stop', 'length')."""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    observation_messages: list[dict] = field(default_factory=list)
+    """The environment's reply as chat messages (framed by the chat template into ``observation_ids``)."""
 
 
 @dataclass
@@ -78,6 +82,11 @@ class Episode:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + sum(len(t.token_ids) + len(t.observation_ids) for t in self.turns)
+
+    @property
+    def versions(self) -> list[int]:
+        """The policy version of every sampled token, turn after turn (an episode spanning syncs has several)."""
+        return [v for turn in self.turns for v in turn.versions]
 
     @property
     def final_text(self) -> str:

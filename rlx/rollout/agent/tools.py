@@ -11,6 +11,9 @@
 ``resolve_tools`` turns the list into ``{name: "module:function"}`` and checks each reference in
 the launcher, before any process starts (``rlx.launch.preflight``); the worker processes import
 them again by name. Every tool function takes the call's argument dict and returns text.
+``tool_schemas`` describes the tools to a chat model (OpenAI function schemas, what
+``apply_chat_template(tools=...)`` takes): a built-in's own, a function's ``schema`` attribute (a dict
+with ``description`` and JSON-schema ``parameters``), or else its docstring's first paragraph.
 
 The ``python`` sandbox: ``python -I -S`` (isolated: no user site, no PYTHON* variables, no
 site-packages), RLIMIT_AS and RLIMIT_CPU, a wall-time limit, an empty environment and a fresh
@@ -33,6 +36,15 @@ from rlx.config.errors import ConfigError
 
 GROUP = "rlx.tools"
 BUILTIN = {"calc": "rlx.rollout.agent.tools:calc", "python": "rlx.rollout.agent.tools:python"}
+
+BUILTIN_SCHEMAS = {
+    "calc": {"description": "Evaluate an arithmetic expression exactly: numbers, + - * / // % ** and parentheses.",
+             "parameters": {"type": "object", "required": ["expression"], "properties": {
+                 "expression": {"type": "string", "description": "the expression, e.g. 47*38"}}}},
+    "python": {"description": "Run Python code in a sandbox and return what it prints.",
+               "parameters": {"type": "object", "required": ["code"], "properties": {
+                   "code": {"type": "string", "description": "a Python program that prints its result"}}}},
+}
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
@@ -138,6 +150,24 @@ def _entry(entry: str, config_key: str) -> tuple[str, str]:
                       f"with an entry point in the {GROUP!r} group")
 
 
+def tool_schemas(tools: dict[str, str]) -> list[dict]:
+    """An OpenAI function schema (``{"type": "function", "function": {name, description, parameters}}``) per tool."""
+    from rlx.rollout.tasks.reward_fn import load_reward_fn
+
+    schemas = []
+    for name, ref in tools.items():
+        if BUILTIN.get(name) == ref:
+            schema = BUILTIN_SCHEMAS[name]
+        else:
+            fn = load_reward_fn(ref, "agent.tools")
+            schema = getattr(fn, "schema", None)
+            if not isinstance(schema, dict):
+                doc = (fn.__doc__ or "").strip().split("\n\n")[0]
+                schema = {"description": " ".join(doc.split()), "parameters": {"type": "object"}}
+        schemas.append({"type": "function", "function": {"name": name, **schema}})
+    return schemas
+
+
 def check_ref(ref: str, what: str) -> None:
     """``ref`` is ``module:function`` naming an importable callable; else a ConfigError naming ``what``."""
     from rlx.rollout.tasks.reward_fn import load_reward_fn
@@ -159,10 +189,6 @@ def check_agent(cfg, task) -> None:
     """Pre-flight: every tool of a multi-turn run resolves to an importable function, and the reward does."""
     if not is_multi_turn(cfg, task):
         return
-    if cfg.trainer.mode == "fully_async":
-        raise ConfigError(f"task.name={cfg.task.name} runs multi-turn episodes with tools, which trainer.mode="
-                          "fully_async does not (it generates single-turn groups); set trainer.mode=sync or "
-                          "one_step_off")
     resolve_tools(tool_entries(cfg, task))
     reward_ref = getattr(task, "reward_ref", "")
     if reward_ref and not cfg.task.reward:

@@ -5,9 +5,9 @@
 - ``classifier.py``: a local ``AutoModelForSequenceClassification`` run in the controller process.
 
 The collectors (``rlx.rollout.collector``, ``rlx.rollout.agent.collect``) call ``RewardModel.score`` once per
-step after every sample is generated and mix the scores into the task rewards with ``mix``. Held-out
-evaluation keeps the task's own correctness check. Left out: reward models under ``trainer.mode=fully_async``
-(refused in pre-flight) and per-turn scores of an episode.
+step after every sample is generated (``trainer.mode=fully_async``: once per step over the groups it takes)
+and mix the scores into the task rewards with ``mix``. Held-out evaluation keeps the task's own correctness
+check. Left out: per-turn scores of an episode.
 """
 
 from __future__ import annotations
@@ -67,15 +67,10 @@ def mix(task_reward: float, model_score: float, weight: float) -> float:
 
 def check_reward_model(cfg) -> None:
     """Pre-flight: the classifier directory loads as a classifier with its own tokenizer; the judge server
-    answers a health check; ``trainer.mode=fully_async`` is refused."""
-    from rlx.config.errors import ConfigError
-
+    answers a health check."""
     rm = cfg.task.reward_model
     if rm.kind == "none":
         return
-    if cfg.trainer.mode == "fully_async":
-        raise ConfigError(f"task.reward_model.kind={rm.kind} is not supported with trainer.mode=fully_async; use "
-                          "trainer.mode=one_step_off or sync")
     if rm.kind == "classifier":
         from rlx.rollout.reward_models.classifier import check_classifier
 

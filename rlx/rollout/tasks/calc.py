@@ -8,11 +8,18 @@ at its first newline, is the product. The reward is 1.0 when correct, else 0.0 (
 reward workers), or the user's ``task.reward``. Operands are drawn from [10, task.max_operand] with
 ``task.seed``: ``task.num_train`` train problems and ``task.num_eval`` held out, never overlapping.
 ``transcript`` is the whole correct episode, which the warm start (``calc_tools_warmstart``)
-imitates. Other operators and longer expressions are left out.
+imitates.
+
+On a chat model (``agent.tool_format=hermes`` and a tokenizer with a chat template) the episode's
+first prompt is ``messages``: ``task.num_examples`` (default two) worked examples as chat turns (a
+Hermes tool call, the tool's reply, the answer) and then the question, ``What is 47*38?``. The examples multiply by a one-digit
+number, which no drawn problem does. A small instruct model (SmolLM2-135M) calls the tool from them
+on its own but not always; the reward teaches it to. Other operators and longer expressions are left out.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 
@@ -35,6 +42,22 @@ def transcript(problem: Problem) -> str:
     return f"<calc>{expression}</calc>={problem.answer}\n{problem.answer}"
 
 
+EXAMPLES = ((4, 213), (96, 7))
+"""Worked examples of the chat prompt: a one-digit operand, so never one of the drawn problems."""
+
+
+def messages(problem: Problem, num_examples: int = len(EXAMPLES)) -> list[dict]:
+    """The chat prompt: the first ``num_examples`` worked examples as turns with a Hermes tool call, then the question."""
+    turns = []
+    for a, b in EXAMPLES[:num_examples]:
+        call = {"name": "calc", "arguments": {"expression": f"{a}*{b}"}}
+        turns += [{"role": "user", "content": f"What is {a}*{b}?"},
+                  {"role": "assistant", "content": f"<tool_call>{json.dumps(call)}</tool_call>"},
+                  {"role": "tool", "content": str(a * b)},
+                  {"role": "assistant", "content": str(a * b)}]
+    return turns + [{"role": "user", "content": f"What is {problem.prompt.rstrip('=')}?"}]
+
+
 def draw(count: int, max_operand: int, rng: random.Random, taken: set[str]) -> list[Problem]:
     problems = []
     space = (max_operand - 9) ** 2
@@ -53,6 +76,8 @@ class Calc:
     train: list[Problem] = field(repr=False)
     eval: list[Problem] = field(repr=False)
     reward_fn: RewardFn | None = None
+    num_examples: int = len(EXAMPLES)
+    """Worked examples in the chat prompt (``messages``)."""
     name: str = field(default="calc", init=False)
     tools: list[str] = field(default_factory=lambda: list(TOOLS), init=False)
     """Tools the episodes need when agent.tools is empty."""
@@ -74,10 +99,13 @@ class Calc:
         if not train:
             raise ConfigError(f"task.num_eval={cfg.num_eval} leaves no calc problems to train on with "
                               f"task.max_operand={cfg.max_operand}; lower task.num_eval")
-        return cls(train, eval_, reward_fn)
+        return cls(train, eval_, reward_fn, cfg.num_examples)
 
     def transcript(self, problem: Problem) -> str:
         return transcript(problem)
+
+    def messages(self, problem: Problem) -> list[dict]:
+        return messages(problem, self.num_examples)
 
     def is_correct(self, completion: str, problem: Problem) -> bool:
         return normalize(completion) == problem.answer

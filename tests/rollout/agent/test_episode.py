@@ -14,6 +14,7 @@ from rlx.engine.logprobs import completion_logprobs
 from rlx.engine.packing import build
 from rlx.rollout.agent.env import StepResult
 from rlx.rollout.agent.episode import Episode, Turn
+from rlx.rollout.agent.framing import PlainFraming
 from rlx.rollout.agent.loop import run_episode
 from rlx.rollout.client import RolloutClient
 from rlx.rollout.protocol import SamplingSpec
@@ -63,8 +64,8 @@ def test_episodes_are_token_in_token_out_and_the_batch_holds_the_engines_tokens(
         try:
             episodes = []
             for problem in PROBLEMS:  # one at a time, so the recorded prompts are in turn order
-                episodes.append(await run_episode(client, ScriptedEnv(), problem, encode, sampling, max_turns=4,
-                                                  max_total_tokens=200, timeout_s=120))
+                episodes.append(await run_episode(client, ScriptedEnv(), problem, PlainFraming(tokenizer), sampling,
+                                                  max_turns=4, max_total_tokens=200, timeout_s=120))
             return episodes, client.prompts
         finally:
             client.close()

@@ -26,6 +26,17 @@ def test_hermes_calls_with_object_or_string_arguments_and_malformed_ones():
     assert no_name.error.startswith("malformed tool call")
     [bad_args] = parse_tool_calls('<tool_call>{"name": "calc", "arguments": [1]}</tool_call>', "hermes")
     assert "arguments must be a JSON object" in bad_args.error
+    [cut] = parse_tool_calls('<tool_call>{"name": "calc", "arguments": {"expression": "3', "hermes")
+    assert cut.error.startswith("malformed tool call: invalid JSON")
+
+
+def test_hermes_lists_of_calls_and_parameters_as_written_by_chat_models():
+    listed = parse_tool_calls('Let me compute.\n<tool_call>[{"name": "calc", "arguments": {"expression": "47*38"}}, '
+                              '{"name": "python", "parameters": {"code": "print(1)"}}]</tool_call>', "hermes")
+    assert [(c.name, c.arguments, c.error) for c in listed] == [("calc", {"expression": "47*38"}, ""),
+                                                                ("python", {"code": "print(1)"}, "")]
+    [empty] = parse_tool_calls("<tool_call>[]</tool_call>", "hermes")
+    assert empty.error.startswith("malformed tool call")
 
 
 def test_calc_is_exact_and_refuses_anything_but_arithmetic():
