@@ -112,6 +112,7 @@ def _run_all(jobs: list[Job], args) -> None:
             job.result = _run_job(job, gpus, args)
         except Exception as exc:  # noqa: BLE001 - one job's failure is its result
             job.result = {"error": f"{type(exc).__name__}: {exc}"}
+        (args.out / f"job_{job.name}.json").write_text(json.dumps(job.result, indent=1) + "\n")  # kept if a limit cuts the gate
         print(f"[gate] {job.name} on GPU {gpus}: {json.dumps(job.result)[:400]}", flush=True)
         with lock:
             free.extend(gpus)
@@ -271,7 +272,7 @@ def _write_layout(layout: str, jobs: list[Job], args, host_left: list[str]) -> N
 
 
 def _command(layout: str, args) -> str:
-    extra = f" --task-jsonl {args.task_jsonl}" if args.task_jsonl else ""
+    extra = f" --task-jsonl {os.path.relpath(args.task_jsonl)}" if args.task_jsonl else ""
     return f"python scripts/gpu_gate.py --out docs/results --jobs {layout} --steps {args.steps}{extra}"
 
 

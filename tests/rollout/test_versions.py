@@ -177,12 +177,14 @@ async def _paused_mid_request(client: RolloutClient, seed: int) -> tuple[int, as
 @pytest.fixture(scope="module")
 def counting_vllm_server(tiny_model_dir, tmp_path_factory):
     """A vLLM server that counts each request's tokens at every update (``rollout.token_versions=counted``), as
-    it must on vLLM 0.25, whose engine labels no output with a version."""
+    it must on vLLM 0.25, whose engine labels no output with a version. Its LM head runs through rlx's float32
+    head (``rollout.logits_dtype=float32``), so the logprob checks below hold for that path too."""
     from tests.helpers import serve_with
 
     work = tmp_path_factory.mktemp("counted")
-    with serve_with(tiny_model_dir, work, "server-counted", rollout={"backend": "vllm",
-                                                                    "token_versions": "counted"}) as (address, _):
+    rollout = {"backend": "vllm", "token_versions": "counted", "logits_dtype": "float32"}
+    with serve_with(tiny_model_dir, work, "server-counted", rollout=rollout) as (address, _):
+        assert "the LM head computes its logits in float32" in (work / "server-counted.log").read_text()
         yield address
 
 

@@ -105,8 +105,10 @@ class VllmBackend(Backend):
             self._counted = CountedVersions()
         logging.getLogger("vllm.v1.engine.async_llm").addFilter(_EngineDeathWithoutTraceback())
         await self._label_version()
-        if r.logits_dtype == "float32":  # a float32 engine's head gives float32 logits already; the same op then
-            if not all(await self.engine.collective_rpc("rlx_float32_logits")):
+        if r.logits_dtype == "float32":
+            if all(await self.engine.collective_rpc("rlx_float32_logits")):
+                log.info("rollout.logits_dtype=float32: the LM head computes its logits in float32")
+            else:
                 log.warning("rollout.logits_dtype=float32: this model's LM head is quantized; its logits stay in "
                             "%s", self.cfg.model.engine_dtype)
         if self.cfg.lora_sync == "adapter":
@@ -449,10 +451,9 @@ class WeightSyncExtension:
         return handler.handle_bytes(payload)
 
     def rlx_float32_logits(self) -> bool:
-        """The LM head in float32 (``rollout.logits_dtype``): bfloat16 logits are rounded to steps of 0.125 where
-        they reach 16, which alone puts ~0.03 between the engine's logprobs and the trainer's. vLLM computes the
-        logits outside its CUDA graphs, so this holds with graphs captured. False where the head is quantized
-        (left as it is)."""
+        """The LM head in float32 (``rollout.logits_dtype=float32``): bfloat16 logits are rounded to steps of 0.125
+        where they reach 16. vLLM computes the logits outside its CUDA graphs, so this holds with graphs captured.
+        False where the head is quantized (left as it is)."""
         model = self.get_model() if hasattr(self, "get_model") else self.model_runner.model
         head = getattr(model, "lm_head", None)
         method = getattr(head, "quant_method", None)
