@@ -27,8 +27,8 @@ def spawn_receiver():
     """Start extra receiver processes with custom flags; all are ended after the test."""
     procs = []
 
-    def spawn(*args: str, name: str = "test receiver"):
-        proc, address = start_receiver(*args, name=name)
+    def spawn(*args: str, name: str = "test receiver", env: dict | None = None):
+        proc, address = start_receiver(*args, name=name, env=env)
         procs.append((proc, address))
         return proc, address
 
