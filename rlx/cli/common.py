@@ -14,9 +14,9 @@ console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
 
-class FlagCommand(typer.core.TyperCommand):
-    """A command whose help shows a flag (``--resume``, ``--help``) as a flag: typer labels it ``<bool>``, which
-    reads as if it took a value."""
+class _Flags:
+    """Help that shows a flag (``--resume``, ``--help``) as a flag: typer labels it ``<bool>``, which reads as if
+    it took a value. Mixed into a typer command or group."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -27,14 +27,12 @@ class FlagCommand(typer.core.TyperCommand):
         return _as_flag(super().get_help_option(ctx))
 
 
-class FlagGroup(typer.core.TyperGroup):
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        for param in self.params:
-            _as_flag(param)
+class FlagCommand(_Flags, typer.core.TyperCommand):
+    pass
 
-    def get_help_option(self, ctx):
-        return _as_flag(super().get_help_option(ctx))
+
+class FlagGroup(_Flags, typer.core.TyperGroup):
+    pass
 
 
 def _as_flag(param):
