@@ -73,8 +73,8 @@ class Plan:
     rollout: tuple[Slot, ...]
     num_gpus: int
     sync_transport: str = "auto"
-    """sync.transport made concrete for the launched servers on this host (``auto`` where it is left to the
-    trainer: no GPU, or servers on other hosts)."""
+    """sync.transport made concrete for the launched servers on this host; as configured where it is left to
+    the trainer (no GPU, or servers on other hosts)."""
 
     def server(self, index: int) -> Slot:
         return self.rollout[index] if index < len(self.rollout) else Slot(f"rollout{index}")
@@ -174,7 +174,7 @@ def plan(cfg, num_gpus: int, peer_access=None) -> Plan:
     servers = r.servers_to_launch
     if not uses_gpus(cfg, num_gpus):
         return Plan(tuple(Slot(f"trainer{i}") for i in range(t.num_ranks)),
-                    tuple(Slot(f"rollout{i}") for i in range(servers)), 0)
+                    tuple(Slot(f"rollout{i}") for i in range(servers)), 0, cfg.sync.transport)
     tp = r.tensor_parallel_size
     trainer = tuple(Slot(f"trainer{i}", (i,)) for i in range(t.num_ranks))
     if cfg.placement.mode == "separate":

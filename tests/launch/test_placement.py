@@ -57,6 +57,7 @@ def test_auto_transport_falls_back_to_nccl_where_gpus_are_not_peers_and_keeps_a_
     with pytest.raises(ConfigError, match="set sync.transport=auto"):
         placement.check(cfg(tmp_path, "sync.transport=cuda_ipc"), 2, no_peers)
     assert placement.plan(c, 0).sync_transport == "auto"  # no GPU: the trainer's choice (shm)
+    assert placement.plan(cfg(tmp_path, "sync.transport=gloo"), 0).sync_transport == "gloo"  # a named one stays
 
 
 def test_colocated_engines_away_from_the_senders_gpu_see_it(tmp_path):
