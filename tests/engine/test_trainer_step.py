@@ -271,7 +271,12 @@ def test_entropy_bonus_and_kl_loss_match_padded(tiny_model_dir):
     padded = step_and_params(make_trainer(tiny_model_dir, algorithm=algorithm, micro_batch_tokens=0), batch)
     packed = step_and_params(make_trainer(tiny_model_dir, algorithm=algorithm, micro_batch_tokens=40), batch)
     assert "kl" in packed[0]
-    assert_same(packed, padded, 1e-5)
+    # AdamW divides each update by its gradient's running scale, so an entry whose gradient is near zero turns a
+    # last-bit difference between the packed and padded forwards into up to ~1e-5 of its lr=1e-3 step (seen on 1
+    # of 8192 entries with transformers 5.19); the metrics (loss, entropy, kl) agree to 1e-5.
+    for key in padded[0]:
+        assert packed[0][key] == pytest.approx(padded[0][key], rel=1e-5, abs=1e-5), key
+    assert_same(packed, padded, 5e-5)
 
 
 @pytest.mark.parametrize("budget", [0, 40])
