@@ -70,8 +70,9 @@ def score(completion, answer):
 @pytest.mark.parametrize("fault", ["reward_raises", "server_stopped"])
 def test_a_fault_mid_run_is_one_line_and_a_logged_traceback(fault, tiny_model_dir, tmp_path):
     (tmp_path / "faulty_reward.py").write_text(REWARD)
+    # a stop that lands in a weight sync is noticed at the sync's deadline: as short as the requests'
     extra = {"task": {"reward": "faulty_reward:score"}} if fault == "reward_raises" else \
-        {"rollout": {"request_timeout_s": 5.0}}
+        {"rollout": {"request_timeout_s": 5.0}, "sync": {"timeout_s": 5.0}}
     config = small_config(tmp_path, tiny_model_dir, "hf", **extra)
     run_dir = tmp_path / "run"
     log = tmp_path / "train.log"
