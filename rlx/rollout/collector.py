@@ -117,7 +117,7 @@ class Collector:
             result = await self.generate_group(problem, seed, index, together=len(problems))
             return result, await self.group_rewards(problem, result)
 
-        done = await asyncio.gather(*(scored_group(i, p) for i, p in enumerate(problems)))
+        done = await gather_or_cancel(scored_group(i, p) for i, p in enumerate(problems))
         elapsed = time.perf_counter() - start
         results = [result for result, _ in done]
         return await self.score_off_loop(problems, results, elapsed, await self.model_scores(problems, results),
@@ -225,3 +225,16 @@ class Collector:
                                                  timeout_s=self.cfg.rollout.request_timeout_s)
         hits = [self.task.is_correct(r.samples[0].text, p) for p, r in zip(problems, results)]
         return sum(hits) / len(hits)
+
+
+async def gather_or_cancel(coros) -> list:
+    """Every result, or the first failure after the others are cancelled and awaited: a second failing reward
+    would otherwise surface as a traceback when the run's event loop shuts down."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

@@ -153,3 +153,31 @@ def test_rewards_are_scored_as_groups_finish_each_sample_a_span(vllm_server, tmp
     assert sorted((r["a"]["problem"], r["a"]["sample"], r["a"]["reward"]) for r in rewards) == [
         (0, 0, 0.0), (0, 1, 0.0), (1, 0, 1.0), (1, 1, 1.0)]
     assert all(r["d"] >= 0 for r in rewards)
+
+
+def test_a_failing_group_leaves_no_group_running_when_the_step_fails():
+    """The first failure ends the step; the other groups are cancelled and awaited first. A group still scoring
+    (its reward in a thread) that ends with an error of its own when cancelled was left to the run's event loop
+    shutdown, which printed it as an unhandled exception with a traceback."""
+    import asyncio
+
+    from rlx.rollout.collector import gather_or_cancel
+
+    unhandled = []
+
+    async def fail():
+        raise ValueError("reward model unreachable")
+
+    async def still_scoring():
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            raise ValueError("the reward thread's own error, surfacing at cancellation") from None
+
+    async def main():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: unhandled.append(context))
+        await gather_or_cancel([still_scoring(), fail()])
+
+    with pytest.raises(ValueError, match="unreachable"):
+        asyncio.run(main())
+    assert not unhandled, unhandled
