@@ -122,7 +122,7 @@ def receiver_env(gpu: int | None) -> dict[str, str]:
     import os
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    physical = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(max(gpu, 0) + 1)]
+    physical = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(gpu + 1)]
     order = [gpu] if gpu == 0 else [gpu, 0]
     return {"CUDA_VISIBLE_DEVICES": ",".join(physical[i] for i in order)}
 

@@ -84,6 +84,14 @@ class Lane:
         """No more calls; those queued still run (the process waits for them at exit, ``_join_at_exit``)."""
         self._calls.put(None)
 
+    @classmethod
+    def one_call(cls, name: str, fn, *args) -> concurrent.futures.Future:
+        """``fn(*args)`` on a daemon thread of its own, which ends once it returns."""
+        lane = cls(name)
+        future = lane.submit(fn, *args)
+        lane.close()
+        return future
+
     def _run(self) -> None:
         while (call := self._calls.get()) is not None:
             future, fn, args = call
@@ -179,24 +187,20 @@ class DistBuffer(SenderBuffer):
             for future in posted:
                 works = await asyncio.wait_for(asyncio.wrap_future(future), max(deadline - time.monotonic(), 0.001))
                 await wait_works(works, deadline, f"the receivers of group {self._name()}")
-        except (SyncError, asyncio.TimeoutError) as exc:
+        except SyncError:
             self._drop_group(abandon=True)
-            if isinstance(exc, SyncError):
-                raise
-            raise SyncError(f"broadcasts to the receivers of group {self._name()} were not posted within "
+            raise
+        except asyncio.TimeoutError:
+            name = self._name()
+            self._drop_group(abandon=True)
+            raise SyncError(f"broadcasts to the receivers of group {name} were not posted within "
                             f"{self.timeout_s:g} s (sync.timeout_s)") from None
         self._drop_group()
 
     def close(self) -> None:
         self._filling, self._staged, self._posted = [], {}, []
-        group, self._group, self._join = self._group, None, None
-        if self._lane is not None:
-            if group is not None:
-                self._lane.submit(_abort, group)
-            self._lane.close()
-            self._lane = None
-        elif group is not None:
-            abort_soon(group)
+        self._drop_group()
+        self._abandon_lane()
         self._store = None
 
     def _drop_group(self, abandon: bool = False) -> None:
@@ -209,7 +213,7 @@ class DistBuffer(SenderBuffer):
             abort_soon(group)
             self._abandon_lane()
         else:
-            self._lane.submit(_abort, group)
+            self._lane.submit(_abort_logged, group)
 
     def _abandon_lane(self) -> None:
         if self._lane is not None:
@@ -234,11 +238,11 @@ class DistMapping(ReceiverMapping):
         self.timeout_s = float(p["timeout_s"])
         self.device = _device(handle.kind, "cuda" if handle.kind == "nccl" else "cpu")
         self._slots: torch.Tensor | None = None
-        joining = Lane(f"rlx-{handle.kind}-join").submit(self._join, p)
+        joining = Lane.one_call(f"rlx-{handle.kind}-join", self._join, p)
         try:  # on a thread of its own: a rendezvous whose sender died may never return
             self._group = joining.result(timeout=self.timeout_s)
         except concurrent.futures.TimeoutError:
-            joining.add_done_callback(lambda f: f.exception() is None and abort_soon(f.result()))
+            joining.add_done_callback(_abort_late_group)
             raise RuntimeError(f"cannot join {self.peer} within {self.timeout_s:g} s (sync.timeout_s): the "
                                "rendezvous did not finish; is the trainer alive and reachable from this host "
                                "(firewall, RLX_SYNC_HOST)?") from None
@@ -389,12 +393,8 @@ def route_to(host: str) -> str:
         return s.getsockname()[0]
 
 
-def _abort(group) -> None:
-    if group is not None:
-        group.abort()
-
-
-def _abort_late_group(joining: asyncio.Future) -> None:
+def _abort_late_group(joining) -> None:
+    """A rendezvous given up on (an asyncio or a concurrent future): abort its group if it forms after all."""
     if not joining.cancelled() and joining.exception() is None:
         abort_soon(joining.result())
 
