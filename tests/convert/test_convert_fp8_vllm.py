@@ -24,7 +24,7 @@ pytestmark = [
 PROMPT_IDS = [5, 17, 3, 40, 41, 12, 9, 33, 60, 2, 44, 45, 30, 31]
 
 VLLM_SCRIPT = textwrap.dedent("""
-    import json, sys
+    import json, os, sys
 
     def main():
         from vllm import LLM, SamplingParams
@@ -34,9 +34,14 @@ VLLM_SCRIPT = textwrap.dedent("""
         out = llm.generate({"prompt_token_ids": json.loads(sys.argv[2])}, params)[0]
         logprobs = [None if entry is None else next(iter(entry.values())).logprob for entry in out.prompt_logprobs]
         print("RESULT " + json.dumps(logprobs), flush=True)
+        llm.llm_engine.engine_core.shutdown()
 
     if __name__ == "__main__":
         main()
+        # as `rlx rollout-serve` does: skip the interpreter's teardown, where vLLM's CPU worker threads
+        # can still be joinable and abort the process ("terminate called without an active exception")
+        sys.stderr.flush()
+        os._exit(0)
 """)
 
 
