@@ -4,7 +4,7 @@ Each episode is two policy turns on a real rollout server (the tiny model, trans
 built on the fly) with a tool call after the first turn and a reward call at the end; the tool and
 the reward each sleep ``--call-s`` (0.2 s) in a worker process, standing in for a sandbox or a
 judge. ``concurrent`` runs all ``--episodes`` (32) at once through rlx's episode loop and worker
-pools (``rlx.rollout.agent``); ``serial`` runs the very same episodes, generation, tool and reward,
+pools (``rlx.agent``); ``serial`` runs the very same episodes, generation, tool and reward,
 one at a time -- what a plain per-sample loop does. Rounds alternate the order. The table gives
 wall seconds, episodes/s and the speed-up; ``--json`` writes the rows.
 
@@ -46,7 +46,7 @@ class AlwaysCallsEnv:
         return problem.prompt
 
     async def step(self, turn):
-        from rlx.rollout.agent.env import StepResult
+        from rlx.agent.env import StepResult
 
         self.turns += 1
         if self.turns == 2:
@@ -56,12 +56,12 @@ class AlwaysCallsEnv:
 
 
 async def run(address: str, tokenizer, episodes: int, call_s: float, concurrent: bool) -> float:
-    from rlx.rollout.agent.framing import PlainFraming
-    from rlx.rollout.agent.loop import run_episode
-    from rlx.rollout.agent.workers import WorkerPool
+    from rlx.agent.framing import PlainFraming
+    from rlx.orchestrator.episode_loop import run_episode
+    from rlx.agent.workers import WorkerPool
     from rlx.rollout.client import RolloutClient
     from rlx.rollout.protocol import SamplingSpec
-    from rlx.rollout.tasks.base import Problem
+    from rlx.tasks.base import Problem
 
     framing = PlainFraming(tokenizer)
     sampling = SamplingSpec(temperature=1.0, max_tokens=8)
@@ -102,7 +102,7 @@ def main() -> None:
     from rich.table import Table
     from transformers import AutoTokenizer
 
-    from rlx.engine.tiny import build_tiny_model
+    from rlx.trainer.tiny import build_tiny_model
     from tests.helpers import serve
 
     times: dict[str, list[float]] = {"concurrent": [], "serial": []}

@@ -248,7 +248,7 @@ def run_child(side: str, src: Path, dst: Path, workers: int, write_ratio: float 
 
 
 def make_trainer_checkpoint(src: Path, ckpt: Path) -> None:
-    from rlx.engine.checkpoint_format import write_manifest
+    from rlx.formats.checkpoint import write_manifest
 
     (ckpt / "hf").mkdir(parents=True)
     files = sorted(p.name for p in src.glob("*.safetensors"))

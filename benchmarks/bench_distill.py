@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlx.engine.warmstart import RECIPES  # noqa: E402 - after the repository is on sys.path
+from rlx.trainer.warmstart import RECIPES  # noqa: E402 - after the repository is on sys.path
 
 CONFIG = ROOT / "configs" / "quickstart_distill.yaml"
 TEACHER_STEPS = RECIPES["tiny_math_teacher"].steps
@@ -42,7 +42,7 @@ ARMS = {
 def build_teacher(cfg) -> Path:
     """The teacher: the config's teacher_build_if_missing recipe (the student's, warm-started TEACHER_STEPS
     steps, 4x, on the same train split), as `rlx train` builds it."""
-    from rlx.engine.warmstart import build_warmstart
+    from rlx.trainer.warmstart import build_warmstart
 
     path = ROOT / cfg.algorithm.distill.teacher
     if not (path / "config.json").is_file():

@@ -69,7 +69,7 @@ def greedy_accuracy(model_dir: Path, cfg) -> float:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlx.rollout.tasks import build_task
+    from rlx.tasks import build_task
 
     task = build_task(cfg.task)
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -131,7 +131,7 @@ def trl_main(workload: str, seed: int, out: Path, overrides: list[str]) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlx.rollout.tasks import Problem, build_task
+    from rlx.tasks import Problem, build_task
 
     cfg = load_cfg(workload, overrides)
     task = build_task(cfg.task)

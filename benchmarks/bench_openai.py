@@ -178,7 +178,7 @@ def main() -> None:
         work = Path(tmp)
         model_dir = args.model
         if not model_dir:
-            from rlx.engine.tiny import build_tiny_model
+            from rlx.trainer.tiny import build_tiny_model
 
             model_dir = str(build_tiny_model(work / "model"))
         results = asyncio.run(measure(args, model_dir, work))

@@ -1,4 +1,4 @@
-"""The trainer's AdamW step, fused (``rlx.engine.optim.build_optimizer``) against the per-tensor loop
+"""The trainer's AdamW step, fused (``rlx.trainer.optim.build_optimizer``) against the per-tensor loop
 (``foreach=False``, what rlx used before), on the same parameters and gradients, in alternating rounds.
 
 Models: the quickstart's and the generation-heavy workload's (built on first use, as `rlx train` builds
@@ -45,7 +45,7 @@ def load(path: Path, device: str):
 
 def measure(path: Path, device: str, rounds: int, steps: int) -> dict:
     from rlx.config.schema import ModelConfig, RunConfig, TrainerConfig
-    from rlx.engine.optim import build_optimizer
+    from rlx.trainer.optim import build_optimizer
 
     cfg = RunConfig(model=ModelConfig(path=str(path)), trainer=TrainerConfig(lr=1e-6))
     model = load(path, device)

@@ -121,7 +121,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from rlx.engine.tiny import build_tiny_model
+    from rlx.trainer.tiny import build_tiny_model
 
     model = args.model or str(build_tiny_model(Path(tempfile.mkdtemp(prefix="rlx-bench-model-")) / "tiny"))
     prompts = prompts_for(args.prompts)

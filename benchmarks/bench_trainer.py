@@ -51,7 +51,7 @@ SHAPES = {  # rows, prompt tokens, (min, max) completion tokens, rows per plain 
 def build_model_dir(out: Path, config: dict) -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rlx.engine.tiny import build_tokenizer
+    from rlx.trainer.tiny import build_tokenizer
 
     torch.manual_seed(0)
     hf_config = AutoConfig.for_model(**config)
@@ -62,7 +62,7 @@ def build_model_dir(out: Path, config: dict) -> Path:
 
 
 def make_batch(shape: str, vocab: int, seed: int = 0):
-    from rlx.engine.batch import build_batch
+    from rlx.trainer.batch import build_batch
 
     rows, prompt_len, (low, high), _, _, group = SHAPES[shape]
     gen = torch.Generator().manual_seed(seed)
@@ -112,7 +112,7 @@ class PlainLoop:
 
 def rlx_trainer(model_dir: Path, checkpointing: bool, shape: str, lr: float):
     from rlx.config.schema import AlgorithmConfig, ModelConfig, RunConfig, TrainerConfig
-    from rlx.engine.trainer import Trainer
+    from rlx.trainer.trainer import Trainer
 
     rows, _, (_, high), rows_per_batch, budget, _ = SHAPES[shape]
     n = min(rows, 8)

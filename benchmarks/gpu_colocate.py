@@ -165,10 +165,10 @@ def build_model(path: Path, device: str) -> Path:
     if (path / "config.json").exists():
         return path
     if device == "cpu":
-        from rlx.engine.tiny import build_tiny_model
+        from rlx.trainer.tiny import build_tiny_model
 
         return Path(build_tiny_model(path))
-    from rlx.engine.tiny import build_qwen2_0p5b_random
+    from rlx.trainer.tiny import build_qwen2_0p5b_random
 
     return Path(build_qwen2_0p5b_random(path))
 

@@ -14,7 +14,7 @@ SIGTERM mid-run (measuring how long every process takes to end), resume it from 
 its end with the uninterrupted run of the same seed. One JSON per layout, ``gpu_gate_<layout>.json``.
 
 Where reasoning-gym is not installed (it builds a C extension), ``--task-jsonl`` names its entries exported
-as JSONL (``python -m rlx.rollout.tasks.reasoning_gym chain_sum FILE --num 4352 --config JSON``), read by
+as JSONL (``python -m rlx.tasks.reasoning_gym chain_sum FILE --num 4352 --config JSON``), read by
 ``task.name=gsm8k``.
 """
 

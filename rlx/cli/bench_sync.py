@@ -1,7 +1,7 @@
 """`rlx bench-sync`: benchmark trainer -> rollout weight transfer against the copy ceiling.
 
 Heavy imports (torch, the sync package) happen inside the command; the measurements live in
-``rlx.sync.bench``, this module only parses flags, prints the table and writes the JSON.
+``rlx.bench.sync``, this module only parses flags, prints the table and writes the JSON.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def bench_sync(
 
     import msgspec
 
-    from rlx.sync.bench import GPU_TRANSPORTS, BenchOptions, run_bench
+    from rlx.bench.sync import GPU_TRANSPORTS, BenchOptions, run_bench
 
     # the three presets move 1 + 3 + 15 GB per sync: on a CPU host the bare command measures the smallest
     preset = preset or (_PRESETS if any(t in GPU_TRANSPORTS for t in transport) else _PRESETS[:1])

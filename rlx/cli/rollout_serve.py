@@ -49,7 +49,7 @@ def rollout_serve(
     import logging
 
     from rlx.config import load_config
-    from rlx.engine.model import check_model_dir
+    from rlx.trainer.model import check_model_dir
     from rlx.rollout.backends.base import make_backend
     from rlx.rollout.priority import apply_from_env
     from rlx.rollout.server import BackendDied, run_server
@@ -167,7 +167,7 @@ def _token_from_env(variable: str | None) -> str:
 def _bind_address(cfg, address: str | None, host: str | None, port: int | None, index: int,
                   allow_remote: bool) -> str:
     """The address to bind: --address, or tcp://--host:port, or the run's default for ``index``."""
-    from rlx.rollout.addresses import MAX_IPC_PATH_BYTES, ipc_path, server_address
+    from rlx.net import MAX_IPC_PATH_BYTES, ipc_path, server_address
     from rlx.rollout.server import check_bind_address
 
     if index < 0:

@@ -15,10 +15,10 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 from rlx.config.errors import ConfigError
-from rlx.rollout.agent.config import AgentConfig
+from rlx.config.agent import AgentConfig
 from rlx.rollout.protocol import MIN_TEMPERATURE
-from rlx.rollout.reward_models.config import RewardModelConfig
-from rlx.store.config import FiltersConfig, StoreConfig, check_reuse
+from rlx.config.reward_models import RewardModelConfig
+from rlx.config.store import FiltersConfig, StoreConfig, check_reuse
 
 
 def check_choice(where: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -250,7 +250,7 @@ class RolloutConfig:
     """Stop strings that end a completion."""
     gpu_memory_utilization: Optional[float] = None
     """vLLM memory fraction of its GPU; unset = follows from placement (separate 0.9, colocated a share;
-    rlx.launch.placement). On CPU builds the fraction of host memory (unset = 0.2)."""
+    rlx.placement). On CPU builds the fraction of host memory (unset = 0.2)."""
     tensor_parallel_size: int = 1
     """GPUs one vLLM engine shards its model over (tensor parallelism); several servers = data parallelism."""
     max_model_len: int = 512
@@ -531,7 +531,7 @@ class TrainerConfig:
     NaN."""
     fused_kernels: str = "auto"
     """Liger's fused RMSNorm and SwiGLU kernels on the trainer's model (CUDA, liger-kernel installed, Llama /
-    Mistral / Qwen2 / Qwen3): auto = where they apply, on = required, off = never (rlx.engine.kernels)."""
+    Mistral / Qwen2 / Qwen3): auto = where they apply, on = required, off = never (rlx.trainer.kernels)."""
     logprob_chunk_size: int = 1024
     """Tokens per chunk when computing logprobs/entropy, bounding the logits held at once."""
     eval_every: int = 5
@@ -767,9 +767,9 @@ class RunConfig:
     trace: TraceConfig = field(default_factory=TraceConfig)
     """Span tracing."""
     agent: AgentConfig = field(default_factory=AgentConfig)
-    """Multi-turn episodes with tools (rlx.rollout.agent)."""
+    """Multi-turn episodes with tools (rlx.agent)."""
     placement: PlacementConfig = field(default_factory=PlacementConfig)
-    """Which GPUs each role gets: separate, or colocated (taking turns); see rlx.launch.placement."""
+    """Which GPUs each role gets: separate, or colocated (taking turns); see rlx.placement."""
 
     def __post_init__(self) -> None:
         check_all_finite(self)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 from rlx.convert.errors import ConvertError
-from rlx.engine.checkpoint_format import fsync_dir
+from rlx.formats.checkpoint import fsync_dir
 
 
 def check_destination(dst: str | Path, source: str | Path, overwrite: bool) -> Path:

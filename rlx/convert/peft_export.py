@@ -1,6 +1,6 @@
 """LoRA trainer checkpoint -> Hugging Face PEFT adapter directory.
 
-A LoRA run's checkpoint (``rlx.engine.lora``) already holds the adapter in PEFT's format:
+A LoRA run's checkpoint (``rlx.trainer.lora``) already holds the adapter in PEFT's format:
 ``adapter_model.safetensors`` (keys ``base_model.model.<module>.lora_A.weight``) and
 ``adapter_config.json`` (``base_model_name_or_path`` = the run's ``model.path``). The export
 copies both, verified, casting floating tensors with ``--dtype``, plus the tokenizer files, into
@@ -28,7 +28,7 @@ from rlx.convert.hf_write import target_dtype
 from rlx.convert.plan import Plan, PlanRow
 from rlx.convert.safetensors_io import SafetensorsDir
 from rlx.convert.trainer_ckpt import TrainerCheckpoint
-from rlx.engine.checkpoint_format import ADAPTER_CONFIG, ADAPTER_FILE
+from rlx.formats.checkpoint import ADAPTER_CONFIG, ADAPTER_FILE
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "chat_template.jinja")

@@ -1,4 +1,4 @@
-"""Find and verify the rlx trainer checkpoint to convert (format: ``rlx.engine.checkpoint_format``).
+"""Find and verify the rlx trainer checkpoint to convert (format: ``rlx.formats.checkpoint``).
 
 Accepts a step directory (``.../checkpoints/step_00000010``), a ``checkpoints/`` directory or a
 run directory. For the last two the newest checkpoint that passes ``verify_checkpoint`` (sizes
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rlx.convert.errors import ConvertError
 from rlx.convert.hf_write import read_model_config
-from rlx.engine.checkpoint_format import (MANIFEST, STEP_PREFIX, CorruptCheckpoint, list_checkpoints,
+from rlx.formats.checkpoint import (MANIFEST, STEP_PREFIX, CorruptCheckpoint, list_checkpoints,
                                           verify_checkpoint)
 
 HF_SUBDIR = "hf"

@@ -65,7 +65,7 @@ def _finite(value) -> bool:
 
 def resume_hint(run_dir: Path) -> str:
     """What a run stopped early leaves: its newest complete checkpoint and the command that continues from it."""
-    from rlx.engine.checkpoint import newest_complete_checkpoint
+    from rlx.trainer.checkpoint import newest_complete_checkpoint
 
     ckpt, _ = newest_complete_checkpoint(run_dir / "checkpoints")
     if ckpt is None:

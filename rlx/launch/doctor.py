@@ -328,7 +328,7 @@ def model_checks(cfg) -> tuple[list[Check], int]:
 
 def _model_check(what: str, key: str, path: str, build: str, build_key: str) -> tuple[int, Check]:
     from rlx.config.errors import ConfigError
-    from rlx.engine.model import check_model_dir
+    from rlx.trainer.model import check_model_dir
 
     where = str(Path(path).resolve())
     if build and not Path(path, "config.json").is_file():
@@ -366,8 +366,8 @@ def _gguf_parameter_count() -> int:
 
 
 def _planned_parameter_count(build: str) -> int:
-    from rlx.engine.tiny import QWEN2_0P5B_SHAPE, planned_parameter_count
-    from rlx.engine.warmstart import RECIPES
+    from rlx.trainer.tiny import QWEN2_0P5B_SHAPE, planned_parameter_count
+    from rlx.trainer.warmstart import RECIPES
 
     if build == "qwen2_0p5b_random":
         return planned_parameter_count(**QWEN2_0P5B_SHAPE)

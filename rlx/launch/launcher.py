@@ -30,7 +30,7 @@ from rich.markup import escape
 
 from rlx.launch.closing import already_done, done_line, resume_hint, where_things_go
 from rlx.launch.display import Display
-from rlx.launch.placement import plan, visible_gpus
+from rlx.placement import plan, visible_gpus
 from rlx.launch.preflight import preflight
 from rlx.rollout.priority import ENV_NO_SPIN, ENV_SCHED_IDLE
 from rlx.launch.processes import ProcessSet, python_argv
@@ -158,7 +158,7 @@ class Launch:
         self.display.close_log()
 
     def _start_servers(self, config_args: list[str], env: dict) -> list[str]:
-        from rlx.rollout.addresses import server_address
+        from rlx.net import server_address
 
         for index in range(self.cfg.rollout.servers_to_launch):
             address = server_address(self.cfg, index)
@@ -180,12 +180,12 @@ class Launch:
         for rank in range(1, world):
             rank_env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
                             **self.placement.rank(rank).env(os.environ.get("CUDA_VISIBLE_DEVICES")))
-            self.procs.start(f"trainer{rank}", python_argv("rlx.launch.ranks", *config_args), rank_env)
+            self.procs.start(f"trainer{rank}", python_argv("rlx.trainer.ranks", *config_args), rank_env)
 
     def _run_rank0(self, addresses: list[str]) -> int:
         """Build the trainer and the controller while the servers load their engines, then train."""
-        from rlx.engine.trainer import Trainer
-        from rlx.launch.ranks import init_distributed
+        from rlx.trainer.trainer import Trainer
+        from rlx.trainer.ranks import init_distributed
         from rlx.trace import tracer
 
         cfg, run_dir, display = self.cfg, self.run_dir, self.display
@@ -202,7 +202,7 @@ class Launch:
 
     async def _control(self, trainer, addresses: list[str]) -> list[tuple[int, float]]:
         """Train; the (step, held-out accuracy) pairs measured."""
-        from rlx.launch.controller import Controller
+        from rlx.orchestrator.controller import Controller
         from rlx.rollout.client import RolloutClient
 
         cfg = self.cfg
@@ -297,7 +297,7 @@ def _server_priority(cfg) -> dict:
 
 
 def _device_type(cfg) -> str:
-    from rlx.engine.model import resolve_device
+    from rlx.trainer.model import resolve_device
 
     return resolve_device(cfg.trainer.device).type
 

@@ -20,13 +20,13 @@ from rlx.sync.transports.shm import remove_stale_segments
 def preflight(cfg, display: Display) -> int | None:
     """Fail before any process starts: run directory, plugins, model directory, task data, reward function,
     resume. Returns the step ``--resume`` continues from (None without --resume or a checkpoint)."""
-    from rlx.engine.model import check_model_dir
+    from rlx.trainer.model import check_model_dir
     from rlx.plugins import check_loadable
-    from rlx.rollout.agent.tools import check_agent
-    from rlx.rollout.reward_models import check_reward_model
-    from rlx.rollout.tasks import build_task
+    from rlx.agent.tools import check_agent
+    from rlx.tasks.reward_models import check_reward_model
+    from rlx.tasks import build_task
 
-    from rlx.launch import placement
+    from rlx import placement
 
     run_dir = Path(cfg.trainer.output_dir).resolve()
     placement.check(cfg, placement.visible_gpus())
@@ -38,13 +38,13 @@ def preflight(cfg, display: Display) -> int | None:
     check_model_dir(cfg.model.path)
     distill = cfg.algorithm.distill
     if distill.teacher:
-        from rlx.engine.distill import check_same_tokenizer
+        from rlx.trainer.distill import check_same_tokenizer
 
         if distill.teacher_build_if_missing and not Path(distill.teacher, "config.json").is_file():
             build_warmstart_model(distill.teacher_build_if_missing, distill.teacher, cfg, display, "the teacher")
         check_same_tokenizer(cfg.model.path, distill.teacher)
     if cfg.task.name == "external":
-        from rlx.rollout.tasks.external import check_config
+        from rlx.orchestrator.external import check_config
 
         check_config(cfg)
     task = build_task(cfg.task, cfg.model.path)
@@ -61,8 +61,8 @@ def preflight(cfg, display: Display) -> int | None:
 def check_prompts(cfg, task) -> None:
     """Every train and eval prompt fits rollout.max_model_len with room for a completion, counted as the
     rollout backend counts a text prompt (vLLM adds the tokenizer's special tokens, such as BOS; hf does not)."""
-    from rlx.engine.model import load_tokenizer
-    from rlx.rollout.tasks.base import check_prompt_lengths
+    from rlx.trainer.model import load_tokenizer
+    from rlx.tasks.base import check_prompt_lengths
 
     tokenizer = load_tokenizer(cfg.model.path)
     special = cfg.rollout.backend == "vllm"
@@ -97,7 +97,7 @@ def build_model(cfg, display: Display) -> None:
         import_gguf(gguf, cfg.model.path)
         return
     if cfg.model.build_if_missing == "qwen2_0p5b_random":
-        from rlx.engine.tiny import build_qwen2_0p5b_random
+        from rlx.trainer.tiny import build_qwen2_0p5b_random
 
         display.note(f"building a random Qwen2-0.5B-shaped model into {Path(cfg.model.path).resolve()}")
         build_qwen2_0p5b_random(cfg.model.path, seed=cfg.trainer.seed)
@@ -106,11 +106,11 @@ def build_model(cfg, display: Display) -> None:
 
 
 def build_warmstart_model(recipe: str, path: str, cfg, display: Display, what: str) -> None:
-    """``rlx.engine.warmstart``'s ``recipe`` on the run's task into ``path``, with a progress bar; the note names
+    """``rlx.trainer.warmstart``'s ``recipe`` on the run's task into ``path``, with a progress bar; the note names
     the absolute path, since a relative one is taken from the directory `rlx train` runs in."""
     from rich.progress import Progress
 
-    from rlx.engine.warmstart import build_warmstart
+    from rlx.trainer.warmstart import build_warmstart
 
     display.note(f"building {what} into {Path(path).resolve()} (first run only; a relative path is taken from "
                  "the current directory)")
@@ -138,7 +138,7 @@ def check_output_dir(run_dir: Path) -> None:
 def check_resume(cfg, run_dir: Path, num_problems: int, display: Display) -> int | None:
     """The checkpoint --resume continues from exists and fits this config; else refuse, changing nothing.
     Returns its step (None: no earlier run, start at step 0)."""
-    from rlx.engine.checkpoint import check_resumable, resume_checkpoint
+    from rlx.trainer.checkpoint import check_resumable, resume_checkpoint
 
     ckpt, skipped = resume_checkpoint(run_dir)
     for reason in skipped:

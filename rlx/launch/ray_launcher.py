@@ -9,7 +9,7 @@ neither is given. Each role gets one placement group (``ray.rollout_resources`` 
 * rollout server i: `rlx rollout-serve --address tcp://NODE_IP:PORT --allow-remote`, PORT free on
   that node (or ``rollout.port + i``), with the run's auth token (``rollout.auth_token``, or a fresh
   random one) in its environment, never in argv;
-* trainer rank r: ``python -m rlx.launch.ranks`` (rank 0: ``python -m rlx.launch.ray_actors``, the
+* trainer rank r: ``python -m rlx.trainer.ranks`` (rank 0: ``python -m rlx.launch.ray_actors``, the
   controller), rendezvous at rank 0's node IP and a port free there, ``rollout.servers`` = the
   servers' tcp:// addresses. Weights cross hosts over ``sync.transport`` (``auto`` picks a
   gloo/nccl broadcast when a server is on another host).
@@ -227,7 +227,7 @@ class RayRun:
         files = self._config_files()
         master = handles[0].node
         for rank, handle in enumerate(handles):
-            module = "rlx.launch.ray_actors" if rank == 0 else "rlx.launch.ranks"
+            module = "rlx.launch.ray_actors" if rank == 0 else "rlx.trainer.ranks"
             rank_env = dict(env, MASTER_ADDR=master["ip"], MASTER_PORT=str(master["port"]), WORLD_SIZE=str(world),
                             RANK=str(rank))
             self._launch(handle, [module, "{workdir}/config.yaml", *secret_args], rank_env, files)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import socket
 
-from rlx.rollout.addresses import is_loopback_host
+from rlx.net import is_loopback_host
 
 CONNECT_TIMEOUT_S = 5.0
 """How long the address has to accept a connection, and then to answer the HTTP/2 preface."""

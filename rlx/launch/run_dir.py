@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from rlx.launch.display import Display
-from rlx.rollout.addresses import ipc_path
+from rlx.net import ipc_path
 
 # What a run writes into its directory (``trace`` only when trace.dir is not set elsewhere).
 RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "checkpoints", "logs", "trace", "tb", "hf")

@@ -11,9 +11,9 @@ it until ``mark_up`` (once it holds the trainer's weights again). A server that 
 requests in flight with ``protocol.SERVER_STOPPING``: the request fails with that error, or, where
 the holder restarts servers (``awaits_restarts``), waits for its server to be marked down and is
 re-issued. ``channel(i)`` hands the weight sender server ``i``'s socket as an
-``rlx.sync.rpc.RpcSyncChannel``, which carries each sync request as its own bytes in one
+``rlx.rpc.RpcSyncChannel``, which carries each sync request as its own bytes in one
 ``UpdateWeights``; this client never sees them. The socket plumbing
-(request-id frames, deadlines) is ``rlx.sync.rpc.RpcClient``.
+(request-id frames, deadlines) is ``rlx.rpc.RpcClient``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Sequence
 import zmq.asyncio
 
 from rlx.rollout import protocol as p
-from rlx.sync.rpc import RpcClient, RpcError, RpcSyncChannel
+from rlx.rpc import RpcClient, RpcError, RpcSyncChannel
 
 
 class RolloutServerError(RuntimeError):

@@ -12,7 +12,7 @@ A request carrying an episode id (header ``X-Episode-Id``, else the ``user`` fie
 prompt ids, sampled ids and their logprobs. A follow-up request that repeats the conversation plus
 the model's answer gets the model's own tokens as its prefix (``ChatFormat.continuation``), so a
 multi-request conversation is one token-in/token-out episode. Finishing it with a reward queues it
-for the trainer, which takes it with ``protocol.TakeEpisodes`` (``rlx.rollout.tasks.external``).
+for the trainer, which takes it with ``protocol.TakeEpisodes`` (``rlx.orchestrator.external``).
 
 A request body is read up to ``rollout.openai_max_body_mb`` (HTTP 413 past it), and prompts are rendered
 and tokenized in a worker thread, so one huge message stalls neither HTTP nor ZeroMQ.
@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 import msgspec
 
 from rlx.rollout import protocol as p
-from rlx.rollout.addresses import is_loopback_host
-from rlx.rollout.chat import ChatFormat
+from rlx.net import is_loopback_host
+from rlx.formats.chat import ChatFormat
 from rlx.trace import tracer
 
 log = logging.getLogger("rlx.rollout.openai_http")

@@ -5,7 +5,7 @@ for explicitly, which then requires a token); clients connect DEALER sockets; ea
 handled in its own task, so many generate requests run concurrently and the engine batches
 them. A weight update is one ``UpdateWeights`` request whose payload goes to the backend's
 ``update_weights`` untouched, strictly one at a time, in arrival order; the ack comes back as it
-is. A ROUTER reply echoes the frames before the payload (an ``rlx.sync.rpc`` request id). A
+is. A ROUTER reply echoes the frames before the payload (an ``rlx.rpc`` request id). A
 malformed, expired, wrong-version or unauthenticated message gets an error reply and a log
 line; the server keeps serving. High-water marks are 0 (unbounded): back-pressure is the
 client's number of requests in flight, not dropped messages.
@@ -38,10 +38,10 @@ import zmq
 import zmq.asyncio
 
 from rlx.rollout import protocol as p
-from rlx.rollout.addresses import ipc_path, is_loopback_address
+from rlx.net import ipc_path, is_loopback_address
 from rlx.rollout.backends.base import Backend
 from rlx.sync.messages import BucketAck, SyncAbort, encode
-from rlx.sync.rpc import reply_frames
+from rlx.rpc import reply_frames
 from rlx.trace import tracer
 
 log = logging.getLogger("rlx.rollout.server")

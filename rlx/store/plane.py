@@ -5,7 +5,7 @@ step's batch into the sample store and broadcasts one fixed-size ``BatchNotice``
 handle, the first row and the row count, the batch's padded widths) after the rank bus's TRAIN
 command. Each other rank reads the rows' table entries (lengths, rewards, loss-token counts: a few
 numbers per row, from the store, not from rank 0), computes the same micro-batch plan as every
-rank (``rlx.engine.packing``), and reads from the store only the rows its plan gives it. What rank
+rank (``rlx.trainer.packing``), and reads from the store only the rows its plan gives it. What rank
 0 sends per step is therefore the same number of bytes whatever the batch's size or token count.
 
 ``StoredBatch`` is the batch a pulling rank hands to ``Trainer.step``: the per-row counts are real
@@ -13,7 +13,7 @@ rank (``rlx.engine.packing``), and reads from the store only the rows its plan g
 reads the asked-for rows from the store, so the trainer's plan and losses are those of the full
 batch. The other token tensors are zero-stride placeholders that the trainer never reads.
 
-Rows are laid out exactly as ``rlx.engine.batch.build_batch`` lays them out (prompts left-padded,
+Rows are laid out exactly as ``rlx.trainer.batch.build_batch`` lays them out (prompts left-padded,
 completions right-padded to the batch's widths, the same pad id), so a rank's rows are the bytes
 that ``broadcast_batch`` would have sent it.
 """
@@ -24,7 +24,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from rlx.engine.batch import TrainBatch
+from rlx.trainer.batch import TrainBatch
 from rlx.store.base import Sample, SampleStore, StoreHandle, StoreReader, create_store, open_reader
 
 NOTICE_BYTES = 256  # one frame per step whatever the batch: the handle, a row range and three widths

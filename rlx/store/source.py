@@ -10,7 +10,7 @@ reuse it is the collector's own ``collect``. Otherwise:
 - ``rollout.reuse=first_k``: steps 1..``rollout.reuse_steps`` from the dump, then generated.
 - ``rollout.reuse=mix``: the first ``round(reuse_fraction * prompts_per_step)`` groups of the dump's
   step, the rest generated for the step's remaining prompts.
-- filters (``rlx.store.filters``) apply to generated groups; dropped groups are refilled with more
+- filters (``rlx.orchestrator.filters``) apply to generated groups; dropped groups are refilled with more
   prompts from the data stream, at most ``filters.max_extra_rounds`` times (then the batch trains
   with fewer groups; if none is left, with the first round's groups unfiltered: ``filter_fallback``).
 - ``rollout.dump_dir``: the samples that train are written after the step is collected.
@@ -21,8 +21,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from rlx.rollout.collector import Collected
-from rlx.store import filters
+from rlx.orchestrator.collector import Collected
+from rlx.orchestrator import filters
 from rlx.store.base import Sample, Status
 from rlx.store.plane import batch_to_samples, samples_to_batch
 

@@ -21,7 +21,7 @@ the run's token (``rollout.auth_token``, which the launchers hand every process 
 ``RLX_ROLLOUT_AUTH_TOKEN``), compared with ``hmac.compare_digest``. The token never travels in the
 notice. Every reader wait has a deadline (``store.timeout_s``) and its error names the producer.
 
-The reader is a synchronous DEALER with a request-id frame, the convention of ``rlx.sync.rpc``;
+The reader is a synchronous DEALER with a request-id frame, the convention of ``rlx.rpc``;
 that helper itself is not used because it is asyncio-only and carries one payload frame, while
 trainer ranks are synchronous and replies carry one raw frame per tensor.
 
@@ -43,7 +43,7 @@ import numpy as np
 import torch
 import zmq
 
-from rlx.rollout.addresses import is_loopback_host
+from rlx.net import is_loopback_host
 from rlx.store.base import RowGone, Sample, SampleStore, StoreHandle, StoreReader
 from rlx.store.shm import _ROW, ShmStore
 

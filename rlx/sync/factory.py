@@ -1,7 +1,7 @@
 """The one place that decides how a sync moves its bytes: transport, weight arena (zero-copy), sender.
 
-Used by the trainer's controller (``rlx.launch.controller``) and by ``rlx bench-sync``
-(``rlx.sync.bench``). The rules:
+Used by the trainer's controller (``rlx.orchestrator.controller``) and by ``rlx bench-sync``
+(``rlx.bench.sync``). The rules:
 
 * transport ``auto``: a broadcast (``nccl`` on a GPU, ``gloo`` on the CPU) when any receiver is on
   another host -- one sync uses one transport, and the group reaches local receivers too -- else the
@@ -41,7 +41,7 @@ def pick_transport(kind: str, device: str, peers: Sequence[str] = ()) -> str:
             raise ValueError(f"unknown weight transport {kind!r}; choose one of auto, {', '.join(TRANSPORTS)}")
         return kind
     if peers:
-        from rlx.rollout.addresses import is_loopback_address
+        from rlx.net import is_loopback_address
 
         if not all(is_loopback_address(a) for a in peers):
             return "nccl" if device.startswith("cuda") else "gloo"

@@ -101,7 +101,7 @@ def test_rollout_serve_refuses_an_ipc_address_it_cannot_bind_before_loading(tiny
 
 def test_a_run_directory_too_deep_for_a_unix_socket_gets_a_short_server_address(tmp_path):
     from rlx.config.load import load_config
-    from rlx.rollout.addresses import MAX_IPC_PATH_BYTES, server_address
+    from rlx.net import MAX_IPC_PATH_BYTES, server_address
 
     deep = tmp_path.joinpath(*["abcdefghij"] * 12)
     cfg = load_config("configs/quickstart.yaml", [f"trainer.output_dir={deep}"])

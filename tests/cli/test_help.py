@@ -45,7 +45,7 @@ def test_both_converters_default_workers_to_one_per_core():
 def test_bare_bench_sync_on_a_cpu_transport_measures_the_smallest_preset(monkeypatch):
     """The presets the command would run, read from the options it builds (the bench itself is stopped there:
     measuring 0.5b takes a minute)."""
-    import rlx.sync.bench as bench
+    import rlx.bench.sync as bench
 
     seen = {}
 

@@ -12,8 +12,8 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen3C
 
 from safetensors.torch import load_file, save_file
 
-from rlx.engine.checkpoint_format import step_dir_name, write_manifest
-from rlx.engine.tiny import build_tiny_model, build_tokenizer
+from rlx.formats.checkpoint import step_dir_name, write_manifest
+from rlx.trainer.tiny import build_tiny_model, build_tokenizer
 
 _CLASSES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
 
@@ -60,7 +60,7 @@ def _randomize_norms(model) -> None:
 
 
 def write_trainer_checkpoint(run_dir: Path, model, hf_dir: Path, step: int, num_model_files: int = 2) -> Path:
-    """Write ``model`` as an rlx trainer checkpoint (the format of rlx.engine.checkpoint_format)."""
+    """Write ``model`` as an rlx trainer checkpoint (the format of rlx.formats.checkpoint)."""
     ckpt = Path(run_dir) / "checkpoints" / step_dir_name(step)
     (ckpt / "hf").mkdir(parents=True)
     state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}

@@ -23,7 +23,7 @@ def _logits(model, model_dir):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A kit model with untied embeddings, nudged as a trainer would, saved at steps 10 and 20."""
-    from rlx.engine.tiny import build_tiny_model
+    from rlx.trainer.tiny import build_tiny_model
 
     root = tmp_path_factory.mktemp("trainer")
     hf_dir = build_tiny_model(root / "base", tie_word_embeddings=False)

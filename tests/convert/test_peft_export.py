@@ -8,9 +8,9 @@ import torch
 from typer.testing import CliRunner
 
 from rlx.cli import app
-from rlx.engine.checkpoint import save_checkpoint
-from tests.engine.test_lora import LORA, lora_trainer
-from tests.engine.test_trainer_step import ragged_batch
+from rlx.trainer.checkpoint import save_checkpoint
+from tests.trainer.test_lora import LORA, lora_trainer
+from tests.trainer.test_trainer_step import ragged_batch
 
 runner = CliRunner()
 
@@ -66,7 +66,7 @@ def test_adapter_checkpoint_refuses_hf_and_plans_peft(lora_run, tmp_path):
 
 def test_full_checkpoint_refuses_peft(tiny_model_dir, tmp_path):
     from rlx.config.schema import ModelConfig, RunConfig, TrainerConfig
-    from rlx.engine.trainer import Trainer
+    from rlx.trainer.trainer import Trainer
 
     trainer = Trainer(RunConfig(model=ModelConfig(path=str(tiny_model_dir)), trainer=TrainerConfig(device="cpu")))
     ckpt = save_checkpoint(tmp_path / "checkpoints", 1, trainer.model, trainer.optimizer, trainer.scheduler,

@@ -24,7 +24,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlx.cli import app
-from rlx.engine.checkpoint_format import list_checkpoints
+from rlx.formats.checkpoint import list_checkpoints
 from tests.helpers import serve, write_config
 
 pytestmark = pytest.mark.slow

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from rlx.launch.fully_async import Group, GroupBuffer
+from rlx.orchestrator.fully_async import Group, GroupBuffer
 from rlx.rollout.protocol import PromptResult, Sample
-from rlx.rollout.tasks import Problem
+from rlx.tasks import Problem
 from tests.launch.test_train import (
     assert_no_children_alive,
     read_metrics,

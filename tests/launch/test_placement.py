@@ -6,7 +6,7 @@ import pytest
 
 from rlx.config import load_config
 from rlx.config.errors import ConfigError
-from rlx.launch import placement
+from rlx import placement
 from tests.helpers import write_config
 
 

@@ -95,7 +95,7 @@ def test_incomplete_model_directory(config, tmp_path, tiny_model_dir, damage, ex
 
 
 def test_a_sound_model_directory_passes(tiny_model_dir):
-    from rlx.engine.model import check_model_dir
+    from rlx.trainer.model import check_model_dir
 
     assert check_model_dir(str(tiny_model_dir)) == Path(tiny_model_dir)
 
@@ -141,7 +141,7 @@ def test_the_teacher_is_built_when_missing(config, tmp_path, monkeypatch):
     from rich.console import Console
 
     from rlx.config import load_config
-    from rlx.engine import warmstart
+    from rlx.trainer import warmstart
     from rlx.launch.display import Display
     from rlx.launch.preflight import preflight
 

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlx.cli import app
-from rlx.engine.checkpoint_format import list_checkpoints, verify_checkpoint
+from rlx.formats.checkpoint import list_checkpoints, verify_checkpoint
 from tests.helpers import group_alive, start_rlx, stop_group, write_config
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rlx.engine.checkpoint import load_checkpoint, newest_complete_checkpoint
-from rlx.engine.checkpoint_format import list_checkpoints, verify_checkpoint
+from rlx.trainer.checkpoint import load_checkpoint, newest_complete_checkpoint
+from rlx.formats.checkpoint import list_checkpoints, verify_checkpoint
 from tests.launch.test_train import read_metrics, run_to_end, small_config
 
 pytestmark = pytest.mark.slow
@@ -81,7 +81,7 @@ def test_unknown_plugin_fails_before_any_process_starts(site, tiny_model_dir, tm
 
 def test_raising_plugin_fails_the_run_and_keeps_the_newest_checkpoint(site, tiny_model_dir, tmp_path):
     from rlx.config.schema import LoraConfig
-    from tests.engine.test_lora import lora_trainer
+    from tests.trainer.test_lora import lora_trainer
 
     config = small_config(tmp_path, tiny_model_dir, "hf", checkpoint={
         "every": 1, "keep": 3, "plugins": ["example_recorder", "example_failing"]}, model={"lora": {"rank": 4}})

@@ -6,9 +6,9 @@ import pytest
 
 from rlx.config.errors import ConfigError
 from rlx.config.schema import TaskConfig
-from rlx.rollout.chat import ChatFormat
-from rlx.rollout.tasks import build_task
-from rlx.rollout.tasks.dataset import read_dataset
+from rlx.formats.chat import ChatFormat
+from rlx.tasks import build_task
+from rlx.tasks.dataset import read_dataset
 
 # Only characters of the tiny tokenizer's alphabet, so every rendered prompt tokenizes without <unk>.
 TEMPLATE = ("{% if tools %}tools:{% for t in tools %} {{ t.function.name }}{% endfor %}{{ '\n' }}{% endif %}"
@@ -22,7 +22,7 @@ TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type"
 @pytest.fixture(scope="module")
 def templated_dir(tmp_path_factory):
     """A tokenizer directory (the tiny character tokenizer) with a chat template set; nothing downloaded."""
-    from rlx.engine.tiny import build_tokenizer
+    from rlx.trainer.tiny import build_tokenizer
 
     path = tmp_path_factory.mktemp("templated")
     tokenizer = build_tokenizer(path)
@@ -33,7 +33,7 @@ def templated_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plain_tokenizer(tmp_path_factory):
-    from rlx.engine.tiny import build_tokenizer
+    from rlx.trainer.tiny import build_tokenizer
 
     return build_tokenizer(tmp_path_factory.mktemp("plain"))
 

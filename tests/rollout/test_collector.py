@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from rlx.rollout.client import RolloutClient
-from rlx.rollout.collector import Collector
-from rlx.rollout.tasks import Problem
+from rlx.orchestrator.collector import Collector
+from rlx.tasks import Problem
 
 
 class _Task:
@@ -161,7 +161,7 @@ def test_a_failing_group_leaves_no_group_running_when_the_step_fails():
     shutdown, which printed it as an unhandled exception with a traceback."""
     import asyncio
 
-    from rlx.rollout.collector import gather_or_cancel
+    from rlx.orchestrator.collector import gather_or_cancel
 
     unhandled = []
 

@@ -13,7 +13,7 @@ import pytest
 
 from rlx.rollout import protocol as p
 from rlx.rollout.client import RolloutClient
-from rlx.rollout.tasks.external import episode_rows
+from rlx.orchestrator.external import episode_rows
 from tests.helpers import start_rlx, stop_group, write_config
 
 TOKEN = "test-secret-token"
@@ -322,7 +322,7 @@ def test_train_on_episodes_an_external_client_finished(endpoint, chat_model_dir,
 def test_external_task_needs_groups_or_a_groupless_advantage(tiny_model_dir, tmp_path):
     from rlx.config import load_config
     from rlx.config.errors import ConfigError
-    from rlx.rollout.tasks.external import check_config
+    from rlx.orchestrator.external import check_config
 
     config = write_config(tmp_path / "run.yaml", tiny_model_dir, task={"name": "external"},
                           rollout={"n": 1, "openai_port": 8000})

@@ -16,10 +16,10 @@ import torch
 from rlx.config.errors import ConfigError
 from rlx.rollout import protocol as p
 from rlx.rollout.client import RolloutClient
-from rlx.rollout.reward_models import RewardModelError
-from rlx.rollout.reward_models.classifier import Classifier, check_classifier
-from rlx.rollout.reward_models.config import RewardModelConfig
-from rlx.rollout.reward_models.judge import Judge, check_judge_up
+from rlx.tasks.reward_models import RewardModelError
+from rlx.tasks.reward_models.classifier import Classifier, check_classifier
+from rlx.config.reward_models import RewardModelConfig
+from rlx.tasks.reward_models.judge import Judge, check_judge_up
 from tests.helpers import serve_with, write_config
 from tests.launch.test_preflight import assert_refused_before_start, train
 
@@ -175,8 +175,8 @@ def test_the_collector_mixes_classifier_scores_into_rewards(tiny_model_dir, judg
     """A real step on the hf server: reward = weight * classifier score + (1 - weight) * task reward."""
     from rlx.config import load_config
     from rlx.rollout.client import RolloutClient
-    from rlx.rollout.collector import Collector
-    from rlx.rollout.tasks import Problem
+    from rlx.orchestrator.collector import Collector
+    from rlx.tasks import Problem
 
     path = save_classifier(tiny_model_dir, tmp_path / "rm")
     cfg = load_config(write_config(tmp_path / "c.yaml", tiny_model_dir, rollout={"n": 2, "max_tokens": 4},
@@ -218,9 +218,9 @@ def test_requests_of_two_clients_keep_apart_in_the_servers_trace(judge_server):
 def test_fully_async_mixes_classifier_scores_into_the_groups_a_step_takes(tiny_model_dir, judge_server, tmp_path):
     """trainer.mode=fully_async with a reward model: the groups a step takes are scored then, as a sync step's are."""
     from rlx.config import load_config
-    from rlx.launch.fully_async import FullyAsyncRollout
-    from rlx.rollout.collector import Collector
-    from rlx.rollout.tasks import DataStream, Problem
+    from rlx.orchestrator.fully_async import FullyAsyncRollout
+    from rlx.orchestrator.collector import Collector
+    from rlx.tasks import DataStream, Problem
 
     path = save_classifier(tiny_model_dir, tmp_path / "rm")
     cfg = load_config(write_config(tmp_path / "c.yaml", tiny_model_dir, rollout={"n": 2, "max_tokens": 4},

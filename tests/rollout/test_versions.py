@@ -10,8 +10,8 @@ import asyncio
 import pytest
 import torch
 
-from rlx.engine.algorithms.correction import rollout_correction
-from rlx.engine.batch import build_batch
+from rlx.trainer.algorithms.correction import rollout_correction
+from rlx.trainer.batch import build_batch
 from rlx.rollout import protocol as p
 from rlx.rollout.client import RolloutClient
 from rlx.sync.sender import WeightSender

@@ -1,7 +1,7 @@
 """Two trainer steps at rank RANK of WORLD_SIZE, once with the batch broadcast, once pulled from the store.
 
 Rank 0 drives as ``Controller.train`` does (rank bus command, then the store notice or the batch
-broadcast); the other ranks run the real ``rlx.launch.ranks.follow``. Every rank prints one RESULT
+broadcast); the other ranks run the real ``rlx.trainer.ranks.follow``. Every rank prints one RESULT
 line (JSON) per data plane; each plane starts from a freshly loaded model. Used by test_data_plane.py through real processes (gloo). Not a test module itself.
 """
 
@@ -12,7 +12,7 @@ import torch
 
 
 def batches():
-    from rlx.engine.batch import build_batch
+    from rlx.trainer.batch import build_batch
 
     generator = torch.Generator().manual_seed(123)
     out = []
@@ -32,7 +32,7 @@ def main(model_dir: str, output_dir: str) -> None:
     import torch.distributed as dist
 
     from rlx.config.schema import ModelConfig, RunConfig, TrainerConfig
-    from rlx.launch.ranks import init_distributed
+    from rlx.trainer.ranks import init_distributed
 
     init_distributed("cpu")
     torch.manual_seed(0)
@@ -50,10 +50,10 @@ def main(model_dir: str, output_dir: str) -> None:
 
 
 def lead(cfg) -> dict:
-    from rlx.engine.batch import batch_bytes, broadcast_batch
-    from rlx.engine.packing import plan_packed
-    from rlx.engine.trainer import Trainer
-    from rlx.launch.ranks import Command, RankBus
+    from rlx.trainer.batch import batch_bytes, broadcast_batch
+    from rlx.trainer.packing import plan_packed
+    from rlx.trainer.trainer import Trainer
+    from rlx.trainer.ranks import Command, RankBus
     from rlx.store.plane import DataPlane
 
     trainer = Trainer(cfg)
@@ -84,7 +84,7 @@ def lead(cfg) -> dict:
 
 
 def follow_recording(cfg) -> dict:
-    from rlx.launch.ranks import follow
+    from rlx.trainer.ranks import follow
     from rlx.store.plane import StoredBatch
 
     fetched: list[list[int]] = []

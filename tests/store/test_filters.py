@@ -2,8 +2,8 @@
 
 import pytest
 
-from rlx.store import filters
-from rlx.store.config import FiltersConfig
+from rlx.orchestrator import filters
+from rlx.config.store import FiltersConfig
 
 
 def groups():

@@ -16,8 +16,8 @@ from rlx.config.schema import (
     RunConfig,
     TrainerConfig,
 )
-from rlx.engine.lora import merged_named_tensors
-from rlx.engine.trainer import Trainer
+from rlx.trainer.lora import merged_named_tensors
+from rlx.trainer.trainer import Trainer
 from rlx.rollout.client import RolloutClient
 from rlx.sync.errors import SyncError
 from rlx.sync.sender import WeightSender
@@ -133,7 +133,7 @@ def test_bench_sync_lora_rows_move_the_adapter_bytes(tiny_model_dir, tmp_path, o
     from typer.testing import CliRunner
 
     from rlx.cli import app
-    from rlx.sync.bench_lora import LORA_TARGETS
+    from rlx.bench.lora import LORA_TARGETS
 
     out = tmp_path / "bench.json"
     result = CliRunner().invoke(app, ["bench-sync", "--model", str(tiny_model_dir), "--bucket-mb", "1",

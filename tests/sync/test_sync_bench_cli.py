@@ -41,7 +41,7 @@ def test_the_receiver_gpu_follows_the_transport(monkeypatch):
     the receiver then sees its own GPU first and the sender's after it, so CUDA IPC works peer-to-peer."""
     import pytest
 
-    from rlx.sync.bench import receiver_env, receiver_gpu
+    from rlx.bench.sync import receiver_env, receiver_gpu
 
     assert receiver_gpu("nccl", None, 2) == 1 and receiver_gpu("cuda_ipc", None, 2) == 0
     assert receiver_gpu("cuda_ipc", 1, 2) == 1 and receiver_gpu("shm", None, 0) is None

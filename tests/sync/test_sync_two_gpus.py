@@ -6,7 +6,7 @@ import asyncio
 import pytest
 import torch
 
-from rlx.sync.bench import receiver_env
+from rlx.bench.sync import receiver_env
 from tests.sync.test_sync_cuda_ipc import gpu_tensors
 
 pytestmark = pytest.mark.gpu

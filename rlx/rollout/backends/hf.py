@@ -79,7 +79,7 @@ class HfBackend(Backend):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from rlx.engine.model import set_cpu_threads
+        from rlx.trainer.model import set_cpu_threads
 
         want = self.cfg.rollout.device
         self.device = "cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu"
@@ -96,7 +96,7 @@ class HfBackend(Backend):
         """Tokens that end a sample and are kept in it: the tokenizer's EOS and the generation config's."""
         torch.manual_seed(self.cfg.trainer.seed)
         if self.device == "cuda":
-            from rlx.launch.placement import apply_memory_budget
+            from rlx.placement import apply_memory_budget
 
             apply_memory_budget(self.cfg.placement.gpu_memory_gb)
 

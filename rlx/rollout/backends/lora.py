@@ -1,7 +1,7 @@
 """Adapter-only weight sync (``model.lora.sync=adapter``) on the rollout side: the hf merge and vLLM's LoRA.
 
 The trainer sends only the LoRA factors, ``<module>.lora_A.weight`` [r, in] and ``<module>.lora_B.weight``
-[out, r] under the base model's module names, in the trainer's dtype (``rlx.engine.lora.adapter_named_tensors``).
+[out, r] under the base model's module names, in the trainer's dtype (``rlx.trainer.lora.adapter_named_tensors``).
 
 ``hf`` backend -- ``AdapterMerger`` keeps, for each adapted module, the base weight as it was before any adapter
 touched it (copied, in float32, the first time that module's factors arrive), collects a sync's factors, and at
@@ -128,7 +128,7 @@ def peft_adapter_config(lora, base_model_path: str) -> str:
     """``adapter_config.json`` of the run's ``model.lora``, as PEFT writes it (what vLLM reads)."""
     import json
 
-    from rlx.engine.lora import peft_lora_config
+    from rlx.trainer.lora import peft_lora_config
 
     config = peft_lora_config(lora, base_model_path).to_dict()
     config["inference_mode"] = True
@@ -157,7 +157,7 @@ class VllmAdapterLoader(Consumer):
         self.pending = {}
 
     def load(self, tensors, verify: bool) -> None:
-        from rlx.engine.lora import PEFT_PREFIX
+        from rlx.trainer.lora import PEFT_PREFIX
 
         for name, tensor in tensors:
             if split_factor_name(name) is None:

@@ -87,7 +87,7 @@ class VllmBackend(Backend):
 
         from vllm.platforms import current_platform
 
-        from rlx.launch.placement import engine_memory_fraction
+        from rlx.placement import engine_memory_fraction
 
         r = self.cfg.rollout
         args = AsyncEngineArgs(

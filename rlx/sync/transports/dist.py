@@ -53,7 +53,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from rlx.rollout.addresses import is_loopback_host
+from rlx.net import is_loopback_host
 from rlx.sync.errors import SyncError
 from rlx.sync.messages import TransportHandle
 from rlx.sync.transports.base import ReceiverMapping, SenderBuffer

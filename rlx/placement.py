@@ -1,0 +1,246 @@
+"""Which GPUs each process of `rlx train` gets, and how much of a GPU each engine may take.
+
+``plan(cfg, num_gpus)`` is a pure function of the run config and the number of GPUs the launcher sees:
+one ``Slot`` per child -- trainer ranks first, then the launched rollout servers -- holding the indices
+(into the launcher's visible GPUs) of its devices and, for a server, its engine's memory fraction. The
+embedded launcher turns a slot into the child's ``CUDA_VISIBLE_DEVICES`` and config overrides
+(``Slot.env``, ``Slot.overrides``); a Ray launcher can hand the same slots to its actors.
+
+Layouts (``placement.mode``):
+
+- ``separate``: trainer rank r on GPU r; server i on the ``rollout.tensor_parallel_size`` GPUs after the
+  trainer's. An engine alone on its GPUs takes ``SEPARATE_FRACTION`` of each.
+- ``colocated``: the servers' GPUs are the trainer's, taking turns: engines sleep
+  (``placement.sleep_level``) while the trainer trains, the trainer offloads (``placement.offload``) while
+  they generate (``rlx.orchestrator.colocation``). An engine then takes ``TURN_FRACTION`` of a GPU in its turn,
+  ``SHARED_FRACTION`` when the trainer keeps its state there; several engines on one GPU split it.
+
+Trainer rank 0 runs inside the launcher and uses the first visible GPU (``rlx.trainer.model.resolve_device``),
+which is why trainer GPUs come first. On a host without GPUs (or ``trainer.device=cpu``) nothing is
+assigned: children inherit the launcher's environment and the engine's memory setting is left as it is
+(vLLM's CPU build reads it as a fraction of host memory). ``check`` raises a ``ConfigError`` naming the
+fix before any process starts. It leaves out several hosts (Ray's placement groups do that), MIG slices
+and GPUs of different sizes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, replace
+
+from rlx.config.errors import ConfigError
+
+SEPARATE_FRACTION = 0.9
+"""An engine alone on its GPU: vLLM's own default, room left for the CUDA context and the sampler."""
+TURN_FRACTION = 0.8
+"""Colocated, engines sleep and the trainer offloads: the whole GPU in the engines' turn, less what the
+trainer keeps there (its CUDA context, the weight-sync buffers)."""
+SHARED_FRACTION = 0.4
+"""Colocated while the trainer keeps its parameters and optimizer state on the GPU."""
+CPU_FRACTION = 0.2
+"""vLLM's CPU build: the fraction of host memory for the KV cache when rollout.gpu_memory_utilization is unset."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    """The child's name: trainer<r> or rollout<i>."""
+    devices: tuple[int, ...] = ()
+    """Indices into the launcher's visible GPUs; () = inherit the launcher's environment (CPU host)."""
+    memory_fraction: float | None = None
+    """A server's engine memory fraction of each of its GPUs; None = leave rollout.gpu_memory_utilization."""
+    peer_devices: tuple[int, ...] = ()
+    """GPUs the child sees after its own without using them: the sending trainer rank's, so an engine on
+    another GPU opens the trainer's CUDA IPC buffer peer-to-peer."""
+
+    def env(self, parent_visible: str | None = None) -> dict[str, str]:
+        """``CUDA_VISIBLE_DEVICES`` for this child, mapped through the launcher's own (``parent_visible``)."""
+        if not self.devices:
+            return {}
+        physical = [d.strip() for d in parent_visible.split(",")] if parent_visible else None
+        visible = (*self.devices, *self.peer_devices)
+        return {"CUDA_VISIBLE_DEVICES": ",".join(physical[d] if physical else str(d) for d in visible)}
+
+    def overrides(self) -> list[str]:
+        """Config overrides of this child (`rlx rollout-serve CONFIG KEY=VALUE ...`)."""
+        return [] if self.memory_fraction is None else [f"rollout.gpu_memory_utilization={self.memory_fraction:.4g}"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    trainer: tuple[Slot, ...]
+    rollout: tuple[Slot, ...]
+    num_gpus: int
+    sync_transport: str = "auto"
+    """sync.transport made concrete for the launched servers on this host; as configured where it is left to
+    the trainer (no GPU, or servers on other hosts)."""
+
+    def server(self, index: int) -> Slot:
+        return self.rollout[index] if index < len(self.rollout) else Slot(f"rollout{index}")
+
+    def rank(self, rank: int) -> Slot:
+        return self.trainer[rank] if rank < len(self.trainer) else Slot(f"trainer{rank}")
+
+    def describe(self) -> str:
+        """One line a user reads at start-up: which GPUs each child got."""
+        if not self.num_gpus:
+            return "placement: no GPU on this host; every process runs on the CPU"
+        parts = [f"{s.name}: GPU {','.join(map(str, s.devices))}" + (f" ({s.memory_fraction:.2g} of memory)"
+                                                                       if s.memory_fraction is not None else "")
+                 for s in (*self.trainer, *self.rollout)]
+        line = "placement: " + "; ".join(parts)
+        if self.sync_transport == "cuda_ipc" and any(s.peer_devices for s in self.rollout):
+            line += "; weights over CUDA IPC, peer-to-peer from the trainer's GPU"
+        elif self.sync_transport == "nccl":
+            line += "; weights over NCCL"
+        return line
+
+
+def uses_gpus(cfg, num_gpus: int) -> bool:
+    return num_gpus > 0 and cfg.trainer.device != "cpu"
+
+
+def rollout_gpus(cfg) -> int:
+    return cfg.placement.rollout_gpus or cfg.rollout.servers_to_launch * cfg.rollout.tensor_parallel_size
+
+
+def check(cfg, num_gpus: int, peer_access=None) -> None:
+    """Every layout mistake as one error naming the fix; nothing has been started. ``peer_access`` as in
+    ``plan``."""
+    r, t, pl = cfg.rollout, cfg.trainer, cfg.placement
+    if t.device == "cuda" and num_gpus == 0:
+        raise ConfigError("trainer.device=cuda but this host sees no GPU (CUDA_VISIBLE_DEVICES, driver); "
+                          "set trainer.device=auto or cpu")
+    if not uses_gpus(cfg, num_gpus):
+        return
+    tp, servers, wanted = r.tensor_parallel_size, r.servers_to_launch, rollout_gpus(cfg)
+    if wanted % tp:
+        raise ConfigError(f"rollout.tensor_parallel_size={tp} does not divide placement.rollout_gpus={wanted}; "
+                          f"set placement.rollout_gpus to a multiple of {tp} or change the tensor parallel size")
+    if wanted // tp != servers:
+        raise ConfigError(f"placement.rollout_gpus={wanted} with rollout.tensor_parallel_size={tp} makes "
+                          f"{wanted // tp} engines but rollout.num_servers={servers}; set rollout.num_servers="
+                          f"{wanted // tp} (one server per engine: data parallelism)")
+    reach = peer_access or _peer_access
+    if cfg.sync.transport == "cuda_ipc" and not all(reach(0, d) for d in range(1, num_gpus)):
+        raise ConfigError("sync.transport=cuda_ipc needs every engine to open the trainer's GPU memory, but the GPUs "
+                          "of this host cannot reach each other peer-to-peer; set sync.transport=auto (NCCL then)")
+    if pl.mode == "separate":
+        need = t.num_ranks + wanted
+        if need > num_gpus:
+            raise ConfigError(
+                f"placement.mode=separate needs {need} GPUs ({t.num_ranks} for trainer.num_ranks, {wanted} for "
+                f"{servers} rollout server(s) x rollout.tensor_parallel_size={tp}) but this host sees {num_gpus}; "
+                "lower trainer.num_ranks or rollout.num_servers, or set placement.mode=colocated")
+        return
+    if t.num_ranks > num_gpus:
+        raise ConfigError(f"trainer.num_ranks={t.num_ranks} needs one GPU per rank but this host sees {num_gpus}; "
+                          f"set trainer.num_ranks <= {num_gpus}")
+    if t.num_ranks % tp and wanted > tp:
+        raise ConfigError(f"rollout.tensor_parallel_size={tp} does not divide the {t.num_ranks} colocated GPUs "
+                          f"(trainer.num_ranks); set the tensor parallel size to a divisor of {t.num_ranks}")
+    if tp > t.num_ranks:
+        raise ConfigError(f"rollout.tensor_parallel_size={tp} spans more GPUs than the {t.num_ranks} colocated ones "
+                          f"(trainer.num_ranks); set trainer.num_ranks >= {tp} or placement.mode=separate")
+    per_gpu = _engines_per_gpu(cfg)
+    if per_gpu > 1 and pl.sleep_level == 0:
+        raise ConfigError(f"placement.mode=colocated puts {per_gpu} rollout servers on one GPU with "
+                          "placement.sleep_level=0: awake together beside the trainer they do not fit; set "
+                          "placement.sleep_level=1, or fewer rollout.num_servers")
+
+
+def sync_transport(cfg, rollout: tuple[Slot, ...], peer_access) -> str:
+    """``sync.transport=auto`` on one GPU host: CUDA IPC where every launched engine sees the sending rank's
+    GPU (it shares it, or can reach it peer-to-peer: ``peer_access(a, b)``), else NCCL; a named transport,
+    or servers beyond this host (the trainer decides then), stay as they are."""
+    wanted = cfg.sync.transport
+    if wanted != "auto" or not rollout or cfg.rollout.servers:
+        return wanted
+    sender = 0  # trainer rank 0 sends, from the first visible GPU
+    if all(sender in s.devices or all(peer_access(sender, d) for d in s.devices) for s in rollout):
+        return "cuda_ipc"
+    if any(sender in s.devices for s in rollout):  # NCCL refuses two ranks of one group on one GPU
+        raise ConfigError("the engines on GPU 0 need CUDA IPC and the others NCCL (the GPUs of this host cannot "
+                          "reach each other peer-to-peer), and one sync uses one transport; set "
+                          "placement.mode=separate, or launch engines on GPU 0 only (rollout.num_servers)")
+    return "nccl"
+
+
+def plan(cfg, num_gpus: int, peer_access=None) -> Plan:
+    """The slot of every child; ``check(cfg, num_gpus)`` must have passed. ``peer_access(a, b)``: whether GPU
+    ``a``'s memory can be opened from GPU ``b`` (default: torch's answer on this host)."""
+    t, r = cfg.trainer, cfg.rollout
+    servers = r.servers_to_launch
+    if not uses_gpus(cfg, num_gpus):
+        return Plan(tuple(Slot(f"trainer{i}") for i in range(t.num_ranks)),
+                    tuple(Slot(f"rollout{i}") for i in range(servers)), 0, cfg.sync.transport)
+    tp = r.tensor_parallel_size
+    trainer = tuple(Slot(f"trainer{i}", (i,)) for i in range(t.num_ranks))
+    if cfg.placement.mode == "separate":
+        first = t.num_ranks
+        rollout = tuple(Slot(f"rollout{i}", tuple(range(first + i * tp, first + (i + 1) * tp)), SEPARATE_FRACTION)
+                        for i in range(servers))
+    else:
+        fraction = round(_turn_share(cfg) / _engines_per_gpu(cfg), 4)
+        rollout = tuple(Slot(f"rollout{i}", tuple((i * tp + k) % t.num_ranks for k in range(tp)), fraction)
+                        for i in range(servers))
+    transport = sync_transport(cfg, rollout, peer_access or _peer_access)
+    if transport == "cuda_ipc":  # engines away from the sender's GPU see it after their own
+        rollout = tuple(s if 0 in s.devices else replace(s, peer_devices=(0,)) for s in rollout)
+    return Plan(trainer, rollout, num_gpus, transport)
+
+
+def _peer_access(a: int, b: int) -> bool:
+    import torch
+
+    return torch.cuda.can_device_access_peer(b, a)
+
+
+def _engines_per_gpu(cfg) -> int:
+    return math.ceil(cfg.rollout.servers_to_launch * cfg.rollout.tensor_parallel_size / cfg.trainer.num_ranks)
+
+
+def _turn_share(cfg) -> float:
+    pl = cfg.placement
+    return TURN_FRACTION if pl.sleep_level > 0 and pl.offload else SHARED_FRACTION
+
+
+def visible_gpus() -> int:
+    """GPUs this process can use (0 on a CPU-only host or torch without CUDA)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def engine_memory_fraction(cfg, cpu_platform: bool) -> float:
+    """The vLLM memory fraction of a server: rollout.gpu_memory_utilization when set (the launcher sets it
+    from the plan), else that of a lone engine (`rlx rollout-serve` by hand), scaled to placement.gpu_memory_gb."""
+    if cpu_platform:
+        return cfg.rollout.gpu_memory_utilization or CPU_FRACTION
+    fraction = cfg.rollout.gpu_memory_utilization or SEPARATE_FRACTION
+    return fraction * budget_fraction(cfg.placement.gpu_memory_gb)
+
+
+def budget_fraction(gpu_memory_gb: float) -> float:
+    """The share of this process's GPU that ``placement.gpu_memory_gb`` allows (1.0 = no budget, or no GPU)."""
+    if not gpu_memory_gb:
+        return 1.0
+    import torch
+
+    if not torch.cuda.is_available():
+        return 1.0
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return min(1.0, gpu_memory_gb * 2**30 / total)
+
+
+def apply_memory_budget(gpu_memory_gb: float) -> None:
+    """Hold this process to ``placement.gpu_memory_gb`` of its GPU (torch's per-process memory fraction): a
+    smaller GPU emulated on a larger one. Nothing on a CPU host or without a budget."""
+    fraction = budget_fraction(gpu_memory_gb)
+    if fraction < 1.0:
+        import torch
+
+        torch.cuda.set_per_process_memory_fraction(fraction)

@@ -1,0 +1,128 @@
+"""The training batch: prompt + completion token ids laid out for one forward pass.
+
+Prompts are left-padded and completions right-padded, so completion token ``j`` of every
+row sits at column ``P + j`` and one ``logits_to_keep`` slice scores them all. Position ids
+restart at 0 at each prompt's first real token, as the rollout engine saw them. Batches cross
+ranks as tensors (``broadcast_batch``), never pickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+TENSOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "completion_ids", "mask", "rollout_logp",
+                 "rewards")
+
+
+@dataclass
+class TrainBatch:
+    input_ids: torch.Tensor       # [B, P + T] long
+    attention_mask: torch.Tensor  # [B, P + T] long
+    position_ids: torch.Tensor    # [B, P + T] long
+    completion_ids: torch.Tensor  # [B, T] long
+    mask: torch.Tensor            # [B, T] float, 1 on real completion tokens
+    rollout_logp: torch.Tensor    # [B, T] float, the rollout engine's logprobs of the sampled tokens
+    rewards: torch.Tensor         # [B] float
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    def rows(self, index: slice | torch.Tensor) -> "TrainBatch":
+        return TrainBatch(**{f.name: (v[index] if isinstance(v, torch.Tensor) else v)
+                             for f in dataclasses.fields(self) for v in [getattr(self, f.name)]})
+
+    def to(self, device: torch.device) -> "TrainBatch":
+        return TrainBatch(**{f.name: (v.to(device) if isinstance(v, torch.Tensor) else v)
+                             for f in dataclasses.fields(self) for v in [getattr(self, f.name)]})
+
+
+def build_batch(prompt_ids: list[list[int]], completion_ids: list[list[int]], rollout_logps: list[list[float]],
+                rewards: list[float], pad_id: int, token_masks: list[list[float]] | None = None) -> TrainBatch:
+    """One row per sample; ``prompt_ids[i]`` is the prompt of sample ``i``. ``token_masks[i]`` (one value per
+    completion token) marks which completion tokens the loss covers, e.g. 0 on a multi-turn episode's
+    observations (``rlx.agent.episode``); without it every completion token counts."""
+    prompt_len = max(len(p) for p in prompt_ids)
+    completion_len = max(1, max(len(c) for c in completion_ids))
+    prompts, prompt_lens = _aligned(prompt_ids, prompt_len, pad_id, np.int64, left=True)
+    completions, completion_lens = _aligned(completion_ids, completion_len, pad_id, np.int64)
+    input_ids = torch.cat([prompts, completions], dim=1)
+    columns = torch.arange(prompt_len + completion_len)
+    attention = ((columns >= prompt_len - prompt_lens[:, None]) & (columns < prompt_len + completion_lens[:, None])).long()
+    if token_masks is not None:
+        mask = _aligned(token_masks, completion_len, 0.0, np.float32)[0]
+    else:
+        mask = (columns[:completion_len] < completion_lens[:, None]).float()
+    rollout_logp = _aligned(rollout_logps, completion_len, 0.0, np.float32)[0]
+    position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)
+    return TrainBatch(input_ids, attention, position_ids, completions, mask, rollout_logp,
+                      torch.tensor(rewards, dtype=torch.float32))
+
+
+def _aligned(rows: list[list], width: int, fill, dtype, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` as one ``[len(rows), width]`` tensor, each row's values at its start (or end, ``left``) and
+    ``fill`` elsewhere, and the row lengths: one copy of the flattened values, not one tensor per row."""
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    if lengths.max(initial=0) > width:
+        raise ValueError(f"a row of {int(lengths.max())} values does not fit a width of {width}")
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=dtype, count=int(lengths.sum()))
+    columns = np.arange(width)[None, :]
+    where = columns >= width - lengths[:, None] if left else columns < lengths[:, None]
+    out = np.full((len(rows), width), fill, dtype=dtype)
+    out[where] = flat  # row-major: each row's values in order
+    return torch.from_numpy(out), torch.from_numpy(lengths)
+
+
+def pad_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
+    """Append empty rows (mask 0, reward 0) so the row count divides by ``multiple``."""
+    extra = (-batch.size) % multiple
+    if extra == 0:
+        return batch
+    padded = {}
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, torch.Tensor):
+            filler = value[:1].expand(extra, *value.shape[1:]).clone()
+            if f.name in ("mask", "rewards", "attention_mask"):
+                filler.zero_()
+            if f.name == "attention_mask":
+                filler[:, 0] = 1  # one attended token keeps attention well defined
+            value = torch.cat([value, filler])
+        padded[f.name] = value
+    return TrainBatch(**padded)
+
+
+def batch_bytes(batch: TrainBatch) -> int:
+    """The bytes ``broadcast_batch`` sends each rank: its shape header and every tensor it carries."""
+    return 3 * 8 + sum(getattr(batch, name).numel() * getattr(batch, name).element_size() for name in TENSOR_FIELDS)
+
+
+def broadcast_batch(batch: TrainBatch | None, device: torch.device, src: int = 0) -> TrainBatch:
+    """Send rank ``src``'s batch to every rank: a shape header, then each tensor (on ``device``)."""
+    header = torch.zeros(3, dtype=torch.long, device=device)
+    if dist.get_rank() == src:
+        header[:] = torch.tensor([batch.size, batch.input_ids.shape[1], batch.completion_ids.shape[1]], device=device)
+    dist.broadcast(header, src)
+    rows, total_len, completion_len = header.tolist()
+    shapes = {"input_ids": (rows, total_len), "attention_mask": (rows, total_len), "position_ids": (rows, total_len),
+              "completion_ids": (rows, completion_len), "mask": (rows, completion_len),
+              "rollout_logp": (rows, completion_len), "rewards": (rows,)}
+    dtypes = {"mask": torch.float32, "rollout_logp": torch.float32, "rewards": torch.float32}
+    tensors = {}
+    for name in TENSOR_FIELDS:
+        if dist.get_rank() == src:
+            tensor = getattr(batch, name).to(device).contiguous()
+        else:
+            tensor = torch.empty(shapes[name], dtype=dtypes.get(name, torch.long), device=device)
+        dist.broadcast(tensor, src)
+        tensors[name] = tensor
+    return TrainBatch(**tensors)

@@ -1,0 +1,139 @@
+"""Load the policy (and reference) model and tokenizer from a local path; shard with FSDP2.
+
+One rank trains the plain module (no wrapping overhead); several ranks shard every decoder
+layer and then the root with ``fully_shard`` over a 1-D device mesh (gloo on CPU, NCCL on
+GPU). LoRA adapters are injected before sharding, so their factors are sharded with their
+layer. With packed micro-batches the model runs ``rlx.trainer.attention``'s packed-sequence
+attention instead of ``model.attn_implementation``. Nothing is downloaded: a path that is not
+a local directory is an error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def resolve_device(want: str) -> torch.device:
+    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+        index = dist.get_rank() % torch.cuda.device_count() if dist.is_initialized() else 0
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def set_cpu_threads(threads: int, device) -> None:
+    """``trainer.cpu_threads`` / ``rollout.cpu_threads``: this process's intra-op threads when it computes on
+    the CPU; 0 leaves torch's default (one per core)."""
+    if threads > 0 and torch.device(device).type == "cpu":
+        torch.set_num_threads(threads)
+
+
+def check_model_dir(path: str, key: str = "model.path") -> Path:
+    """``path`` as a Path if it holds what training and the rollout engines load: a config.json that
+    parses, weights (safetensors whose headers check out, or ``.bin``) and a tokenizer; else one error
+    naming what is missing (``key``: the config key that names the directory)."""
+    import json
+
+    from rlx.config.errors import ConfigError
+
+    model_dir = Path(path)
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{key}={path!r} is not a Hugging Face model directory (no config.json); "
+                                f"set {key} to a local directory with config.json, tokenizer and safetensors")
+    try:
+        config = json.loads((model_dir / "config.json").read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{model_dir / 'config.json'} is not valid JSON ({exc}); re-copy the model") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ConfigError(f"{model_dir / 'config.json'} has no model_type; it is not a transformers model config")
+    _check_weights(model_dir, path, key)
+    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"{key}={path!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+                          "copy the model's tokenizer files into it")
+    return model_dir
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _check_weights(model_dir: Path, path: str, key: str) -> None:
+    from rlx.config.errors import ConfigError
+    from rlx.convert.errors import ConvertError
+    from rlx.convert.safetensors_io import SafetensorsDir
+
+    if any(model_dir.glob("*.safetensors")):
+        try:
+            SafetensorsDir(model_dir)  # headers, index and sizes: a truncated copy fails here, not in a child
+        except ConvertError as exc:
+            raise ConfigError(f"{key}={path!r}: {exc}") from None
+    elif not any(model_dir.glob("*.bin")):
+        raise ConfigError(f"{key}={path!r} has config.json but no weights (*.safetensors or *.bin); copy the "
+                          f"model's weight files into it, or set {key} to the complete model directory")
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(cfg, device: torch.device, trainable: bool = True, packed_attention: bool = False):
+    """The model on ``device``; ``packed_attention`` switches it to packed-sequence attention. A trainable
+    model gets LoRA adapters when ``model.lora.rank > 0`` (``rlx.trainer.lora``); a frozen one stays plain."""
+    from transformers import AutoModelForCausalLM
+
+    check_model_dir(cfg.model.path)
+    model = AutoModelForCausalLM.from_pretrained(
+        cfg.model.path, dtype=getattr(torch, cfg.model.dtype), attn_implementation=cfg.model.attn_implementation)
+    model.config.use_cache = False
+    compute = cfg.model.compute_dtype
+    model.rlx_compute_dtype = None if compute in ("auto", cfg.model.dtype) else getattr(torch, compute)
+    if packed_attention:
+        from rlx.trainer.attention import use_packed_attention
+
+        use_packed_attention(model)
+    if trainable:
+        from rlx.trainer.kernels import apply_fused_kernels
+
+        apply_fused_kernels(model, cfg.trainer.fused_kernels, device)
+    if trainable and cfg.model.lora.rank:
+        from rlx.trainer.lora import apply_lora
+
+        model = apply_lora(model, cfg.model.lora, cfg.model.path)
+    if trainable and cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.to(device)
+    if not trainable:
+        model.eval().requires_grad_(False)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        shard(model, device)
+    return model
+
+
+def has_dropout(model) -> bool:
+    """Whether the model drops anything in train mode (a dropout module or a ``*dropout`` config value > 0)."""
+    in_config = any("dropout" in key and isinstance(value, float) and value > 0
+                    for key, value in model.config.to_dict().items())
+    return in_config or any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+
+
+def shard(model, device: torch.device) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def full_named_parameters(model):
+    """(name, full tensor) per parameter in a fixed order; a collective when sharded (all ranks call it)."""
+    for name, param in model.named_parameters():
+        tensor = param.full_tensor() if hasattr(param, "full_tensor") else param
+        yield name, tensor.detach()

@@ -1,0 +1,127 @@
+"""Tiny-model kit: a small Qwen2-architecture causal LM with a character-level tokenizer.
+
+``build_tiny_model(out_dir)`` writes a normal Hugging Face directory (config.json,
+generation_config.json, tokenizer.json, tokenizer_config.json, model.safetensors) that
+transformers and vLLM both load in seconds. Tests and the quickstart use it; nothing is
+downloaded. It leaves out any pre-training: ``rlx.trainer.warmstart`` does that.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+CHARACTERS = string.digits + "+-*/=" + string.ascii_letters + " \n.,?!:;()'\"#%$<>_"
+
+
+def build_tokenizer(out_dir: str | Path):
+    """A fast tokenizer that maps every character to one token (no merges) and back.
+
+    The vocabulary is written in the byte-level alphabet (space is 'Ġ', newline 'Ċ') with a
+    byte-level pre-tokenizer and decoder, the pipeline transformers forces on Qwen2 models, so
+    transformers, vLLM and the raw tokenizers library all tokenize the same way.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    byte_to_unicode = _bytes_to_unicode()
+    chars = [byte_to_unicode[ord(c)] for c in CHARACTERS]
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + chars)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+        unk_token="<unk>", clean_up_tokenization_spaces=False, model_max_length=4096)
+    tokenizer.save_pretrained(str(out_dir))
+    return tokenizer
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character table used by byte-level BPE."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def tiny_qwen2_config(vocab_size: int, hidden_size: int = 128, num_layers: int = 2,
+                      num_heads: int = 4, num_kv_heads: int = 2, intermediate_size: int | None = None,
+                      max_position_embeddings: int = 1024, tie_word_embeddings: bool = True):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        intermediate_size=intermediate_size or 4 * hidden_size,
+        max_position_embeddings=max_position_embeddings, tie_word_embeddings=tie_word_embeddings,
+        rms_norm_eps=1e-6, rope_theta=10000.0, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        torch_dtype="float32", use_sliding_window=False)
+
+
+def build_tiny_model(out_dir: str | Path, *, hidden_size: int = 128, num_layers: int = 2,
+                     num_heads: int = 4, num_kv_heads: int = 2, seed: int = 0,
+                     tie_word_embeddings: bool = True, dtype: str = "float32",
+                     intermediate_size: int | None = None, vocab_size: int | None = None) -> Path:
+    """Build a randomly initialised tiny Qwen2 model + tokenizer in ``out_dir`` and return it."""
+    import torch
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out_dir)
+    vocab_size = vocab_size or _round_up(len(tokenizer), 64)
+    config = tiny_qwen2_config(vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
+                               intermediate_size=intermediate_size, tie_word_embeddings=tie_word_embeddings)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    _pin_dtype(out_dir / "config.json", dtype)
+    return out_dir
+
+
+QWEN2_0P5B_SHAPE = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
+                        vocab_size=151936)
+
+
+def build_qwen2_0p5b_random(out_dir: str | Path, seed: int = 0) -> Path:
+    """A randomly initialised model of Qwen2.5-0.5B's shape (494M parameters, bfloat16) with the
+    character tokenizer: for GPU throughput runs where a real checkpoint is not at hand."""
+    return build_tiny_model(out_dir, seed=seed, dtype="bfloat16", **QWEN2_0P5B_SHAPE)
+
+
+def planned_parameter_count(*, hidden_size: int = 128, num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
+                            intermediate_size: int | None = None, vocab_size: int | None = None,
+                            tie_word_embeddings: bool = True) -> int:
+    """Parameters ``build_tiny_model`` with these arguments writes, counted on the meta device (nothing is
+    allocated): `rlx doctor` sizes a model that `rlx train` has not built yet."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    vocab_size = vocab_size or _round_up(len(SPECIAL_TOKENS) + len(CHARACTERS), 64)
+    config = tiny_qwen2_config(vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
+                               intermediate_size=intermediate_size, tie_word_embeddings=tie_word_embeddings)
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _pin_dtype(config_path: Path, dtype: str) -> None:
+    # Newer transformers write "dtype", older readers (vLLM's) look for "torch_dtype": keep both.
+    config = json.loads(config_path.read_text())
+    config["torch_dtype"] = dtype
+    config["dtype"] = dtype
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return (value + multiple - 1) // multiple * multiple
