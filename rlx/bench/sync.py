@@ -324,6 +324,7 @@ class BroadcastCeiling:
 
         sync_id = 1_000_000 + len(self.times)
         buffer = create_buffer(self.transport, ALIGN_BYTES, 1, self.device, self.timeout_s)
+        buffer.coalesce = False  # the ceiling is one broadcast per tensor, as a plain loop would send them
         try:
             handles = buffer.handles([getattr(ch, "address", ch.name) for ch in self.channels])
             begun = [asyncio.create_task(ch.call(SyncBegin(sync_id, handle, -1, -1, False), self.timeout_s))
@@ -336,7 +337,7 @@ class BroadcastCeiling:
             calls = [asyncio.create_task(ch.call(request, self.timeout_s)) for ch in self.channels]
             await asyncio.sleep(0)  # the request goes out first: the receivers post their side meanwhile
             for flat in self.flats:
-                buffer.send_chunk(flat)
+                buffer.send_chunk(flat, 0)
             buffer.ready(0)
             buffer.post(0)
             _check_acks(await asyncio.gather(*calls), "plain broadcast")

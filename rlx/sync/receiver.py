@@ -172,7 +172,7 @@ class SyncHandler:
             raise ValueError("a plain broadcast needs a gloo / nccl sync in progress")
         if self._plain is None or [t.numel() for t in self._plain] != request.sizes:
             self._plain = [torch.zeros(n, dtype=torch.uint8, device=mapping.device) for n in request.sizes]
-        mapping.fetch(0, [(0, dst) for dst in self._plain])
+        mapping.fetch_each(self._plain)
 
     def _failed(self, sync_id: int, bucket_id: int, label: str, cause: str, named: bool = False) -> BucketAck:
         """The one error path: abort the sync in progress and say why."""

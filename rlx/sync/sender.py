@@ -270,7 +270,7 @@ class WeightSender:
             for c in bucket.chunks:
                 source = pending[c.name]
                 if buffer.sends_from_source:
-                    buffer.send_chunk(source.flat[c.chunk_start:c.chunk_start + c.nbytes])
+                    buffer.send_chunk(source.flat[c.chunk_start:c.chunk_start + c.nbytes], c.offset)
                 elif base is not None and source.address is not None:  # CPU to CPU: one memmove, no views
                     if c.offset + c.nbytes > buffer.slot_bytes or c.chunk_start + c.nbytes > source.flat.numel():
                         raise SyncError(f"bucket layout error: chunk of {c.name!r} does not fit its slot or tensor")

@@ -124,3 +124,47 @@ def test_begin_bucket_and_end_failures_leave_the_server_syncing_over_gloo(hf_ser
             client.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("coalesce", [True, False])
+def test_buckets_cross_whole_or_chunk_by_chunk_and_land_exactly(spawn_receiver, monkeypatch, coalesce):
+    """Coalescing (nccl's way, forced here on gloo): small tensors share a bucket and cross in one broadcast
+    of its slot; a tensor larger than a bucket is split and each piece sent from its source. Without it
+    (gloo's way), one broadcast per chunk. Both receiver kinds (slot views, and destinations of their own)
+    get every byte (checksums), on two syncs in a row."""
+    import rlx.sync.transports.dist as dist
+
+    real_init = dist.DistBuffer.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.coalesce = coalesce
+
+    monkeypatch.setattr(dist.DistBuffer, "__init__", init)
+
+    posted = []
+    real_post_all = dist._post_all
+    monkeypatch.setattr(dist, "_post_all", lambda group, tensors: posted.append(len(tensors)) or
+                        real_post_all(group, tensors))
+    _, in_slots = spawn_receiver("--no-assemble-in-place", name="slot receiver")
+    _, in_place = spawn_receiver(name="in-place receiver")
+    gen = torch.Generator().manual_seed(0)
+    tensors = [(f"small{i}", torch.randn(1000 + 37 * i, generator=gen).to(dtype))
+               for i, dtype in zip(range(60), [torch.float32, torch.bfloat16, torch.float16] * 20)]
+    tensors += [("empty", torch.empty(0)), ("big", torch.randn(3 * 262_144 + 5, generator=gen))]
+
+    async def run():
+        channels = [RpcSyncChannel.connect(a) for a in (in_slots, in_place)]
+        try:
+            with WeightSender("gloo", bucket_mb=1, timeout_s=SYNC_TIMEOUT_S, verify=True) as sender:
+                return [await sender.send(tensors, channels) for _ in range(2)]
+        finally:
+            for channel in channels:
+                channel.close()
+
+    reports = asyncio.run(run())
+    assert all(r.verified and r.num_tensors == len(tensors) for r in reports)
+    if coalesce:  # one broadcast per bucket: the whole slot, or the one piece of a split tensor
+        assert posted == [1] * sum(r.num_buckets for r in reports) and len(posted) < 2 * len(tensors)
+    else:  # the chunks of a bucket, one broadcast each
+        assert sum(posted) > sum(r.num_buckets for r in reports) and max(posted) > 1

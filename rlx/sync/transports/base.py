@@ -45,8 +45,9 @@ class SenderBuffer(ABC):
         """Wait until the receivers can take bytes, while ``begun`` (their SyncBegin calls) run; a
         shared buffer has nothing to wait for (the sender checks ``begun`` before the first meta)."""
 
-    def send_chunk(self, source: torch.Tensor) -> None:
-        """Start sending ``source`` (1-D uint8), the next chunk of the bucket (``sends_from_source``)."""
+    def send_chunk(self, source: torch.Tensor, offset: int) -> None:
+        """Start sending ``source`` (1-D uint8), the next chunk of the bucket, whose place in the bucket's
+        slot layout is ``offset`` (``sends_from_source``)."""
         raise NotImplementedError(f"{type(self).__name__} copies chunks into its slots")
 
     def post(self, index: int) -> None:
