@@ -60,3 +60,11 @@ def test_the_checker_sees_a_broken_file_and_a_broken_anchor(tmp_path):
     problems = broken_links(doc, root=tmp_path)
     assert problems == ["page.md: missing.md -> no such file missing.md",
                         "page.md: other.md#nowhere -> no heading #nowhere in other.md"]
+
+
+def test_every_raw_result_is_linked_from_the_benchmarks_page():
+    """A result file under docs/results/ that the benchmarks index does not name is a number nobody can find."""
+    linked = {unquote(target) for target in LINK.findall(prose((ROOT / "docs" / "benchmarks.md").read_text()))}
+    results = sorted(p.name + ("/" if p.is_dir() else "") for p in (ROOT / "docs" / "results").iterdir())
+    missing = [name for name in results if f"results/{name}" not in linked]
+    assert not missing, f"add these to the index of docs/benchmarks.md (what, command, page, raw JSON): {missing}"
