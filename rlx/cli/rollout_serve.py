@@ -15,6 +15,10 @@ import typer
 
 from rlx.cli.common import UserError, err_console, user_errors
 from rlx.launch.run_dir import SECRET_ENV
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import RolloutConfig, RunConfig, SamplingConfig
 
 TOKEN_ENV = SECRET_ENV["rollout.auth_token"]  # the variable `rlx train` hands its servers the token in
 
@@ -60,7 +64,7 @@ def rollout_serve(
         check_model_dir(cfg.model.path)
         cfg.rollout.auth_token = cfg.rollout.auth_token or _token_from_env(auth_token_env)
         address = _bind_address(cfg, address, host, port, index, allow_remote)
-        http_socket = _openai_socket(cfg, openai_port, index)
+        http_socket = _openai_socket(cfg.rollout, openai_port, index)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if apply_from_env():
         logging.getLogger("rlx.rollout.server").info("running at idle CPU priority (rollout.yield_cpu)")
@@ -74,7 +78,7 @@ def rollout_serve(
         from rlx.rollout.openai_http import run_with_openai
 
         serving = run_with_openai(make_backend(cfg), address, cfg.rollout.auth_token, http_socket,
-                                  Path(cfg.model.path).name, _default_sampling(cfg),
+                                  Path(cfg.model.path).name, _default_sampling(cfg.sampling),
                                   max_body_mb=cfg.rollout.openai_max_body_mb, **limits)
     try:
         asyncio.run(serving)
@@ -98,26 +102,25 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _openai_socket(cfg, port: int | None, index: int):
+def _openai_socket(rollout: RolloutConfig, port: int | None, index: int):
     """The OpenAI endpoint's bound socket (--openai-port, else rollout.openai_port + index), or None when off."""
-    port = port if port is not None else cfg.rollout.openai_port + index if cfg.rollout.openai_port else None
+    port = port if port is not None else rollout.openai_port + index if rollout.openai_port else None
     if port is None:
         return None
     from rlx.rollout.openai_http import check_http_bind, listen_socket
 
     try:
-        check_http_bind(cfg.rollout.openai_host, cfg.rollout.auth_token)
-        return listen_socket(cfg.rollout.openai_host, port)
+        check_http_bind(rollout.openai_host, rollout.auth_token)
+        return listen_socket(rollout.openai_host, port)
     except ValueError as exc:
         raise UserError(str(exc)) from None
 
 
-def _default_sampling(cfg):
+def _default_sampling(s: SamplingConfig):
     from rlx.rollout.protocol import SamplingSpec
 
-    r = cfg.rollout
-    return SamplingSpec(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens,
-                        stop=list(r.stop))
+    return SamplingSpec(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
+                        stop=list(s.stop))
 
 
 def _cannot_bind_tcp(address: str) -> str:
@@ -164,7 +167,7 @@ def _token_from_env(variable: str | None) -> str:
     return token
 
 
-def _bind_address(cfg, address: str | None, host: str | None, port: int | None, index: int,
+def _bind_address(cfg: RunConfig, address: str | None, host: str | None, port: int | None, index: int,
                   allow_remote: bool) -> str:
     """The address to bind: --address, or tcp://--host:port, or the run's default for ``index``."""
     from rlx.net import MAX_IPC_PATH_BYTES, ipc_path, server_address

@@ -60,7 +60,7 @@ VLLM_MAX_LORA_RANK = 512
 """The largest adapter rank vLLM serves as a LoRA (its max_lora_rank choices end there)."""
 
 
-def check_lora_sync(cfg) -> None:
+def check_lora_sync(cfg: RunConfig) -> None:
     """``model.lora.sync=adapter`` needs an adapter, and on vLLM one of a rank it serves."""
     lora = cfg.model.lora
     if lora.sync == "adapter" and not lora.rank:
@@ -221,6 +221,31 @@ class TaskConfig:
             raise ConfigError(f"task.reward={self.reward!r} must be 'module:function', e.g. 'my_rewards:score'")
 
 
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How completions are sampled: what the collector asks the engines for and what the trainer must agree with
+    (its logprobs divide by the same temperature, its groups are rollout.n samples). A read-only view of the
+    rollout section's keys (``RolloutConfig.sampling``): users keep writing rollout.temperature, rollout.n, ..."""
+
+    n: int = 8
+    """Samples per prompt (rollout.n, the GRPO group size)."""
+    temperature: float = 1.0
+    """Sampling temperature (rollout.temperature); 0 = greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling probability mass (rollout.top_p)."""
+    top_k: int = -1
+    """Top-k sampling (rollout.top_k); -1 = off."""
+    max_tokens: int = 16
+    """Maximum completion tokens per sample (rollout.max_tokens)."""
+    stop: tuple[str, ...] = ()
+    """Stop strings that end a completion (rollout.stop)."""
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature the trainer divides its logits by: the sampling one, 1 for greedy decoding (0)."""
+        return self.temperature if self.temperature > 0 else 1.0
+
+
 @dataclass
 class RolloutConfig:
     backend: str = "vllm"
@@ -304,6 +329,12 @@ class RolloutConfig:
     """first_k: steps taken from the dump before generating."""
     reuse_fraction: float = 0.5
     """mix: fraction of each step's prompts (whole groups) taken from the dump."""
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The sampling keys of this section as the one ``SamplingConfig`` the collector and the trainer read."""
+        return SamplingConfig(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              max_tokens=self.max_tokens, stop=tuple(self.stop))
 
     @property
     def servers_to_launch(self) -> int:
@@ -664,7 +695,7 @@ class PlacementConfig:
         check_range("placement.gpu_memory_gb", self.gpu_memory_gb, 0.0, hint="0 = the whole GPU")
 
 
-def check_colocated(cfg) -> None:
+def check_colocated(cfg: RunConfig) -> None:
     """placement.mode=colocated: what taking turns rules out, whatever the host's devices."""
     if cfg.placement.mode != "colocated":
         return
@@ -679,7 +710,7 @@ def check_colocated(cfg) -> None:
                           "trainer rank; set trainer.num_ranks=1 or placement.offload=false")
 
 
-def check_sizes(cfg) -> None:
+def check_sizes(cfg: RunConfig) -> None:
     """Sizes one section sets that another's must hold: each field is fine alone, the pair fails only later."""
     r, f, t = cfg.rollout, cfg.filters, cfg.trainer
     if f.overlong == "soft" and f.overlong_buffer > r.max_tokens:
@@ -793,6 +824,11 @@ class RunConfig:
             raise ConfigError(
                 f"rollout.host={self.rollout.host!r} is not loopback; set rollout.auth_token to a shared secret "
                 "(every request must carry it) or bind 127.0.0.1")
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """``rollout.sampling``: what both the collector and the trainer read of how completions are sampled."""
+        return self.rollout.sampling
 
     @property
     def lora_sync(self) -> str:

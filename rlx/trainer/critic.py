@@ -30,6 +30,10 @@ from rlx.trainer.algorithms.gae import gae_advantages
 from rlx.trainer.logprobs import _features
 from rlx.trainer.optim import adamw, live_implementation, step_if_finite
 from rlx.trainer.packing import MicroBatch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import AlgorithmConfig, ModelConfig, TrainerConfig
 
 VALUE_FILE = "critic.safetensors"
 OPTIMIZER_FILE = "critic_optimizer.safetensors"
@@ -58,20 +62,20 @@ class ValueModel(torch.nn.Module):
 
 
 class Critic:
-    def __init__(self, cfg, device: torch.device, packed_attention: bool) -> None:
+    def __init__(self, a: AlgorithmConfig, m: ModelConfig, t: TrainerConfig, device: torch.device,
+                 packed_attention: bool) -> None:
         from transformers import AutoModelForCausalLM
 
-        self.cfg, self.device = cfg, device
-        a = cfg.algorithm
-        lm = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=getattr(torch, cfg.model.dtype),
-                                                  attn_implementation=cfg.model.attn_implementation)
+        self.algorithm, self.max_grad_norm, self.device = a, t.max_grad_norm, device
+        lm = AutoModelForCausalLM.from_pretrained(m.path, dtype=getattr(torch, m.dtype),
+                                                  attn_implementation=m.attn_implementation)
         lm.config.use_cache = False
         if packed_attention:
             from rlx.trainer.attention import use_packed_attention
 
             use_packed_attention(lm)
         self.model = ValueModel(lm.model, lm.config.hidden_size).to(device)
-        self.optimizer = adamw(self.model.parameters(), a.critic_lr or cfg.trainer.lr, cfg)
+        self.optimizer = adamw(self.model.parameters(), a.critic_lr or t.lr, t)
         self.steps = 0
         """Critic updates so far; the policy trains once it reaches algorithm.critic_warmup_steps."""
         self._old_values: torch.Tensor | None = None
@@ -79,13 +83,13 @@ class Critic:
 
     @property
     def warming_up(self) -> bool:
-        return self.steps < self.cfg.algorithm.critic_warmup_steps
+        return self.steps < self.algorithm.critic_warmup_steps
 
     @torch.no_grad()
     def advantages(self, full_mask: torch.Tensor, rewards: torch.Tensor,
                    micro: list[MicroBatch]) -> tuple[torch.Tensor, dict[str, float]]:
         """Per-token GAE advantages [B, T] of the step batch, and the critic's metrics before its update."""
-        a = self.cfg.algorithm
+        a = self.algorithm
         self.model.eval()
         values = torch.zeros(full_mask.shape, dtype=torch.float32)
         for mb in micro:
@@ -102,7 +106,7 @@ class Critic:
     def update(self, micro: list[MicroBatch]) -> dict[str, float]:
         """One optimizer step on the clipped value loss over the batch ``advantages`` was last called with."""
         assert self._returns is not None, "Critic.advantages must run before Critic.update"
-        clip = self.cfg.algorithm.value_clip
+        clip = self.algorithm.value_clip
         self.model.train()
         total_tokens = max(float(sum(float(mb.batch.mask.sum()) for mb in micro)), 1.0)
         loss_sum = clipped = 0.0
@@ -122,7 +126,7 @@ class Critic:
             loss = 0.5 * (loss_tokens * mask).sum() / total_tokens
             loss.backward()
             loss_sum += loss.item()
-        norm, stepped = step_if_finite(self.optimizer, list(self.model.parameters()), self.cfg.trainer.max_grad_norm,
+        norm, stepped = step_if_finite(self.optimizer, list(self.model.parameters()), self.max_grad_norm,
                                        math.isfinite(loss_sum), self.device)
         self.steps += 1
         return {"value_loss": loss_sum, "value_clip_frac": clipped / total_tokens, "critic_grad_norm": norm,

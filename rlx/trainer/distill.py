@@ -36,6 +36,10 @@ import torch.distributed as dist
 from rlx.config.errors import ConfigError
 from rlx.trainer.batch import TrainBatch
 from rlx.trainer.packing import MicroBatch, build
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import DistillConfig
 
 
 def check_same_tokenizer(student_path: str, teacher_path: str) -> None:
@@ -121,14 +125,15 @@ class ServedTeacher:
         return reply.logprobs
 
 
-def make_teacher(cfg, device: torch.device):
-    """The teacher ``algorithm.distill`` asks for, or None when distillation is off."""
-    d = cfg.algorithm.distill
+def make_teacher(d: DistillConfig, auth_token: str, chunk_size: int, device: torch.device):
+    """The teacher ``algorithm.distill`` asks for, or None when distillation is off; ``auth_token``
+    (rollout.auth_token) reaches a served one, ``chunk_size`` (trainer.logprob_chunk_size) bounds a colocated
+    one's logits."""
     if not d.teacher:
         return None
     if d.teacher_placement == "served":
-        return ServedTeacher(d.teacher_server, cfg.rollout.auth_token, d.timeout_s)
-    return ColocatedTeacher(d.teacher, device, d.teacher_micro_batch, cfg.trainer.logprob_chunk_size)
+        return ServedTeacher(d.teacher_server, auth_token, d.timeout_s)
+    return ColocatedTeacher(d.teacher, device, d.teacher_micro_batch, chunk_size)
 
 
 def distill_advantages(teacher, full: TrainBatch, micro: list[MicroBatch], task_advantages: torch.Tensor,

@@ -14,6 +14,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import ModelConfig
 
 
 def resolve_device(want: str) -> torch.device:
@@ -82,17 +86,19 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def load_model(cfg, device: torch.device, trainable: bool = True, packed_attention: bool = False):
+def load_model(m: ModelConfig, device: torch.device, trainable: bool = True, packed_attention: bool = False,
+               fused_kernels: str = "off"):
     """The model on ``device``; ``packed_attention`` switches it to packed-sequence attention. A trainable
-    model gets LoRA adapters when ``model.lora.rank > 0`` (``rlx.trainer.lora``); a frozen one stays plain."""
+    model gets LoRA adapters when ``model.lora.rank > 0`` (``rlx.trainer.lora``) and the ``fused_kernels``
+    (``trainer.fused_kernels``) that apply; a frozen one stays plain."""
     from transformers import AutoModelForCausalLM
 
-    check_model_dir(cfg.model.path)
+    check_model_dir(m.path)
     model = AutoModelForCausalLM.from_pretrained(
-        cfg.model.path, dtype=getattr(torch, cfg.model.dtype), attn_implementation=cfg.model.attn_implementation)
+        m.path, dtype=getattr(torch, m.dtype), attn_implementation=m.attn_implementation)
     model.config.use_cache = False
-    compute = cfg.model.compute_dtype
-    model.rlx_compute_dtype = None if compute in ("auto", cfg.model.dtype) else getattr(torch, compute)
+    compute = m.compute_dtype
+    model.rlx_compute_dtype = None if compute in ("auto", m.dtype) else getattr(torch, compute)
     if packed_attention:
         from rlx.trainer.attention import use_packed_attention
 
@@ -100,12 +106,12 @@ def load_model(cfg, device: torch.device, trainable: bool = True, packed_attenti
     if trainable:
         from rlx.trainer.kernels import apply_fused_kernels
 
-        apply_fused_kernels(model, cfg.trainer.fused_kernels, device)
-    if trainable and cfg.model.lora.rank:
+        apply_fused_kernels(model, fused_kernels, device)
+    if trainable and m.lora.rank:
         from rlx.trainer.lora import apply_lora
 
-        model = apply_lora(model, cfg.model.lora, cfg.model.path)
-    if trainable and cfg.model.gradient_checkpointing:
+        model = apply_lora(model, m.lora, m.path)
+    if trainable and m.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device)
     if not trainable:

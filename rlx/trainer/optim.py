@@ -8,24 +8,27 @@ import math
 
 import torch
 import torch.distributed as dist
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import TrainerConfig
 
 IMPLEMENTATION_KEYS = ("foreach", "fused", "capturable", "differentiable")
 """Param-group keys that say how ``step`` runs its kernels, not what the optimizer has learned."""
 
 
-def adamw(params, lr: float, cfg) -> torch.optim.AdamW:
+def adamw(params, lr: float, t: TrainerConfig) -> torch.optim.AdamW:
     """AdamW with the trainer's betas and weight decay. Fused (one kernel over every parameter, on CPU and
     CUDA, FSDP2's DTensors included) when every parameter is a float tensor on one of those devices, else the
     per-tensor loop. Both compute the same update."""
-    t = cfg.trainer
     params = list(params)
     fused = bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.AdamW(params, lr=lr, betas=tuple(t.betas), weight_decay=t.weight_decay,
                              **({"fused": True} if fused else {"foreach": False}))
 
 
-def build_optimizer(model, cfg) -> torch.optim.Optimizer:
-    return adamw((p for p in model.parameters() if p.requires_grad), cfg.trainer.lr, cfg)
+def build_optimizer(model, t: TrainerConfig) -> torch.optim.Optimizer:
+    return adamw((p for p in model.parameters() if p.requires_grad), t.lr, t)
 
 
 def step_if_finite(optimizer: torch.optim.Optimizer, params: list, max_grad_norm: float, loss_finite: bool,
@@ -59,9 +62,8 @@ def live_implementation(saved_groups: list[dict], optimizer: torch.optim.Optimiz
             for saved, live in zip(saved_groups, optimizer.param_groups, strict=True)]
 
 
-def lr_factor(step: int, cfg) -> float:
+def lr_factor(step: int, t: TrainerConfig) -> float:
     """Multiplier of trainer.lr after ``step`` optimizer steps."""
-    t = cfg.trainer
     if t.warmup_steps and step < t.warmup_steps:
         return (step + 1) / t.warmup_steps
     if t.lr_schedule == "constant":
@@ -71,5 +73,5 @@ def lr_factor(step: int, cfg) -> float:
     return t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer, cfg) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
+def build_scheduler(optimizer, t: TrainerConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, t))

@@ -51,24 +51,32 @@ from rlx.trainer.model import (
 from rlx.trainer.optim import build_optimizer, build_scheduler, step_if_finite
 from rlx.trainer.packing import MicroBatch, micro_batches
 from rlx.trace import tracer
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import RunConfig
 
 
 class Trainer:
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.device = resolve_device(cfg.trainer.device)
         set_cpu_threads(cfg.trainer.cpu_threads, self.device)
         packed = cfg.trainer.micro_batch_tokens > 0
-        self.model = load_model(cfg, self.device, packed_attention=packed)
-        self.ref_model = (load_model(cfg, self.device, trainable=False, packed_attention=packed)
+        self.model = load_model(cfg.model, self.device, packed_attention=packed,
+                                fused_kernels=cfg.trainer.fused_kernels)
+        self.ref_model = (load_model(cfg.model, self.device, trainable=False, packed_attention=packed)
                           if cfg.algorithm.kl_coef > 0 else None)
-        self.critic = Critic(cfg, self.device, packed) if cfg.algorithm.advantage == "gae" else None
-        self.teacher = make_teacher(cfg, self.device)  # on-policy distillation (rlx.trainer.distill)
-        self.optimizer = build_optimizer(self.model, cfg)
-        self.scheduler = build_scheduler(self.optimizer, cfg)
-        self.temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
+        self.critic = Critic(cfg.algorithm, cfg.model, cfg.trainer, self.device, packed) if cfg.algorithm.advantage == "gae" else None
+        self.teacher = make_teacher(cfg.algorithm.distill, cfg.rollout.auth_token, cfg.trainer.logprob_chunk_size,
+                                    self.device)  # on-policy distillation (rlx.trainer.distill)
+        self.optimizer = build_optimizer(self.model, cfg.trainer)
+        self.scheduler = build_scheduler(self.optimizer, cfg.trainer)
+        self.sampling = cfg.sampling
+        """What the trainer must agree with of how the engines sampled: group size, temperature, length."""
+        self.temperature = self.sampling.logprob_temperature
         self.split_head = self.world == 1 and can_split_head(self.model)
         self.fused_logprobs = (cfg.trainer.epochs_per_step == 1 and self.ref_model is None and self.teacher is None and not has_dropout(self.model))
         """The update's detached logprobs are the old ones (see the module docstring)."""
@@ -101,9 +109,9 @@ class Trainer:
         rows = advantages = None
         if self.skip_no_signal:  # the advantages need no forward pass: know them first, plan only what trains
             advantages, metrics = self._advantages(full, [])
-            rows, metrics["groups_no_signal"] = rows_with_signal(advantages, self.cfg.rollout.n)
+            rows, metrics["groups_no_signal"] = rows_with_signal(advantages, self.sampling.n)
         micro = [mb.to(self.device) for mb in micro_batches(full, self.rank, self.world, t.micro_batch_tokens,
-                                                            t.micro_batch_size, self.cfg.rollout.n, t.share_prompts,
+                                                            t.micro_batch_size, self.sampling.n, t.share_prompts,
                                                             rows)]
         start = time.perf_counter()
         if not self.fused_logprobs:
@@ -115,7 +123,7 @@ class Trainer:
         for mb in micro:
             mb.batch.advantages = advantages[mb.rows].to(self.device)
         agg = LossAgg(a.loss_agg, global_tokens=float(full.mask.sum()), global_seqs=float(full.size),
-                      max_len=self.cfg.rollout.max_tokens)
+                      max_len=self.sampling.max_tokens)
         start = time.perf_counter()
         if self.critic is None or not self.critic.warming_up:  # critic warm-up: only the critic trains
             metrics.update(self._update(micro, agg))
@@ -134,7 +142,7 @@ class Trainer:
         if self.critic is not None:
             advantages, metrics = self.critic.advantages(full.mask, rewards, micro)
         else:
-            advantages = compute_advantages(a.advantage, rewards, self.cfg.rollout.n)
+            advantages = compute_advantages(a.advantage, rewards, self.sampling.n)
         if self.teacher is not None:
             with tracer.span("teacher_logprob", rows=full.size):
                 advantages, distilled = distill_advantages(self.teacher, full, micro, advantages, a.distill.coef,

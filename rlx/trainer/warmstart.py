@@ -20,6 +20,10 @@ from pathlib import Path
 import torch
 
 from rlx.trainer.tiny import build_tiny_model
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import TaskConfig
 
 DEFAULT_STEPS = 400
 RUNNING_SUM_STEPS = 600
@@ -48,7 +52,7 @@ RECIPES = {
 }
 
 
-def build_warmstart(recipe: str, out_dir: str | Path, task_cfg, seed: int = 0, progress=None) -> Path:
+def build_warmstart(recipe: str, out_dir: str | Path, task_cfg: TaskConfig, seed: int = 0, progress=None) -> Path:
     """Build ``RECIPES[recipe]`` on ``task_cfg``'s train split into ``out_dir``."""
     r = RECIPES[recipe]
     seed = seed if r.seed is None else r.seed
@@ -56,7 +60,7 @@ def build_warmstart(recipe: str, out_dir: str | Path, task_cfg, seed: int = 0, p
                                      hidden_size=r.hidden_size, num_layers=r.num_layers, batch_size=r.batch_size)
 
 
-def build_tiny_math_warmstart(out_dir: str | Path, task_cfg, steps: int = DEFAULT_STEPS, seed: int = 0,
+def build_tiny_math_warmstart(out_dir: str | Path, task_cfg: TaskConfig, steps: int = DEFAULT_STEPS, seed: int = 0,
                               batch_size: int = 64, lr: float = 1e-3, progress=None, hidden_size: int = 128,
                               num_layers: int = 2) -> Path:
     """Write the warm-started model to ``out_dir`` atomically (build in a sibling, then rename)."""

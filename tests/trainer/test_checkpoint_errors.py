@@ -39,8 +39,8 @@ def earlier_run(tmp_path: Path, model_dir: Path, steps=(1, 2)) -> tuple[Path, Pa
     config = write_config(tmp_path / "run.yaml", model_dir, **sections)
     cfg = load_config(config)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    optimizer, stream = build_optimizer(model, cfg), DataStream(build_task(cfg.task).train, seed=cfg.task.seed)
-    scheduler = build_scheduler(optimizer, cfg)
+    optimizer, stream = build_optimizer(model, cfg.trainer), DataStream(build_task(cfg.task).train, seed=cfg.task.seed)
+    scheduler = build_scheduler(optimizer, cfg.trainer)
     for step in steps:
         stream.next_batch(cfg.trainer.prompts_per_step)
         state = {"step": step, "data": stream.state(), "run_name": cfg.run_name}
@@ -133,8 +133,9 @@ def test_newest_complete_checkpoint_is_chosen_past_a_corrupt_one(tmp_path, tiny_
     from rlx.trainer.optim import build_optimizer, build_scheduler
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    optimizer = build_optimizer(model, cfg)
-    save_checkpoint(run_dir / "checkpoints", 2, model, optimizer, build_scheduler(optimizer, cfg), str(tiny_model_dir),
+    optimizer = build_optimizer(model, cfg.trainer)
+    save_checkpoint(run_dir / "checkpoints", 2, model, optimizer, build_scheduler(optimizer, cfg.trainer),
+                    str(tiny_model_dir),
                     {"step": 2, "data": {}}, keep=5)
     [aside] = (run_dir / "checkpoints").glob("corrupt-step_00000002-*")
     assert (aside / "optimizer.safetensors").read_bytes() == b"torn"

@@ -39,7 +39,7 @@ def assert_same_weights(a, b) -> None:
 def test_the_fused_optimizer_takes_the_per_tensor_loops_steps(tiny_model_dir):
     cfg = config(tiny_model_dir)
     fused_model, loop_model = load(tiny_model_dir), load(tiny_model_dir)
-    fused = build_optimizer(fused_model, cfg)
+    fused = build_optimizer(fused_model, cfg.trainer)
     loop = torch.optim.AdamW(loop_model.parameters(), lr=cfg.trainer.lr, betas=tuple(cfg.trainer.betas),
                              weight_decay=cfg.trainer.weight_decay, foreach=False)
     assert fused.param_groups[0]["fused"] is True
@@ -54,15 +54,15 @@ def test_a_checkpoint_of_the_per_tensor_loop_resumes_fused_and_continues_the_run
     earlier = load(tiny_model_dir)
     optimizer = torch.optim.AdamW(earlier.parameters(), lr=cfg.trainer.lr, betas=tuple(cfg.trainer.betas),
                                   weight_decay=cfg.trainer.weight_decay, foreach=False)  # as earlier versions built it
-    scheduler = build_scheduler(optimizer, cfg)
+    scheduler = build_scheduler(optimizer, cfg.trainer)
     steps(earlier, optimizer, 0, 2)
     ckpt = save_checkpoint(tmp_path / "checkpoints", 2, earlier, optimizer, scheduler, str(tiny_model_dir),
                            {"step": 2, "data": {}}, keep=2)
     steps(earlier, optimizer, 2, 2)
 
     resumed = load(tiny_model_dir)
-    fused = build_optimizer(resumed, cfg)
-    load_checkpoint(ckpt, resumed, fused, build_scheduler(fused, cfg))
+    fused = build_optimizer(resumed, cfg.trainer)
+    load_checkpoint(ckpt, resumed, fused, build_scheduler(fused, cfg.trainer))
     group = fused.param_groups[0]
     assert (group["fused"], group["foreach"]) == (True, None), "the checkpoint's flags replaced the optimizer's own"
     assert group["weight_decay"] == pytest.approx(0.1) and group["lr"] == pytest.approx(1e-2)

@@ -604,3 +604,12 @@ def test_a_step_with_a_nan_loss_is_skipped_and_leaves_weights_and_optimizer_unto
     assert metrics["skipped_nonfinite"] == 0.0 and math.isfinite(metrics["grad_norm"])
     assert any(not torch.equal(tensor, before[name]) for name, tensor in trainer.named_tensors())
     assert all(torch.isfinite(tensor).all() for _, tensor in trainer.named_tensors())
+
+
+@pytest.mark.parametrize("temperature, divisor", [(0.0, 1.0), (0.6, 0.6)])
+def test_trainer_divides_its_logits_by_the_sampling_temperature(tiny_model_dir, temperature, divisor):
+    cfg = RunConfig(model=ModelConfig(path=str(tiny_model_dir)), trainer=TrainerConfig(device="cpu"))
+    cfg.rollout.temperature, cfg.rollout.n, cfg.rollout.max_tokens = temperature, 2, 9
+    trainer = Trainer(cfg)
+    assert trainer.temperature == divisor
+    assert (trainer.sampling.n, trainer.sampling.max_tokens) == (2, 9)
