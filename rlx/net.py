@@ -8,9 +8,13 @@ import os
 import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import RunConfig
 
 
-def server_address(cfg, index: int) -> str:
+def server_address(cfg: RunConfig, index: int) -> str:
     """tcp://host:(port+index) when rollout.port is set, else an ipc:// socket in the run directory."""
     if cfg.rollout.port:
         return f"tcp://{cfg.rollout.host}:{cfg.rollout.port + index}"

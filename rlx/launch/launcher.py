@@ -43,9 +43,13 @@ from rlx.launch.run_dir import (
     write_config,
 )
 from rlx.launch.stops import ChildDied, Interrupted, RunStopped, StopWatch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import RunConfig
 
 
-def run_train(cfg) -> int:
+def run_train(cfg: RunConfig) -> int:
     """The whole run; returns the exit code. User errors found before any process starts propagate."""
     quiet_progress_bars()
     if cfg.launcher == "ray":  # the Ray launcher's module is the only one that imports Ray
@@ -70,7 +74,7 @@ def run_train(cfg) -> int:
                          failed)
 
 
-def prepare(cfg, run_dir: Path, display: Display, log_name: str) -> int | None:
+def prepare(cfg: RunConfig, run_dir: Path, display: Display, log_name: str) -> int | None:
     """Before anything starts (under ``stops.installed()``): pre-flight, the previous run moved aside, the
     console logged to ``RUN_DIR/logs/log_name``. The exit code if the run ends here (a stop came meanwhile, or
     ``--resume`` of a run already at trainer.total_steps), else None."""
@@ -122,7 +126,7 @@ def _stopped(display: Display, exc: BaseException, what_next: str) -> int:
 class Launch:
     """One run's processes: rollout servers and trainer ranks started, rank 0 run here, all torn down."""
 
-    def __init__(self, cfg, run_dir: Path, display: Display, stops: StopWatch) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path, display: Display, stops: StopWatch) -> None:
         self.cfg, self.run_dir, self.display, self.stops = cfg, run_dir, display, stops
         self.procs = ProcessSet(run_dir / "logs", emit=display.log_line)
         self.own_addresses: list[str] = []  # the ipc sockets of the servers this run started
@@ -224,7 +228,7 @@ class Launch:
             client.close()
 
 
-def _openai_endpoints(cfg) -> str:
+def _openai_endpoints(cfg: RunConfig) -> str:
     """``; OpenAI endpoint(s): URL, ...`` of the launched servers (rollout.openai_port), else ""."""
     from rlx.rollout.openai_http import openai_url
 
@@ -249,11 +253,11 @@ def _export_hf(run_dir: Path, display: Display) -> int:
     return 0
 
 
-def _trace_dir(cfg, run_dir: Path) -> Path:
+def _trace_dir(cfg: RunConfig, run_dir: Path) -> Path:
     return Path(cfg.trace.dir) if cfg.trace.dir else run_dir / "trace"
 
 
-def _trace_env(cfg, run_dir: Path) -> dict:
+def _trace_env(cfg: RunConfig, run_dir: Path) -> dict:
     from rlx.trace import ENV_TRACE_DIR
 
     return {ENV_TRACE_DIR: str(_trace_dir(cfg, run_dir))} if cfg.trace.enabled else {}
@@ -284,7 +288,7 @@ def quiet_server_env() -> dict[str, str]:
     return {"VLLM_LOGGING_LEVEL": "WARNING", "PYTHONWARNINGS": ",".join(warnings)}
 
 
-def _server_priority(cfg) -> dict:
+def _server_priority(cfg: RunConfig) -> dict:
     """``rollout.yield_cpu``: servers on this CPU-only host yield to the trainer: no engine idle spin in
     any mode, and idle priority in sync mode, where the trainer waits while they generate and they wait
     while it trains."""
@@ -296,7 +300,7 @@ def _server_priority(cfg) -> dict:
     return env
 
 
-def _device_type(cfg) -> str:
+def _device_type(cfg: RunConfig) -> str:
     from rlx.trainer.model import resolve_device
 
     return resolve_device(cfg.trainer.device).type

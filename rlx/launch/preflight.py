@@ -15,9 +15,13 @@ from rich.markup import escape
 from rlx.config.errors import ConfigError
 from rlx.launch.display import Display
 from rlx.sync.transports.shm import remove_stale_segments
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import RunConfig
 
 
-def preflight(cfg, display: Display) -> int | None:
+def preflight(cfg: RunConfig, display: Display) -> int | None:
     """Fail before any process starts: run directory, plugins, model directory, task data, reward function,
     resume. Returns the step ``--resume`` continues from (None without --resume or a checkpoint)."""
     from rlx.trainer.model import check_model_dir
@@ -49,8 +53,8 @@ def preflight(cfg, display: Display) -> int | None:
         check_config(cfg)
     task = build_task(cfg.task, cfg.model.path)
     check_prompts(cfg, task)
-    check_agent(cfg, task)
-    check_reward_model(cfg)
+    check_agent(cfg.agent, cfg.task.reward, task)
+    check_reward_model(cfg.task.reward_model, cfg.rollout.auth_token)
     resumed_step = check_resume(cfg, run_dir, len(task.train), display) if cfg.trainer.resume else None
     for path in remove_stale_segments():
         display.note(f"removed {path}, the weight-sync buffer of an rlx run that was killed")
@@ -58,7 +62,7 @@ def preflight(cfg, display: Display) -> int | None:
     return resumed_step
 
 
-def check_prompts(cfg, task) -> None:
+def check_prompts(cfg: RunConfig, task) -> None:
     """Every train and eval prompt fits rollout.max_model_len with room for a completion, counted as the
     rollout backend counts a text prompt (vLLM adds the tokenizer's special tokens, such as BOS; hf does not)."""
     from rlx.trainer.model import load_tokenizer
@@ -73,7 +77,7 @@ def check_prompts(cfg, task) -> None:
     check_prompt_lengths(list(task.train) + list(task.eval), count_tokens, cfg.rollout.max_model_len)
 
 
-def check_store(cfg, display: Display) -> None:
+def check_store(cfg: RunConfig, display: Display) -> None:
     """The dump ``rollout.reuse`` reads (``rlx.store.dump.check_dump``); sample stores of killed runs."""
     from rlx.store.dump import check_dump
     from rlx.store.shm import remove_stale_segments as remove_stale_stores
@@ -84,7 +88,7 @@ def check_store(cfg, display: Display) -> None:
         check_dump(cfg)
 
 
-def build_model(cfg, display: Display) -> None:
+def build_model(cfg: RunConfig, display: Display) -> None:
     if cfg.model.build_if_missing == "smollm2_135m_instruct":
         from rlx.convert.gguf_import import import_gguf, smollm2_gguf
 
@@ -105,7 +109,7 @@ def build_model(cfg, display: Display) -> None:
     build_warmstart_model(cfg.model.build_if_missing, cfg.model.path, cfg, display, "the warm-started tiny model")
 
 
-def build_warmstart_model(recipe: str, path: str, cfg, display: Display, what: str) -> None:
+def build_warmstart_model(recipe: str, path: str, cfg: RunConfig, display: Display, what: str) -> None:
     """``rlx.trainer.warmstart``'s ``recipe`` on the run's task into ``path``, with a progress bar; the note names
     the absolute path, since a relative one is taken from the directory `rlx train` runs in."""
     from rich.progress import Progress
@@ -135,7 +139,7 @@ def check_output_dir(run_dir: Path) -> None:
                           "trainer.output_dir to a directory you can write")
 
 
-def check_resume(cfg, run_dir: Path, num_problems: int, display: Display) -> int | None:
+def check_resume(cfg: RunConfig, run_dir: Path, num_problems: int, display: Display) -> int | None:
     """The checkpoint --resume continues from exists and fits this config; else refuse, changing nothing.
     Returns its step (None: no earlier run, start at step 0)."""
     from rlx.trainer.checkpoint import check_resumable, resume_checkpoint

@@ -47,6 +47,10 @@ from rlx.launch.run_dir import (
     write_config,
 )
 from rlx.launch.stops import ChildDied, StopWatch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import RunConfig
 
 POLL_S = 0.5
 RPC_TIMEOUT_S = 60.0
@@ -62,7 +66,7 @@ def import_ray():
     return ray
 
 
-def cluster_address(cfg) -> str:
+def cluster_address(cfg: RunConfig) -> str:
     """``ray.address``, else RAY_ADDRESS (set by `ray job submit`), else "local" (a fresh instance)."""
     if cfg.ray.address:
         return cfg.ray.address
@@ -71,7 +75,7 @@ def cluster_address(cfg) -> str:
     return from_env or "local"
 
 
-def connect(cfg):
+def connect(cfg: RunConfig):
     """Join the cluster (or start a local instance); returns the ray module. An address where no cluster
     answers is refused within seconds (``rlx.launch.ray_probe``)."""
     ray = import_ray()
@@ -96,7 +100,7 @@ def bundle_options(resources: dict[str, float]) -> dict:
     return {"num_cpus": resources.get("CPU", 0), "num_gpus": resources.get("GPU", 0), "resources": custom}
 
 
-def run_ray_train(cfg) -> int:
+def run_ray_train(cfg: RunConfig) -> int:
     """The whole run on Ray; returns the exit code. User errors found before anything starts propagate."""
     import_ray()
     run_dir = Path(cfg.trainer.output_dir).resolve()
@@ -130,7 +134,7 @@ class NodeHandle:
 class RayRun:
     """One run's placement groups and node processes, watched together and torn down together."""
 
-    def __init__(self, cfg, run_dir: Path, display: Display) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path, display: Display) -> None:
         self.cfg, self.run_dir, self.display = cfg, run_dir, display
         self.log_dir = run_dir / "logs"
         self.handles: list[NodeHandle] = []
@@ -306,7 +310,7 @@ class RayRun:
         self.display.close_log()
 
 
-def _absolute_paths(cfg) -> None:
+def _absolute_paths(cfg: RunConfig) -> None:
     """Paths resolved here, so that processes started in another directory (or node) find the same files."""
     cfg.trainer.output_dir = str(Path(cfg.trainer.output_dir).resolve())
     for section, key in (("model", "path"), ("task", "path"), ("task", "eval_path"), ("trace", "dir")):

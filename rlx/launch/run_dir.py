@@ -14,6 +14,10 @@ from pathlib import Path
 
 from rlx.launch.display import Display
 from rlx.net import ipc_path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import RunConfig
 
 # What a run writes into its directory (``trace`` only when trace.dir is not set elsewhere).
 RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "checkpoints", "logs", "trace", "tb", "hf")
@@ -44,7 +48,7 @@ def archive_previous_run(run_dir: Path, display: Display) -> Path | None:
     return archive
 
 
-def write_config(cfg, run_dir: Path) -> Path:
+def write_config(cfg: RunConfig, run_dir: Path) -> Path:
     """RUN_DIR/config.yaml: the resolved config, secrets redacted."""
     import yaml
 
@@ -55,7 +59,7 @@ def write_config(cfg, run_dir: Path) -> Path:
     return path
 
 
-def secret_overrides(cfg) -> tuple[list[str], dict[str, str]]:
+def secret_overrides(cfg: RunConfig) -> tuple[list[str], dict[str, str]]:
     """Overrides that give a child loading config.yaml the secrets it redacts, and the env they read."""
     overrides, env = [], {}
     for key, var in SECRET_ENV.items():

@@ -101,11 +101,11 @@ class Collector:
                                      max_tokens=r.max_tokens, stop=list(r.stop))
         self.agent = None
         """Multi-turn tasks (tools) run as episodes (``rlx.agent``)."""
-        if is_multi_turn(cfg, task):
+        if is_multi_turn(cfg.agent, task):
             from rlx.trainer.model import load_tokenizer
 
             self.agent = EpisodeCollector(cfg, client, task, load_tokenizer(cfg.model.path))
-        self.reward_model = make_reward_model(cfg) if self.agent is None else None
+        self.reward_model = make_reward_model(cfg.task.reward_model, cfg.rollout.auth_token) if self.agent is None else None
         """``task.reward_model``, scored over a step's samples at once (episodes score in ``EpisodeCollector``)."""
 
     async def collect(self, problems: list[Problem], seed: int) -> Collected:

@@ -61,7 +61,7 @@ class EpisodeGroup:
 class EpisodeCollector:
     def __init__(self, cfg, client, task, tokenizer) -> None:
         self.cfg, self.client, self.task, self.tokenizer = cfg, client, task, tokenizer
-        self.tools = resolve_tools(tool_entries(cfg, task))
+        self.tools = resolve_tools(tool_entries(cfg.agent, task))
         self.reward_ref = cfg.task.reward or getattr(task, "reward_ref", "")
         r = cfg.rollout
         self.framing = make_framing(tokenizer, cfg.task.chat_template, cfg.task.system_prompt,
@@ -75,7 +75,7 @@ class EpisodeCollector:
                                      max_tokens=r.max_tokens, stop=self.stop)
         self.max_total_tokens = min(cfg.agent.max_total_tokens, r.max_model_len)
         self._pools: tuple[WorkerPool | None, WorkerPool | None] | None = None
-        self.reward_model = make_reward_model(cfg)
+        self.reward_model = make_reward_model(cfg.task.reward_model, cfg.rollout.auth_token)
         """``task.reward_model``: scores every episode's transcript after the prompt, once per step."""
         self._starting: asyncio.Lock | None = None
 

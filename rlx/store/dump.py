@@ -37,6 +37,10 @@ import torch
 
 from rlx.config.errors import ConfigError
 from rlx.store.base import Sample, Status
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import RunConfig
 
 SCHEMA_VERSION = 1
 FORMAT = "rlx-rollout-dump"
@@ -75,7 +79,7 @@ def file_sha256(path: Path) -> str:
 
 
 class DumpWriter:
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg: RunConfig) -> None:
         self.dir = Path(cfg.rollout.dump_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         r = cfg.rollout
@@ -351,7 +355,7 @@ def model_vocab_size(model_dir: str | Path) -> int:
     return int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or 0)
 
 
-def check_dump(cfg, contents: bool = True) -> Dump:
+def check_dump(cfg: RunConfig, contents: bool = True) -> Dump:
     """Refuse a dump this run must not read (see the module docstring); the checked ``Dump``. ``contents``:
     also read every step file and check its tensors (pre-flight does; a step is checked again when read)."""
     r = cfg.rollout

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from rlx.sync.arena import WeightArena
     from rlx.sync.sender import WeightSender
+    from rlx.config.schema import SyncConfig
 
 
 def shared_transport(device: str) -> str:
@@ -48,7 +49,7 @@ def pick_transport(kind: str, device: str, peers: Sequence[str] = ()) -> str:
     return shared_transport(device)
 
 
-def make_sender(cfg, device: str, peers: Sequence[str] = (), module: torch.nn.Module | None = None,
+def make_sender(cfg: SyncConfig, device: str, peers: Sequence[str] = (), module: torch.nn.Module | None = None,
                 arena: WeightArena | None = None) -> WeightSender:
     """A ``WeightSender`` configured by ``cfg`` (an ``rlx.config.schema.SyncConfig``) on ``device``.
 

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 from rlx.tasks.base import DataStream, Problem, Task
 from rlx.tasks.reward_fn import load_reward_fn
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import TaskConfig
 
 __all__ = ["DataStream", "Problem", "Task", "build_task", "load_reward_fn"]
 
 
-def build_task(cfg, tokenizer_path: str = "") -> Task:
+def build_task(cfg: TaskConfig, tokenizer_path: str = "") -> Task:
     """The task named by ``cfg.name`` (a ``rlx.config.schema.TaskConfig``), with the user reward if set;
     ``tokenizer_path`` (model.path) supplies the chat template of dataset prompts."""
     reward_fn = load_reward_fn(cfg.reward, "task.reward") if cfg.reward else None

@@ -25,6 +25,10 @@ from dataclasses import dataclass, field
 
 from rlx.tasks.base import Problem, RewardFn, task_reward
 from rlx.tasks.tiny_math import normalize
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import TaskConfig
 
 REWARD_REF = "rlx.tasks.calc:score"
 TOOLS = ["calc"]
@@ -87,7 +91,7 @@ class Calc:
     """Stop strings of every turn (a tool call ends the turn)."""
 
     @classmethod
-    def from_config(cls, cfg, reward_fn: RewardFn | None = None) -> Calc:
+    def from_config(cls, cfg: TaskConfig, reward_fn: RewardFn | None = None) -> Calc:
         from rlx.config.errors import ConfigError
 
         if cfg.max_operand < 11 or cfg.max_operand > 99:

@@ -15,6 +15,10 @@ from pathlib import Path
 
 from rlx.config.errors import ConfigError
 from rlx.formats.chat import ChatFormat
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import TaskConfig
 
 SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 
@@ -76,7 +80,7 @@ def check_columns(rows: list[dict], columns: dict[str, str], config_key: str) ->
 class PromptMaker:
     """Row -> prompt text, from the task config's column mapping and chat settings."""
 
-    def __init__(self, cfg, tokenizer_path: str = "") -> None:
+    def __init__(self, cfg: TaskConfig, tokenizer_path: str = "") -> None:
         tokenizer = None
         if cfg.chat_template != "off" and tokenizer_path:
             from transformers import AutoTokenizer

@@ -22,6 +22,10 @@ from pathlib import Path
 from rlx.config.errors import ConfigError
 from rlx.tasks.base import Problem, RewardFn, task_reward
 from rlx.tasks.dataset import PromptMaker, check_columns, read_dataset
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import TaskConfig
 
 THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
 
@@ -78,7 +82,7 @@ def ground_truth(answer) -> str:
     return plain
 
 
-def to_problems(rows: list[dict], cfg, first_id: int, config_key: str, make_prompt: PromptMaker) -> list[Problem]:
+def to_problems(rows: list[dict], cfg: TaskConfig, first_id: int, config_key: str, make_prompt: PromptMaker) -> list[Problem]:
     check_columns(rows, {**make_prompt.columns(), cfg.answer_key: "task.answer_key"}, config_key)
     path = getattr(cfg, config_key.split(".")[-1])  # task.path or task.eval_path
     return [Problem(id=first_id + i, prompt=make_prompt(row, f"{config_key} row {i}"),
@@ -111,7 +115,7 @@ class Gsm8k:
     name: str = field(default="gsm8k", init=False)
 
     @classmethod
-    def from_config(cls, cfg, reward_fn: RewardFn | None = None, tokenizer_path: str = "") -> Gsm8k:
+    def from_config(cls, cfg: TaskConfig, reward_fn: RewardFn | None = None, tokenizer_path: str = "") -> Gsm8k:
         pattern = _compile(cfg.answer_pattern)
         _check_template(cfg.prompt_template)
         make_prompt = PromptMaker(cfg, tokenizer_path)

@@ -22,11 +22,15 @@ from rlx.config.errors import ConfigError
 from rlx.tasks.base import Problem, RewardFn, task_reward
 from rlx.tasks.dataset import PromptMaker
 from rlx.tasks.gsm8k import extract_answer
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import TaskConfig
 
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
-def generated_entries(cfg) -> tuple:
+def generated_entries(cfg: TaskConfig) -> tuple:
     """The library's dataset object and its first ``num_train + num_eval`` entries."""
     try:
         import reasoning_gym
@@ -54,7 +58,7 @@ class ReasoningGym:
     name: str = field(default="reasoning_gym", init=False)
 
     @classmethod
-    def from_config(cls, cfg, reward_fn: RewardFn | None = None, tokenizer_path: str = "") -> ReasoningGym:
+    def from_config(cls, cfg: TaskConfig, reward_fn: RewardFn | None = None, tokenizer_path: str = "") -> ReasoningGym:
         from rlx.tasks.gsm8k import _compile
 
         dataset, entries = generated_entries(cfg)

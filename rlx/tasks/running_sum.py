@@ -19,6 +19,10 @@ import random
 from dataclasses import dataclass, field
 
 from rlx.tasks.base import Problem, RewardFn, task_reward
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import TaskConfig
 
 
 def worked(terms: list[int]) -> str:
@@ -54,7 +58,7 @@ class RunningSum:
     name: str = field(default="running_sum", init=False)
 
     @classmethod
-    def from_config(cls, cfg, reward_fn: RewardFn | None = None) -> "RunningSum":
+    def from_config(cls, cfg: TaskConfig, reward_fn: RewardFn | None = None) -> "RunningSum":
         rng, taken = random.Random(cfg.seed), set()
         eval_ = draw(cfg.num_eval, cfg.num_terms, cfg.max_operand, rng, taken)
         train = draw(cfg.num_train, cfg.num_terms, cfg.max_operand, rng, taken)

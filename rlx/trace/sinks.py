@@ -12,6 +12,10 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import RunConfig
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -65,7 +69,7 @@ class WandbSink:
 
 
 class MetricsLogger:
-    def __init__(self, cfg, run_dir: Path, resume_from_step: int | None) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path, resume_from_step: int | None) -> None:
         self.sinks = []
         if cfg.logging.jsonl:
             self.sinks.append(JsonlSink(run_dir / METRICS_FILE, resume_from_step))

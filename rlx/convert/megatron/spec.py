@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlx.convert.errors import ConvertError
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 
@@ -69,7 +73,7 @@ def read_spec(config_path: Path, vocab_multiple: int) -> ModelSpec:
     return _spec_from_config(AutoConfig.for_model(**raw), family, vocab_multiple)
 
 
-def _spec_from_config(config, family: str, vocab_multiple: int) -> ModelSpec:
+def _spec_from_config(config: PretrainedConfig, family: str, vocab_multiple: int) -> ModelSpec:
     hidden, heads = config.hidden_size, config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     if heads % kv_heads:

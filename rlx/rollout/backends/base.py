@@ -19,6 +19,10 @@ from abc import ABC, abstractmethod
 
 from rlx.rollout.protocol import PromptResult, SamplingSpec
 from rlx.sync.messages import BucketAck
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import RunConfig
 
 
 class Backend(ABC):
@@ -77,7 +81,7 @@ class Backend(ABC):
     async def close(self) -> None: ...
 
 
-def make_backend(cfg) -> Backend:
+def make_backend(cfg: RunConfig) -> Backend:
     """Build the backend named by ``cfg.rollout.backend`` (imported only when chosen)."""
     if cfg.rollout.backend == "vllm":
         from rlx.rollout.backends.vllm import VllmBackend

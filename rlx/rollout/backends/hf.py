@@ -37,6 +37,10 @@ from rlx.rollout.backends.base import Backend
 from rlx.rollout.protocol import PromptResult, Sample, SamplingSpec
 from rlx.sync.messages import BucketAck
 from rlx.sync.receiver import Consumer, SyncHandler, WeightReceiver
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import RunConfig
 
 MAX_BATCH_PROMPTS = 64
 GATHER_QUIET_S = 0.005  # a batch starts once no request came in for this long ...
@@ -49,7 +53,7 @@ PROMPT_IDS_KEPT = 4096  # text prompts whose token ids are kept (``HfBackend._to
 class HfBackend(Backend):
     name = "hf"
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.model_path = cfg.model.path
         self._queue: asyncio.Queue = asyncio.Queue()

@@ -56,6 +56,10 @@ from rlx.rollout.priority import stop_engine_spin_from_env
 from rlx.rollout.protocol import PromptResult, Sample, SamplingSpec
 from rlx.sync.messages import NO_ID, BucketAck, SyncAbort, decode_ack, encode
 from rlx.sync.receiver import Consumer, SyncHandler, WeightReceiver, merge_acks
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +71,7 @@ SHUTDOWN_GRACE_S = 1.0  # how long close() lets the engine core exit on its own 
 class VllmBackend(Backend):
     name = "vllm"
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.model_path = cfg.model.path
         self.engine = None
@@ -360,7 +364,7 @@ def merge_worker_acks(acks: list[BucketAck]) -> BucketAck:
     return merged
 
 
-def _sleep_mode(cfg, platform) -> bool:
+def _sleep_mode(cfg: RunConfig, platform) -> bool:
     """Colocated engines sleep while the trainer trains; vLLM refuses sleep mode where the platform has none
     (its CPU build), where the calls are accepted anyway and free nothing."""
     wanted = cfg.placement.mode == "colocated" and cfg.placement.sleep_level > 0

@@ -38,13 +38,13 @@ class RewardModel(Protocol):
     async def score(self, questions: list[str], responses: list[str], answers: list[str]) -> Scored: ...
 
 
-def make_reward_model(cfg) -> RewardModel | None:
-    """The model ``task.reward_model`` names, or None when it is ``none``."""
-    rm = cfg.task.reward_model
+def make_reward_model(rm: RewardModelConfig, auth_token: str) -> RewardModel | None:
+    """The model ``task.reward_model`` names, or None when it is ``none``; a judge's requests carry
+    ``auth_token`` (rollout.auth_token)."""
     if rm.kind == "judge":
         from rlx.tasks.reward_models.judge import Judge
 
-        return Judge(rm, cfg.rollout.auth_token)
+        return Judge(rm, auth_token)
     if rm.kind == "classifier":
         from rlx.tasks.reward_models.classifier import Classifier
 
@@ -65,10 +65,9 @@ def mix(task_reward: float, model_score: float, weight: float) -> float:
     return weight * model_score + (1.0 - weight) * task_reward
 
 
-def check_reward_model(cfg) -> None:
+def check_reward_model(rm: RewardModelConfig, auth_token: str) -> None:
     """Pre-flight: the classifier directory loads as a classifier with its own tokenizer; the judge server
-    answers a health check."""
-    rm = cfg.task.reward_model
+    answers a health check (to ``auth_token``, rollout.auth_token)."""
     if rm.kind == "none":
         return
     if rm.kind == "classifier":
@@ -78,4 +77,4 @@ def check_reward_model(cfg) -> None:
     else:
         from rlx.tasks.reward_models.judge import check_judge_up
 
-        check_judge_up(rm, cfg.rollout.auth_token)
+        check_judge_up(rm, auth_token)
