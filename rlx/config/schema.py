@@ -246,6 +246,9 @@ class SamplingConfig:
         return self.temperature if self.temperature > 0 else 1.0
 
 
+BACKEND_CHOICES = ("vllm", "hf")
+
+
 @dataclass
 class RolloutConfig:
     backend: str = "vllm"
@@ -343,7 +346,7 @@ class RolloutConfig:
         return 0 if self.servers else 1
 
     def __post_init__(self) -> None:
-        check_choice("rollout.backend", self.backend, ("vllm", "hf"))
+        check_choice("rollout.backend", self.backend, BACKEND_CHOICES)
         check_choice("rollout.device", self.device, ("auto", "cpu", "cuda"))
         if self.num_servers is not None:
             check_range("rollout.num_servers", self.num_servers, 0)
@@ -605,6 +608,9 @@ class TrainerConfig:
             raise ConfigError(f"trainer.betas={self.betas} must be two values in [0, 1), e.g. [0.9, 0.999]")
 
 
+TRANSPORT_CHOICES = ("auto", "shm", "cuda_ipc", "gloo", "nccl")
+
+
 @dataclass
 class SyncConfig:
     transport: str = "auto"
@@ -621,7 +627,7 @@ class SyncConfig:
     """One trainer rank: keep its weights in the transport's shared buffer (shm or CUDA IPC) so a sync sends offsets and each engine copies once (needs model.rollout_dtype = model.dtype; otherwise syncs copy through the buckets)."""
 
     def __post_init__(self) -> None:
-        check_choice("sync.transport", self.transport, ("auto", "shm", "cuda_ipc", "gloo", "nccl"))
+        check_choice("sync.transport", self.transport, TRANSPORT_CHOICES)
         check_range("sync.bucket_mb", self.bucket_mb, 1, hint="set sync.bucket_mb to the transfer bucket size in MiB")
         check_range("sync.num_buffers", self.num_buffers, 1, 8)
         check_range("sync.timeout_s", self.timeout_s, 0.1)

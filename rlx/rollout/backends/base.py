@@ -81,14 +81,15 @@ class Backend(ABC):
     async def close(self) -> None: ...
 
 
+BACKENDS = {"vllm": "rlx.rollout.backends.vllm:VllmBackend", "hf": "rlx.rollout.backends.hf:HfBackend"}
+"""rollout.backend -> the class that runs it, as module:class (imported only when chosen)."""
+
+
 def make_backend(cfg: RunConfig) -> Backend:
     """Build the backend named by ``cfg.rollout.backend`` (imported only when chosen)."""
-    if cfg.rollout.backend == "vllm":
-        from rlx.rollout.backends.vllm import VllmBackend
+    import importlib
 
-        return VllmBackend(cfg)
-    if cfg.rollout.backend == "hf":
-        from rlx.rollout.backends.hf import HfBackend
-
-        return HfBackend(cfg)
-    raise ValueError(f"rollout.backend={cfg.rollout.backend!r}: use vllm or hf")
+    if cfg.rollout.backend not in BACKENDS:
+        raise ValueError(f"rollout.backend={cfg.rollout.backend!r}: use {' or '.join(BACKENDS)}")
+    module, _, name = BACKENDS[cfg.rollout.backend].partition(":")
+    return getattr(importlib.import_module(module), name)(cfg)

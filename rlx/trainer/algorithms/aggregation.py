@@ -23,7 +23,10 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+from rlx.config.schema import LOSS_AGG_CHOICES
+
+AGG_MODES = LOSS_AGG_CHOICES
+"""The modes ``LossAgg`` applies: algorithm.loss_agg's choices, defined once in the schema."""
 
 
 @dataclass

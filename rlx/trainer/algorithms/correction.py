@@ -32,10 +32,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlx.config.schema import CORRECTION_CHOICES
 from rlx.trainer.algorithms.aggregation import masked_mean
 from rlx.trainer.algorithms.kl import kl_estimate
 
-METHODS = ("none", "tis", "icepop", "bypass")
+METHODS = CORRECTION_CHOICES
+"""The corrections ``rollout_correction`` applies: defined once in the schema (algorithm.rollout_correction)."""
 LEVELS = ("token", "sequence")
 MAX_LOG_WEIGHT = 20.0
 

@@ -18,8 +18,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
 MAX_EXPONENT = 20.0
+
+
+def _k3(log_ratio: Tensor) -> Tensor:
+    neg = (-log_ratio).clamp(max=MAX_EXPONENT)
+    return torch.exp(neg) - neg - 1.0
+
+
+KL_ESTIMATORS = {"k1": lambda log_ratio: log_ratio, "k2": lambda log_ratio: 0.5 * log_ratio.square(), "k3": _k3}
+"""algorithm.kl_estimator -> the estimate of one token's KL from its log-ratio."""
 
 
 def kl_estimate(logp: Tensor, ref_logp: Tensor, estimator: str) -> Tensor:
@@ -27,13 +35,7 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, estimator: str) -> Tensor:
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"KL estimator {estimator!r} is unknown; set algorithm.kl_estimator to one of "
                          f"{', '.join(KL_ESTIMATORS)}")
-    log_ratio = logp - ref_logp
-    if estimator == "k1":
-        return log_ratio
-    if estimator == "k2":
-        return 0.5 * log_ratio.square()
-    neg = (-log_ratio).clamp(max=MAX_EXPONENT)
-    return torch.exp(neg) - neg - 1.0
+    return KL_ESTIMATORS[estimator](logp - ref_logp)
 
 
 def kl_penalized_rewards(rewards: Tensor, logp: Tensor, ref_logp: Tensor, mask: Tensor, kl_coef: float,
