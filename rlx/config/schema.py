@@ -16,9 +16,13 @@ from omegaconf import MISSING
 
 from rlx.config.errors import ConfigError
 from rlx.config.agent import AgentConfig
-from rlx.rollout.protocol import MIN_TEMPERATURE
 from rlx.config.reward_models import RewardModelConfig
 from rlx.config.store import FiltersConfig, StoreConfig, check_reuse
+
+MIN_TEMPERATURE = 0.01
+"""The smallest sampling temperature above 0 (greedy): logits divided by less overflow float range, and the
+probabilities come out NaN. vLLM raises a smaller one to this value; rlx refuses it instead, since the trainer
+would score the tokens at the temperature asked for. The rollout protocol checks each request against it."""
 
 
 def check_choice(where: str, value: Any, choices: tuple[str, ...]) -> None:

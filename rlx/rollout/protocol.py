@@ -16,13 +16,10 @@ from typing import Union
 
 import msgspec
 
+from rlx.config.schema import MIN_TEMPERATURE
 from rlx.sync.messages import BucketAck
 
 PROTOCOL_VERSION = 1
-MIN_TEMPERATURE = 0.01
-"""The smallest sampling temperature above 0 (greedy): logits divided by less overflow float range, and the
-probabilities come out NaN. vLLM raises a smaller one to this value; rlx refuses it instead, since the trainer
-would score the tokens at the temperature asked for."""
 
 SERVER_STOPPING = ("the rollout server is stopping (SIGTERM, SIGINT or a Shutdown request) and cancelled this request "
                    "unfinished; send it again to a live server")
