@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 from rlx.config.errors import ConfigError
@@ -44,19 +43,6 @@ from rlx.trace import tracer
 GROUPLESS_ADVANTAGES = ("reinforce_pp", "gae")
 POLL_INTERVAL_S = 0.2
 WAIT_NOTE_EVERY_S = 30.0
-
-
-@dataclass
-class External:
-    train: list[Problem] = field(default_factory=lambda: [Problem(id=0, prompt="", answer="")])
-    eval: list[Problem] = field(default_factory=list)
-    name: str = field(default="external", init=False)
-
-    def reward(self, completion: str, problem: Problem) -> float:
-        raise NotImplementedError("external episodes carry the reward their agent sent with the finish request")
-
-    def is_correct(self, completion: str, problem: Problem) -> bool:
-        return False
 
 
 def check_config(cfg) -> None:

@@ -6,7 +6,7 @@ arithmetic), ``running_sum`` (long worked sums), ``calc``
 (two-turn multiplication with a calculator tool, ``rlx.agent``), ``gsm8k`` (math from a local
 JSONL/Parquet/datasets file, ``dataset``), ``reasoning_gym`` (the library's procedural, verifiable
 tasks) and ``external`` (episodes an agent records on the servers'
-OpenAI endpoint, ``external``). ``task.reward`` swaps in a
+OpenAI endpoint, ``external``; its collector is ``rlx.orchestrator.external``). ``task.reward`` swaps in a
 user function ``module:function`` (completion, answer) -> float. The order in which train
 problems are used is ``base.DataStream``'s job.
 """
@@ -48,7 +48,7 @@ def build_task(cfg: TaskConfig, tokenizer_path: str = "") -> Task:
 
         return ReasoningGym.from_config(cfg, reward_fn, tokenizer_path)
     if cfg.name == "external":
-        from rlx.orchestrator.external import External
+        from rlx.tasks.external import External
 
         return External()
     raise ValueError(f"task.name={cfg.name!r} is unknown; use tiny_math, gsm8k, running_sum, calc, reasoning_gym "

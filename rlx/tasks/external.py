@@ -1,0 +1,27 @@
+"""task.name=external: the task of a run whose episodes an outside agent drives through the servers'
+OpenAI endpoint, and their rewards with them.
+
+The task holds no data: its one "problem" is a placeholder that keeps the data stream, checkpoints and
+resume as they are for other tasks, and the reward is the one each episode's agent sent. The collector
+that takes the finished episodes is rank 0's (``rlx.orchestrator.external``). Left out: held-out
+evaluation (no eval problems).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlx.tasks.base import Problem
+
+
+@dataclass
+class External:
+    train: list[Problem] = field(default_factory=lambda: [Problem(id=0, prompt="", answer="")])
+    eval: list[Problem] = field(default_factory=list)
+    name: str = field(default="external", init=False)
+
+    def reward(self, completion: str, problem: Problem) -> float:
+        raise NotImplementedError("external episodes carry the reward their agent sent with the finish request")
+
+    def is_correct(self, completion: str, problem: Problem) -> bool:
+        return False
