@@ -59,10 +59,10 @@ class Controller:
         self.bus = RankBus(trainer.device)
         self.plane = None  # trainer.data_plane=store: ranks > 0 pull their rows from the sample store
         if self.bus.active and cfg.trainer.data_plane == "store":
-            from rlx.store.plane import DataPlane
+            from rlx.trainer.plane import DataPlane
 
             self.plane = DataPlane(cfg.store, tokenizer.pad_token_id, trainer.device)
-        from rlx.store.source import StepSource  # DAPO filters, rollout.dump_dir, rollout.reuse
+        from rlx.orchestrator.source import StepSource  # DAPO filters, rollout.dump_dir, rollout.reuse
 
         self.source = StepSource(cfg, self.collector, self.stream.next_batch, tokenizer.pad_token_id)
         # one rank sending its weights in the engine's dtype sends them as they are (zero-copy where the

@@ -11,7 +11,7 @@ Applied in this order, each counted in the step's metrics:
   in all is dropped -> ``groups_dropped_long``;
 - dynamic sampling (``filters.drop_uniform_groups``): a group whose rewards all agree has zero
   advantage everywhere, so it is dropped -> ``groups_dropped_uniform``; the caller samples more
-  prompts to refill the batch (``rlx.store.source``).
+  prompts to refill the batch (``rlx.orchestrator.source``).
 
 The functions here are pure (lists in, lists out); nothing is generated here.
 """

@@ -24,7 +24,7 @@ from typing import Callable
 from rlx.orchestrator.collector import Collected
 from rlx.orchestrator import filters
 from rlx.store.base import Sample, Status
-from rlx.store.plane import batch_to_samples, samples_to_batch
+from rlx.trainer.plane import batch_to_samples, samples_to_batch
 
 EXTRA_ROUND_SEED = 100_003  # an extra round of a step samples with the step's seed plus this, times the round
 

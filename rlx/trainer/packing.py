@@ -118,7 +118,7 @@ def plan_units(full: TrainBatch, group_size: int, budget: int,
                rows: list[int] | None = None) -> tuple[list[list[int]], list[int]]:
     """The rows planned together and the tokens each such unit puts through the model: one row each, or a
     group's consecutive rows (split where they would pass ``budget``) counting a prompt of one length once.
-    Only lengths are read, so ranks that hold the counts but not the tokens (``rlx.store.plane``) plan alike;
+    Only lengths are read, so ranks that hold the counts but not the tokens (``rlx.trainer.plane``) plan alike;
     rows whose equal-length prompts differ still run, each with its own prompt (a little over the count).
     ``rows`` (ascending) limits the plan to those rows; a group is those of its rows that are there."""
     mask = full.attention_mask

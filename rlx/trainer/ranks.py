@@ -61,7 +61,7 @@ def init_distributed(device_type: str) -> None:
 def follow(cfg) -> None:
     """Ranks 1..N-1: run whatever rank 0 announces until STOP."""
     from rlx.trainer.trainer import Trainer
-    from rlx.store.plane import Puller
+    from rlx.trainer.plane import Puller
 
     trainer = Trainer(cfg)
     ckpt_root = Path(cfg.trainer.output_dir) / "checkpoints"

@@ -54,7 +54,7 @@ def lead(cfg) -> dict:
     from rlx.trainer.packing import plan_packed
     from rlx.trainer.trainer import Trainer
     from rlx.trainer.ranks import Command, RankBus
-    from rlx.store.plane import DataPlane
+    from rlx.trainer.plane import DataPlane
 
     trainer = Trainer(cfg)
     bus = RankBus(trainer.device)
@@ -85,7 +85,7 @@ def lead(cfg) -> dict:
 
 def follow_recording(cfg) -> dict:
     from rlx.trainer.ranks import follow
-    from rlx.store.plane import StoredBatch
+    from rlx.trainer.plane import StoredBatch
 
     fetched: list[list[int]] = []
     rows = StoredBatch.rows
