@@ -1,16 +1,13 @@
-"""The one ZeroMQ request/reply helper, and the weight sync's channel over it.
+"""The one ZeroMQ request/reply helper.
 
 ``RpcClient`` is a DEALER that matches replies to requests by an id frame; the rollout client
-(``rlx.rollout.client``) and ``RpcSyncChannel`` use it. Frames out: ``[request_id (8 bytes, little
+(``rlx.rollout.client``) and the weight sync's channel (``rlx.sync.channel.RpcSyncChannel``) use
+it. Frames out: ``[request_id (8 bytes, little
 endian), payload]``; a ROUTER peer answers ``[request_id, reply]`` by echoing the frames before the
 payload (``reply_frames``), so any number of requests may be in flight on one socket and a late
 reply to a request that already timed out is recognised and dropped. Payloads are msgspec-encoded
 by the caller; replies are decoded here with the caller's decoder. Every call has a deadline, and
 every error names the peer and the request.
-
-``RpcSyncChannel`` is the ``SyncChannel`` a ``WeightSender`` talks through, to a receiver process or
-to a rollout server: each sync request's bytes go out in one call, untouched (to a rollout server
-inside the rollout protocol's ``UpdateWeights`` envelope), and the ``BucketAck`` comes back.
 
 Left out: what the payloads mean, retries, and the server side's loop (each server has its own).
 """
@@ -20,16 +17,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import zmq
 import zmq.asyncio
-
-from rlx.rollout import protocol as p
-from rlx.sync.errors import SyncError, SyncTimeout
-from rlx.sync.messages import BucketAck, decode_ack, encode, request_label
 
 log = logging.getLogger(__name__)
 
@@ -134,58 +126,6 @@ class RpcClient(Generic[R]):
                 future.set_result(self._decode(frames[1]))
             except Exception as exc:  # noqa: BLE001 - a bad reply fails its own call, not the reader
                 future.set_exception(RpcError(f"undecodable reply from {self.name}: {exc}"))
-
-
-class RpcSyncChannel:
-    """A ``SyncChannel`` (``rlx.sync.channel``): one sync request per ``RpcClient`` call, its ``BucketAck`` back.
-
-    Two peers answer it. A receiver process (``receiver_process``) takes the request's bytes as they
-    are and answers with the ack's bytes: ``RpcSyncChannel.connect(address)`` opens a socket of its
-    own. A rollout server takes them in the rollout protocol's envelope -- one ``UpdateWeights`` in a
-    ``Request`` with the call's deadline and the auth token -- and answers with an ``AckResult``:
-    ``RpcSyncChannel(rpc, rollout_token=token)`` shares the rollout client's socket to that server
-    (which the rollout client owns and closes), so weights and generate requests travel together.
-    A silent peer raises ``SyncTimeout``, a failed call ``SyncError``, both naming the peer and the
-    request. Several calls may be in flight at once (one per buffer slot).
-    """
-
-    def __init__(self, rpc: RpcClient, rollout_token: str | None = None):
-        self._rpc, self._rollout_token = rpc, rollout_token
-        self.name = rpc.name
-        self.address = rpc.address  # where a gloo / nccl sender's group must reach
-
-    @classmethod
-    def connect(cls, address: str, name: str | None = None,
-                context: zmq.asyncio.Context | None = None) -> RpcSyncChannel:
-        """A channel to the receiver process bound at ``address``, on a socket of its own."""
-        return cls(RpcClient(address, name or f"receiver at {address}", decode_ack, context))
-
-    async def call(self, request, timeout_s: float) -> BucketAck:
-        label = request_label(request)
-        payload = encode(request)
-        if self._rollout_token is not None:
-            envelope = p.Request(id=next(_rollout_ids), body=p.UpdateWeights(payload=payload),
-                                 deadline=time.time() + timeout_s, token=self._rollout_token)
-            payload = p.encode(envelope)
-        try:
-            reply = await self._rpc.call(payload, timeout_s, label)
-        except RpcTimeout as exc:
-            raise SyncTimeout(str(exc)) from None
-        except RpcError as exc:
-            raise SyncError(str(exc)) from None
-        if self._rollout_token is None:
-            return reply
-        if not reply.ok:
-            raise SyncError(f"{self.name} failed {label}: {reply.error}")
-        return reply.body.ack
-
-    def close(self) -> None:
-        """Close the socket this channel opened (``connect``); a rollout server's belongs to the rollout client."""
-        if self._rollout_token is None:
-            self._rpc.close()
-
-
-_rollout_ids = itertools.count(1)  # the rollout envelope's request ids (the server logs them)
 
 
 def reply_frames(frames: list[bytes], reply: bytes) -> list[bytes]:

@@ -11,8 +11,8 @@ it until ``mark_up`` (once it holds the trainer's weights again). A server that 
 requests in flight with ``protocol.SERVER_STOPPING``: the request fails with that error, or, where
 the holder restarts servers (``awaits_restarts``), waits for its server to be marked down and is
 re-issued. ``channel(i)`` hands the weight sender server ``i``'s socket as an
-``rlx.rpc.RpcSyncChannel``, which carries each sync request as its own bytes in one
-``UpdateWeights``; this client never sees them. The socket plumbing
+``rlx.sync.channel.RpcSyncChannel``, which carries each sync request as its own bytes in one
+``UpdateWeights`` (``UpdateWeightsEnvelope``); this client never sees them. The socket plumbing
 (request-id frames, deadlines) is ``rlx.rpc.RpcClient``.
 """
 
@@ -26,7 +26,10 @@ from typing import Sequence
 import zmq.asyncio
 
 from rlx.rollout import protocol as p
-from rlx.rpc import RpcClient, RpcError, RpcSyncChannel
+from rlx.rpc import RpcClient, RpcError
+from rlx.sync.channel import RpcSyncChannel
+from rlx.sync.errors import SyncError
+from rlx.sync.messages import BucketAck
 
 
 class RolloutServerError(RuntimeError):
@@ -162,7 +165,7 @@ class RolloutClient:
 
     def channel(self, index: int) -> RpcSyncChannel:
         """Server ``index`` as a weight-sync ``SyncChannel``, over the same socket as its other requests."""
-        return RpcSyncChannel(self._peers[index], rollout_token=self.token)
+        return RpcSyncChannel(self._peers[index], UpdateWeightsEnvelope(self.token))
 
     def channels(self) -> list[RpcSyncChannel]:
         return [self.channel(i) for i in range(len(self._peers))]
@@ -172,3 +175,21 @@ class RolloutClient:
             peer.close()
         self._ctx.term()
 
+
+class UpdateWeightsEnvelope:
+    """A sync request's bytes as a rollout server takes them: one ``UpdateWeights`` in a ``Request`` with the
+    call's deadline and the auth token; the ``AckResult`` of its reply is the ``BucketAck``."""
+
+    _ids = itertools.count(1)  # the envelope's request ids (the server logs them)
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    def wrap(self, payload: bytes, timeout_s: float) -> bytes:
+        return p.encode(p.Request(id=next(self._ids), body=p.UpdateWeights(payload=payload),
+                                  deadline=time.time() + timeout_s, token=self.token))
+
+    def unwrap(self, reply: p.Reply, peer: str, label: str) -> BucketAck:
+        if not reply.ok:
+            raise SyncError(f"{peer} failed {label}: {reply.error}")
+        return reply.body.ack

@@ -4,7 +4,7 @@ Every message is an envelope (``Request`` / ``Reply``) carrying the protocol ver
 request id, an absolute deadline and the auth token; the body is a tagged union, so a
 decoder accepts only the structs listed here. Nothing is ever pickled. A weight update is one
 body, ``UpdateWeights``, carrying an ``rlx.sync.messages`` request as its own bytes: the sync
-channel (``rlx.rpc.RpcSyncChannel``) and the server pass it on untouched and the backend's
+channel (``rlx.sync.channel.RpcSyncChannel``) and the server pass it on untouched and the backend's
 ``rlx.sync.receiver.SyncHandler`` decodes and answers it (``AckResult``).
 """
 

@@ -13,9 +13,9 @@ sender fill bucket k+1 while the receiver loads bucket k.
                         dist (gloo / nccl broadcast, across hosts: one process group per sync)
     arena.py            a one-rank trainer's weights in the shared buffer: syncs send offsets, no slots
     factory.py          picks transport, arena (zero-copy) and sender from the config (controller, bench)
-    channel.py          the SyncChannel protocol the sender talks through
-    rpc.py              the ZeroMQ request/reply helper (the rollout client's too), and RpcSyncChannel:
-                        the SyncChannel to a receiver process or a rollout server
+    channel.py          the SyncChannel protocol the sender talks through, and RpcSyncChannel: the
+                        SyncChannel to a receiver process or (in the rollout client's envelope) a rollout
+                        server, over the ZeroMQ request/reply helper ``rlx.rpc``
     sender.py           WeightSender
     receiver.py         SyncHandler: the one dispatch and error path of every receiving host
                         (receiver process, vLLM worker extension, hf backend), and the
@@ -24,7 +24,6 @@ sender fill bucket k+1 while the receiver loads bucket k.
     local_receiver.py   start / stop such a process by pid, with a channel to it
     checksum.py         per-tensor checksums for end-to-end verification
     dtypes.py, errors.py  dtype names on the wire; SyncError / SyncTimeout
-    bench.py            measurements behind ``rlx bench-sync``; bench_models.py its models
 
 Nothing is imported here so that ``import rlx.sync`` stays free of torch; import the modules.
 """

@@ -19,7 +19,7 @@ from typing import AsyncIterator
 
 from rlx.sync.errors import SyncTimeout
 from rlx.sync.messages import SyncPing
-from rlx.rpc import RpcSyncChannel
+from rlx.sync.channel import RpcSyncChannel
 
 
 def start_receiver(*extra_args: str, name: str = "receiver process",

@@ -10,7 +10,7 @@ import pytest
 
 from rlx.sync.local_receiver import start_receiver, stop_receiver
 from rlx.sync.sender import WeightSender
-from rlx.rpc import RpcSyncChannel
+from rlx.sync.channel import RpcSyncChannel
 
 
 @pytest.fixture(scope="module")

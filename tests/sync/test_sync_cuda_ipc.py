@@ -51,7 +51,7 @@ def test_cuda_ipc_slot_is_never_overwritten_before_its_ack(spawn_receiver, sync_
 def test_cuda_weight_arena_sends_offsets_and_carries_every_update(spawn_receiver):
     from rlx.sync.arena import WeightArena
     from rlx.sync.sender import WeightSender
-    from rlx.rpc import RpcSyncChannel
+    from rlx.sync.channel import RpcSyncChannel
 
     _, address = spawn_receiver()
     model = torch.nn.Sequential(torch.nn.Embedding(1000, 256), torch.nn.Linear(256, 1000)).cuda().to(torch.bfloat16)

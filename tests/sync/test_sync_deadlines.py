@@ -14,7 +14,7 @@ import torch
 
 from rlx.sync.errors import SyncError
 from rlx.sync.messages import BucketAck, NO_ID, SyncBegin, SyncBucket, SyncEnd
-from rlx.rpc import RpcSyncChannel
+from rlx.sync.channel import RpcSyncChannel
 from rlx.sync.sender import WeightSender
 
 TIMEOUT_S = 3.0

@@ -15,7 +15,7 @@ from rlx.rollout.client import RolloutClient
 from rlx.sync.errors import SyncError
 from rlx.sync.messages import SyncBegin, SyncEnd, TransportHandle
 from rlx.sync.sender import WeightSender
-from rlx.rpc import RpcSyncChannel
+from rlx.sync.channel import RpcSyncChannel
 from tests.helpers import serve_with
 
 SYNC_TIMEOUT_S = 10.0  # generous: a loaded machine starts receivers slowly

@@ -5,7 +5,7 @@ import asyncio
 import zmq
 
 from rlx.sync.messages import NO_ID, SyncPing, decode_ack, encode
-from rlx.rpc import RpcSyncChannel
+from rlx.sync.channel import RpcSyncChannel
 
 
 def exchange(address, frames, timeout_ms=10_000):
