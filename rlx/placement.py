@@ -248,3 +248,12 @@ def apply_memory_budget(gpu_memory_gb: float) -> None:
         import torch
 
         torch.cuda.set_per_process_memory_fraction(fraction)
+
+
+def set_cpu_threads(threads: int, device) -> None:
+    """``trainer.cpu_threads`` / ``rollout.cpu_threads``: this process's intra-op threads when it computes on
+    the CPU; 0 leaves torch's default (one per core)."""
+    import torch
+
+    if threads > 0 and torch.device(device).type == "cpu":
+        torch.set_num_threads(threads)

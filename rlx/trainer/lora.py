@@ -26,20 +26,9 @@ from pathlib import Path
 
 import torch
 
+from rlx.formats.peft import PEFT_PREFIX, peft_lora_config
+
 ADAPTER = "default"
-PEFT_PREFIX = "base_model.model."
-"""Key prefix of PEFT's saved adapters (a PeftModel's path to the wrapped transformers model)."""
-
-
-def peft_lora_config(lora, base_model_path: str = ""):
-    """A ``peft.LoraConfig`` for the ``model.lora`` section."""
-    try:
-        from peft import LoraConfig
-    except ImportError:
-        raise ImportError("model.lora.rank > 0 needs peft; install it with pip install -e '.[lora]'") from None
-    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                      target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM",
-                      base_model_name_or_path=base_model_path or None)
 
 
 def apply_lora(model, lora, base_model_path: str = ""):

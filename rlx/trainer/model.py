@@ -27,13 +27,6 @@ def resolve_device(want: str) -> torch.device:
     return torch.device("cpu")
 
 
-def set_cpu_threads(threads: int, device) -> None:
-    """``trainer.cpu_threads`` / ``rollout.cpu_threads``: this process's intra-op threads when it computes on
-    the CPU; 0 leaves torch's default (one per core)."""
-    if threads > 0 and torch.device(device).type == "cpu":
-        torch.set_num_threads(threads)
-
-
 def check_model_dir(path: str, key: str = "model.path") -> Path:
     """``path`` as a Path if it holds what training and the rollout engines load: a config.json that
     parses, weights (safetensors whose headers check out, or ``.bin``) and a tokenizer; else one error

@@ -46,10 +46,10 @@ from rlx.trainer.model import (
     has_dropout,
     load_model,
     resolve_device,
-    set_cpu_threads,
 )
 from rlx.trainer.optim import build_optimizer, build_scheduler, step_if_finite
 from rlx.trainer.packing import MicroBatch, micro_batches
+from rlx.placement import set_cpu_threads
 from rlx.trace import tracer
 from typing import TYPE_CHECKING
 

@@ -83,7 +83,7 @@ class HfBackend(Backend):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from rlx.trainer.model import set_cpu_threads
+        from rlx.placement import set_cpu_threads
 
         want = self.cfg.rollout.device
         self.device = "cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu"

@@ -128,7 +128,7 @@ def peft_adapter_config(lora, base_model_path: str) -> str:
     """``adapter_config.json`` of the run's ``model.lora``, as PEFT writes it (what vLLM reads)."""
     import json
 
-    from rlx.trainer.lora import peft_lora_config
+    from rlx.formats.peft import peft_lora_config
 
     config = peft_lora_config(lora, base_model_path).to_dict()
     config["inference_mode"] = True
@@ -157,7 +157,7 @@ class VllmAdapterLoader(Consumer):
         self.pending = {}
 
     def load(self, tensors, verify: bool) -> None:
-        from rlx.trainer.lora import PEFT_PREFIX
+        from rlx.formats.peft import PEFT_PREFIX
 
         for name, tensor in tensors:
             if split_factor_name(name) is None:
