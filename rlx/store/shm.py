@@ -26,15 +26,7 @@ import numpy as np
 import torch
 
 from rlx.store.base import RowGone, Sample, SampleStore, StoreFull, StoreHandle, StoreReader
-from rlx.sync.transports.shm import (
-    SHM_DIR,
-    _close_mapping,
-    _create,
-    _open,
-    _tensor_over,
-    _unlink,
-    remove_dead_owners,
-)
+from rlx.shm import SHM_DIR, close_mapping, create, open_segment, remove_dead_owners, tensor_over, unlink
 
 _NAME = re.compile(r"rlx-store-[0-9]+-[0-9a-f]+")
 _ALIGN = 64
@@ -56,7 +48,7 @@ class _Table:
     """The row table and data region over a mapped segment (shared by producer and readers)."""
 
     def __init__(self, mm, size: int, max_rows: int) -> None:
-        self.bytes = _tensor_over(mm)
+        self.bytes = tensor_over(mm)
         self.rows = np.frombuffer(mm, dtype=_ROW, count=max_rows)
         self.max_rows, self.data_start = max_rows, _layout(max_rows)
         self.data_size = size - self.data_start
@@ -119,10 +111,10 @@ class ShmStore(SampleStore):
         self.size = _layout(max_rows) + -(-capacity_bytes // _ALIGN) * _ALIGN
         self.name = f"rlx-store-{os.getpid()}-{os.urandom(6).hex()}"
         self.path = os.path.join(SHM_DIR, self.name)
-        self._mm = _create(self.path, self.size)
+        self._mm = create(self.path, self.size)
         import weakref
 
-        self._finalizer = weakref.finalize(self, _unlink, self.path)
+        self._finalizer = weakref.finalize(self, unlink, self.path)
         self._table = _Table(self._mm, self.size, max_rows)
         self._table.rows["row_id"] = -1
         self._live: collections.OrderedDict[int, tuple[int, int, bool]] = collections.OrderedDict()
@@ -197,7 +189,7 @@ class ShmStore(SampleStore):
         self._finalizer()
         if self._mm is not None:
             self._table.drop()
-            _close_mapping(self._mm, self.path)
+            close_mapping(self._mm, self.path)
             self._mm = None
 
 
@@ -209,7 +201,7 @@ class ShmStoreReader(StoreReader):
         if handle.max_rows < 1 or handle.size <= _layout(handle.max_rows):
             raise ValueError(f"store handle size {handle.size} cannot hold a table of {handle.max_rows} rows")
         self.path = os.path.join(SHM_DIR, handle.name)
-        self._mm = _open(self.path, handle.size)
+        self._mm = open_segment(self.path, handle.size)
         self._table = _Table(self._mm, handle.size, handle.max_rows)
 
     def get(self, rows: list[int]) -> list[Sample]:
@@ -221,7 +213,7 @@ class ShmStoreReader(StoreReader):
     def close(self) -> None:
         if self._mm is not None:
             self._table.drop()
-            _close_mapping(self._mm, self.path)
+            close_mapping(self._mm, self.path)
             self._mm = None
 
 

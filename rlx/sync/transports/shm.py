@@ -22,7 +22,6 @@ The ordering of writes and reads is given by the acknowledgements (socket round 
 from __future__ import annotations
 
 import glob
-import mmap
 import os
 import re
 import secrets
@@ -31,10 +30,18 @@ import weakref
 import numpy as np
 import torch
 
+from rlx.shm import (
+    SHM_DIR,
+    close_mapping,
+    create,
+    open_segment,
+    remove_dead_owners,
+    tensor_over,
+    unlink,
+    views_still_held,
+)
 from rlx.sync.messages import TransportHandle
 from rlx.sync.transports.base import ReceiverMapping, SenderBuffer
-
-SHM_DIR = "/dev/shm"
 _NAME = re.compile(r"rlx-sync-[0-9]+-[0-9a-f]+")  # used with fullmatch: no separators, no newline
 
 
@@ -44,9 +51,9 @@ class ShmBuffer(SenderBuffer):
         self.size = slot_bytes * num_slots
         self.name = f"rlx-sync-{os.getpid()}-{secrets.token_hex(6)}"
         self.path = os.path.join(SHM_DIR, self.name)
-        self._mm = _create(self.path, self.size)
-        self._finalizer = weakref.finalize(self, _unlink, self.path)
-        self._tensor = _tensor_over(self._mm)
+        self._mm = create(self.path, self.size)
+        self._finalizer = weakref.finalize(self, unlink, self.path)
+        self._tensor = tensor_over(self._mm)
 
     def slot(self, index: int) -> torch.Tensor:
         return self._tensor[index * self.slot_bytes:(index + 1) * self.slot_bytes]
@@ -68,7 +75,7 @@ class ShmBuffer(SenderBuffer):
         self.unlink()  # the name first: existing mappings stay valid
         self._tensor = None
         if self._mm is not None:
-            _close_mapping(self._mm, self.path)
+            close_mapping(self._mm, self.path)
             self._mm = None
 
 
@@ -83,7 +90,7 @@ class ShmMapping(ReceiverMapping):
             raise ValueError(f"shm handle size {size} != slot_bytes {handle.slot_bytes} x num_slots {handle.num_slots}")
         self.path = os.path.join(SHM_DIR, name)
         self.keep_mapped = handle.payload.get("resident") is True
-        self._mm = _open(self.path, size)
+        self._mm = open_segment(self.path, size)
         self._tensor: torch.Tensor | None = None
         self._array: weakref.ref | None = None
 
@@ -100,12 +107,12 @@ class ShmMapping(ReceiverMapping):
     def release_views(self) -> None:
         self._tensor = None
         if self._array is not None and self._array() is not None:
-            raise _views_still_held(self.path)
+            raise views_still_held(self.path)
 
     def close(self) -> None:
         self._tensor = None
         if self._mm is not None:
-            _close_mapping(self._mm, self.path)
+            close_mapping(self._mm, self.path)
             self._mm = None
 
 
@@ -114,7 +121,7 @@ def remove_segments_of(pid: int) -> list[str]:
     exited (mappings other processes still hold stay valid). Returns the removed paths."""
     removed = []
     for path in glob.glob(os.path.join(SHM_DIR, f"rlx-sync-{int(pid)}-*")):
-        _unlink(path)
+        unlink(path)
         removed.append(path)
     return removed
 
@@ -123,82 +130,3 @@ def remove_stale_segments() -> list[str]:
     """Unlink the segments of sender processes that no longer exist (a SIGKILLed ``rlx train``
     leaves its buffer behind); a segment whose pid is alive, or cannot be checked, stays."""
     return remove_dead_owners("rlx-sync-*", _NAME)
-
-
-def remove_dead_owners(pattern: str, name: re.Pattern) -> list[str]:
-    """Unlink the /dev/shm segments matching ``pattern`` whose whole name matches ``name``
-    (``PREFIX-PID-HEX``) and whose owner pid no longer exists; returns their paths."""
-    removed = []
-    for path in glob.glob(os.path.join(SHM_DIR, pattern)):
-        if not name.fullmatch(os.path.basename(path)):
-            continue
-        try:
-            os.kill(int(os.path.basename(path).split("-")[2]), 0)
-        except ProcessLookupError:
-            _unlink(path)
-            removed.append(path)
-        except PermissionError:  # alive, another user's
-            pass
-    return removed
-
-
-def _create(path: str, size: int) -> mmap.mmap:
-    if not os.path.isdir(SHM_DIR):
-        raise RuntimeError(f"the shm weight transport needs POSIX shared memory at {SHM_DIR}; "
-                           "use transport=cuda_ipc on a GPU host")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.posix_fallocate(fd, 0, size)
-        return _map(fd, size)
-    except OSError as exc:
-        _unlink(path)
-        free = os.statvfs(SHM_DIR).f_bavail * os.statvfs(SHM_DIR).f_frsize
-        raise RuntimeError(f"cannot reserve {size / 2**20:.0f} MiB in {SHM_DIR} ({free / 2**20:.0f} MiB free): {exc}; "
-                           "lower sync.bucket_mb or sync.num_buffers, or give the container more shared "
-                           "memory (docker run --shm-size=...)") from None
-    finally:
-        os.close(fd)
-
-
-def _open(path: str, size: int) -> mmap.mmap:
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"shared-memory segment {path} does not exist: the sender closed it, or the "
-                                "receiver runs in another container / IPC namespace than the sender") from None
-    try:
-        actual = os.fstat(fd).st_size
-        if actual < size:
-            raise ValueError(f"shared-memory segment {path} holds {actual} bytes, the handle says {size}")
-        return _map(fd, size)
-    finally:
-        os.close(fd)
-
-
-def _map(fd: int, size: int) -> mmap.mmap:
-    return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
-                     prot=mmap.PROT_READ | mmap.PROT_WRITE)
-
-
-def _tensor_over(mm: mmap.mmap) -> torch.Tensor:
-    # numpy holds a buffer export, so mm.close() refuses while any tensor view is alive
-    return torch.from_numpy(np.frombuffer(mm, dtype=np.uint8))
-
-
-def _close_mapping(mm: mmap.mmap, path: str) -> None:
-    try:
-        mm.close()
-    except BufferError:
-        raise _views_still_held(path) from None
-
-
-def _views_still_held(path: str) -> BufferError:
-    return BufferError(f"tensors over the shared buffer {path} are still referenced; a receiver must drop "
-                       "the views from WeightReceiver.tensors() before acknowledging their bucket")
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
