@@ -17,10 +17,20 @@ def train(
 ) -> None:
     """Launch rollout servers and trainer ranks, train, sync weights, checkpoint and log."""
     from rlx.config import load_config
-    from rlx.launch.launcher import run_train
 
     overrides = list(overrides or []) + (["trainer.resume=true"] if resume else [])
     with user_errors():
         cfg = load_config(config, overrides)
-        code = run_train(cfg)
+        code = _run(cfg)
     raise typer.Exit(code)
+
+
+def _run(cfg) -> int:
+    """The run on the launcher the config names; the Ray launcher's module is the only one that imports Ray."""
+    if cfg.launcher == "ray":
+        from rlx.launch.ray_launcher import run_ray_train
+
+        return run_ray_train(cfg)
+    from rlx.launch.launcher import run_train
+
+    return run_train(cfg)

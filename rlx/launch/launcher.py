@@ -50,12 +50,9 @@ if TYPE_CHECKING:
 
 
 def run_train(cfg: RunConfig) -> int:
-    """The whole run; returns the exit code. User errors found before any process starts propagate."""
+    """The whole run on this host (``launcher=embedded``; ``rlx.launch.ray_launcher.run_ray_train`` is Ray's);
+    returns the exit code. User errors found before any process starts propagate."""
     quiet_progress_bars()
-    if cfg.launcher == "ray":  # the Ray launcher's module is the only one that imports Ray
-        from rlx.launch.ray_launcher import run_ray_train
-
-        return run_ray_train(cfg)
     run_dir = Path(cfg.trainer.output_dir).resolve()
     cfg.rollout.auth_token = cfg.rollout.auth_token or os.environ.get(SECRET_ENV["rollout.auth_token"], "")
     display = Display(cfg.trainer.total_steps, enabled=cfg.logging.console)

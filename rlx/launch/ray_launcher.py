@@ -38,7 +38,14 @@ from pathlib import Path
 from rlx.config.errors import ConfigError
 from rlx.config.schema import check_ray_address
 from rlx.launch.display import Display
-from rlx.launch.launcher import _trace_env, prepare, progress_bar_env, quiet_server_env, supervise
+from rlx.launch.launcher import (
+    _trace_env,
+    prepare,
+    progress_bar_env,
+    quiet_progress_bars,
+    quiet_server_env,
+    supervise,
+)
 from rlx.launch.processes import TracebackFolder, write_json
 from rlx.launch.ray_probe import check_reachable
 from rlx.launch.run_dir import (
@@ -102,6 +109,7 @@ def bundle_options(resources: dict[str, float]) -> dict:
 
 def run_ray_train(cfg: RunConfig) -> int:
     """The whole run on Ray; returns the exit code. User errors found before anything starts propagate."""
+    quiet_progress_bars()
     import_ray()
     run_dir = Path(cfg.trainer.output_dir).resolve()
     cfg.rollout.auth_token = (cfg.rollout.auth_token or os.environ.get(SECRET_ENV["rollout.auth_token"], "")
