@@ -9,7 +9,6 @@
   template (end of turn, tool messages, next assistant header), never re-tokenising earlier turns.
 - ``workers``: tools and rewards in worker processes, each call with a timeout and a memory limit.
 - ``tools``: built-in tools (``calc``, ``python``) and resolving ``module:function`` / entry points.
-- ``loop``: ``run_episode``, alternating generate requests and environment steps.
-- ``collect``: a step's episodes as a ``TrainBatch`` with metrics, and the greedy evaluation;
-  ``rlx.orchestrator.collector.Collector`` hands multi-turn tasks to it (fully_async: one ``EpisodeGroup`` at a time).
+The loop that runs an episode (``rlx.orchestrator.episode_loop``) and the collector of a step's episodes
+(``rlx.orchestrator.episodes``) are rank 0's and live in ``rlx.orchestrator``.
 """

@@ -1,0 +1,6 @@
+"""File formats more than one role reads or writes (ground layer: imports only ``rlx.config``).
+
+- ``checkpoint``: an rlx trainer checkpoint's on-disk layout and its integrity check.
+- ``peft``: PEFT's LoRA adapter format (key prefix, ``LoraConfig``).
+- ``chat``: prompts from chat messages, through the tokenizer's chat template or plain.
+"""

@@ -1,0 +1,12 @@
+"""Supervision of `rlx train` (runs in the launcher process): start every child, watch it, stop it.
+
+- ``launcher``: the embedded launcher (one host): checks, children, rank 0, teardown.
+- ``ray_launcher`` / ``ray_actors`` / ``ray_probe``: ``launcher=ray``: the same run on a Ray cluster's nodes.
+- ``preflight``: checks that run before any process starts.
+- ``processes``: child processes in their own process groups, logs streamed with a prefix.
+- ``stops``: why a run stops early (a child's death, Ctrl-C, SIGTERM), delivered to the main thread.
+- ``restarts``: restarting a launched rollout server that died.
+- ``run_dir``: the run directory; ``leftovers``: /dev/shm files dead children left behind.
+- ``display`` / ``closing``: the live console, and what a run says when it starts and ends.
+- ``doctor``: `rlx doctor`: check a run's layout before starting it.
+"""

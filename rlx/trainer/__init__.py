@@ -1,1 +1,12 @@
-"""Training side: model loading, FSDP2, logprobs, algorithms, optimizer, checkpoints."""
+"""The trainer ranks (rank 0 also runs ``rlx.orchestrator``'s loop; the others run ``ranks``).
+
+- ``trainer``: the trainer role: scores a step's batch, advantages, the policy update.
+- ``model``: loading the policy, reference and tokenizer; FSDP2 sharding. ``lora``: LoRA through peft.
+- ``batch``: the training batch; ``packing``: micro-batches per rank; ``attention``: packed attention.
+- ``logprobs``: completion log-probabilities and entropy; ``kernels``: fused Triton kernels on CUDA.
+- ``algorithms/``: advantages, policy losses, KL, rollout correction: one small function per file.
+- ``optim``: AdamW and its schedule; ``critic``: PPO's value model; ``distill``: on-policy distillation.
+- ``checkpoint``: save and restore; ``offload``: accelerator state to host memory and back (colocated).
+- ``ranks``: the lock-step protocol of the other ranks; ``plane``: their share of a step's rows from the store.
+- ``tiny`` / ``warmstart``: tiny models with a character-level tokenizer, and a task-warmed start.
+"""
