@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from rlx.cli.common import user_errors
+
+if TYPE_CHECKING:
+    from rlx.config.schema import RunConfig
 
 
 def train(
@@ -25,7 +28,7 @@ def train(
     raise typer.Exit(code)
 
 
-def _run(cfg) -> int:
+def _run(cfg: RunConfig) -> int:
     """The run on the launcher the config names; the Ray launcher's module is the only one that imports Ray."""
     if cfg.launcher == "ray":
         from rlx.launch.ray_launcher import run_ray_train

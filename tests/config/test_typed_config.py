@@ -9,7 +9,7 @@ RLX = Path(__file__).parents[2] / "rlx"
 BEING_TYPED = {
     "orchestrator/collector.py", "orchestrator/colocation.py", "orchestrator/controller.py",
     "orchestrator/episodes.py", "orchestrator/external.py", "orchestrator/fully_async.py",
-    "store/plane.py", "store/source.py", "trainer/ranks.py",
+    "orchestrator/source.py", "trainer/plane.py", "trainer/ranks.py",
 }
 """Modules whose config parameters are typed as part of the rank-protocol and sample-currency rework; each is
 checked to still hold one, so the entry goes as soon as the module is typed."""
