@@ -33,12 +33,16 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rlx.agent.env import StepResult
 from rlx.agent.episode import Turn
 from rlx.config.agent import OpenEnvConfig
 from rlx.config.errors import ConfigError
 from rlx.tasks.base import Problem
+
+if TYPE_CHECKING:
+    from rlx.config.schema import TaskConfig
 
 INSTALL = "pip install 'rlx[openenv]' (OpenEnv's client: openenv-core)"
 HIDDEN_FIELDS = ("done", "reward", "metadata")
@@ -63,7 +67,7 @@ class OpenEnvTask:
     name: str = field(default="openenv", init=False)
 
     @classmethod
-    def from_config(cls, cfg) -> OpenEnvTask:
+    def from_config(cls, cfg: TaskConfig) -> OpenEnvTask:
         """``task.num_eval`` held-out seeds (0, 1, ...), then ``task.num_train`` train seeds."""
         seeds = range(cfg.num_eval + cfg.num_train)
         problems = [Problem(id=s, prompt="", answer="", source=f"OpenEnv reset seed={s}") for s in seeds]
@@ -126,7 +130,7 @@ class OpenEnvEnv:
         cfg = self.sessions.cfg
         try:
             return await asyncio.wait_for(call, cfg.timeout_s + 1.0)
-        except (ConnectionError, OSError, asyncio.TimeoutError) as exc:
+        except OSError as exc:  # refused, reset, or timed out (TimeoutError is an OSError)
             raise RuntimeError(f"the OpenEnv server at {cfg.url} (agent.openenv.url) failed on {what}: "
                                f"{exc or type(exc).__name__}; start the environment server there, or raise "
                                "agent.openenv.timeout_s for a slow one") from exc

@@ -177,7 +177,7 @@ def test_episodes_against_the_echo_environment_are_scored_by_it(echo_url, smollm
         assert observation.endswith("<|im_start|>assistant\n")
         assert episode.reward == pytest.approx(0.1 * (len(first.text.strip()) + len(last.text.strip())))
         assert episode.prompt_ids in sent and episode.prompt_ids + first.token_ids + first.observation_ids in sent
-        prompt, ids, _, mask = episode.row()
+        _, ids, _, mask = episode.row()
         assert ids == first.token_ids + first.observation_ids + last.token_ids
         assert mask == [1.0] * len(first.token_ids) + [0.0] * len(first.observation_ids) + [1.0] * len(last.token_ids)
     assert any(e.reward > 0 for e in episodes)
