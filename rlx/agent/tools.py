@@ -180,8 +180,8 @@ def check_ref(ref: str, what: str) -> None:
 
 
 def is_multi_turn(agent: AgentConfig, task) -> bool:
-    """Episodes are multi-turn when the task brings tools or ``agent.tools`` names some."""
-    return bool(agent.tools or getattr(task, "tools", None))
+    """Episodes are multi-turn when the task brings tools, ``agent.tools`` names some, or the task is openenv."""
+    return bool(agent.tools or getattr(task, "tools", None) or getattr(task, "name", "") == "openenv")
 
 
 def tool_entries(agent: AgentConfig, task) -> list[str]:

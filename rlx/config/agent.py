@@ -1,6 +1,6 @@
 """``agent``: the config section of multi-turn episodes with tools (``rlx.agent``).
 
-Episodes are multi-turn when the task is ``calc`` or ``agent.tools`` is non-empty; otherwise
+Episodes are multi-turn when the task is ``calc`` or ``openenv`` or ``agent.tools`` is non-empty; otherwise
 ``rlx train`` makes one generate call per sample as before and this section is unused. It imports
 nothing heavy (the schema loads it).
 """
@@ -8,6 +8,30 @@ nothing heavy (the schema loads it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+
+@dataclass
+class OpenEnvConfig:
+    """``task.name=openenv``: episodes against an OpenEnv environment server (``rlx.agent.openenv``)."""
+
+    url: str = ""
+    """The environment server's address, e.g. http://127.0.0.1:8000 (it serves OpenEnv's /ws sessions)."""
+    action_key: str = "message"
+    """The action field that receives the policy's turn text; empty = the turn is the action as a JSON object."""
+    observation_key: str = ""
+    """The observation field shown to the policy as text; empty = every field but done, reward and metadata, as
+    JSON."""
+    max_sessions: int = 1
+    """Episodes open on the server at once (its max_concurrent_envs); others wait for a free session."""
+    timeout_s: float = 60.0
+    """Longest one reset or step may take before the episode fails, naming the server."""
+
+    def __post_init__(self) -> None:
+        from rlx.config.schema import check_range
+
+        check_range("agent.openenv.max_sessions", self.max_sessions, 1,
+                    hint="set it to the server's max_concurrent_envs")
+        check_range("agent.openenv.timeout_s", self.timeout_s, 0.01)
 
 
 @dataclass
@@ -37,6 +61,8 @@ class AgentConfig:
     max_worker_output_bytes: int = 65536
     """Bytes of what one tool or reward call prints (stdout and stderr) shown on the console and in the run's
     logs; the rest of that call's output is dropped, with a note saying so. 0 = none shown."""
+    openenv: OpenEnvConfig = field(default_factory=OpenEnvConfig)
+    """task.name=openenv: the OpenEnv environment server and how turns map to its actions and observations."""
 
     def __post_init__(self) -> None:
         from rlx.config.schema import check_choice, check_range

@@ -15,7 +15,7 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 from rlx.config.errors import ConfigError
-from rlx.config.agent import AgentConfig
+from rlx.config.agent import AgentConfig, OpenEnvConfig  # noqa: F401 (names agent.openenv's section type for the loader)
 from rlx.config.reward_models import RewardModelConfig
 from rlx.config.store import FiltersConfig, StoreConfig, check_reuse
 
@@ -141,7 +141,7 @@ class ModelConfig:
         return self.dtype if self.rollout_dtype == "auto" else self.rollout_dtype
 
 
-TASK_CHOICES = ("tiny_math", "gsm8k", "running_sum", "external", "calc", "reasoning_gym")
+TASK_CHOICES = ("tiny_math", "gsm8k", "running_sum", "external", "calc", "reasoning_gym", "openenv")
 DATA_FORMAT_CHOICES = ("auto", "jsonl", "parquet", "hf_disk")
 
 
@@ -149,7 +149,8 @@ DATA_FORMAT_CHOICES = ("auto", "jsonl", "parquet", "hf_disk")
 class TaskConfig:
     name: str = "tiny_math"
     """Built-in task: tiny_math (synthetic arithmetic), running_sum, gsm8k (math from a local JSONL/Parquet/
-    datasets file) or external (episodes an agent records on the rollout servers' OpenAI endpoint)."""
+    datasets file), external (episodes an agent records on the rollout servers' OpenAI endpoint) or openenv (episodes
+    against an OpenEnv environment server, agent.openenv)."""
     path: str = ""
     """gsm8k: local JSONL or Parquet file with question/answer columns."""
     eval_path: str = ""

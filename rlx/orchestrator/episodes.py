@@ -1,7 +1,9 @@
 """A step's multi-turn episodes as a ``TrainBatch``, and their greedy evaluation.
 
 ``EpisodeCollector`` runs every (problem, sample) episode at once (``run_episode``), each with its
-own seed; as soon as an episode ends, its reward is computed in the reward workers (the task's
+own seed, against a ``ToolEnv`` or, for ``task.name=openenv``, a session on the OpenEnv server
+(``rlx.agent.openenv``, closed when the episode ends); as soon as an episode ends, its reward is
+computed in the reward workers (the task's
 ``reward_ref`` or ``task.reward``; a task without either scores in this process), so rewards and
 tool calls overlap the generation of other episodes. A reward call that fails or times out gives
 that sample 0 and counts in ``reward_errors``. One row per episode: the first prompt, then
@@ -78,6 +80,11 @@ class EpisodeCollector:
         self.reward_model = make_reward_model(cfg.task.reward_model, cfg.rollout.auth_token)
         """``task.reward_model``: scores every episode's transcript after the prompt, once per step."""
         self._starting: asyncio.Lock | None = None
+        self.openenv = None
+        if cfg.task.name == "openenv":
+            from rlx.agent.openenv import OpenEnvSessions
+
+            self.openenv = OpenEnvSessions(cfg.agent.openenv)
 
     async def pools(self) -> tuple[WorkerPool | None, WorkerPool | None]:
         """(tool pool, reward pool), started on first use in the running event loop."""
@@ -111,11 +118,17 @@ class EpisodeCollector:
             if seed is not None:
                 turn_seed = ((seed * MAX_PROMPTS_PER_STEP + index) * n + sample) * self.cfg.agent.max_turns
             spec = sampling if turn_seed is None else msgspec.structs.replace(sampling, seed=turn_seed)
-            env = ToolEnv(self.tools, tool_pool, self.tool_format, stats, self.task,
-                          chat=self.framing.kind == "chat_template")
+            chat = self.framing.kind == "chat_template"
+            env = self.openenv.env(chat) if self.openenv else ToolEnv(self.tools, tool_pool, self.tool_format, stats,
+                                                                      self.task, chat=chat)
             with tracer.span("agent.episode", problem=problem.id, sample=sample) as span:
-                episode = await run_episode(self.client, env, problem, self.framing, spec, self.cfg.agent.max_turns,
-                                            self.max_total_tokens, self.cfg.rollout.request_timeout_s)
+                try:
+                    episode = await run_episode(self.client, env, problem, self.framing, spec,
+                                                self.cfg.agent.max_turns, self.max_total_tokens,
+                                                self.cfg.rollout.request_timeout_s)
+                finally:
+                    if hasattr(env, "close"):
+                        await env.close()
                 episode.correct = bool(self.task.is_correct(episode.final_text, problem))
                 episode.reward = await self._reward(episode, problem, reward_pool, reward_errors)
                 span.set(turns=len(episode.turns), reward=episode.reward, done_reason=episode.done_reason)

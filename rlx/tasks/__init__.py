@@ -5,8 +5,8 @@
 arithmetic), ``running_sum`` (long worked sums), ``calc``
 (two-turn multiplication with a calculator tool, ``rlx.agent``), ``gsm8k`` (math from a local
 JSONL/Parquet/datasets file, ``dataset``), ``reasoning_gym`` (the library's procedural, verifiable
-tasks) and ``external`` (episodes an agent records on the servers'
-OpenAI endpoint, ``external``; its collector is ``rlx.orchestrator.external``). ``task.reward`` swaps in a
+tasks), ``openenv`` (episodes against an OpenEnv environment server, run by ``rlx.agent.openenv``) and
+``external`` (episodes an agent records on the servers' OpenAI endpoint, ``external``; its collector is ``rlx.orchestrator.external``). ``task.reward`` swaps in a
 user function ``module:function`` (completion, answer) -> float. The order in which train
 problems are used is ``base.DataStream``'s job.
 """
@@ -47,9 +47,13 @@ def build_task(cfg: TaskConfig, tokenizer_path: str = "") -> Task:
         from rlx.tasks.reasoning_gym import ReasoningGym
 
         return ReasoningGym.from_config(cfg, reward_fn, tokenizer_path)
+    if cfg.name == "openenv":
+        from rlx.tasks.openenv import OpenEnvTask
+
+        return OpenEnvTask.from_config(cfg)
     if cfg.name == "external":
         from rlx.tasks.external import External
 
         return External()
-    raise ValueError(f"task.name={cfg.name!r} is unknown; use tiny_math, gsm8k, running_sum, calc, reasoning_gym "
-                     "or external")
+    raise ValueError(f"task.name={cfg.name!r} is unknown; use tiny_math, gsm8k, running_sum, calc, reasoning_gym, "
+                     "openenv or external")
