@@ -1,4 +1,10 @@
-"""The one ZeroMQ request/reply helper.
+"""The one ZeroMQ request/reply helper, and the factory of every request/reply socket rlx opens.
+
+``router`` (the serving end: it binds) and ``dealer`` (the calling end: it connects) make the sockets of
+the rollout server, the sync receiver, the sample store's TCP transport and ``RpcClient`` with the same
+options: ``LINGER=0`` (closing or exiting never blocks on undelivered messages), high-water marks given in
+messages each way (0 = unbounded, where the caller bounds what is in flight), and optionally a largest
+accepted message (``MAXMSGSIZE``: a peer's oversized frame drops its connection instead of allocating it).
 
 ``RpcClient`` is a DEALER that matches replies to requests by an id frame; the rollout client
 (``rlx.rollout.client``) and the weight sync's channel (``rlx.sync.channel.RpcSyncChannel``) use
@@ -26,6 +32,39 @@ import zmq.asyncio
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
+
+
+def router(context: zmq.Context, address: str | None, hwm: int = 1000,
+           max_message_bytes: int | None = None) -> zmq.Socket:
+    """A ROUTER for the serving end, bound to ``address`` (``None``: the caller binds it, e.g. to a random
+    port); each request's reply goes back to the identity it came from."""
+    socket = _configured(context.socket(zmq.ROUTER), hwm, max_message_bytes)
+    if address is not None:
+        try:
+            socket.bind(address)
+        except zmq.ZMQError:
+            socket.close(linger=0)
+            raise
+    return socket
+
+
+def dealer(context: zmq.Context, address: str, hwm: int = 1000, immediate: bool = False) -> zmq.Socket:
+    """A DEALER for the calling end, connected to ``address`` (a peer restarting there is reached again);
+    ``immediate``: queue messages only to a connected peer, so nothing piles up for one that is gone."""
+    socket = _configured(context.socket(zmq.DEALER), hwm, None)
+    if immediate:
+        socket.setsockopt(zmq.IMMEDIATE, 1)
+    socket.connect(address)
+    return socket
+
+
+def _configured(socket: zmq.Socket, hwm: int, max_message_bytes: int | None) -> zmq.Socket:
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.SNDHWM, hwm)
+    socket.setsockopt(zmq.RCVHWM, hwm)
+    if max_message_bytes is not None:
+        socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    return socket
 
 
 class RpcError(RuntimeError):
@@ -103,12 +142,7 @@ class RpcClient(Generic[R]):
     def _ensure_socket(self) -> zmq.asyncio.Socket:
         if self._socket is None:
             context = self._context or zmq.asyncio.Context.instance()
-            socket = context.socket(zmq.DEALER)
-            socket.setsockopt(zmq.LINGER, 0)
-            socket.setsockopt(zmq.IMMEDIATE, 1)
-            socket.setsockopt(zmq.SNDHWM, self._hwm)
-            socket.setsockopt(zmq.RCVHWM, self._hwm)
-            socket.connect(self.address)
+            socket = dealer(context, self.address, self._hwm, immediate=True)
             self._socket = socket
             self._reader = asyncio.get_running_loop().create_task(self._read_replies(socket))
         return self._socket

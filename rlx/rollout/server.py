@@ -37,6 +37,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from rlx import rpc
 from rlx.rollout import protocol as p
 from rlx.net import ipc_path, is_loopback_address
 from rlx.rollout.backends.base import Backend
@@ -95,11 +96,7 @@ class RolloutServer:
     async def serve(self, watch_interval_s: float = 0.5, drain_s: float = 1.0) -> None:
         """Serve until Shutdown, SIGTERM/SIGINT or the backend's death (then raise ``BackendDied``)."""
         ctx = zmq.asyncio.Context()
-        sock = ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
-        sock.bind(self.address)
+        sock = rpc.router(ctx, self.address, hwm=0)
         self._sock = sock
         ipc_file = _ipc_file(self.address)  # ZeroMQ leaves the file behind: removed below if still ours
         loop = asyncio.get_running_loop()

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 import zmq
 
+from rlx import rpc
 from rlx.net import is_loopback_host
 from rlx.store.base import RowGone, Sample, SampleStore, StoreHandle, StoreReader
 from rlx.store.shm import _ROW, ShmStore
@@ -123,9 +124,8 @@ class TcpStore(SampleStore):
         self.timeout_s = timeout_s
         self._rows = ShmStore(capacity_bytes, max_rows)
         self._lock = threading.Lock()  # the server thread reads while the producer puts and releases
-        self._socket = zmq.Context.instance().socket(zmq.ROUTER)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.MAXMSGSIZE, max_request_bytes(max_rows))
+        self._socket = rpc.router(zmq.Context.instance(), None, hwm=1000,
+                                  max_message_bytes=max_request_bytes(max_rows))
         port = self._socket.bind_to_random_port(f"tcp://{ip}")
         self.address = f"tcp://{ip}:{port}"
         self.requests_served = 0
@@ -255,9 +255,7 @@ class TcpStoreReader(StoreReader):
         self.timeout_s = handle.timeout_s if handle.timeout_s > 0 else 60.0
         self.token = token_from_env() if token is None else token
         self._ids = itertools.count(1)
-        self._socket = zmq.Context.instance().socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.connect(self.address)
+        self._socket = rpc.dealer(zmq.Context.instance(), self.address, hwm=1000)
 
     def get(self, rows: list[int]) -> list[Sample]:
         unique = list(dict.fromkeys(rows))  # each row crosses the wire once, however often it is asked for

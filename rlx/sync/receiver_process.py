@@ -21,6 +21,7 @@ import time
 import torch
 import zmq
 
+from rlx import rpc
 from rlx.sync.checksum import tensor_checksum
 from rlx.sync.copy import copy_bytes
 from rlx.sync.messages import NO_ID, BucketAck, encode
@@ -72,10 +73,7 @@ def serve(address: str, handler: SyncHandler, parent_pid: int | None = None, pol
     sender's own deadline reports it). Requests are served one at a time, in arrival order.
     """
     context = zmq.Context()
-    socket = context.socket(zmq.ROUTER)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.setsockopt(zmq.RCVHWM, 1000)
-    socket.setsockopt(zmq.SNDHWM, 1000)
+    socket = rpc.router(context, None, hwm=1000)
     try:
         socket.bind(address)
         print(json.dumps({"ready": address, "pid": os.getpid()}), flush=True)
