@@ -250,6 +250,13 @@ def apply_memory_budget(gpu_memory_gb: float) -> None:
         torch.cuda.set_per_process_memory_fraction(fraction)
 
 
+def device_type(want: str) -> str:
+    """The one device rule of every role: ``cuda`` when asked, or on ``auto`` when a GPU is visible; else ``cpu``."""
+    import torch
+
+    return "cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu"
+
+
 def set_cpu_threads(threads: int, device) -> None:
     """``trainer.cpu_threads`` / ``rollout.cpu_threads``: this process's intra-op threads when it computes on
     the CPU; 0 leaves torch's default (one per core)."""

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from rlx.placement import device_type
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -21,7 +23,8 @@ if TYPE_CHECKING:
 
 
 def resolve_device(want: str) -> torch.device:
-    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+    """This rank's device: its GPU (rank modulo the visible GPUs) by the device rule, else the CPU."""
+    if device_type(want) == "cuda":
         index = dist.get_rank() % torch.cuda.device_count() if dist.is_initialized() else 0
         return torch.device("cuda", index)
     return torch.device("cpu")

@@ -83,10 +83,9 @@ class HfBackend(Backend):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from rlx.placement import set_cpu_threads
+        from rlx.placement import device_type, set_cpu_threads
 
-        want = self.cfg.rollout.device
-        self.device = "cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu"
+        self.device = device_type(self.cfg.rollout.device)
         set_cpu_threads(self.cfg.rollout.cpu_threads, self.device)
         dtype = getattr(torch, self.cfg.model.engine_dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
