@@ -4,7 +4,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup quickstart test test-docs
+.PHONY: setup quickstart test test-docs lint
 
 setup:
 	@bash scripts/setup-venv.sh
@@ -15,6 +15,11 @@ quickstart: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The linter and the formatter's check, as CI runs them before the tests (pyproject.toml says which rules and why).
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 
 # The user docs' command blocks that take minutes (whole quickstarts), run as written; `make test` runs the rest.
