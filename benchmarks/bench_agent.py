@@ -57,8 +57,8 @@ class AlwaysCallsEnv:
 
 async def run(address: str, tokenizer, episodes: int, call_s: float, concurrent: bool) -> float:
     from rlx.agent.framing import PlainFraming
-    from rlx.orchestrator.episode_loop import run_episode
     from rlx.agent.workers import WorkerPool
+    from rlx.orchestrator.episode_loop import run_episode
     from rlx.rollout.client import RolloutClient
     from rlx.rollout.protocol import SamplingSpec
     from rlx.tasks.base import Problem

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_e2e import WORKLOADS, ensure_model, greedy_accuracy, load_cfg, run_rlx
+
 PHASES = ("time_generate", "time_logprob", "time_update", "time_sync", "time_wait_batch", "time_producer_idle",
           "staleness_mean", "partial_rollout_frac", "samples_dropped_stale")
 

@@ -323,7 +323,6 @@ def main() -> None:
 
 def report(result: dict) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console(width=120)
     if "calls_ns" in result:

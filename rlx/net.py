@@ -7,8 +7,8 @@ import ipaddress
 import os
 import tempfile
 from pathlib import Path
-from urllib.parse import urlparse
 from typing import TYPE_CHECKING
+from urllib.parse import urlparse
 
 if TYPE_CHECKING:
     from rlx.config.schema import RunConfig

@@ -239,7 +239,6 @@ def _state(pid: int) -> str:
 
 def _write_layout(layout: str, jobs: list[Job], args, host_left: list[str]) -> None:
     import torch
-
     import vllm
 
     plain = [j for j in jobs if not j.resume]

@@ -31,9 +31,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from typing import TYPE_CHECKING
 
 from rlx.config.errors import ConfigError
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.agent import AgentConfig

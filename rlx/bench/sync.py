@@ -30,8 +30,9 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, AsyncContextManager, AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncContextManager
 
 import msgspec
 import torch
@@ -234,8 +235,8 @@ async def _bench_model(opts: BenchOptions, model: ModelTensors, transport: str, 
 
 
 async def _bench_bucket(opts: BenchOptions, model: ModelTensors, transport: str, device: str, bucket_mb: int,
-                        channels: list[SyncChannel], ceiling: "Ceiling | BroadcastCeiling", failures: list[str],
-                        arena: "WeightArena | None", resident: list[tuple[str, torch.Tensor]] | None) -> list[BenchRow]:
+                        channels: list[SyncChannel], ceiling: Ceiling | BroadcastCeiling, failures: list[str],
+                        arena: WeightArena | None, resident: list[tuple[str, torch.Tensor]] | None) -> list[BenchRow]:
     from rlx.config.schema import SyncConfig
     from rlx.sync.factory import make_sender
 

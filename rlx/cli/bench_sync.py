@@ -7,7 +7,6 @@ Heavy imports (torch, the sync package) happen inside the command; the measureme
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -17,21 +16,21 @@ _PRESETS = ["0.5b", "1.5b", "7b"]
 
 
 def bench_sync(
-    preset: Optional[list[str]] = typer.Option(None, "--preset", metavar="<0.5b|1.5b|7b>", help="Synthetic Qwen2-shaped model (repeatable); default 0.5b with a CPU transport, all three with cuda_ipc or nccl."),
-    model: Optional[Path] = typer.Option(None, "--model", help="A Hugging Face model directory to send instead of presets."),
+    preset: list[str] | None = typer.Option(None, "--preset", metavar="<0.5b|1.5b|7b>", help="Synthetic Qwen2-shaped model (repeatable); default 0.5b with a CPU transport, all three with cuda_ipc or nccl."),
+    model: Path | None = typer.Option(None, "--model", help="A Hugging Face model directory to send instead of presets."),
     transport: list[str] = typer.Option(["shm"], "--transport", metavar="<shm|cuda_ipc|gloo|nccl>", help="shm (CPU), cuda_ipc (GPU), gloo (broadcast, CPU) or nccl (broadcast, GPU) (repeatable)."),
-    bucket_mb: Optional[list[int]] = typer.Option(None, "--bucket-mb", help="Bucket (slot) size in MiB (repeatable); default 32, 64, 128 for shm, 64, 256, 1024 for cuda_ipc, 16, 64 for gloo, 64, 256 for nccl."),
+    bucket_mb: list[int] | None = typer.Option(None, "--bucket-mb", help="Bucket (slot) size in MiB (repeatable); default 32, 64, 128 for shm, 64, 256, 1024 for cuda_ipc, 16, 64 for gloo, 64, 256 for nccl."),
     repeats: int = typer.Option(3, "--repeats", help="Timed runs per measurement, after one warm-up; the median is shown."),
     dtype: str = typer.Option("bfloat16", "--dtype", metavar="<bfloat16|float16|float32>", help="dtype of synthetic weights."),
     verify: bool = typer.Option(False, "--verify", help="One more sync per sender with per-tensor checksums; exit 1 on a mismatch."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write all results (every timing) to this JSON file."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write all results (every timing) to this JSON file."),
     target: str = typer.Option("process", "--target", metavar="<process|server>", help="Where the receivers run: process (a local receiver process) or server (a rollout server: vLLM load_weights included; needs --model or --server)."),
-    server: Optional[str] = typer.Option(None, "--server", help="--target server: address of a running rollout server (default: start one on --model)."),
-    memory_gb: Optional[float] = typer.Option(None, "--memory-gb", help="Memory budget in GB (default: 45% of what is free); presets that do not fit lose layers."),
+    server: str | None = typer.Option(None, "--server", help="--target server: address of a running rollout server (default: start one on --model)."),
+    memory_gb: float | None = typer.Option(None, "--memory-gb", help="Memory budget in GB (default: 45% of what is free); presets that do not fit lose layers."),
     timeout_s: float = typer.Option(120.0, "--timeout-s", help="Deadline for each acknowledgement, in seconds."),
     assemble_in_place: bool = typer.Option(True, "--assemble-in-place/--no-assemble-in-place", help="The receiver assembles split tensors straight into its destination (one copy fewer)."),
     lora_rank: int = typer.Option(0, "--lora-rank", help="Also compare LoRA sync of rank R: adapter-only (model.lora.sync=adapter) against merged, same model and sender."),
-    receiver_gpu: Optional[int] = typer.Option(None, "--receiver-gpu", help="GPU of the receiver (the sender uses GPU 0); default 1 for nccl, 0 for cuda_ipc (another GPU: peer-to-peer)."),
+    receiver_gpu: int | None = typer.Option(None, "--receiver-gpu", help="GPU of the receiver (the sender uses GPU 0); default 1 for nccl, 0 for cuda_ipc (another GPU: peer-to-peer)."),
 ) -> None:
     """Measure weight transfer (trainer -> receiver process) against a one-thread copy and a lock-step baseline."""
     import asyncio

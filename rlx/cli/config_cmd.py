@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
-
 import typer
 
 from rlx.cli.common import FlagCommand, FlagGroup, console, user_errors
@@ -13,7 +11,7 @@ config_app = typer.Typer(help="Show or check a run config.", no_args_is_help=Tru
 
 @config_app.command("show", cls=FlagCommand)
 def show(config: str = typer.Argument(..., help="YAML run config."),
-         overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides.")) -> None:
+         overrides: list[str] | None = typer.Argument(None, help="key=value overrides.")) -> None:
     """Print the resolved config (YAML) after overrides and validation; secrets are shown as ***."""
     from omegaconf import OmegaConf
 
@@ -27,7 +25,7 @@ def show(config: str = typer.Argument(..., help="YAML run config."),
 
 @config_app.command("check", cls=FlagCommand)
 def check(config: str = typer.Argument(..., help="YAML run config."),
-          overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides.")) -> None:
+          overrides: list[str] | None = typer.Argument(None, help="key=value overrides.")) -> None:
     """Validate a config (keys, types, ranges) and exit non-zero on the first problem."""
     from rlx.config import load_config
 

@@ -4,8 +4,8 @@ Hugging Face <-> Megatron torch_dist, GGUF file -> Hugging Face."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 import typer
 
@@ -28,7 +28,7 @@ def convert_ckpt(
     src: Path = typer.Argument(..., help="Trainer checkpoint (step dir, checkpoints/ or run dir), Hugging "
                                          "Face directory, Megatron torch_dist checkpoint, or GGUF file."),
     dst: Path = typer.Argument(..., help="Output directory (must not exist unless --overwrite)."),
-    to: Optional[str] = typer.Option(None, "--to", metavar="<hf|torch_dist|peft>",
+    to: str | None = typer.Option(None, "--to", metavar="<hf|torch_dist|peft>",
                                      help="Target format. Default: hf; peft for a LoRA trainer checkpoint; "
                                           "required from a Hugging Face source."),
     dtype: str = typer.Option("auto", "--dtype", metavar="<auto|float32|bfloat16|float16>",
@@ -36,9 +36,9 @@ def convert_ckpt(
     shard_size: str = typer.Option("5GB", "--shard-size", help="Largest safetensors shard (e.g. 5GB, 500MB)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (tensors, bytes, mapping) and exit."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace DST if it exists."),
-    hf_config: Optional[Path] = typer.Option(None, "--hf-config", help="torch_dist -> hf: HF directory with "
+    hf_config: Path | None = typer.Option(None, "--hf-config", help="torch_dist -> hf: HF directory with "
                                              "config + tokenizer (default: SRC/hf/)."),
-    iteration: Optional[int] = typer.Option(None, "--iteration", help="torch_dist: iteration to read "
+    iteration: int | None = typer.Option(None, "--iteration", help="torch_dist: iteration to read "
                                             "(default: latest) or to write (default: 0)."),
     vocab_multiple: int = typer.Option(128, "--vocab-multiple", help="-> torch_dist: pad the vocabulary to a "
                                        "multiple of this (Megatron's make-vocab-size-divisible-by x TP)."),

@@ -3,8 +3,6 @@ nodes) before starting it; exits 1 when it finds a problem."""
 
 from __future__ import annotations
 
-from typing import List, Optional
-
 import typer
 
 from rlx.cli.common import user_errors
@@ -12,7 +10,7 @@ from rlx.cli.common import user_errors
 
 def doctor(
     config: str = typer.Argument(..., help="YAML run config, e.g. configs/quickstart.yaml."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. launcher=ray."),
+    overrides: list[str] | None = typer.Argument(None, help="key=value overrides, e.g. launcher=ray."),
     broadcast_mb: int = typer.Option(16, min=1, help="MiB broadcast between every pair of nodes."),
 ) -> None:
     """Preflight a layout: this host (launcher=local) or every node of the Ray cluster (launcher=ray)."""

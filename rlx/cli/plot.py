@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -15,10 +14,10 @@ IMAGE_FORMATS = ("png", "svg", "pdf", "jpg", "jpeg", "webp")
 
 def plot(
     run: Path = typer.Argument(..., help="Run directory (with metrics.jsonl) or a metrics.jsonl file."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Image to write (.png or .svg); default "
+    out: Path | None = typer.Option(None, "--out", "-o", help="Image to write (.png or .svg); default "
                                                                   "RUN_DIR/metrics-<metric>-<metric>.png, beside the "
                                                                   "run's metrics.jsonl."),
-    metric: Optional[List[str]] = typer.Option(None, "--metric", "-m",
+    metric: list[str] | None = typer.Option(None, "--metric", "-m",
                                                help="Metric to draw (repeatable); default reward_mean and "
                                                     "eval_accuracy."),
     title: str = typer.Option("", help="Figure title; default the run directory's name."),

@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from rlx.cli.common import UserError, err_console, user_errors
 from rlx.launch.run_dir import SECRET_ENV
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import RolloutConfig, RunConfig, SamplingConfig
@@ -53,11 +53,11 @@ def rollout_serve(
     import logging
 
     from rlx.config import load_config
-    from rlx.trainer.model import check_model_dir
     from rlx.rollout.backends.base import make_backend
     from rlx.rollout.priority import apply_from_env
     from rlx.rollout.server import BackendDied, run_server
     from rlx.trace import tracer
+    from rlx.trainer.model import check_model_dir
 
     with user_errors():
         cfg = load_config(config, overrides or [])

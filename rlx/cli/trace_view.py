@@ -13,7 +13,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional, Tuple
 
 import typer
 
@@ -24,14 +23,14 @@ EXPORT_FORMATS = ("perfetto",)
 
 def trace_view(
     trace: str = typer.Argument(..., help="Trace directory (run_dir/trace), a run directory, or one trace .jsonl file."),
-    metrics: Optional[str] = typer.Option(None, "--metrics", help="metrics.jsonl to plot; default: the run's, next to the trace dir."),
+    metrics: str | None = typer.Option(None, "--metrics", help="metrics.jsonl to plot; default: the run's, next to the trace dir."),
     summary: bool = typer.Option(False, "--summary", help="Print the per span-name summary table and exit (no TUI)."),
     sort: str = typer.Option("total", "--sort", metavar="<name|count|total|mean|p50|p99|max|errors|unfinished>",
                              help="Summary column to sort by."),
     filter_text: str = typer.Option("", "--filter", help="Only spans matching this filter, e.g. 'name=generate dur>1s'."),
-    export: Optional[Tuple[str, str]] = typer.Option(None, "--export", metavar="FORMAT OUT",
+    export: tuple[str, str] | None = typer.Option(None, "--export", metavar="FORMAT OUT",
                                                      help="Write the trace in another format and exit: perfetto OUT.json."),
-    screenshot: Optional[str] = typer.Option(None, "--screenshot", metavar="OUT.svg", help="Render the viewer headless and save an SVG."),
+    screenshot: str | None = typer.Option(None, "--screenshot", metavar="OUT.svg", help="Render the viewer headless and save an SVG."),
     size: str = typer.Option("160x48", "--size", help="Columns x rows of --screenshot."),
     window: str = typer.Option("", "--window", help="Initial time window since trace start, e.g. 2s:5.5s."),
 ) -> None:
@@ -90,7 +89,7 @@ def _load(path: str):
     return loaded
 
 
-def _export(loaded, export: Tuple[str, str]) -> None:
+def _export(loaded, export: tuple[str, str]) -> None:
     from rlx.trace.perfetto import export_perfetto
 
     fmt, out = export
@@ -136,7 +135,7 @@ def _check_only(loaded, text: str) -> None:
     check_keys(loaded, parse_query(text))
 
 
-def _checked_window(text: str, loaded) -> Optional[Tuple[int, int]]:
+def _checked_window(text: str, loaded) -> tuple[int, int] | None:
     """--window as nanoseconds since the trace's start; one that starts after the trace ends is refused (it
     would draw an empty timeline)."""
     from rlx.trace.units import format_ns
@@ -148,8 +147,8 @@ def _checked_window(text: str, loaded) -> Optional[Tuple[int, int]]:
     return window
 
 
-def _make_app(loaded, trace: str, metrics_path: Optional[str], started_at: float, filter_text: str,
-              window: Optional[Tuple[int, int]]):
+def _make_app(loaded, trace: str, metrics_path: str | None, started_at: float, filter_text: str,
+              window: tuple[int, int] | None):
     try:
         from rlx.trace.viewer import TraceViewerApp
     except ImportError as exc:
@@ -172,7 +171,7 @@ def _make_app(loaded, trace: str, metrics_path: Optional[str], started_at: float
     return app
 
 
-def _parse_window(text: str) -> Optional[Tuple[int, int]]:
+def _parse_window(text: str) -> tuple[int, int] | None:
     from rlx.trace.units import parse_duration_ns
 
     if not text:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 def train(
     config: str = typer.Argument(..., help="YAML run config, e.g. configs/quickstart.yaml."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides, e.g. trainer.total_steps=5."),
+    overrides: list[str] | None = typer.Argument(None, help="key=value overrides, e.g. trainer.total_steps=5."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint "
                                                           "(same as trainer.resume=true)."),
 ) -> None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import yaml
 from omegaconf import OmegaConf

@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import MISSING
 
-from rlx.config.errors import ConfigError
 from rlx.config.agent import AgentConfig, OpenEnvConfig  # noqa: F401 (names agent.openenv's section type for the loader)
+from rlx.config.errors import ConfigError
 from rlx.config.reward_models import RewardModelConfig
 from rlx.config.store import FiltersConfig, StoreConfig, check_reuse
 
@@ -260,7 +260,7 @@ class RolloutConfig:
     """Generation backend of the rollout server: vllm or hf (transformers)."""
     servers: list[str] = field(default_factory=list)
     """Addresses of rollout servers already running (tcp://host:port or ipc://path), used beside any launched."""
-    num_servers: Optional[int] = None
+    num_servers: int | None = None
     """Rollout servers to launch; unset = 1 when rollout.servers is empty, else 0 (set it to mix both)."""
     host: str = "127.0.0.1"
     """Interface a launched server binds; anything but loopback needs rollout.auth_token."""
@@ -281,7 +281,7 @@ class RolloutConfig:
     """Maximum completion tokens per sample; below rollout.max_model_len, which holds the prompt too."""
     stop: list[str] = field(default_factory=list)
     """Stop strings that end a completion."""
-    gpu_memory_utilization: Optional[float] = None
+    gpu_memory_utilization: float | None = None
     """vLLM memory fraction of its GPU; unset = follows from placement (separate 0.9, colocated a share;
     rlx.placement). On CPU builds the fraction of host memory (unset = 0.2)."""
     tensor_parallel_size: int = 1
@@ -821,8 +821,7 @@ class RunConfig:
                               "launcher=ray a dead rollout server stops the run: set rollout.restart_on_failure=false "
                               "(resume the run with --resume) or use launcher=local")
         check_colocated(self)
-        if self.trainer.micro_batch_size > self.trainer.prompts_per_step * self.rollout.n:
-            self.trainer.micro_batch_size = self.trainer.prompts_per_step * self.rollout.n
+        self.trainer.micro_batch_size = min(self.trainer.micro_batch_size, self.trainer.prompts_per_step * self.rollout.n)
         if self.algorithm.advantage == "gae" and self.trainer.num_ranks > 1:
             raise ConfigError(f"algorithm.advantage=gae with trainer.num_ranks={self.trainer.num_ranks}: the critic "
                               "trains on one rank; set trainer.num_ranks=1")

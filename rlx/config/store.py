@@ -7,7 +7,6 @@ import os
 from dataclasses import dataclass
 
 
-
 def ConfigError(message: str) -> Exception:  # noqa: N802 -- raised like the class it returns
     """``rlx.config.errors.ConfigError``, imported late: ``rlx.config`` imports this module."""
     from rlx.config.errors import ConfigError as error

@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from rlx.convert.errors import ConvertError
 from rlx.formats.checkpoint import fsync_dir

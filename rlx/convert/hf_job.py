@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager
+from typing import ContextManager
 
 import torch
 from rich.console import Console

@@ -15,8 +15,7 @@ from pathlib import Path
 
 from rlx.convert.errors import ConvertError
 from rlx.convert.hf_write import read_model_config
-from rlx.formats.checkpoint import (MANIFEST, STEP_PREFIX, CorruptCheckpoint, list_checkpoints,
-                                          verify_checkpoint)
+from rlx.formats.checkpoint import MANIFEST, STEP_PREFIX, CorruptCheckpoint, list_checkpoints, verify_checkpoint
 
 HF_SUBDIR = "hf"
 

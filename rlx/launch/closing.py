@@ -13,9 +13,9 @@ import math
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import RunConfig

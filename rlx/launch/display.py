@@ -64,7 +64,7 @@ class Display:
             self._log.close()
             self._log = None
 
-    def __enter__(self) -> "Display":
+    def __enter__(self) -> Display:
         self.progress.start()
         return self
 

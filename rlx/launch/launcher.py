@@ -25,14 +25,13 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
 from rlx.launch.closing import already_done, done_line, resume_hint, where_things_go
 from rlx.launch.display import Display
-from rlx.placement import plan, visible_gpus
 from rlx.launch.preflight import preflight
-from rlx.rollout.priority import ENV_NO_SPIN, ENV_SCHED_IDLE
 from rlx.launch.processes import ProcessSet, python_argv
 from rlx.launch.restarts import ServerRestarts
 from rlx.launch.run_dir import (
@@ -43,7 +42,8 @@ from rlx.launch.run_dir import (
     write_config,
 )
 from rlx.launch.stops import ChildDied, Interrupted, RunStopped, StopWatch
-from typing import TYPE_CHECKING
+from rlx.placement import plan, visible_gpus
+from rlx.rollout.priority import ENV_NO_SPIN, ENV_SCHED_IDLE
 
 if TYPE_CHECKING:
     from rlx.config.schema import RunConfig
@@ -185,9 +185,9 @@ class Launch:
 
     def _run_rank0(self, addresses: list[str]) -> int:
         """Build the trainer and the controller while the servers load their engines, then train."""
-        from rlx.trainer.trainer import Trainer
-        from rlx.trainer.ranks import init_distributed
         from rlx.trace import tracer
+        from rlx.trainer.ranks import init_distributed
+        from rlx.trainer.trainer import Trainer
 
         cfg, run_dir, display = self.cfg, self.run_dir, self.display
         if cfg.trace.enabled:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
 from rlx.config.errors import ConfigError
 from rlx.launch.display import Display
 from rlx.sync.transports.shm import remove_stale_segments
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import RunConfig
@@ -24,13 +24,12 @@ if TYPE_CHECKING:
 def preflight(cfg: RunConfig, display: Display) -> int | None:
     """Fail before any process starts: run directory, plugins, model directory, task data, reward function,
     resume. Returns the step ``--resume`` continues from (None without --resume or a checkpoint)."""
-    from rlx.trainer.model import check_model_dir
-    from rlx.plugins import check_loadable
-    from rlx.agent.tools import check_agent
-    from rlx.tasks.reward_models import check_reward_model
-    from rlx.tasks import build_task
-
     from rlx import placement
+    from rlx.agent.tools import check_agent
+    from rlx.plugins import check_loadable
+    from rlx.tasks import build_task
+    from rlx.tasks.reward_models import check_reward_model
+    from rlx.trainer.model import check_model_dir
 
     run_dir = Path(cfg.trainer.output_dir).resolve()
     placement.check(cfg, placement.visible_gpus())
@@ -65,8 +64,8 @@ def preflight(cfg: RunConfig, display: Display) -> int | None:
 def check_prompts(cfg: RunConfig, task) -> None:
     """Every train and eval prompt fits rollout.max_model_len with room for a completion, counted as the
     rollout backend counts a text prompt (vLLM adds the tokenizer's special tokens, such as BOS; hf does not)."""
-    from rlx.trainer.model import load_tokenizer
     from rlx.tasks.base import check_prompt_lengths
+    from rlx.trainer.model import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model.path)
     special = cfg.rollout.backend == "vllm"

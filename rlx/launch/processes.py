@@ -25,8 +25,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 from rlx.launch.leftovers import ShmLeftovers
 

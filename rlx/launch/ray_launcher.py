@@ -34,6 +34,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlx.config.errors import ConfigError
 from rlx.config.schema import check_ray_address
@@ -54,7 +55,6 @@ from rlx.launch.run_dir import (
     write_config,
 )
 from rlx.launch.stops import ChildDied, StopWatch
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import RunConfig

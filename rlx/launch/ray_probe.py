@@ -56,7 +56,7 @@ def _grpc_problem(host: str, port: int) -> str:
     """"" when ``host:port`` accepts a connection and answers the HTTP/2 preface with its SETTINGS frame."""
     try:
         sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
-    except socket.timeout:
+    except TimeoutError:
         return f"nothing accepted a connection at {host}:{port} within {CONNECT_TIMEOUT_S:g} s"
     except OSError as exc:
         return f"cannot connect to {host}:{port} ({exc.strerror or exc})"

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlx.launch.display import Display
 from rlx.net import ipc_path
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import RunConfig

@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import signal
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 TERMINATION_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
@@ -70,7 +70,7 @@ class StopWatch:
         self._task: asyncio.Task | None = None
 
     @contextlib.contextmanager
-    def installed(self) -> Iterator["StopWatch"]:
+    def installed(self) -> Iterator[StopWatch]:
         """Handle SIGUSR1 (a report from the watcher), SIGTERM, SIGHUP and SIGINT; restore the old handlers after."""
         signums = (signal.SIGUSR1, signal.SIGINT, *TERMINATION_SIGNALS)
         previous = {signum: signal.getsignal(signum) for signum in signums}

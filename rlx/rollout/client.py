@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import zmq.asyncio
 

@@ -44,9 +44,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from rlx.rollout import protocol as p
-from rlx.net import is_loopback_host
 from rlx.formats.chat import ChatFormat
+from rlx.net import is_loopback_host
+from rlx.rollout import protocol as p
 from rlx.trace import tracer
 
 log = logging.getLogger("rlx.rollout.openai_http")

@@ -38,11 +38,11 @@ import zmq
 import zmq.asyncio
 
 from rlx import rpc
-from rlx.rollout import protocol as p
 from rlx.net import ipc_path, is_loopback_address
+from rlx.rollout import protocol as p
 from rlx.rollout.backends.base import Backend
-from rlx.sync.messages import BucketAck, SyncAbort, encode
 from rlx.rpc import reply_frames
+from rlx.sync.messages import BucketAck, SyncAbort, encode
 from rlx.trace import tracer
 
 log = logging.getLogger("rlx.rollout.server")

@@ -31,13 +31,13 @@ import os
 import re
 import struct
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 import torch
 
 from rlx.config.errors import ConfigError
 from rlx.store.base import Sample, Status
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import RunConfig

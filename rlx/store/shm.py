@@ -25,8 +25,8 @@ import re
 import numpy as np
 import torch
 
-from rlx.store.base import RowGone, Sample, SampleStore, StoreFull, StoreHandle, StoreReader
 from rlx.shm import SHM_DIR, close_mapping, create, open_segment, remove_dead_owners, tensor_over, unlink
+from rlx.store.base import RowGone, Sample, SampleStore, StoreFull, StoreHandle, StoreReader
 
 _NAME = re.compile(r"rlx-store-[0-9]+-[0-9a-f]+")
 _ALIGN = 64

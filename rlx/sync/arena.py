@@ -25,7 +25,7 @@ slots) and dtype casts (a cast is a copy anyway).
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -51,12 +51,12 @@ class WeightArena:
         self._used = 0
 
     @classmethod
-    def sized_for(cls, tensors: Iterable[torch.Tensor], device: str | torch.device) -> "WeightArena":
+    def sized_for(cls, tensors: Iterable[torch.Tensor], device: str | torch.device) -> WeightArena:
         """An empty arena on ``device`` that ``place`` can fill with copies of ``tensors``."""
         return cls(sum(align_up(t.numel() * t.element_size()) for t in tensors), device)
 
     @classmethod
-    def adopt(cls, module: torch.nn.Module) -> "WeightArena":
+    def adopt(cls, module: torch.nn.Module) -> WeightArena:
         """Move every parameter of ``module`` (all on one device) into a new arena on that device."""
         params = list(module.parameters())
         devices = {p.device for p in params}
@@ -89,7 +89,7 @@ class WeightArena:
             return 0  # no bytes to read; an empty tensor's address is 0 wherever it came from
         offset = tensor.data_ptr() - self._base
         end = offset + tensor.numel() * tensor.element_size()
-        return offset if 0 <= offset and end <= self.size and offset % tensor.element_size() == 0 else None
+        return offset if offset >= 0 and end <= self.size and offset % tensor.element_size() == 0 else None
 
     def ready(self) -> None:
         """Make the weights' latest writes (the optimizer step) visible before receivers read them."""

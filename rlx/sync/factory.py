@@ -24,9 +24,9 @@ from rlx.sync.transports import TRANSPORTS
 if TYPE_CHECKING:
     import torch
 
+    from rlx.config.schema import SyncConfig
     from rlx.sync.arena import WeightArena
     from rlx.sync.sender import WeightSender
-    from rlx.config.schema import SyncConfig
 
 
 def shared_transport(device: str) -> str:

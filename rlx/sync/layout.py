@@ -13,7 +13,8 @@ Python and leaves out where the slots live (``transports``) and the copies (``se
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
 from rlx.sync.messages import TensorChunk
 

@@ -15,11 +15,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
+from rlx.sync.channel import RpcSyncChannel
 from rlx.sync.errors import SyncTimeout
 from rlx.sync.messages import SyncPing
-from rlx.sync.channel import RpcSyncChannel
 
 
 def start_receiver(*extra_args: str, name: str = "receiver process",

@@ -22,11 +22,11 @@ import torch
 import zmq
 
 from rlx import rpc
+from rlx.rpc import reply_frames
 from rlx.sync.checksum import tensor_checksum
 from rlx.sync.copy import copy_bytes
 from rlx.sync.messages import NO_ID, BucketAck, encode
 from rlx.sync.receiver import Consumer, SyncHandler, WeightReceiver
-from rlx.rpc import reply_frames
 
 
 class CopyConsumer(Consumer):

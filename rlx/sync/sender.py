@@ -33,7 +33,8 @@ from __future__ import annotations
 import asyncio
 import collections.abc
 import time
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 import torch
@@ -104,7 +105,7 @@ class _Source(NamedTuple):
 class WeightSender:
     def __init__(self, transport: str = "shm", bucket_mb: int = 64, num_buffers: int = 2,
                  timeout_s: float = 120.0, verify: bool = False, device: str = "cpu",
-                 arena: "WeightArena | None" = None):
+                 arena: WeightArena | None = None):
         if bucket_mb < 1:
             raise ValueError(f"bucket_mb={bucket_mb} must be >= 1; set sync.bucket_mb to the transfer bucket size in MiB")
         if num_buffers < 1:
@@ -141,7 +142,7 @@ class WeightSender:
             self._buffer.close()
             self._buffer = None
 
-    def __enter__(self) -> "WeightSender":
+    def __enter__(self) -> WeightSender:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -246,7 +247,7 @@ class WeightSender:
     async def _broadcast(self, request, channels: list[SyncChannel]) -> None:
         await _settle([asyncio.create_task(self._call(ch, request, None)) for ch in channels])
 
-    def _sources(self, named_tensors, pending: dict[str, "_Source"],
+    def _sources(self, named_tensors, pending: dict[str, _Source],
                  counts: collections.Counter) -> Iterator[TensorSpec]:
         seen: set[str] = set()
         for name, tensor in named_tensors:

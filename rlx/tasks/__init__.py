@@ -13,9 +13,10 @@ problems are used is ``base.DataStream``'s job.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rlx.tasks.base import DataStream, Problem, Task
 from rlx.tasks.reward_fn import load_reward_fn
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import TaskConfig

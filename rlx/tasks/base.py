@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import Callable, Protocol
+from typing import Protocol
 
 from rlx.config.errors import ConfigError
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rlx.tasks.base import Problem, RewardFn, task_reward
 from rlx.tasks.tiny_math import normalize
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import TaskConfig

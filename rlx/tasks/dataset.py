@@ -12,10 +12,10 @@ chat template or as plain text (``rlx.formats.chat.ChatFormat``). Downloads are 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlx.config.errors import ConfigError
 from rlx.formats.chat import ChatFormat
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import TaskConfig

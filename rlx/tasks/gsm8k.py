@@ -18,11 +18,11 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlx.config.errors import ConfigError
 from rlx.tasks.base import Problem, RewardFn, task_reward
 from rlx.tasks.dataset import PromptMaker, check_columns, read_dataset
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import TaskConfig
@@ -84,7 +84,7 @@ def ground_truth(answer) -> str:
 
 def to_problems(rows: list[dict], cfg: TaskConfig, first_id: int, config_key: str, make_prompt: PromptMaker) -> list[Problem]:
     check_columns(rows, {**make_prompt.columns(), cfg.answer_key: "task.answer_key"}, config_key)
-    path = getattr(cfg, config_key.split(".")[-1])  # task.path or task.eval_path
+    path = getattr(cfg, config_key.rsplit(".", maxsplit=1)[-1])  # task.path or task.eval_path
     return [Problem(id=first_id + i, prompt=make_prompt(row, f"{config_key} row {i}"),
                     answer=ground_truth(row[cfg.answer_key]), source=f"{config_key}={path!r} row {i}")
             for i, row in enumerate(rows)]

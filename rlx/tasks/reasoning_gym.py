@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rlx.config.errors import ConfigError
 from rlx.tasks.base import Problem, RewardFn, task_reward
 from rlx.tasks.dataset import PromptMaker
 from rlx.tasks.gsm8k import extract_answer
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import TaskConfig

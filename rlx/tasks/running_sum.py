@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rlx.tasks.base import Problem, RewardFn, task_reward
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import TaskConfig
@@ -58,7 +58,7 @@ class RunningSum:
     name: str = field(default="running_sum", init=False)
 
     @classmethod
-    def from_config(cls, cfg: TaskConfig, reward_fn: RewardFn | None = None) -> "RunningSum":
+    def from_config(cls, cfg: TaskConfig, reward_fn: RewardFn | None = None) -> RunningSum:
         rng, taken = random.Random(cfg.seed), set()
         eval_ = draw(cfg.num_eval, cfg.num_terms, cfg.max_operand, rng, taken)
         train = draw(cfg.num_train, cfg.num_terms, cfg.max_operand, rng, taken)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rlx.config.errors import ConfigError
 from rlx.tasks.base import Problem, RewardFn, task_reward
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import TaskConfig
@@ -52,7 +52,7 @@ class TinyMath:
     name: str = field(default="tiny_math", init=False)
 
     @classmethod
-    def from_config(cls, cfg: TaskConfig, reward_fn: RewardFn | None = None) -> "TinyMath":
+    def from_config(cls, cfg: TaskConfig, reward_fn: RewardFn | None = None) -> TinyMath:
         train, eval_ = split(all_problems(cfg.max_operand, cfg.operators), cfg.num_eval, cfg.seed)
         return cls(train, eval_, reward_fn)
 

@@ -63,7 +63,7 @@ class Begin(msgspec.Struct, tag="B", tag_field="k", kw_only=True, omit_defaults=
     n: str
     t: Int64
     p: Int64 = 0
-    r: Union[str, int, None] = None
+    r: str | int | None = None
     a: msgspec.Raw = NO_ATTRS
 
 
@@ -74,18 +74,18 @@ class Complete(msgspec.Struct, tag="X", tag_field="k", kw_only=True, omit_defaul
     t: Int64
     d: Int64
     p: Int64 = 0
-    r: Union[str, int, None] = None
+    r: str | int | None = None
     a: msgspec.Raw = NO_ATTRS
-    err: Union[str, None] = None
+    err: str | None = None
 
 
 class End(msgspec.Struct, tag="E", tag_field="k", kw_only=True, omit_defaults=True,
              gc=False):
     i: Int64
     t: Int64
-    r: Union[str, int, None] = None
+    r: str | int | None = None
     a: msgspec.Raw = NO_ATTRS
-    err: Union[str, None] = None
+    err: str | None = None
 
 
 class Instant(msgspec.Struct, tag="I", tag_field="k", kw_only=True, omit_defaults=True,
@@ -93,7 +93,7 @@ class Instant(msgspec.Struct, tag="I", tag_field="k", kw_only=True, omit_default
     n: str
     t: Int64
     p: Int64 = 0
-    r: Union[str, int, None] = None
+    r: str | int | None = None
     a: msgspec.Raw = NO_ATTRS
 
 

@@ -24,8 +24,17 @@ import numpy as np
 from rlx.trace import columnar
 from rlx.trace.cache import TraceCache
 from rlx.trace.columnar import KindColumns, has_value, take_values
-from rlx.trace.model import (STATUS_ERROR, STATUS_OK, STATUS_UNFINISHED, AttrColumn, Events, LaterAttrs, Process,
-                             Spans, Trace)
+from rlx.trace.model import (
+    STATUS_ERROR,
+    STATUS_OK,
+    STATUS_UNFINISHED,
+    AttrColumn,
+    Events,
+    LaterAttrs,
+    Process,
+    Spans,
+    Trace,
+)
 from rlx.trace.reader import TraceError, is_trace_file, open_trace, read_trace_columns, read_trace_file
 
 __all__ = ["TraceError", "find_trace_files", "load_trace"]

@@ -20,15 +20,25 @@ from __future__ import annotations
 import mmap
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import msgspec
 
 from rlx.trace.columnar import ColumnarFile, read_columns
-from rlx.trace.format import (FORMAT_NAME, FORMAT_VERSION, Begin, Complete, End, Header, Instant,
-                              header_decoder, record_decoder, records_decoder)
+from rlx.trace.format import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    Begin,
+    Complete,
+    End,
+    Header,
+    Instant,
+    header_decoder,
+    record_decoder,
+    records_decoder,
+)
 
 MAX_EXAMPLES = 5
 CHUNK_BYTES = 4 << 20

@@ -15,8 +15,7 @@ import heapq
 import random
 from pathlib import Path
 
-from rlx.trace.format import (FORMAT_NAME, FORMAT_VERSION, NO_ATTRS, Begin, Complete, End, Header, Instant,
-                              encoder)
+from rlx.trace.format import FORMAT_NAME, FORMAT_VERSION, NO_ATTRS, Begin, Complete, End, Header, Instant, encoder
 from rlx.trace.tracer import OPEN_SPAN_FLUSH_S
 
 _MS = 1_000_000

@@ -43,11 +43,22 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from rlx.trace.format import (FORMAT_NAME, FORMAT_VERSION, NO_ATTRS, REQUEST_KEY, Begin, Complete,
-                              End, Header, Instant, encoder)
+from rlx.trace.format import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    NO_ATTRS,
+    REQUEST_KEY,
+    Begin,
+    Complete,
+    End,
+    Header,
+    Instant,
+    encoder,
+)
 
 ENV_TRACE_DIR = "RLX_TRACE_DIR"
 OPEN_SPAN_FLUSH_S = 1.0
@@ -61,13 +72,13 @@ class _NoopSpan:
     __slots__ = ()
     id = 0
 
-    def __enter__(self) -> "_NoopSpan":
+    def __enter__(self) -> _NoopSpan:
         return self
 
     def __exit__(self, *exc: object) -> bool:
         return False
 
-    async def __aenter__(self) -> "_NoopSpan":
+    async def __aenter__(self) -> _NoopSpan:
         return self
 
     async def __aexit__(self, *exc: object) -> bool:
@@ -87,7 +98,7 @@ class Span:
     __slots__ = ("_tracer", "_generation", "name", "attrs", "id", "parent", "start", "begun",
                  "_token", "_extra")
 
-    def __init__(self, tracer: "Tracer", name: str, attrs: dict) -> None:
+    def __init__(self, tracer: Tracer, name: str, attrs: dict) -> None:
         self._tracer = tracer
         self._generation = tracer._generation
         self.name = name
@@ -106,7 +117,7 @@ class Span:
         else:
             self._extra.update(attrs)
 
-    def __enter__(self) -> "Span":
+    def __enter__(self) -> Span:
         tracer = self._tracer
         self.id = next(tracer._ids)
         self.parent = tracer._current.get()
@@ -123,7 +134,7 @@ class Span:
             tracer._write_end(self, _describe(exc_type, exc))
         return False
 
-    async def __aenter__(self) -> "Span":
+    async def __aenter__(self) -> Span:
         return self.__enter__()
 
     async def __aexit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> bool:

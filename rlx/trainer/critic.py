@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -30,7 +31,6 @@ from rlx.trainer.algorithms.gae import gae_advantages
 from rlx.trainer.logprobs import _features
 from rlx.trainer.optim import adamw, live_implementation, step_if_finite
 from rlx.trainer.packing import MicroBatch
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import AlgorithmConfig, ModelConfig, TrainerConfig

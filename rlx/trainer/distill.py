@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -36,7 +37,6 @@ import torch.distributed as dist
 from rlx.config.errors import ConfigError
 from rlx.trainer.batch import TrainBatch
 from rlx.trainer.packing import MicroBatch, build
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import DistillConfig

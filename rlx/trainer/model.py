@@ -11,12 +11,12 @@ a local directory is an error.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from rlx.placement import device_type
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import ModelConfig

@@ -16,11 +16,11 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from rlx.trainer.tiny import build_tiny_model
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import TaskConfig

@@ -12,9 +12,9 @@ import torch
 
 from rlx.agent.env import ToolEnv, ToolStats
 from rlx.agent.framing import ChatFraming
-from rlx.orchestrator.episode_loop import run_episode
 from rlx.agent.tools import BUILTIN, tool_schemas
 from rlx.agent.workers import WorkerPool
+from rlx.orchestrator.episode_loop import run_episode
 from rlx.rollout.protocol import SamplingSpec
 from rlx.tasks.base import Problem
 from rlx.tasks.calc import Calc

@@ -9,9 +9,6 @@ import itertools
 import pytest
 import torch
 
-from rlx.trainer.batch import build_batch
-from rlx.trainer.logprobs import completion_logprobs
-from rlx.trainer.packing import build
 from rlx.agent.env import StepResult
 from rlx.agent.episode import Episode, Turn
 from rlx.agent.framing import PlainFraming
@@ -19,6 +16,9 @@ from rlx.orchestrator.episode_loop import run_episode
 from rlx.rollout.client import RolloutClient
 from rlx.rollout.protocol import SamplingSpec
 from rlx.tasks.base import Problem
+from rlx.trainer.batch import build_batch
+from rlx.trainer.logprobs import completion_logprobs
+from rlx.trainer.packing import build
 
 pytestmark = pytest.mark.slow
 

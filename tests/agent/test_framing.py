@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from rlx.convert.gguf_import import SMOLLM2_INSTALL, smollm2_gguf
 from rlx.agent.framing import ChatFraming, PlainFraming, make_framing
 from rlx.agent.tools import BUILTIN, tool_schemas
+from rlx.convert.gguf_import import SMOLLM2_INSTALL, smollm2_gguf
 
 GGUF = smollm2_gguf()
 pytestmark = pytest.mark.skipif(GGUF is None, reason=f"the SmolLM2 GGUF file is not installed ({SMOLLM2_INSTALL})")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlx.agent.episode import Episode, Turn
 from rlx.trainer.algorithms.aggregation import AGG_MODES, LossAgg
 from rlx.trainer.algorithms.policy_loss import policy_loss
 from rlx.trainer.batch import build_batch
-from rlx.agent.episode import Episode, Turn
 
 
 def episodes() -> list[Episode]:

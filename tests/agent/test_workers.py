@@ -81,8 +81,8 @@ def test_hermes_calls_and_malformed_json():
 
 def test_a_hung_or_failing_reward_gives_the_sample_zero_and_is_counted(tmp_path):
 
-    from rlx.orchestrator.episodes import EpisodeCollector
     from rlx.agent.episode import Episode
+    from rlx.orchestrator.episodes import EpisodeCollector
 
     async def main():
         collector = EpisodeCollector.__new__(EpisodeCollector)

@@ -99,7 +99,7 @@ def test_every_field_has_a_docstring():
     import ast
     import inspect
 
-    import rlx.config.schema as schema
+    from rlx.config import schema
 
     tree = ast.parse(inspect.getsource(schema))
     missing = []

@@ -8,9 +8,8 @@ import shutil
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
-
 from safetensors.torch import load_file, save_file
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from rlx.formats.checkpoint import step_dir_name, write_manifest
 from rlx.trainer.tiny import build_tiny_model, build_tokenizer

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import threading
 
 import pytest
-
-import os
 
 from rlx.launch.stops import ChildDied, Interrupted, StopWatch, Terminated
 

@@ -14,8 +14,15 @@ import pytest
 import torch
 
 from tests.helpers import start_rlx, stop_group
-from tests.launch.test_train import (assert_no_children_alive, child_pids, read_metrics, run_to_end, small_config,
-                                     start_long_run, wait_for)
+from tests.launch.test_train import (
+    assert_no_children_alive,
+    child_pids,
+    read_metrics,
+    run_to_end,
+    small_config,
+    start_long_run,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from rlx import placement
 from rlx.config import load_config
 from rlx.config.errors import ConfigError
-from rlx import placement
 from tests.helpers import write_config
 
 

@@ -141,9 +141,9 @@ def test_the_teacher_is_built_when_missing(config, tmp_path, monkeypatch):
     from rich.console import Console
 
     from rlx.config import load_config
-    from rlx.trainer import warmstart
     from rlx.launch.display import Display
     from rlx.launch.preflight import preflight
+    from rlx.trainer import warmstart
 
     monkeypatch.setitem(warmstart.RECIPES, "tiny_math_teacher",
                         warmstart.Recipe(hidden_size=128, num_layers=2, steps=3, lr=1e-3, seed=1))

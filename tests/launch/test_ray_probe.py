@@ -4,7 +4,6 @@ the real-cluster side (an address that answers) is tested in test_ray.py."""
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 

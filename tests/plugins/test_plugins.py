@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rlx.trainer.checkpoint import load_checkpoint, newest_complete_checkpoint
 from rlx.formats.checkpoint import list_checkpoints, verify_checkpoint
+from rlx.trainer.checkpoint import load_checkpoint, newest_complete_checkpoint
 from tests.launch.test_train import read_metrics, run_to_end, small_config
 
 pytestmark = pytest.mark.slow

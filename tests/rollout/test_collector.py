@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from rlx.rollout.client import RolloutClient
 from rlx.orchestrator.collector import Collector
+from rlx.rollout.client import RolloutClient
 from rlx.tasks import Problem
 
 

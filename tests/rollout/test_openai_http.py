@@ -11,9 +11,9 @@ import time
 import httpx
 import pytest
 
+from rlx.orchestrator.external import episode_rows
 from rlx.rollout import protocol as p
 from rlx.rollout.client import RolloutClient
-from rlx.orchestrator.external import episode_rows
 from tests.helpers import start_rlx, stop_group, write_config
 
 TOKEN = "test-secret-token"

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from rlx.config.errors import ConfigError
+from rlx.config.reward_models import RewardModelConfig
 from rlx.rollout import protocol as p
 from rlx.rollout.client import RolloutClient
 from rlx.tasks.reward_models import RewardModelError
 from rlx.tasks.reward_models.classifier import Classifier, check_classifier
-from rlx.config.reward_models import RewardModelConfig
 from rlx.tasks.reward_models.judge import Judge, check_judge_up
 from tests.helpers import serve_with, write_config
 from tests.launch.test_preflight import assert_refused_before_start, train
@@ -174,8 +174,8 @@ def test_train_refuses_a_missing_classifier_before_starting(tiny_model_dir, tmp_
 def test_the_collector_mixes_classifier_scores_into_rewards(tiny_model_dir, judge_server, tmp_path):
     """A real step on the hf server: reward = weight * classifier score + (1 - weight) * task reward."""
     from rlx.config import load_config
-    from rlx.rollout.client import RolloutClient
     from rlx.orchestrator.collector import Collector
+    from rlx.rollout.client import RolloutClient
     from rlx.tasks import Problem
 
     path = save_classifier(tiny_model_dir, tmp_path / "rm")
@@ -218,8 +218,8 @@ def test_requests_of_two_clients_keep_apart_in_the_servers_trace(judge_server):
 def test_fully_async_mixes_classifier_scores_into_the_groups_a_step_takes(tiny_model_dir, judge_server, tmp_path):
     """trainer.mode=fully_async with a reward model: the groups a step takes are scored then, as a sync step's are."""
     from rlx.config import load_config
-    from rlx.orchestrator.fully_async import FullyAsyncRollout
     from rlx.orchestrator.collector import Collector
+    from rlx.orchestrator.fully_async import FullyAsyncRollout
     from rlx.tasks import DataStream, Problem
 
     path = save_classifier(tiny_model_dir, tmp_path / "rm")

@@ -5,14 +5,13 @@ import math
 import subprocess
 import sys
 import textwrap
-import time
 
 import msgspec
 import pytest
 import zmq
 
 from rlx.rollout import protocol as p
-from rlx.rollout.client import RolloutClient, RolloutServerError
+from rlx.rollout.client import RolloutClient
 
 pytestmark = pytest.mark.slow
 

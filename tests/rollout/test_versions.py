@@ -10,11 +10,11 @@ import asyncio
 import pytest
 import torch
 
-from rlx.trainer.algorithms.correction import rollout_correction
-from rlx.trainer.batch import build_batch
 from rlx.rollout import protocol as p
 from rlx.rollout.client import RolloutClient
 from rlx.sync.sender import WeightSender
+from rlx.trainer.algorithms.correction import rollout_correction
+from rlx.trainer.batch import build_batch
 from tests.helpers import serve
 
 pytestmark = pytest.mark.slow

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
+from rlx.sync.channel import RpcSyncChannel
 from rlx.sync.local_receiver import start_receiver, stop_receiver
 from rlx.sync.sender import WeightSender
-from rlx.sync.channel import RpcSyncChannel
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,11 @@ from rlx.config.schema import (
     RunConfig,
     TrainerConfig,
 )
-from rlx.trainer.lora import merged_named_tensors
-from rlx.trainer.trainer import Trainer
 from rlx.rollout.client import RolloutClient
 from rlx.sync.errors import SyncError
 from rlx.sync.sender import WeightSender
+from rlx.trainer.lora import merged_named_tensors
+from rlx.trainer.trainer import Trainer
 from tests.helpers import serve_with
 
 LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "gate_proj"]}
@@ -132,8 +132,8 @@ def test_bench_sync_lora_rows_move_the_adapter_bytes(tiny_model_dir, tmp_path, o
     from transformers import AutoModelForCausalLM
     from typer.testing import CliRunner
 
-    from rlx.cli import app
     from rlx.bench.lora import LORA_TARGETS
+    from rlx.cli import app
 
     out = tmp_path / "bench.json"
     result = CliRunner().invoke(app, ["bench-sync", "--model", str(tiny_model_dir), "--bucket-mb", "1",

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from rlx.sync.arena import WeightArena
+from rlx.sync.channel import RpcSyncChannel
 from rlx.sync.layout import TensorSpec, resident_buckets
 from rlx.sync.messages import BucketMeta, SyncBegin, SyncEnd
 from rlx.sync.receiver import WeightReceiver
 from rlx.sync.sender import WeightSender
-from rlx.sync.channel import RpcSyncChannel
 
 
 def sample_tensors() -> list[tuple[str, torch.Tensor]]:

@@ -50,8 +50,8 @@ def test_cuda_ipc_slot_is_never_overwritten_before_its_ack(spawn_receiver, sync_
 @pytest.mark.gpu
 def test_cuda_weight_arena_sends_offsets_and_carries_every_update(spawn_receiver):
     from rlx.sync.arena import WeightArena
-    from rlx.sync.sender import WeightSender
     from rlx.sync.channel import RpcSyncChannel
+    from rlx.sync.sender import WeightSender
 
     _, address = spawn_receiver()
     model = torch.nn.Sequential(torch.nn.Embedding(1000, 256), torch.nn.Linear(256, 1000)).cuda().to(torch.bfloat16)

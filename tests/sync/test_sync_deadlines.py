@@ -12,9 +12,9 @@ import time
 import pytest
 import torch
 
-from rlx.sync.errors import SyncError
-from rlx.sync.messages import BucketAck, NO_ID, SyncBegin, SyncBucket, SyncEnd
 from rlx.sync.channel import RpcSyncChannel
+from rlx.sync.errors import SyncError
+from rlx.sync.messages import NO_ID, BucketAck, SyncBegin, SyncBucket, SyncEnd
 from rlx.sync.sender import WeightSender
 
 TIMEOUT_S = 3.0

@@ -12,10 +12,10 @@ import torch
 
 from rlx.rollout import protocol as p
 from rlx.rollout.client import RolloutClient
+from rlx.sync.channel import RpcSyncChannel
 from rlx.sync.errors import SyncError
 from rlx.sync.messages import SyncBegin, SyncEnd, TransportHandle
 from rlx.sync.sender import WeightSender
-from rlx.sync.channel import RpcSyncChannel
 from tests.helpers import serve_with
 
 SYNC_TIMEOUT_S = 10.0  # generous: a loaded machine starts receivers slowly
@@ -132,7 +132,7 @@ def test_buckets_cross_whole_or_chunk_by_chunk_and_land_exactly(spawn_receiver, 
     of its slot; a tensor larger than a bucket is split and each piece sent from its source. Without it
     (gloo's way), one broadcast per chunk. Both receiver kinds (slot views, and destinations of their own)
     get every byte (checksums), on two syncs in a row."""
-    import rlx.sync.transports.dist as dist
+    from rlx.sync.transports import dist
 
     real_init = dist.DistBuffer.__init__
 

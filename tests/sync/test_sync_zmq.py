@@ -4,8 +4,8 @@ import asyncio
 
 import zmq
 
-from rlx.sync.messages import NO_ID, SyncPing, decode_ack, encode
 from rlx.sync.channel import RpcSyncChannel
+from rlx.sync.messages import NO_ID, SyncPing, decode_ack, encode
 
 
 def exchange(address, frames, timeout_ms=10_000):

@@ -11,7 +11,7 @@ from rlx.trace.loader import load_trace
 from rlx.trace.metrics import find_metrics_file, load_metrics
 from rlx.trace.perfetto import export_perfetto
 from rlx.trace.query import match_events, match_spans, parse_query
-from rlx.trace.summary import summarize, sort_rows
+from rlx.trace.summary import sort_rows, summarize
 from rlx.trace.synthetic import write_synthetic_trace
 from rlx.trace.units import format_ns, parse_duration_ns
 

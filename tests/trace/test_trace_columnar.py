@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-import rlx.trace.loader as loader
+from rlx.trace import loader
 from rlx.trace.loader import load_trace
 from rlx.trace.model import STATUS_UNFINISHED
 from rlx.trace.query import match_spans

@@ -149,7 +149,7 @@ def test_a_begin_line_that_raced_with_the_complete_line_is_one_span(tmp_path):
 
 
 def test_chunked_reading_keeps_everything_and_line_numbers(small_trace, monkeypatch):
-    import rlx.trace.reader as reader
+    from rlx.trace import reader
 
     path = [p for p in find_trace_files(small_trace) if p.name.startswith("rollout0")][0]
     whole = load_trace(path)

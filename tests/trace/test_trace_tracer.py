@@ -88,9 +88,8 @@ def test_long_spans_get_a_begin_line_while_still_open(tmp_path):
 
 def test_exception_is_recorded_and_reraised_unchanged(local):
     error = KeyError("missing")
-    with pytest.raises(KeyError) as caught:
-        with local.span("reward"):
-            raise error
+    with pytest.raises(KeyError) as caught, local.span("reward"):
+        raise error
     assert caught.value is error
     end = read_lines(local.path)[-1]
     assert end["k"] == "X" and end["err"] == "KeyError: 'missing'"

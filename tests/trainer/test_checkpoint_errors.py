@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from rlx.cli import app
 from rlx.config import load_config
-from rlx.trainer.checkpoint import save_checkpoint
 from rlx.tasks import DataStream, build_task
+from rlx.trainer.checkpoint import save_checkpoint
 from tests.helpers import write_config
 
 runner = CliRunner()

@@ -10,8 +10,8 @@ from rlx.config.schema import AlgorithmConfig, ModelConfig, RunConfig, TrainerCo
 from rlx.trainer.algorithms.gae import gae_advantages
 from rlx.trainer.critic import OPTIMIZER_FILE, STATE_FILE, VALUE_FILE
 from rlx.trainer.trainer import Trainer
-from tests.trainer.test_trainer_step import ragged_batch
 from tests.helpers import start_rlx, stop_group, write_config
+from tests.trainer.test_trainer_step import ragged_batch
 
 REWARDS = torch.tensor([1.0, 0.0])
 VALUES = torch.tensor([[0.5, 0.2, 0.1], [0.3, -0.1, 7.0]])  # 7.0 sits on padding: it must not count

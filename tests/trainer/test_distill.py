@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from rlx.trainer.distill import ColocatedTeacher, ServedTeacher
-from tests.trainer.test_trainer_step import ragged_batch, reference_logprobs
 from tests.helpers import serve, start_rlx, stop_group, write_config
 from tests.launch.test_preflight import assert_refused_before_start, train
+from tests.trainer.test_trainer_step import ragged_batch, reference_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +50,10 @@ def test_a_vllm_teacher_gives_the_colocated_teachers_logprobs(tiny_model_dir, vl
 
 
 def test_a_bad_score_request_gets_an_error_naming_the_field(teacher_server):
+    import asyncio
+
     from rlx.rollout.client import RolloutClient, RolloutServerError
     from rlx.rollout.protocol import ScoreTokens
-
-    import asyncio
 
     async def ask():
         client = RolloutClient([teacher_server], timeout_s=10.0)

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from rlx.config.schema import LoraConfig, ModelConfig, RunConfig, TrainerConfig
-from rlx.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rlx.formats.checkpoint import ADAPTER_FILE, verify_checkpoint
+from rlx.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rlx.trainer.lora import adapter_state
 from rlx.trainer.trainer import Trainer
 from tests.trainer.test_trainer_step import ragged_batch

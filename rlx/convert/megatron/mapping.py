@@ -38,7 +38,7 @@ class Rule:
     hf: tuple[str, ...]
     kind: str = "copy"
 
-    def at(self, layer: int) -> "Rule":
+    def at(self, layer: int) -> Rule:
         return Rule(self.mcore.format(i=layer), tuple(h.format(i=layer) for h in self.hf), self.kind)
 
 

@@ -27,8 +27,8 @@ import dataclasses
 import enum
 import pickle
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 

@@ -16,10 +16,10 @@ answer (the engine died) makes the server fail its requests and exit.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 from rlx.rollout.protocol import PromptResult, SamplingSpec
 from rlx.sync.messages import BucketAck
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import RunConfig

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 
@@ -37,7 +37,6 @@ from rlx.rollout.backends.base import Backend
 from rlx.rollout.protocol import PromptResult, Sample, SamplingSpec
 from rlx.sync.messages import BucketAck
 from rlx.sync.receiver import Consumer, SyncHandler, WeightReceiver
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import RunConfig

@@ -50,13 +50,13 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from rlx.rollout.backends.base import Backend
 from rlx.rollout.priority import stop_engine_spin_from_env
 from rlx.rollout.protocol import PromptResult, Sample, SamplingSpec
 from rlx.sync.messages import NO_ID, BucketAck, SyncAbort, decode_ack, encode
 from rlx.sync.receiver import Consumer, SyncHandler, WeightReceiver, merge_acks
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import RunConfig
@@ -87,9 +87,8 @@ class VllmBackend(Backend):
 
     async def start(self) -> None:
         from vllm import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
         from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
 
         from rlx.placement import engine_memory_fraction
 

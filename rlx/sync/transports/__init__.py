@@ -18,7 +18,7 @@ SHARED_TRANSPORTS = ("shm", "cuda_ipc")  # one host: receivers read the sender's
 
 
 def create_buffer(kind: str, slot_bytes: int, num_slots: int, device: str = "cpu",
-                  timeout_s: float = 120.0) -> "SenderBuffer":
+                  timeout_s: float = 120.0) -> SenderBuffer:
     if kind == "shm":
         from rlx.sync.transports.shm import ShmBuffer
 
@@ -34,7 +34,7 @@ def create_buffer(kind: str, slot_bytes: int, num_slots: int, device: str = "cpu
     raise ValueError(f"unknown weight transport {kind!r}; choose one of {', '.join(TRANSPORTS)}")
 
 
-def map_buffer(handle: "TransportHandle") -> "ReceiverMapping":
+def map_buffer(handle: TransportHandle) -> ReceiverMapping:
     if handle.kind == "shm":
         from rlx.sync.transports.shm import ShmMapping
 

@@ -215,7 +215,7 @@ class DistBuffer(SenderBuffer):
         except SyncError:
             self._drop_group(abandon=True)
             raise
-        except asyncio.TimeoutError:
+        except TimeoutError:
             name = self._name()
             self._drop_group(abandon=True)
             raise SyncError(f"broadcasts to the receivers of group {name} were not posted within "
@@ -393,7 +393,7 @@ def abort_soon(group) -> None:
         _started(threading.Thread(target=_abort_logged, args=(group,), name="rlx-sync-abort", daemon=True))
 
 
-_THREADS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+_THREADS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
 
 def _started(thread: threading.Thread) -> threading.Thread:

@@ -42,6 +42,7 @@ from rlx.shm import (
 )
 from rlx.sync.messages import TransportHandle
 from rlx.sync.transports.base import ReceiverMapping, SenderBuffer
+
 _NAME = re.compile(r"rlx-sync-[0-9]+-[0-9a-f]+")  # used with fullmatch: no separators, no newline
 
 

@@ -65,14 +65,12 @@ class TraceViewerApp(App):
     def compose(self) -> ComposeResult:
         yield Input(placeholder=FILTER_HELP, id="filter", compact=True)
         with TabbedContent(initial="timeline"):
-            with TabPane("Timeline", id="timeline"):
-                with Vertical():
-                    yield Timeline(self.trace, id="timeline-view")
-                    yield SpanDetails(id="details")
-            with TabPane("Summary", id="summary"):
-                with Vertical():
-                    yield SummaryTable(id="summary-table")
-                    yield Static(SUMMARY_NOTE, id="summary-note")
+            with TabPane("Timeline", id="timeline"), Vertical():
+                yield Timeline(self.trace, id="timeline-view")
+                yield SpanDetails(id="details")
+            with TabPane("Summary", id="summary"), Vertical():
+                yield SummaryTable(id="summary-table")
+                yield Static(SUMMARY_NOTE, id="summary-note")
             with TabPane("Metrics", id="metrics"):  # plots are made when the tab is first shown
                 yield Vertical(id="metrics-body") if self.metrics else Static(self.metrics_note, id="no-metrics")
         yield Static(id="status")

@@ -16,8 +16,16 @@ import numpy as np
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
-from textual.events import (Click, MouseDown, MouseMove, MouseScrollDown, MouseScrollLeft,
-                            MouseScrollRight, MouseScrollUp, MouseUp)
+from textual.events import (
+    Click,
+    MouseDown,
+    MouseMove,
+    MouseScrollDown,
+    MouseScrollLeft,
+    MouseScrollRight,
+    MouseScrollUp,
+    MouseUp,
+)
 from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget

@@ -7,7 +7,7 @@ The result is detached; the trainer broadcasts it over each sequence's tokens.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from torch import Tensor
 

@@ -7,7 +7,7 @@ per-token loss to ``LossAgg``. KL and entropy terms are added by the caller (``k
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from torch import Tensor
 
