@@ -89,7 +89,7 @@ def draw(results: list[dict], teacher_acc: float, out: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for r in results:
-        steps, acc = zip(*r["curve"])
+        steps, acc = zip(*r["curve"], strict=True)
         ax.plot(steps, acc, marker="o", label=f"{r['arm']} (seed {r['seed']})")
     ax.axhline(teacher_acc, color="grey", linestyle="--", label="teacher")
     ax.set_xlabel("step")

@@ -83,7 +83,7 @@ def greedy_accuracy(model_dir: Path, cfg) -> float:
             out = model.generate(**enc, do_sample=False, max_new_tokens=cfg.rollout.max_tokens,
                                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
         texts = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        hits += sum(task.is_correct(text, p) for text, p in zip(texts, chunk))
+        hits += sum(task.is_correct(text, p) for text, p in zip(texts, chunk, strict=True))
     return hits / len(task.eval)
 
 
@@ -139,7 +139,7 @@ def trl_main(workload: str, seed: int, out: Path, overrides: list[str]) -> None:
     data = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer, "id": p.id} for p in task.train])
 
     def reward(completions, answer, id, **_):  # the task's own reward, as rlx's rollout scores it
-        return [float(task.reward(c, Problem(id=i, prompt="", answer=a))) for c, a, i in zip(completions, answer, id)]
+        return [float(task.reward(c, Problem(id=i, prompt="", answer=a))) for c, a, i in zip(completions, answer, id, strict=True)]
 
     rows = t.prompts_per_step * r.n
     accumulation = max(1, rows // t.micro_batch_size)

@@ -140,7 +140,7 @@ def measure_rollout(args, trace_dir: Path) -> dict:
     medians = {k: statistics.median(v) for k, v in rates.items()}
     return {"requests_per_s": medians, "rounds": rates,
             "slowdown_pct": 100 * (1 - medians["tracing on"] / medians["tracing off"]),
-            "lines_per_request": 3, "shape": dict(zip(("requests", "tokens", "token_ns", "concurrency"), shape))}
+            "lines_per_request": 3, "shape": dict(zip(("requests", "tokens", "token_ns", "concurrency"), shape, strict=True))}
 
 
 def viewer_probe(trace_dir: str, spawned_at: float) -> None:

@@ -299,7 +299,7 @@ class Ceiling:
     def _copy(self) -> float:
         _synchronize(self.device)
         start = time.perf_counter()
-        for dst, (_, src) in zip(self.destinations, self.tensors):
+        for dst, (_, src) in zip(self.destinations, self.tensors, strict=True):
             copy_bytes(dst, src)
         _synchronize(self.device)
         return time.perf_counter() - start
@@ -329,7 +329,7 @@ class BroadcastCeiling:
         try:
             handles = buffer.handles([getattr(ch, "address", ch.name) for ch in self.channels])
             begun = [asyncio.create_task(ch.call(SyncBegin(sync_id, handle, -1, -1, False), self.timeout_s))
-                     for ch, handle in zip(self.channels, handles)]
+                     for ch, handle in zip(self.channels, handles, strict=True)]
             await buffer.connect(begun)
             _check_acks(await asyncio.gather(*begun), "SyncBegin")
             _synchronize(self.device)

@@ -85,8 +85,8 @@ def _draw(series: dict[str, list[tuple[int, float]]], out: Path, title: str) -> 
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(series), figsize=(4.5 * len(series), 3.4), squeeze=False)
-    for ax, (name, points) in zip(axes[0], series.items()):
-        steps, values = zip(*points)
+    for ax, (name, points) in zip(axes[0], series.items(), strict=True):
+        steps, values = zip(*points, strict=True)
         ax.plot(steps, values, marker="o" if len(points) < 30 else None, linewidth=1.6)
         ax.set_title(printable(name))  # a name from the metrics file: no control characters in the image or warnings
         ax.set_xlabel("step")

@@ -433,7 +433,7 @@ def _diagnose_ray(cfg: RunConfig, size_mb: int, params: int) -> list[Check]:
             strategy = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
             probes[node["NodeID"]] = probe_class.options(num_cpus=0, scheduling_strategy=strategy).remote()
         ports = bound_ports(cfg)
-        facts = dict(zip(probes, ray.get([p.facts.remote(ports) for p in probes.values()], timeout=120)))
+        facts = dict(zip(probes, ray.get([p.facts.remote(ports) for p in probes.values()], timeout=120), strict=True))
         names = {node_id: f"{f['ip']} ({node_id[:6]})" for node_id, f in facts.items()}
         for node in nodes:
             node_facts = facts[node["NodeID"]]

@@ -193,7 +193,7 @@ class RayRun:
                                         **bundle_options(resources)).remote(name)
             handles.append(NodeHandle(name, actor, {}, self.log_dir / f"{name}.log"))
         nodes = ray.get([h.actor.node.remote() for h in handles], timeout=RPC_TIMEOUT_S)
-        for handle, node in zip(handles, nodes):
+        for handle, node in zip(handles, nodes, strict=True):
             handle.node = node
         self.handles.extend(handles)
         return handles
@@ -274,7 +274,7 @@ class RayRun:
 
         live = [h for h in self.handles if h.exit_code is None and not h.lost]
         refs = [h.actor.poll.remote() for h in live]
-        for handle, ref in zip(live, refs):
+        for handle, ref in zip(live, refs, strict=True):
             try:
                 handle.exit_code, lines = self.ray.get(ref, timeout=RPC_TIMEOUT_S)
             except RayActorError as exc:

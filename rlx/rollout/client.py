@@ -128,7 +128,7 @@ class RolloutClient:
         live = self.live_indices()
         epochs = [self._epochs[i] for i in live]
         replies = await asyncio.gather(*(self.call(i, body, timeout_s) for i in live), return_exceptions=True)
-        for i, epoch, reply in zip(live, epochs, replies):
+        for i, epoch, reply in zip(live, epochs, replies, strict=True):
             if isinstance(reply, BaseException) and self._epochs[i] == epoch:
                 raise reply
         return [reply for reply in replies if not isinstance(reply, BaseException)]

@@ -275,7 +275,7 @@ class OpenAIEndpoint:
         self.episodes.check_room(body.n)
         prompt_ids = await self._prompt_ids(body, _OpenEpisode())
         response = await self._complete(body, prompt_ids, episode_id)
-        for i, sample in zip(ids, response.pop("_samples")):
+        for i, sample in zip(ids, response.pop("_samples"), strict=True):
             self._record(self.episodes.get_or_open(i, group), body, prompt_ids, sample)
         response["rlx"]["episode_ids"] = ids
         return response
@@ -340,7 +340,7 @@ class OpenAIEndpoint:
         if with_logprobs:
             choice["logprobs"] = {"content": [
                 {"token": self.tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
-                for t, lp in zip(sample.token_ids, sample.logprobs)]}
+                for t, lp in zip(sample.token_ids, sample.logprobs, strict=True)]}
         return choice
 
 

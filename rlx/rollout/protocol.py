@@ -318,7 +318,7 @@ def score_problem(body: ScoreTokens, max_model_len: int, vocab_size: int = 0) ->
     """Why the server refuses a ``ScoreTokens`` request, or "" when it is acceptable."""
     if len(body.token_ids) != len(body.start):
         return f"score request has {len(body.token_ids)} sequences and {len(body.start)} starts; send one start each"
-    for i, (ids, start) in enumerate(zip(body.token_ids, body.start)):
+    for i, (ids, start) in enumerate(zip(body.token_ids, body.start, strict=True)):
         if not 1 <= start < len(ids):
             return f"start[{i}]={start} must be in [1, {len(ids) - 1}]: a scored token needs one token before it"
         if len(ids) > max_model_len:

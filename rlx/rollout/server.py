@@ -287,7 +287,7 @@ class RolloutServer:
             # outcome is retrieved here rather than left for the loop to log as never retrieved.
             async with asyncio.timeout(max(deadline - time.time(), 0.0)):
                 results = await asyncio.gather(*(self._generate_one(prompt, sampling, rid, deadline, together)
-                                                 for prompt, sampling, rid in zip(prompts, samplings, ids)))
+                                                 for prompt, sampling, rid in zip(prompts, samplings, ids, strict=True)))
         except TimeoutError:
             raise RequestRefused(f"request {request_id} reached its deadline while generating; it was cancelled "
                                  "(raise the client's timeout or lower max_tokens)") from None

@@ -346,7 +346,7 @@ def _samples(t: dict[str, torch.Tensor]) -> list[Sample]:
     versions = torch.split(t["versions"], lens) if "versions" in t else [None] * len(lens)
     return [Sample(p, c, lp, float(r), m, v, -1, int(g), int(s))
             for p, c, lp, m, v, r, g, s in zip(prompts, completions, logps, masks, versions, t["rewards"].tolist(),
-                                                t["groups"].tolist(), t["status"].tolist())]
+                                                t["groups"].tolist(), t["status"].tolist(), strict=True)]
 
 
 def model_vocab_size(model_dir: str | Path) -> int:

@@ -263,14 +263,14 @@ class TcpStoreReader(StoreReader):
         if len(reply.tensors) != len(buffers) or len(reply.rows) != len(unique):
             raise StoreRefused(f"rank 0's sample store at {self.address} sent {len(buffers)} buffers for "
                                f"{len(reply.tensors)} tensors and {len(reply.rows)} rows for {len(unique)}")
-        tensors = iter(_tensor(spec, buffer, self.address) for spec, buffer in zip(reply.tensors, buffers))
+        tensors = iter(_tensor(spec, buffer, self.address) for spec, buffer in zip(reply.tensors, buffers, strict=True))
         samples = []
         for head in reply.rows:
             prompt, completion, logprobs, mask = next(tensors), next(tensors), next(tensors), next(tensors)
             versions = next(tensors) if head.has_versions else None
             samples.append(Sample(prompt, completion, logprobs, head.reward, mask, versions, head.prompt_id,
                                   head.group, head.status))
-        by_row = dict(zip(unique, samples))
+        by_row = dict(zip(unique, samples, strict=True))
         return [by_row[row] for row in rows]
 
     def meta(self, rows: list[int]) -> np.ndarray:

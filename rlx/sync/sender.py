@@ -162,7 +162,7 @@ class WeightSender:
         handles = buffer.handles([getattr(ch, "address", ch.name) for ch in channels])
         # receivers map the buffer while the first bucket is being filled; its meta waits for them
         begun = [asyncio.create_task(self._call(ch, SyncBegin(sync_id, handle, num_tensors, total_bytes, self.verify),
-                                                None)) for ch, handle in zip(channels, handles)]
+                                                None)) for ch, handle in zip(channels, handles, strict=True)]
         await asyncio.sleep(0)  # SyncBegin goes out before the first copy
         pending: dict[str, _Source] = {}
         counts: collections.Counter = collections.Counter()
@@ -194,7 +194,7 @@ class WeightSender:
         if len(tensors) != len(named):
             raise ValueError("a tensor name appears twice in one sync; names must be unique")
         placed = [(TensorSpec(name, dtype_name(t.dtype), list(t.shape), t.numel() * t.element_size()), offset)
-                  for (name, t), offset in zip(tensors.items(), offsets)]
+                  for (name, t), offset in zip(tensors.items(), offsets, strict=True)]
         counts = collections.Counter(tensors=len(placed), bytes=sum(spec.nbytes for spec, _ in placed))
         self.arena.ready()
         begin = SyncBegin(sync_id, self.arena.handle(), counts["tensors"], counts["bytes"], self.verify)

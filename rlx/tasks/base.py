@@ -71,7 +71,7 @@ def check_prompt_lengths(problems: list[Problem], count_tokens: Callable[[list[s
     for start in range(0, len(problems), PROMPTS_PER_CALL):
         chunk = problems[start:start + PROMPTS_PER_CALL]
         lengths = count_tokens([p.prompt for p in chunk])
-        too_long += [(p, n) for p, n in zip(chunk, lengths) if n >= max_model_len]
+        too_long += [(p, n) for p, n in zip(chunk, lengths, strict=True) if n >= max_model_len]
     if not too_long:
         return
     problem, length = too_long[0]

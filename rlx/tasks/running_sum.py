@@ -81,7 +81,7 @@ def progress(completion: str, answer: str) -> float:
     work, _, final = completion.split("\n", 1)[0].partition("#")
     written = work.split(";") + (["#" + final.strip()] if _ else [])
     right = 0
-    for want, got in zip(expected, written):
+    for want, got in zip(expected, written, strict=False):
         if want != got.strip():
             break
         right += 1

@@ -373,7 +373,7 @@ def _chunks(head: bytes, start: int, layout: list[_Array], arrays: dict[str, np.
     """The file's bytes before the CRC, in pieces: prefix and manifest, then padding and each array."""
     yield MAGIC + len(head).to_bytes(8, "little") + head + bytes(start - _PREFIX - len(head))
     at = start
-    for entry, values in zip(layout, arrays.values()):
+    for entry, values in zip(layout, arrays.values(), strict=True):
         if start + entry.offset > at:
             yield bytes(start + entry.offset - at)
             at = start + entry.offset

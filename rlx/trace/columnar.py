@@ -281,7 +281,7 @@ def _kind_columns(x, attrs: LineAttrs) -> KindColumns:
     errors = {}
     if err.null_count < len(err):
         rows = np.flatnonzero(valid_mask(err))
-        errors = dict(zip(rows.tolist(), err.take(arrow_indices(rows)).to_pylist()))
+        errors = dict(zip(rows.tolist(), err.take(arrow_indices(rows)).to_pylist(), strict=True))
     return KindColumns(i=_ints(x, "i"), t=_ints(x, "t"), d=_ints(x, "d"), p=_ints(x, "p"),
                        name_codes=to_numpy(names.indices, np.int32, -1),
                        name_values=names.dictionary.to_pylist(),

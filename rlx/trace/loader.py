@@ -172,7 +172,7 @@ class _RequestIds:
             self.values = interner.values()
         if len(codes) != len(pending):
             raise AssertionError(f"{len(codes)} request-id code arrays for {len(pending)} batches")
-        for p, c in zip(pending, codes):
+        for p, c in zip(pending, codes, strict=True):
             p.values, p.codes = None, c
         self._pending = []
 
@@ -386,14 +386,14 @@ def _concat_spans(parts: list[_FileColumns]) -> Spans:
         name=cat([p.name for p in parts]).astype(np.int32),
         start=cat([p.start + p.process.offset_ns for p in parts]).astype(np.int64),
         end=cat([p.end + p.process.offset_ns for p in parts]).astype(np.int64),
-        parent=cat([_shift(p.parent, b) for p, b in zip(parts, bases)]).astype(np.int32),
+        parent=cat([_shift(p.parent, b) for p, b in zip(parts, bases, strict=True)]).astype(np.int32),
         depth=np.zeros(sum(len(p.start) for p in parts), np.int16),
         request=cat([p.request for p in parts]).astype(np.int32),
         status=cat([p.status for p in parts]).astype(np.int8),
         begin_attrs=AttrColumn([segment for p in parts for segment in p.begin_attrs]))
-    for p, b in zip(parts, bases):
+    for p, b in zip(parts, bases, strict=True):
         spans.errors.update({s + b: e for s, e in p.errors.items()})
-    spans.end_attrs = LaterAttrs(cat([p.end_owner + b for p, b in zip(parts, bases)]).astype(np.int64),
+    spans.end_attrs = LaterAttrs(cat([p.end_owner + b for p, b in zip(parts, bases, strict=True)]).astype(np.int64),
                                  AttrColumn([p.end_attrs for p in parts]))
     return spans
 
@@ -405,7 +405,7 @@ def _concat_events(parts: list[_FileColumns]) -> Events:
         proc=cat([np.full(len(p.time), p.process.index, np.int32) for p in parts]),
         name=cat([p.event_name for p in parts]).astype(np.int32),
         time=cat([p.time + p.process.offset_ns for p in parts]).astype(np.int64),
-        parent=cat([_shift(p.event_parent, b) for p, b in zip(parts, bases)]).astype(np.int32),
+        parent=cat([_shift(p.event_parent, b) for p, b in zip(parts, bases, strict=True)]).astype(np.int32),
         request=cat([p.event_request for p in parts]).astype(np.int32),
         attrs=AttrColumn([p.event_attrs for p in parts]))
 

@@ -69,7 +69,7 @@ class AttrColumn:
     def candidates(self, needle: bytes, value: bytes = b"") -> list[int]:
         """Indices whose attribute text may hold ``needle`` and ``value`` (decode them to be sure)."""
         out: list[int] = []
-        for segment, base in zip(self.segments, self.bases.tolist()):
+        for segment, base in zip(self.segments, self.bases[:-1].tolist(), strict=True):
             lines = getattr(segment, "lines_containing", None)
             if lines is None:
                 out += [base + k for k, raw in enumerate(segment)

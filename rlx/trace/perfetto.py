@@ -53,7 +53,7 @@ def _pack(starts: list[int], ends: list[int]) -> np.ndarray:
     """Greedy: put each span (sorted by start, longest first) on the first track it nests in."""
     stacks: list[list[int]] = []
     track = np.empty(len(starts), np.int64)
-    for k, (start, end) in enumerate(zip(starts, ends)):
+    for k, (start, end) in enumerate(zip(starts, ends, strict=True)):
         for t, stack in enumerate(stacks):
             while stack and stack[-1] <= start:
                 stack.pop()

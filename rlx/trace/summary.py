@@ -49,7 +49,7 @@ def summarize(trace: Trace, mask: np.ndarray | None = None, sort: str = "total")
     names, durations = names[order], durations[order]
     starts = np.flatnonzero(np.r_[True, names[1:] != names[:-1]]) if len(names) else np.array([], int)
     bounds = np.r_[starts, len(names)]
-    rows = {int(names[a]): _row(trace.names[int(names[a])], durations[a:b]) for a, b in zip(bounds[:-1], bounds[1:])}
+    rows = {int(names[a]): _row(trace.names[int(names[a])], durations[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)}
     errors = np.bincount(spans.name[selected & (spans.status == STATUS_ERROR)], minlength=len(trace.names))
     unfinished = np.bincount(spans.name[selected & (spans.status == STATUS_UNFINISHED)], minlength=len(trace.names))
     for k in np.flatnonzero(np.bincount(spans.name[selected], minlength=len(trace.names))):

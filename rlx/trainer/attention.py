@@ -83,7 +83,7 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
     if short:
         return _padded(query, key, value, cu_q, cu_k, scaling, groups > 1), None
     outputs = []
-    for (qs, qe), (ks, ke) in zip(itertools.pairwise(cu_q.tolist()), itertools.pairwise(cu_k.tolist())):
+    for (qs, qe), (ks, ke) in zip(itertools.pairwise(cu_q.tolist()), itertools.pairwise(cu_k.tolist()), strict=True):
         causal = {"is_causal": True} if qe - qs == ke - ks else {"attn_mask": causal_lower_right(qe - qs, ke - ks)}
         outputs.append(F.scaled_dot_product_attention(query[:, :, qs:qe], key[:, :, ks:ke], value[:, :, ks:ke],
                                                       scale=scaling, enable_gqa=groups > 1, **causal))

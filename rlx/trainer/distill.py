@@ -109,7 +109,7 @@ class ServedTeacher:
             rows.append(i)
         scored = asyncio.run(self._score(sequences, starts)) if sequences else []
         out = torch.zeros(full.mask.shape, dtype=torch.float32)
-        for i, row in zip(rows, scored):
+        for i, row in zip(rows, scored, strict=True):
             out[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
         return out
 

@@ -66,7 +66,7 @@ def test_episode_ids_are_the_chat_templates_rendering_of_the_conversation(smollm
     framing, task, episodes, prompts = run_episodes(smollm2_server, tokenizer, PROBLEMS,
                                                     SamplingSpec(temperature=0.0, max_tokens=48))
     sent = iter(prompts)
-    for problem, episode in zip(PROBLEMS, episodes):
+    for problem, episode in zip(PROBLEMS, episodes, strict=True):
         first = episode.turns[0]
         [call] = first.tool_calls  # parsed from the model's own text
         assert (call.name, call.ok) == ("calc", True), first.text

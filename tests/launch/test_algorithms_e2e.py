@@ -182,11 +182,11 @@ def test_two_servers_both_served_and_hold_the_trainers_weights(runs, servers, ti
     trained = reference_logprobs(load_checkpoint_model(tiny_model_dir, final), greedy[0])
     initial = reference_logprobs(load_checkpoint_model(tiny_model_dir, None), greedy[0])
     for index, results in enumerate(greedy):
-        for prompt, result, (argmax, logp) in zip(GREEDY_PROMPTS, results, trained):
+        for prompt, result, (argmax, logp) in zip(GREEDY_PROMPTS, results, trained, strict=True):
             sample = result.samples[0]
             assert sample.token_ids == argmax, f"server {index} decoded {prompt!r} unlike the trainer's checkpoint"
             assert sample.logprobs == pytest.approx(logp, abs=1e-4), f"server {index}, {prompt!r}"
-    moved = max(abs(a - b) for (_, x), (_, y) in zip(trained, initial) for a, b in zip(x, y))
+    moved = max(abs(a - b) for (_, x), (_, y) in zip(trained, initial, strict=True) for a, b in zip(x, y, strict=True))
     assert moved > 1e-3, "training did not change the weights, so this comparison proves nothing"
 
 

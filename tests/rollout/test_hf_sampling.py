@@ -52,7 +52,7 @@ def test_samples_carry_the_models_logprobs_with_the_prompt_prefilled_once(hf_ser
     spec = p.SamplingSpec(n=6, temperature=0.8, max_tokens=8, seed=1234)
     results = asyncio.run(_ask(hf_server, [(prompt, spec) for prompt in PROMPTS]))  # one batch, padded prompts
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    for prompt, result in zip(PROMPTS, results):
+    for prompt, result in zip(PROMPTS, results, strict=True):
         assert len(result.samples) == 6
         assert len({tuple(s.token_ids) for s in result.samples}) > 1  # n different samples, not one copied
         for sample in result.samples:
@@ -67,7 +67,7 @@ def test_a_requests_samples_do_not_depend_on_the_batch_it_runs_in(hf_server):
               (PROMPTS[2], p.SamplingSpec(n=4, temperature=1.0, max_tokens=8, seed=None))]
     batched = asyncio.run(_ask(hf_server, [*others, (PROMPTS[0], spec)], queue_behind_busy=True))[-1]
     again = asyncio.run(_ask(hf_server, [(PROMPTS[0], spec)]))[0]
-    for a, b, c in zip(alone.samples, batched.samples, again.samples):
+    for a, b, c in zip(alone.samples, batched.samples, again.samples, strict=True):
         assert a.token_ids == b.token_ids == c.token_ids
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)
     assert len({tuple(s.token_ids) for s in alone.samples}) > 1
@@ -143,7 +143,7 @@ def test_a_pad_token_the_model_draws_is_one_of_the_samples_tokens(hf_server, tin
     spec = p.SamplingSpec(n=16, temperature=1.0, max_tokens=96, seed=11)
     results = asyncio.run(_ask(hf_server, [(prompt, spec) for prompt in PROMPTS]))
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    drew_pad = [(prompt, s) for prompt, r in zip(PROMPTS, results) for s in r.samples if pad in s.token_ids[:-1]]
+    drew_pad = [(prompt, s) for prompt, r in zip(PROMPTS, results, strict=True) for s in r.samples if pad in s.token_ids[:-1]]
     assert drew_pad, "the random model drew no pad in 48 samples of 96 tokens"
     for prompt, sample in drew_pad:
         assert len(sample.logprobs) == len(sample.token_ids) == len(sample.versions)

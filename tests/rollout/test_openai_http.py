@@ -161,8 +161,8 @@ def test_two_requests_form_one_token_in_token_out_episode(endpoint, chat_model_d
     n1, n2 = len(one["rlx"]["completion_token_ids"][0]), len(two["rlx"]["completion_token_ids"][0])
     assert completion == context[len(prompt):] + observation + two["rlx"]["completion_token_ids"][0]
     assert mask == [1.0] * n1 + [0.0] * len(observation) + [1.0] * n2
-    assert len(logps) == len(completion) and all(lp == 0.0 for lp, m in zip(logps, mask) if m == 0.0)
-    sampled = [lp for lp, m in zip(logps, mask) if m == 1.0]  # the engine's logprobs of the sampled tokens
+    assert len(logps) == len(completion) and all(lp == 0.0 for lp, m in zip(logps, mask, strict=True) if m == 0.0)
+    sampled = [lp for lp, m in zip(logps, mask, strict=True) if m == 1.0]  # the engine's logprobs of the sampled tokens
     assert all(lp <= 0.0 for lp in sampled) and any(lp < 0.0 for lp in sampled)
 
 

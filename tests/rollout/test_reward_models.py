@@ -140,7 +140,7 @@ def test_classifier_batches_equal_per_sample_forwards(tiny_model_dir, tmp_path, 
     rm = RewardModelConfig(kind="classifier", path=str(path), label=label, batch_size=4)
     check_classifier(rm)
     scored = asyncio.run(Classifier(rm).score(QUESTIONS, RESPONSES, ANSWERS))
-    expected = reference_scores(rm, [q + r for q, r in zip(QUESTIONS, RESPONSES)])
+    expected = reference_scores(rm, [q + r for q, r in zip(QUESTIONS, RESPONSES, strict=True)])
     torch.testing.assert_close(torch.tensor(scored.scores), torch.tensor(expected), rtol=0, atol=1e-5)
     assert len(set(scored.scores)) > 1  # the rows differ: each read its own last token
 
@@ -185,12 +185,12 @@ def test_the_collector_mixes_classifier_scores_into_rewards(tiny_model_dir, judg
     client = RolloutClient([judge_server[0]])
     try:
         collector = Collector(cfg, client, task, pad_id=0)
-        problems = [Problem(id=i, prompt=q, answer=a) for i, (q, a) in enumerate(zip(QUESTIONS[:3], ANSWERS))]
+        problems = [Problem(id=i, prompt=q, answer=a) for i, (q, a) in enumerate(zip(QUESTIONS[:3], ANSWERS[:3], strict=True))]
         collected = asyncio.run(collector.collect(problems, seed=1))
     finally:
         client.close()
     prompts = [p.prompt for p in problems for _ in range(2)]
-    scores = reference_scores(cfg.task.reward_model, [q + c for q, c in zip(prompts, collected.completions)])
+    scores = reference_scores(cfg.task.reward_model, [q + c for q, c in zip(prompts, collected.completions, strict=True)])
     expected = torch.tensor([0.25 * s + 0.75 for s in scores])
     torch.testing.assert_close(collected.batch.rewards.float(), expected, rtol=0, atol=1e-5)
     assert collected.metrics["reward_model_mean"] == pytest.approx(sum(scores) / len(scores), abs=1e-5)
@@ -227,7 +227,7 @@ def test_fully_async_mixes_classifier_scores_into_the_groups_a_step_takes(tiny_m
                                    trainer={"mode": "fully_async", "prompts_per_step": 3, "total_steps": 1},
                                    task={"reward_model": {"kind": "classifier", "path": str(path), "weight": 0.5}}))
     task = SimpleNamespace(reward=lambda completion, problem: 1.0, is_correct=lambda completion, problem: False)
-    problems = [Problem(id=i, prompt=q, answer=a) for i, (q, a) in enumerate(zip(QUESTIONS[:3], ANSWERS))]
+    problems = [Problem(id=i, prompt=q, answer=a) for i, (q, a) in enumerate(zip(QUESTIONS[:3], ANSWERS[:3], strict=True))]
 
     async def one_step():
         client = RolloutClient([judge_server[0]])
@@ -247,7 +247,7 @@ def test_fully_async_mixes_classifier_scores_into_the_groups_a_step_takes(tiny_m
     prompts = [tokenizer.decode(batch.input_ids[r, :prompt_len][batch.attention_mask[r, :prompt_len].bool()])
                for r in range(len(collected.completions))]
     assert sorted(prompts) == sorted(p.prompt for p in problems for _ in range(2))  # the three groups, two samples
-    scores = reference_scores(cfg.task.reward_model, [q + c for q, c in zip(prompts, collected.completions)])
+    scores = reference_scores(cfg.task.reward_model, [q + c for q, c in zip(prompts, collected.completions, strict=True)])
     expected = torch.tensor([0.5 * s + 0.5 for s in scores])
     torch.testing.assert_close(batch.rewards.float(), expected, rtol=0, atol=1e-5)
     assert collected.metrics["reward_model_mean"] == pytest.approx(sum(scores) / len(scores), abs=1e-5)

@@ -54,7 +54,7 @@ def merged_logprobs(trainer: Trainer, model_dir) -> list[list[float]]:
     result = plain.load_state_dict(dict(merged_named_tensors(trainer.model)), strict=False)
     assert not result.unexpected_keys and set(result.missing_keys) <= {"lm_head.weight"}  # tied to the embedding
     out = []
-    for ids, start in zip(SEQUENCES, START):
+    for ids, start in zip(SEQUENCES, START, strict=True):
         x = torch.tensor([ids])
         logp = plain(input_ids=x).logits.float()[0, :-1].log_softmax(-1).gather(-1, x[0, 1:, None]).squeeze(-1)
         out.append(logp[start - 1:].tolist())
@@ -101,7 +101,7 @@ def test_adapter_sync_equals_merged_sync_and_moves_only_the_adapter(backend, tin
 
 def assert_logprobs(got: list[list[float]], expected: list[list[float]]) -> None:
     assert [len(g) for g in got] == [len(e) for e in expected]
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(torch.tensor(g), torch.tensor(e), rtol=0, atol=1e-5)
 
 

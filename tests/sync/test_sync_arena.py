@@ -81,7 +81,7 @@ def test_adopt_moves_parameters_into_the_arena_and_keeps_them_trainable():
     try:
         assert list(model.parameters()) == params_before  # the same Parameter objects (the optimizer's)
         assert all(arena.offset_of(p.data) is not None for p in model.parameters())
-        assert [torch.equal(p, v) for p, v in zip(model.parameters(), values)] == [True] * len(values)
+        assert [torch.equal(p, v) for p, v in zip(model.parameters(), values, strict=True)] == [True] * len(values)
         assert model[1].weight.data_ptr() == model[0].weight.data_ptr()  # tied weights share one place
         optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
         model(torch.tensor([[1, 2, 3]])).sum().backward()

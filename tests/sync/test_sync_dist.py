@@ -150,7 +150,7 @@ def test_buckets_cross_whole_or_chunk_by_chunk_and_land_exactly(spawn_receiver, 
     _, in_place = spawn_receiver(name="in-place receiver")
     gen = torch.Generator().manual_seed(0)
     tensors = [(f"small{i}", torch.randn(1000 + 37 * i, generator=gen).to(dtype))
-               for i, dtype in zip(range(60), [torch.float32, torch.bfloat16, torch.float16] * 20)]
+               for i, dtype in zip(range(60), [torch.float32, torch.bfloat16, torch.float16] * 20, strict=True)]
     tensors += [("empty", torch.empty(0)), ("big", torch.randn(3 * 262_144 + 5, generator=gen))]
 
     async def run():

@@ -24,7 +24,7 @@ def test_offsets_aligned_in_bounds_and_disjoint():
         for start, end in ranges:
             assert start % ALIGN_BYTES == 0
             assert 0 <= start <= end <= SLOT
-        for (_, end), (next_start, _) in zip(ranges, ranges[1:]):
+        for (_, end), (next_start, _) in zip(ranges, ranges[1:], strict=False):
             assert end <= next_start, f"overlap in bucket: {ranges}"
 
 

@@ -127,7 +127,7 @@ def test_a_killed_process_leaves_unfinished_spans(tmp_path):
     """)
     subprocess.run([sys.executable, "-c", code], check=False)
     trace = load_trace(tmp_path)
-    status = dict(zip(names_of(trace), trace.spans.status.tolist()))
+    status = dict(zip(names_of(trace), trace.spans.status.tolist(), strict=True))
     assert status == {"step": STATUS_UNFINISHED, "sync": STATUS_UNFINISHED, "sync.pack": STATUS_OK}
     assert trace.spans.end.max() == trace.processes[0].end_ns  # drawn up to the last line written
     assert trace.num_skipped == 0

@@ -61,13 +61,13 @@ def test_critic_warmup_then_policy_and_checkpoint_round_trip(tiny_model_dir, tmp
     restored = gae_trainer(tiny_model_dir, critic_warmup_steps=1)
     restored.load_extra(tmp_path)
     assert restored.critic.steps == 2 and not restored.critic.warming_up
-    for (name, a), (_, b) in zip(trainer.critic.model.state_dict().items(), restored.critic.model.state_dict().items()):
+    for (name, a), (_, b) in zip(trainer.critic.model.state_dict().items(), restored.critic.model.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
     third, again = trainer.critic, restored.critic  # the critic's next step depends only on its own state
     for critic in (third, again):
         critic.advantages(batch.mask, batch.rewards, [mb for mb in _micro(trainer, batch)])
     assert third.update(_micro(trainer, batch)) == again.update(_micro(restored, batch))
-    for (name, a), (_, b) in zip(third.model.state_dict().items(), again.model.state_dict().items()):
+    for (name, a), (_, b) in zip(third.model.state_dict().items(), again.model.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
 
 

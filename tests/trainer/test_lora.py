@@ -74,7 +74,7 @@ def test_checkpoint_round_trip_resumes_exactly(tiny_model_dir, tmp_path):
     batch = ragged_batch(seed=2)
     a, b = trainer.step(batch), resumed.step(batch.clone() if hasattr(batch, "clone") else ragged_batch(seed=2))
     assert a["loss"] == pytest.approx(b["loss"], abs=1e-7)
-    for (name, x), (_, y) in zip(trainer.named_tensors(), resumed.named_tensors()):
+    for (name, x), (_, y) in zip(trainer.named_tensors(), resumed.named_tensors(), strict=True):
         torch.testing.assert_close(x, y, rtol=0, atol=1e-7, msg=name)
 
 

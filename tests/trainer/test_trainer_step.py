@@ -145,7 +145,7 @@ def test_plan_units_keep_a_group_together_within_the_budget():
     assert sorted(r for unit in units for r in unit) == list(range(batch.size))
     lengths = batch.attention_mask.sum(dim=1).tolist()
     prompt = [lengths[r] - int(batch.mask[r].sum()) for r in range(batch.size)]
-    for unit, cost in zip(units, costs):
+    for unit, cost in zip(units, costs, strict=True):
         assert len({r // 4 for r in unit}) == 1 and unit == list(range(unit[0], unit[-1] + 1))
         assert cost == prompt[unit[0]] + sum(int(batch.mask[r].sum()) for r in unit)
         assert len(unit) == 1 or cost <= 14
@@ -164,7 +164,7 @@ def test_shared_prompt_attention_matches_each_sequence_alone():
     total = prompt + sum(completions)
     q, k, v = (torch.randn(1, heads, total, 8, dtype=torch.float64, requires_grad=True) for heads in (4, 2, 2))
     starts = [prompt + sum(completions[:i]) for i in range(len(completions))]
-    keys = list(range(prompt + completions[0])) + [p for s, c in zip(starts[1:], completions[1:])
+    keys = list(range(prompt + completions[0])) + [p for s, c in zip(starts[1:], completions[1:], strict=True)
                                                     for p in [*range(prompt), *range(s, s + c)]]
     query_lens = [prompt + completions[0], *completions[1:]]
     key_lens = [prompt + c for c in completions]
@@ -175,7 +175,7 @@ def test_shared_prompt_attention_matches_each_sequence_alone():
     grad_out = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), grad_out)
     ref = []
-    for i, (s, c) in enumerate(zip(starts, completions)):
+    for i, (s, c) in enumerate(zip(starts, completions, strict=True)):
         rows = torch.tensor([*range(prompt), *range(s, s + c)])
         seq = [t[:, :, rows] for t in (q, k, v)]
         o = F.scaled_dot_product_attention(seq[0], *(t.repeat_interleave(2, 1) for t in seq[1:]), is_causal=True)
@@ -184,7 +184,7 @@ def test_shared_prompt_attention_matches_each_sequence_alone():
     # the prompt's queries are computed once (in the first sequence); the others' copies are not used
     ref_grads = torch.autograd.grad(ref, (q, k, v), grad_out)
     torch.testing.assert_close(out, ref)
-    for got, want in zip(grads, ref_grads):
+    for got, want in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(got, want)
 
 
@@ -303,7 +303,7 @@ def test_groups_without_signal_stay_out_of_the_update_and_change_nothing(tiny_mo
         for name in want_params:
             torch.testing.assert_close(got_params[name], want_params[name], rtol=1e-5, atol=1e-5)
     assert want["grad_norm"] == 0.0 and any(not torch.equal(p, q) for p, q in zip(
-        want_params.values(), (t for _, t in make_trainer(tiny_model_dir).named_tensors())))
+        want_params.values(), (t for _, t in make_trainer(tiny_model_dir).named_tensors()), strict=True))
 
 
 @pytest.mark.parametrize("algorithm", [AlgorithmConfig(kl_coef=0.05), AlgorithmConfig(entropy_coef=0.01)])
@@ -326,7 +326,7 @@ def test_chunked_head_gradients_match_autograd(temperature, entropy_coef):
     ref_grads = torch.autograd.grad((coef * (ref_logp + entropy_coef * ref_entropy)).sum(), (hidden, weight))
     torch.testing.assert_close(logp, ref_logp, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(entropy, ref_entropy, rtol=1e-4, atol=1e-4)
-    for got, want in zip(grads, ref_grads):
+    for got, want in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -409,7 +409,7 @@ def test_packed_attention_on_gpu_matches_per_sequence_float32(lengths):
                      for s, e in itertools.pairwise(cu.tolist())], dim=2).transpose(1, 2)
     ref_grads = torch.autograd.grad(ref, (q32, k32, v32), grad_out.float())
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
-    for got, want in zip(grads, ref_grads):
+    for got, want in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(got.float(), want, atol=5e-2, rtol=5e-2)
 
 
@@ -428,7 +428,7 @@ def test_shared_prompt_attention_on_gpu_matches_repeated_float32(prompt, complet
     q, k, v = (torch.randn(1, heads, total, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for heads in (8, 4, 4))
     starts = [prompt + sum(completions[:i]) for i in range(len(completions))]
-    spans = [torch.tensor([*range(prompt), *range(s, s + c)], device="cuda") for s, c in zip(starts, completions)]
+    spans = [torch.tensor([*range(prompt), *range(s, s + c)], device="cuda") for s, c in zip(starts, completions, strict=True)]
     query_lens = [prompt + completions[0], *completions[1:]]
     key_lens = [prompt + c for c in completions]
     cu = lambda lens: torch.tensor([0, *itertools.accumulate(lens)], device="cuda", dtype=torch.int32)
@@ -445,7 +445,7 @@ def test_shared_prompt_attention_on_gpu_matches_repeated_float32(prompt, complet
     ref = torch.cat(ref, dim=2).transpose(1, 2)
     ref_grads = torch.autograd.grad(ref, (q32, k32, v32), grad_out.float())
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
-    for got, want in zip(grads, ref_grads):
+    for got, want in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(got.float(), want, atol=5e-2, rtol=5e-2)
 
 
@@ -596,7 +596,7 @@ def test_a_step_with_a_nan_loss_is_skipped_and_leaves_weights_and_optimizer_unto
     for name, tensor in trainer.named_tensors():
         assert torch.equal(tensor, before[name]), name
     assert all(torch.equal(a, b) for a, b in zip(moments, (v for state in trainer.optimizer.state.values()
-                                                              for v in state.values())))
+                                                              for v in state.values()), strict=True))
     if advantage == "gae":
         assert metrics["critic_skipped_nonfinite"] == 1.0
         assert all(torch.equal(a, p) for a, p in zip(critic, trainer.critic.model.parameters(), strict=True))

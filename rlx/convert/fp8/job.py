@@ -85,7 +85,7 @@ class Fp8Job:
             files = [ShardFile(tmp / s.file_name, s, {"format": "pt"}) for s in self.shards]
             try:
                 with byte_progress("quantizing", bytes_out, console, show_progress) as advance:
-                    groups = ((f, self._tasks(s, f)) for s, f in zip(self.shards, files))
+                    groups = ((f, self._tasks(s, f)) for s, f in zip(self.shards, files, strict=True))
                     run_tasks(groups, self.options.workers, advance)
             finally:
                 for f in files:

@@ -83,7 +83,7 @@ class LayerReader:
         for rule in rules:
             tensor = loaded[rule.mcore]
             tensor = tensor[0] if stacked_key(rule.mcore)[1] is not None else tensor
-            out.update(zip(rule.hf, to_hf(rule, tensor, self.spec)))
+            out.update(zip(rule.hf, to_hf(rule, tensor, self.spec), strict=True))
         return out
 
 

@@ -153,7 +153,7 @@ class HfBackend(Backend):
                 finally:
                     self._generating = False
             now = time.perf_counter()
-            for item, result in zip(batch, results):
+            for item, result in zip(batch, results, strict=True):
                 result.queued_s = max(0.0, now - item.queued_at - result.generate_s)
                 if not item.future.done():
                     item.future.set_result(result)
@@ -277,18 +277,18 @@ class HfBackend(Backend):
         string or its deadline), decoded together. A pad token the row drew itself is one of its tokens, as vLLM
         keeps it."""
         ends = []
-        for tokens, filler in zip(token_rows, filler_rows):
+        for tokens, filler in zip(token_rows, filler_rows, strict=True):
             length, finish = len(tokens), "length"
-            for pos, (tok, padded) in enumerate(zip(tokens, filler)):
+            for pos, (tok, padded) in enumerate(zip(tokens, filler, strict=True)):
                 if padded or tok in self.stop_ids:
                     length, finish = pos + (not padded), "stop"
                     break
             ends.append((length, finish))
-        kept = [tokens[:length] for tokens, (length, _) in zip(token_rows, ends)]
+        kept = [tokens[:length] for tokens, (length, _) in zip(token_rows, ends, strict=True)]
         texts = self.tokenizer.batch_decode(kept, skip_special_tokens=True)
         return [Sample(token_ids=tokens, logprobs=logprobs[:length], text=text, finish_reason=finish,
                        versions=versions[:length])
-                for tokens, logprobs, text, (length, finish) in zip(kept, logprob_rows, texts, ends)]
+                for tokens, logprobs, text, (length, finish) in zip(kept, logprob_rows, texts, ends, strict=True)]
 
     async def sleep(self, level: int) -> list[str]:
         """The queue is held and, once the running batch is done, the model moves to CPU at either level: it
@@ -342,7 +342,7 @@ class HfBackend(Backend):
             with torch.no_grad():
                 logits = self.model(input_ids=ids, attention_mask=attention).logits.float()
             logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-            out += [logp[i, s - 1:len(r) - 1].tolist() for i, (r, s) in enumerate(zip(rows, start[b:b + len(rows)]))]
+            out += [logp[i, s - 1:len(r) - 1].tolist() for i, (r, s) in enumerate(zip(rows, start[b:b + len(rows)], strict=True))]
         return out
 
     async def pause(self) -> None:

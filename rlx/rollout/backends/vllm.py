@@ -152,7 +152,7 @@ class VllmBackend(Backend):
         request_id = f"rlx-{next(self._ids)}"
         final = await self._run(engine_prompt, params, request_id)
         samples = [Sample(token_ids=list(c.token_ids), text=c.text, finish_reason=str(c.finish_reason),
-                          logprobs=[_sampled_logprob(step, tok) for step, tok in zip(c.logprobs, c.token_ids)],
+                          logprobs=[_sampled_logprob(step, tok) for step, tok in zip(c.logprobs, c.token_ids, strict=True)],
                           versions=self._versions(request_id, c))
                    for c in final.outputs]
         return PromptResult(prompt_token_ids=list(final.prompt_token_ids), samples=samples,
@@ -197,7 +197,7 @@ class VllmBackend(Backend):
                 final = output
             return [final.prompt_logprobs[i][ids[i]].logprob for i in range(first, len(ids))]
 
-        return list(await asyncio.gather(*(one(ids, first) for ids, first in zip(token_ids, start))))
+        return list(await asyncio.gather(*(one(ids, first) for ids, first in zip(token_ids, start, strict=True))))
 
     async def pause(self) -> None:
         self._client_paused = True

@@ -39,7 +39,7 @@ class CudaIpcBuffer(SenderBuffer):
         self.device = _cuda_device(device)
         self._buf = torch.empty(slot_bytes * num_slots, dtype=torch.uint8, device=self.device)
         fields = self._buf.untyped_storage()._share_cuda_()
-        self._payload = dict(zip(_FIELDS, fields))
+        self._payload = dict(zip(_FIELDS, fields, strict=True))
         self._payload["device_uuid"] = device_uuid(self.device.index)
 
     def slot(self, index: int) -> torch.Tensor:

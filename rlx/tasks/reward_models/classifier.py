@@ -48,7 +48,7 @@ class Classifier:
 
     async def score(self, questions: list[str], responses: list[str], answers: list[str]) -> Scored:
         async with self._lock:  # one forward at a time: the model is not shared across threads
-            scores = await asyncio.to_thread(self.score_texts, [q + r for q, r in zip(questions, responses)])
+            scores = await asyncio.to_thread(self.score_texts, [q + r for q, r in zip(questions, responses, strict=True)])
         return Scored(scores)
 
 

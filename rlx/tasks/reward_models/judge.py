@@ -24,7 +24,7 @@ class Judge:
 
     def prompts(self, questions: list[str], responses: list[str], answers: list[str]) -> list[str]:
         return [self.rm.template.format(question=q, response=r, answer=a)
-                for q, r, a in zip(questions, responses, answers)]
+                for q, r, a in zip(questions, responses, answers, strict=True)]
 
     def parse(self, reply: str) -> float | None:
         """The score in one judge reply, or None when it has none."""

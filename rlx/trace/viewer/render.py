@@ -86,7 +86,7 @@ def _draw_bars(chars, styles, trace, palette, data, pos, t0, t1, width, selected
     idx = data.spans[pos]
     cs = _cols(data.starts[pos], t0, t1, width)
     ce = _end_cols(data.ends[pos], cs, t0, t1, width)
-    for i, a, b in zip(idx.tolist(), cs.tolist(), ce.tolist()):
+    for i, a, b in zip(idx.tolist(), cs.tolist(), ce.tolist(), strict=True):
         a, b = max(a, 0), min(b, width - 1)
         style = palette.bar[spans.name[i]]
         if spans.status[i] == STATUS_ERROR:
@@ -138,7 +138,7 @@ def _draw_events(chars, styles, trace, palette, data, t0, t1, width) -> None:
     cols = np.clip(_cols(data.event_times[pos], t0, t1, width), 0, width - 1)
     names = trace.events.name[data.events[pos]]
     last = np.r_[cols[1:] != cols[:-1], True]  # by time, so the last event of each cell is the one drawn
-    for col, name in zip(cols[last].tolist(), names[last].tolist()):
+    for col, name in zip(cols[last].tolist(), names[last].tolist(), strict=True):
         chars[col] = EVENT_MARK
         styles[col] = styles[col] + palette.event[name] if styles[col].bgcolor else palette.event[name]
 
