@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_e2e import WORKLOADS, ensure_model, greedy_accuracy, load_cfg, run_rlx
+from benchmarks.bench_e2e import WORKLOADS, ensure_model, greedy_accuracy, load_cfg, run_rlx  # noqa: E402 - after the repository is on sys.path
 
 PHASES = ("time_generate", "time_logprob", "time_update", "time_sync", "time_wait_batch", "time_producer_idle",
           "staleness_mean", "partial_rollout_frac", "samples_dropped_stale")
@@ -56,7 +56,7 @@ def bench(args) -> dict:
     base = greedy_accuracy(Path(cfg.model.path), cfg)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="rlx-bench-async-"))
     rows = []
-    for i, seed in enumerate(args.seeds):
+    for seed in args.seeds:
         order = list(modes(args.staleness).items())
         order = order if seed % 2 == 0 else order[::-1]  # alternate by seed: a later run of another seed continues it
         for name, overrides in order:

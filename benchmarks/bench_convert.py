@@ -53,7 +53,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlx.convert.safetensors_writer import (
+from rlx.convert.safetensors_writer import (  # noqa: E402 - after the repository is on sys.path
     OutTensor,
     plan_shards,
     write_index,

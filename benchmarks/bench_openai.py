@@ -151,7 +151,7 @@ async def measure(args, model_dir: str, work: Path) -> dict:
                  "vllm http": Http(f"http://127.0.0.1:{vllm_port}", "tiny", args, record=False)}
         batch = chats(args.chats)
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in paths}
-        for name, path in paths.items():  # warm-up
+        for path in paths.values():  # warm-up
             await path.round(batch)
             await asyncio.sleep(1.5)
         for _ in range(args.repeats):

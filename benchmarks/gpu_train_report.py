@@ -50,10 +50,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--skip-steps", type=int, default=1, help="warm-up steps left out of the means")
     args = parser.parse_args()
-    rows = [json.loads(l) for l in (args.run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    rows = [json.loads(line) for line in (args.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in rows if r["step"] > args.skip_steps and "time_update" in r]
     config = (args.run_dir / "config.yaml").read_text()
-    model_path = next(l.split(":", 1)[1].strip() for l in config.splitlines() if l.strip().startswith("path:"))
+    model_path = next(line.split(":", 1)[1].strip() for line in config.splitlines() if line.strip().startswith("path:"))
     params = count_params(Path(model_path))
     peak = bf16_peak_tflops()
     means = {k: statistics.fmean(r.get(k, 0.0) for r in steps) for k in PHASES}

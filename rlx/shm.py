@@ -11,6 +11,7 @@ Left out: naming, handles and what the bytes mean (each user's own).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import mmap
 import os
@@ -96,7 +97,5 @@ def views_still_held(path: str) -> BufferError:
 
 
 def unlink(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass

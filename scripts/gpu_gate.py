@@ -121,7 +121,7 @@ def _run_all(jobs: list[Job], args) -> None:
     for job in sorted(jobs, key=lambda j: (-LAYOUTS[j.layout][1], j.resume)):
         need = LAYOUTS[job.layout][1]
         with lock:
-            lock.wait_for(lambda: len(free) >= need)
+            lock.wait_for(lambda need=need: len(free) >= need)
             gpus = [free.pop(0) for _ in range(need)]
         thread = threading.Thread(target=run, args=(job, gpus))
         thread.start()
@@ -172,10 +172,9 @@ def _train(argv, env, log: Path, timeout_s: float, stop_after_checkpoint: int = 
         except subprocess.TimeoutExpired:
             pass
         finally:
-            if proc.poll() is None:
+            if proc.poll() is None:  # out of time (or interrupted): the group is killed, the leader reads -9
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-                return -9, time.monotonic() - started
     return proc.returncode, time.monotonic() - started
 
 
@@ -183,7 +182,8 @@ def _summary(run_dir: Path, code: int, seconds: float, gpus: list[int]) -> dict:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in rows if r.get("step", 0) > 0 and "time_step" in r]
     evals = [(r["step"], r["eval_accuracy"]) for r in rows if r.get("eval_accuracy") is not None]
-    med = lambda key: statistics.median([r[key] for r in steps if key in r]) if any(key in r for r in steps) else None
+    def med(key):
+        return statistics.median([r[key] for r in steps if key in r]) if any(key in r for r in steps) else None
     params = _params(run_dir)
     mfu = [6 * params * r["update_tokens"] / r["time_update"] / H200_BF16_FLOPS
            for r in steps if r.get("time_update") and r.get("update_tokens")]

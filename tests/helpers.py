@@ -36,10 +36,10 @@ def start_rlx(args: list[str], log_path: Path, env: dict | None = None) -> subpr
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         _term_when_parent_dies()
 
-    log = open(log_path, "w")
-    return subprocess.Popen([sys.executable, "-m", "rlx", *args], stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=child_setup,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
+    with open(log_path, "w") as log:  # the child writes to its own copy of the descriptor
+        return subprocess.Popen([sys.executable, "-m", "rlx", *args], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=child_setup,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
 
 
 def stop_group(proc: subprocess.Popen, timeout_s: float = 15.0) -> None:
@@ -52,14 +52,10 @@ def stop_group(proc: subprocess.Popen, timeout_s: float = 15.0) -> None:
     leftovers.record(proc.pid)
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait(10)
     deadline = time.monotonic() + 5.0
     while group_running(proc.pid) and time.monotonic() < deadline:

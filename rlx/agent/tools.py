@@ -26,6 +26,7 @@ a container.
 from __future__ import annotations
 
 import ast
+import functools
 import operator
 import shutil
 import subprocess
@@ -110,17 +111,12 @@ def _limit_child() -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
 
 
-_NETWORK_ISOLATION: bool | None = None
-
-
+@functools.cache
 def network_isolation() -> bool:
     """Whether ``unshare --net --map-root-user`` works here (checked once per process)."""
-    global _NETWORK_ISOLATION
-    if _NETWORK_ISOLATION is None:
-        unshare = shutil.which("unshare")
-        _NETWORK_ISOLATION = bool(unshare) and subprocess.run(
-            [unshare, "--net", "--map-root-user", "true"], capture_output=True, check=False).returncode == 0
-    return _NETWORK_ISOLATION
+    unshare = shutil.which("unshare")
+    return bool(unshare) and subprocess.run(
+        [unshare, "--net", "--map-root-user", "true"], capture_output=True, check=False).returncode == 0
 
 
 def resolve_tools(entries: list[str], config_key: str = "agent.tools") -> dict[str, str]:

@@ -22,6 +22,7 @@ bounds wall time) and network isolation (the ``python`` tool adds that for code 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import struct
@@ -75,10 +76,8 @@ class _Worker:
 
     async def kill(self) -> None:
         if self.process.returncode is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)  # the worker and anything it started
-            except ProcessLookupError:
-                pass
         await self.process.wait()
         try:  # its last output, up to the pipe's end (a process it left behind may hold the pipe open)
             await asyncio.wait_for(asyncio.shield(self.forwarding), 1.0)

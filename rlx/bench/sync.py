@@ -32,7 +32,7 @@ import statistics
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, AsyncContextManager
+from typing import TYPE_CHECKING
 
 import msgspec
 import torch
@@ -92,7 +92,7 @@ class BenchResult(msgspec.Struct):
     environment: dict
 
 
-Target = Callable[[BenchOptions, str, dict], AsyncContextManager[list[SyncChannel]]]
+Target = Callable[[BenchOptions, str, dict], contextlib.AbstractAsyncContextManager[list[SyncChannel]]]
 
 
 def receiver_gpu(transport: str, chosen: int | None, num_gpus: int) -> int | None:
@@ -153,9 +153,9 @@ async def server_target(opts: BenchOptions, device: str, env: dict) -> AsyncIter
         return
     if not opts.model:
         raise ValueError("--target server needs --model DIR (the server loads that model) or --server ADDRESS")
-    async with _started_server(opts.model, device, env) as address:
-        async with server_target(msgspec.structs.replace(opts, server=address), device, env) as channels:
-            yield channels
+    async with (_started_server(opts.model, device, env) as address,
+                server_target(msgspec.structs.replace(opts, server=address), device, env) as channels):
+        yield channels
 
 
 @contextlib.asynccontextmanager

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ContextManager
 
 import torch
 from rich.console import Console
@@ -53,7 +52,7 @@ class HFJob:
     peak_memory_bytes: int
     workers: int = 1
     notes: list[str] = field(default_factory=list)
-    context: Callable[[], ContextManager] = contextlib.nullcontext
+    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     """Entered around the whole run (the torch_dist reader needs a process group)."""
 
     def __post_init__(self) -> None:

@@ -18,6 +18,7 @@ Left out: reading (``safetensors_io``) and choosing names or dtypes (the callers
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -171,10 +172,8 @@ def _write_behind(fd: int, offset: int, num_bytes: int) -> None:
     """Start writing these bytes to the disk now, without waiting: Linux's DONTNEED hint submits a
     range's dirty pages for writeback (and drops only pages already clean). Otherwise nothing is
     written before the dirty-page threshold, often gigabytes, and the final fsync does it all."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # a file system or platform without the hint: fsync writes
         os.posix_fadvise(fd, offset, num_bytes, os.POSIX_FADV_DONTNEED)
-    except (OSError, AttributeError):  # a file system or platform without the hint: the fsync still writes
-        pass
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:

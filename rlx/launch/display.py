@@ -57,7 +57,7 @@ class Display:
     def log_to(self, path: Path) -> None:
         """From now on append every note, and any traceback, to ``path``."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.log_path, self._log = path, open(path, "a", buffering=1)
+        self.log_path, self._log = path, open(path, "a", buffering=1)  # noqa: SIM115 - open until close_log()
 
     def close_log(self) -> None:
         if self._log is not None:

@@ -212,7 +212,8 @@ class Launch:
         controller = None
         try:
             controller = Controller(cfg, self.run_dir, client, trainer, self.display)
-            alive = lambda: all(c.alive() for c in self.procs.children)
+            def alive():
+                return all(c.alive() for c in self.procs.children)
             await client.wait_ready(cfg.rollout.startup_timeout_s, is_alive=alive)
             self.display.note(f"rollout servers ready: {', '.join(addresses)}{_openai_endpoints(cfg)}")
             self.restarts.attach(controller)
@@ -242,7 +243,7 @@ def _export_hf(run_dir: Path, display: Display) -> int:
 
     target = run_dir / "hf"
     argv = python_argv("rlx", "convert-ckpt", str(run_dir / "checkpoints"), str(target), "--overwrite")
-    result = subprocess.run(argv, capture_output=True, text=True)
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         display.note(f"[red]export to Hugging Face failed:[/] {result.stderr.strip() or result.stdout.strip()}")
         return 1

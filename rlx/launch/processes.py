@@ -18,6 +18,7 @@ Python traceback is folded into its last line and the path of the log that holds
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -46,7 +47,7 @@ class Child:
         self.log_path = log_path
         self.expected_exit = False
         self.restarts = 0  # how many times this child was started again after dying
-        self._log: TextIO = open(log_path, "a", buffering=1)
+        self._log: TextIO = open(log_path, "a", buffering=1)  # noqa: SIM115 - open until the child's output ends
         self._log.write(f"rlx: starting {name}: {' '.join(argv)}\n")
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1,
@@ -63,18 +64,16 @@ class Child:
 
     def _stream(self, emit: Callable[[str], None]) -> None:
         console = TracebackFolder(lambda line: emit(f"[{self.name}] {line}"), self.log_path)
-        for line in self.proc.stdout:
-            line = line.rstrip("\n")
+        for raw in self.proc.stdout:
+            line = raw.rstrip("\n")
             self._log.write(line + "\n")
             console.feed(line)
         console.flush()
         self._log.close()
 
     def signal_group(self, sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM the process group, then SIGKILL whatever is left after ``timeout_s``."""
@@ -82,15 +81,11 @@ class Child:
         if self.alive():
             self.signal_group(signal.SIGTERM)
             self.signal_group(signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
         self.signal_group(signal.SIGKILL)  # the leader may be gone while its children live on
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
         self._pump.join(timeout=2)
 
 

@@ -19,6 +19,7 @@ This module imports no Ray at module level: the actor class is wrapped with ``ra
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import signal
 import socket
@@ -96,15 +97,11 @@ class NodeProcess:
             self.leftovers.record(pgid)
             _signal_group(pgid, signal.SIGTERM)
             _signal_group(pgid, signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
         _signal_group(pgid, signal.SIGKILL)  # the leader may be gone while its children live on
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
         if self._pump is not None:
             self._pump.join(timeout=2)
         self.leftovers.remove_unused([pgid])
@@ -112,10 +109,8 @@ class NodeProcess:
 
 
 def _signal_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def free_port(host: str) -> int:

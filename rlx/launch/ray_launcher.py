@@ -259,7 +259,8 @@ class RayRun:
             failed = [h for h in self.handles if h.exit_code or h.lost]
             if rank0.exit_code == 0 and not failed:
                 return 0
-            follower_done = lambda h: h.exit_code == 0 and h is not rank0 and h.name.startswith("trainer")
+            def follower_done(h):
+                return h.exit_code == 0 and h is not rank0 and h.name.startswith("trainer")
             exited = [h for h in self.handles if h.lost or (h.exit_code is not None and not follower_done(h))]
             if exited:
                 time.sleep(2.0)  # a death is often seen first as a peer's error: name the one that died first

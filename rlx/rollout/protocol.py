@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Union
 
 import msgspec
 
@@ -113,7 +112,7 @@ class ScoreTokens(msgspec.Struct, tag="score_tokens"):
     start: list[int]
 
 
-RequestBody = Union[Generate, Pause, Resume, Health, Stats, Shutdown, UpdateWeights, Sleep, WakeUp, TakeEpisodes, ScoreTokens]
+RequestBody = Generate | Pause | Resume | Health | Stats | Shutdown | UpdateWeights | Sleep | WakeUp | TakeEpisodes | ScoreTokens
 
 
 class Request(msgspec.Struct):
@@ -211,7 +210,7 @@ class ScoreResult(msgspec.Struct, tag="score_result"):
     """Per sequence, the logprob of each token from its ``start`` on."""
 
 
-ReplyBody = Union[GenerateResult, Ok, HealthResult, StatsResult, AckResult, MemoryResult, EpisodesResult, ScoreResult]
+ReplyBody = GenerateResult | Ok | HealthResult | StatsResult | AckResult | MemoryResult | EpisodesResult | ScoreResult
 
 
 class Reply(msgspec.Struct):

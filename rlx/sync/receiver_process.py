@@ -112,10 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     consumer = CopyConsumer(args.hold_s, args.check_intact)
     assemble = consumer.destination if args.assemble_in_place else None
     receiver = WeightReceiver(args.name, assemble_into=assemble)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         serve(args.address, SyncHandler(receiver, consumer), args.parent_pid)
-    except KeyboardInterrupt:
-        pass
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

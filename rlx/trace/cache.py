@@ -252,10 +252,8 @@ class TraceCache:
         _write(f, manifest, arrays)
 
     def _remove(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.path.unlink()
-        except OSError:
-            pass
 
 
 def cacheable(trace: Trace) -> bool:

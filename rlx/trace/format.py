@@ -29,7 +29,7 @@ records are plain JSON, safe to read from anyone.
 
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import Annotated
 
 import msgspec
 
@@ -97,7 +97,7 @@ class Instant(msgspec.Struct, tag="I", tag_field="k", kw_only=True, omit_default
     a: msgspec.Raw = NO_ATTRS
 
 
-Record = Union[Complete, Begin, End, Instant]
+Record = Complete | Begin | End | Instant
 
 
 def _to_json_safe(obj: object) -> object:

@@ -25,7 +25,7 @@ class JsonlSink:
         self.steps: set[int] = set()  # the steps the file holds a line of
         if resume_from_step is not None and path.exists():
             self.steps = _truncate_after(path, resume_from_step)
-        self._file = open(path, "a", buffering=1)
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115 - open until close()
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, "time": time.time(), **{k: _finite(v) for k, v in metrics.items()}}

@@ -34,6 +34,7 @@ Left out: sampling, remote collectors and log rotation.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -228,10 +229,8 @@ class Tracer:
         self._generation += 1
         self._open_spans.clear()
         if fd is not None and fd != _FILE_AFTER_FORK:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
     # -- recording ------------------------------------------------------------------------
 
@@ -384,10 +383,8 @@ def _check_name(what: str, value: str) -> None:
 
 
 def _warn(message: str) -> None:
-    try:
+    with contextlib.suppress(OSError, ValueError):
         print(f"rlx trace: {message}", file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
 
 
 tracer = Tracer()

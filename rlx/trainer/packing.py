@@ -126,8 +126,8 @@ def plan_units(full: TrainBatch, group_size: int, budget: int,
     prompts, completions = mask[:, :prompt_len].sum(dim=1).tolist(), mask[:, prompt_len:].sum(dim=1).tolist()
     units: list[list[int]] = []
     costs: list[int] = []
-    for _, group in itertools.groupby(range(full.size) if rows is None else rows, key=lambda r: r // group_size):
-        group = list(group)
+    for _, members in itertools.groupby(range(full.size) if rows is None else rows, key=lambda r: r // group_size):
+        group = list(members)
         if len({prompts[r] for r in group}) > 1:  # different prompts: nothing to share
             units.extend([r] for r in group)
             costs.extend(prompts[r] + completions[r] for r in group)
@@ -146,7 +146,7 @@ def plan_units(full: TrainBatch, group_size: int, budget: int,
 def plan_packed(lengths: list[int], world: int, budget: int) -> list[list[list[int]]]:
     """Per rank, per micro-batch, the row indices; tokens balanced, the same count on every rank."""
     by_rank = _spread(range(len(lengths)), lengths, budget=None, min_bins=world)
-    num_bins = max(1, max(min(len(rows), math.ceil(sum(lengths[i] for i in rows) / budget)) for rows in by_rank))
+    num_bins = max(1, *(min(len(rows), math.ceil(sum(lengths[i] for i in rows) / budget)) for rows in by_rank))
     while True:
         plans = [_spread(rows, lengths, budget, num_bins) for rows in by_rank]
         most = max(len(p) for p in plans)
@@ -211,7 +211,8 @@ def pack(batch: TrainBatch, share_prompts: bool = False, blocks: bool | None = N
     flat = (own.flatten().cumsum(0) - 1).view_as(own)
     where = torch.where(own, flat, flat[owners]) if shared else flat  # each real token's position in the row
     query_len, key_len = own.sum(dim=1), keep.sum(dim=1)
-    cumulative = lambda lengths: F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    def cumulative(lengths):
+        return F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
     packed = Packed(batch.input_ids[own].unsqueeze(0), batch.position_ids[own].unsqueeze(0), cumulative(query_len),
                     int(query_len.max()), where[:, prompt_len - 1:-1][scored])
     if shared:  # keys row by row: its prompt's positions, then its own tokens'

@@ -96,7 +96,8 @@ def _train(model, tokenizer, pairs: list[tuple[str, str]], steps: int, seed: int
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
-    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
+    def encode(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
     for step in range(steps):
         rows = []
         for prompt, answer in (rng.choice(pairs) for _ in range(batch_size)):

@@ -56,7 +56,8 @@ def test_episodes_are_token_in_token_out_and_the_batch_holds_the_engines_tokens(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
+    def encode(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
     sampling = SamplingSpec(temperature=1.0, max_tokens=6, seed=11)
 
     async def main() -> tuple[list[Episode], list[list[int]]]:

@@ -14,7 +14,7 @@ SCRIPT = ROOT / "benchmarks" / "bench_e2e.py"
 
 def replot(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), "--replot", *args], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, check=False)
 
 
 def test_saved_reports_of_two_modes_draw_one_png(tmp_path):

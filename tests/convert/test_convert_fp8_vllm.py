@@ -59,7 +59,7 @@ def test_vllm_serves_the_fp8_checkpoint_close_to_its_dequantized_weights(tmp_pat
     script = tmp_path / "serve_fp8.py"
     script.write_text(VLLM_SCRIPT)
     proc = subprocess.run([sys.executable, str(script), str(tmp_path / "fp8"), json.dumps(PROMPT_IDS)],
-                          capture_output=True, text=True, timeout=500,
+                          capture_output=True, text=True, timeout=500, check=False,
                           env={**__import__("os").environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
     result = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and result, proc.stderr[-3000:]

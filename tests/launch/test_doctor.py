@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -75,7 +76,7 @@ def listening_addresses(port: int) -> set[str]:
     """Local addresses (hex, as /proc/net writes them) of the sockets listening on ``port``."""
     found = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in open(table).read().splitlines()[1:]:
+        for line in Path(table).read_text().splitlines()[1:]:
             local, state = line.split()[1], line.split()[3]
             if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
                 found.add(local.rsplit(":", 1)[0])

@@ -65,7 +65,7 @@ def test_a_killed_server_is_restarted_with_the_newest_weights_and_the_run_finish
     is held (in its reward) until the restarted server answers, so that it rejoins before the run ends."""
     proc, run_dir, log = start_run(tmp_path, tiny_model_dir, f"rollout.num_servers={num_servers}")
     try:
-        wait_for(lambda: (tmp_path / "held").exists(), 300, proc, log)
+        wait_for((tmp_path / "held").exists, 300, proc, log)
         killed = child_pids(run_dir)["rollout0"]
         os.killpg(killed, signal.SIGKILL)
         wait_for(lambda: child_pids(run_dir)["rollout0"] != killed, 60, proc, log)
@@ -107,7 +107,7 @@ def test_a_killed_server_is_restarted_with_the_newest_weights_and_the_run_finish
 def test_a_server_that_keeps_dying_stops_the_run_once_its_restarts_are_spent(tiny_model_dir, tmp_path):
     proc, run_dir, log = start_run(tmp_path, tiny_model_dir, "rollout.max_restarts=1")
     try:
-        wait_for(lambda: (tmp_path / "held").exists(), 300, proc, log)
+        wait_for((tmp_path / "held").exists, 300, proc, log)
         first = child_pids(run_dir)["rollout0"]
         os.killpg(first, signal.SIGKILL)
         wait_for(lambda: child_pids(run_dir)["rollout0"] != first, 60, proc, log)

@@ -86,7 +86,7 @@ def test_requests_sent_together_run_as_one_generate_call(hf_server):
     """A step sends one request per prompt, a fraction of a millisecond apart: the first waits for the others
     instead of starting a call alone, so all of them come back from one batch (one batch's time each)."""
     specs = [p.SamplingSpec(n=4, temperature=1.0, max_tokens=16, seed=s) for s in range(len(PROMPTS) + 1)]
-    for attempt in range(2):  # the first round also warms the server, so nothing else is queued
+    for _ in range(2):  # the first round also warms the server, so nothing else is queued
         results = asyncio.run(_ask(hf_server, [(PROMPTS[i % len(PROMPTS)], spec) for i, spec in enumerate(specs)]))
     assert len({r.generate_s for r in results}) == 1, [r.generate_s for r in results]
 

@@ -127,9 +127,9 @@ def test_update_weights_from_a_trainer_process(vllm_server, tiny_model_dir, tmp_
 
     def push(scale):
         out = subprocess.run([sys.executable, str(script), vllm_server, str(tiny_model_dir), str(scale)],
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, timeout=120, check=False)
         assert out.returncode == 0, out.stderr[-3000:]
-        line = next(l for l in out.stdout.splitlines() if l.startswith("SENT"))
+        line = next(x for x in out.stdout.splitlines() if x.startswith("SENT"))
         _, tensors, buckets, verified = line.split()
         assert int(tensors) > 10 and int(buckets) > 1 and verified == "True"
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 from textual.widgets import DataTable
@@ -29,7 +31,7 @@ def status(app) -> str:
 def details(app) -> str:
     from rich.console import Console
 
-    console = Console(width=200, record=True, file=open("/dev/null", "w"))
+    console = Console(width=200, record=True, file=io.StringIO())
     console.print(app.query_one(SpanDetails).content)
     return console.export_text()
 

@@ -118,8 +118,8 @@ def _loss_and_grad(name, mode, logp, old_logp, advantages, mask, weights, parts)
     leaf = logp.clone().requires_grad_(True)
     agg = LossAgg(mode, global_tokens=float(mask.sum()), global_seqs=mask.shape[0], max_len=mask.shape[1])
     total = torch.zeros(())
-    for rows in parts:
-        rows = torch.tensor(rows)
+    for part in parts:
+        rows = torch.tensor(part)
         loss, _ = policy_loss(name, leaf[rows], old_logp[rows], advantages[rows], mask[rows], clip_low=0.2,
                               clip_high=0.28, dual_clip=3.0, weights=weights[rows], agg=agg)
         loss.backward()  # gradient accumulation, as over micro-batches (and an all-reduce SUM over ranks)

@@ -168,7 +168,8 @@ def test_shared_prompt_attention_matches_each_sequence_alone():
                                                     for p in [*range(prompt), *range(s, s + c)]]
     query_lens = [prompt + completions[0], *completions[1:]]
     key_lens = [prompt + c for c in completions]
-    cu = lambda lens: torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
+    def cu(lens):
+        return torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
     out, _ = packed_attention(None, q, k, v, None, cu_seq_lens_q=cu(query_lens), max_length_q=max(query_lens),
                               cu_seq_lens_k=cu(key_lens), max_length_k=max(key_lens),
                               rlx_kv_index=torch.tensor(keys))
@@ -431,7 +432,8 @@ def test_shared_prompt_attention_on_gpu_matches_repeated_float32(prompt, complet
     spans = [torch.tensor([*range(prompt), *range(s, s + c)], device="cuda") for s, c in zip(starts, completions, strict=True)]
     query_lens = [prompt + completions[0], *completions[1:]]
     key_lens = [prompt + c for c in completions]
-    cu = lambda lens: torch.tensor([0, *itertools.accumulate(lens)], device="cuda", dtype=torch.int32)
+    def cu(lens):
+        return torch.tensor([0, *itertools.accumulate(lens)], device="cuda", dtype=torch.int32)
     out, _ = packed_attention(None, q, k, v, None, cu_seq_lens_q=cu(query_lens), max_length_q=max(query_lens),
                               cu_seq_lens_k=cu(key_lens), max_length_k=max(key_lens), rlx_kv_index=torch.cat(spans))
     grad_out = torch.randn_like(out)

@@ -47,6 +47,7 @@ exits instead of waiting on an engine that will never answer.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -343,10 +344,8 @@ def _kill_survivors(processes: list) -> None:
 
     alive = [proc for proc in processes if proc.is_running()]
     for proc in alive:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(alive, timeout=2.0)
 
 

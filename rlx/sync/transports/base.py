@@ -41,7 +41,7 @@ class SenderBuffer(ABC):
         """One handle per receiver (``peers``: their addresses) for the sync that starts now."""
         return [self.handle()] * len(peers)
 
-    async def connect(self, begun: list[asyncio.Task]) -> None:
+    async def connect(self, begun: list[asyncio.Task]) -> None:  # noqa: B027 - a no-op unless the transport overrides it
         """Wait until the receivers can take bytes, while ``begun`` (their SyncBegin calls) run; a
         shared buffer has nothing to wait for (the sender checks ``begun`` before the first meta)."""
 
@@ -50,14 +50,14 @@ class SenderBuffer(ABC):
         slot layout is ``offset`` (``sends_from_source``)."""
         raise NotImplementedError(f"{type(self).__name__} copies chunks into its slots")
 
-    def post(self, index: int) -> None:
+    def post(self, index: int) -> None:  # noqa: B027 - a no-op unless the transport overrides it
         """Slot ``index``'s meta is on the wire: a transport that moves bytes starts sending its chunks now
         (a shared buffer's receivers read in place: nothing to do)."""
 
-    async def end_sync(self) -> None:
+    async def end_sync(self) -> None:  # noqa: B027 - a no-op unless the transport overrides it
         """The sync ended well (every receiver acknowledged SyncEnd); nothing to do for a shared buffer."""
 
-    def unlink(self) -> None:
+    def unlink(self) -> None:  # noqa: B027 - a no-op unless the transport overrides it
         """Stop new receivers from opening the buffer by name (shm); existing mappings stay valid.
         Buffers without a name have nothing to do."""
 

@@ -86,8 +86,8 @@ def _draw_bars(chars, styles, trace, palette, data, pos, t0, t1, width, selected
     idx = data.spans[pos]
     cs = _cols(data.starts[pos], t0, t1, width)
     ce = _end_cols(data.ends[pos], cs, t0, t1, width)
-    for i, a, b in zip(idx.tolist(), cs.tolist(), ce.tolist(), strict=True):
-        a, b = max(a, 0), min(b, width - 1)
+    for i, first, last in zip(idx.tolist(), cs.tolist(), ce.tolist(), strict=True):
+        a, b = max(first, 0), min(last, width - 1)
         style = palette.bar[spans.name[i]]
         if spans.status[i] == STATUS_ERROR:
             style = palette.error

@@ -37,7 +37,7 @@ class SummaryTable(DataTable):
 
     def sort_by(self, key: str) -> None:
         if key == self.sort_key:
-            self.reverse = not (key != "name") if self.reverse is None else not self.reverse
+            self.reverse = (key == "name") if self.reverse is None else not self.reverse
         else:
             self.sort_key, self.reverse = key, None
         self._refill()
