@@ -198,7 +198,7 @@ def render(all_sections: list[Section]) -> str:
                 lines.append(f"| {name} | {key.section_class} | | | {doc} |")
                 continue
             allowed = ", ".join(_show(c) for c in key.choices) if key.choices else ""
-            lines.append(f"| {name} | `{key.type}` | {key.default} | {allowed} | {_cell(key.doc)} |")
+            lines.append(f"| {name} | {_cell(f'`{key.type}`')} | {key.default} | {allowed} | {_cell(key.doc)} |")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
