@@ -1,8 +1,9 @@
 """Turn prompts into a scored training batch, and measure held-out accuracy.
 
 ``Collector.collect`` sends a step's prompts to the rollout servers (``n`` samples each),
-scores every completion with the task's reward, and builds the ``TrainBatch`` with the
-engine's own logprobs. ``Collector.evaluate`` generates greedily on the held-out split.
+scores every completion with the task's reward, and returns the step's ``Sample``s (token ids,
+the engine's own logprobs and, where the server recorded them, the version of each token); the
+trainer pads them into its batch. ``Collector.evaluate`` generates greedily on the held-out split.
 It leaves out advantages and anything that needs the trainer's model.
 
 Rewards are scored as groups finish, while the rest of the step still generates: each group's
@@ -24,11 +25,13 @@ import traceback
 from dataclasses import dataclass, field
 
 import msgspec
+import torch
 
-from rlx.trainer.batch import TrainBatch, build_batch
 from rlx.orchestrator.episodes import EpisodeCollector, is_multi_turn
+from rlx.config.schema import RunConfig
 from rlx.rollout.client import RolloutClient
 from rlx.rollout.protocol import PromptResult, SamplingSpec
+from rlx.store.base import Sample
 from rlx.tasks.reward_models import Scored, make_reward_model, mix, score_step
 from rlx.tasks import Problem, Task
 from rlx.trace import tracer
@@ -83,17 +86,18 @@ async def run_off_loop(fn, args: tuple, limit_s: float, timeout_message):
 
 @dataclass
 class Collected:
-    batch: TrainBatch
+    """A step's samples (problem-major, ``rollout.n`` per group), its metrics and each sample's text."""
+
+    samples: list[Sample]
     metrics: dict[str, float]
     completions: list[str]
 
 
 class Collector:
-    def __init__(self, cfg, client: RolloutClient, task: Task, pad_id: int) -> None:
+    def __init__(self, cfg: RunConfig, client: RolloutClient, task: Task) -> None:
         self.cfg = cfg
         self.client = client
         self.task = task
-        self.pad_id = pad_id
         self._score_lock = asyncio.Lock()
         self._reward_slots = asyncio.Semaphore(cfg.task.reward_workers)
         r = cfg.rollout
@@ -175,23 +179,21 @@ class Collector:
 
     def score(self, problems: list[Problem], results: list[PromptResult], time_generate: float,
               model: Scored | None = None, scored: list[GroupRewards] | None = None) -> Collected:
-        """Rewards, metrics and the ``TrainBatch`` of one ``PromptResult`` per problem; ``scored`` holds each group's
+        """Rewards, metrics and the samples of one ``PromptResult`` per problem; ``scored`` holds each group's
         rewards where they were scored as it finished (else they are scored here); ``model`` holds the reward
         model's score of each sample (problem-major), mixed in by ``task.reward_model.weight``."""
         scored = scored or [self.rewards(problem, result) for problem, result in zip(problems, results)]
-        prompt_ids, completion_ids, logps, rewards, texts, correct = [], [], [], [], [], []
+        samples, texts, correct = [], [], []
         for result, group in zip(results, scored):
+            prompt = torch.tensor(result.prompt_token_ids, dtype=torch.long)
             for sample, reward, right in zip(result.samples, group.rewards, group.correct):
-                prompt_ids.append(result.prompt_token_ids)
-                completion_ids.append(sample.token_ids)
-                logps.append(sample.logprobs)
-                texts.append(sample.text)
                 if model is not None:
-                    reward = mix(reward, model.scores[len(rewards)], self.cfg.task.reward_model.weight)
-                rewards.append(reward)
+                    reward = mix(reward, model.scores[len(samples)], self.cfg.task.reward_model.weight)
+                samples.append(Sample.of(prompt, sample.token_ids, sample.logprobs, reward, versions=sample.versions))
+                texts.append(sample.text)
                 correct.append(right)
-        time_reward = sum(group.seconds for group in scored)
-        lengths = [len(c) for c in completion_ids]
+        rewards = [s.reward for s in samples]
+        lengths = [len(s.completion_ids) for s in samples]
         metrics = {
             "reward_mean": statistics.fmean(rewards),
             "reward_std": statistics.pstdev(rewards),
@@ -199,11 +201,10 @@ class Collector:
             "response_len_mean": statistics.fmean(lengths),
             "tokens_per_s": sum(lengths) / max(time_generate, 1e-9),
             "time_generate": time_generate,
-            "time_reward": time_reward,
+            "time_reward": sum(group.seconds for group in scored),
             **(model.metrics if model is not None else {}),
         }
-        batch = build_batch(prompt_ids, completion_ids, logps, rewards, self.pad_id)
-        return Collected(batch, metrics, texts)
+        return Collected(samples, metrics, texts)
 
     def _seeded(self, seed: int, index: int) -> SamplingSpec:
         """Prompt ``index``'s sampling: its own seed, spaced by ``n`` because the engine seeds the

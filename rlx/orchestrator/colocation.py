@@ -21,16 +21,22 @@ from __future__ import annotations
 
 import time
 
+from typing import TYPE_CHECKING
+
+from rlx.config.schema import PlacementConfig
 from rlx.trainer.offload import Offloader, PhasePeaks
 from rlx.rollout import protocol as p
 from rlx.trace import tracer
 
+if TYPE_CHECKING:
+    from rlx.rollout.client import RolloutClient
+    from rlx.trainer.trainer import Trainer
+
 
 class Colocation:
-    def __init__(self, cfg, client, trainer) -> None:
+    def __init__(self, pl: PlacementConfig, client: RolloutClient, trainer: Trainer) -> None:
         from rlx.placement import apply_memory_budget
 
-        pl = cfg.placement
         self.client = client
         self.enabled = pl.mode == "colocated"
         self.sleep_level = pl.sleep_level if self.enabled else 0

@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 from rich.markup import escape
 
-from rlx.trainer.batch import batch_bytes, broadcast_batch
-from rlx.trainer.checkpoint import load_checkpoint, resume_checkpoint, save_checkpoint
+from rlx.config.schema import RunConfig
+from rlx.trainer.checkpoint import resume_checkpoint
 from rlx.trainer.trainer import Trainer
-from rlx.trainer.ranks import Command, RankBus
+from rlx.trainer.ranks import RankGroup
 from rlx.plugins import Plugins
 from rlx.rollout.client import RolloutClient
 from rlx.orchestrator.collector import Collected, Collector
@@ -42,7 +42,7 @@ class NonFiniteSteps(RuntimeError):
 
 
 class Controller:
-    def __init__(self, cfg, run_dir: Path, client: RolloutClient, trainer: Trainer, display) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path, client: RolloutClient, trainer: Trainer, display) -> None:
         from rlx.trainer.model import load_tokenizer
         from rlx.sync.factory import make_sender
 
@@ -50,41 +50,33 @@ class Controller:
         self.task = build_task(cfg.task, cfg.model.path)
         self.stream = DataStream(self.task.train, seed=cfg.task.seed)
         tokenizer = load_tokenizer(cfg.model.path)
-        self.collector = Collector(cfg, client, self.task, tokenizer.pad_token_id)
+        self.collector = Collector(cfg, client, self.task)
         if cfg.task.name == "external":  # the step's batch is the episodes an agent finished
             from rlx.orchestrator.external import ExternalCollector
 
-            self.collector = ExternalCollector(cfg, client, tokenizer.pad_token_id, lambda: self.policy_version,
+            self.collector = ExternalCollector(cfg, client, lambda: self.policy_version,
                                                note=lambda text: display.note(escape(text)))
-        self.bus = RankBus(trainer.device)
-        self.plane = None  # trainer.data_plane=store: ranks > 0 pull their rows from the sample store
-        if self.bus.active and cfg.trainer.data_plane == "store":
-            from rlx.trainer.plane import DataPlane
-
-            self.plane = DataPlane(cfg.store, tokenizer.pad_token_id, trainer.device)
+        self.ranks = RankGroup(cfg, trainer, tokenizer.pad_token_id)
         from rlx.orchestrator.source import StepSource  # DAPO filters, rollout.dump_dir, rollout.reuse
 
-        self.source = StepSource(cfg, self.collector, self.stream.next_batch, tokenizer.pad_token_id)
+        self.source = StepSource(cfg, self.collector, self.stream.next_batch)
         # one rank sending its weights in the engine's dtype sends them as they are (zero-copy where the
         # transport allows); LoRA sends merged weights or the adapter's factors (model.lora.sync), computed
         # or gathered per sync: nothing to adopt
         from rlx.orchestrator.colocation import Colocation
 
-        self.colocation = Colocation(cfg, client, trainer)  # placement.mode=colocated: trainer and engines take turns
-        as_they_are = not self.bus.active and cfg.model.engine_dtype == cfg.model.dtype and not cfg.model.lora.rank
+        self.colocation = Colocation(cfg.placement, client, trainer)  # placement.mode=colocated: trainer and engines take turns
+        as_they_are = not self.ranks.active and cfg.model.engine_dtype == cfg.model.dtype and not cfg.model.lora.rank
         as_they_are = as_they_are and not self.colocation.moves_weights  # an offload takes them out of any arena
         self.sender = make_sender(cfg.sync, trainer.device.type, client.addresses,
                                   module=trainer.model if as_they_are else None)
         self.arena = self.sender.arena
-        self.ckpt_root = run_dir / "checkpoints"
         self.plugins = Plugins.load(cfg.checkpoint.plugins)
-        self.start_step, restored = self._resume() if cfg.trainer.resume else (0, None)
-        self.metrics = MetricsLogger(cfg, run_dir, self.start_step if cfg.trainer.resume else None)
-        if restored is not None:  # stopped after the checkpoint, before its step's line: the curve has no gap
-            self.metrics.log_if_missing(self.start_step, restored)
+        self.start_step = 0  # the step the run continues after: ``resume`` sets it
+        self.metrics: MetricsLogger | None = None  # opened by ``resume``, which knows where the curve continues
         self._prefetch: asyncio.Task | None = None
         self._state_before_prefetch = self.stream.state()
-        self.policy_version = self.start_step  # the step whose update the servers' weights hold
+        self.policy_version = 0  # the step whose update the servers' weights hold
         self.fully_async = None  # trainer.mode=fully_async: the producer and its buffer, from the first step
         self.evals: list[tuple[int, float]] = []  # (step, held-out accuracy) of each evaluation this run made
         self.rollout_restarts = 0
@@ -94,6 +86,7 @@ class Controller:
 
     async def run(self) -> dict[str, float]:
         t = self.cfg.trainer
+        self.resume()
         if self.start_step > 0:
             await self.sync_weights()  # servers start from model.path; bring them to the checkpoint
         await self.colocation.start()
@@ -178,22 +171,10 @@ class Controller:
         return asyncio.create_task(self.source.collect(step, problems, seed))
 
     def train(self, collected: Collected) -> dict[str, float]:
-        sent = self.bus.bytes_sent
-        self.bus.announce(Command.TRAIN)
-        batch = collected.batch
-        if self.plane is not None:
-            self.bus.bytes_sent += self.plane.send(batch)
-        elif self.bus.active:
-            self.bus.bytes_sent += batch_bytes(batch)
-            batch = broadcast_batch(batch, self.trainer.device).to(torch.device("cpu"))
-        metrics = self.trainer.step(batch)
+        metrics = self.ranks.train(collected.samples)
         if self.trainer.device.type == "cuda":  # rank 0's peak since the last step, all of a step's phases
             metrics["gpu_peak_gb"] = torch.cuda.max_memory_allocated(self.trainer.device) / 1e9
             torch.cuda.reset_peak_memory_stats(self.trainer.device)
-        if self.plane is not None:
-            metrics.update(self.plane.done())
-        if self.bus.active:
-            metrics["rank_bus_bytes"] = float(self.bus.bytes_sent - sent)  # what rank 0 sent the others to train
         return metrics
 
     async def sync_weights(self) -> tuple[float, float, float]:
@@ -214,14 +195,13 @@ class Controller:
     async def _sync_to(self, servers: list[int], regular: bool = False):
         """One sync to ``servers``; the caller holds ``ranks_busy``. ``regular``: the live servers are
         paused around it, and it returns None when one of them died during it."""
-        self.bus.announce(Command.SYNC)
-        tensors = self.trainer.named_tensors()
+        tensors = self.ranks.weights()
         try:
             if regular:
                 await self.client.pause()
             return await self.sender.send(tensors, [self.client.channel(i) for i in servers])
         except Exception:
-            if self.bus.active:
+            if self.ranks.active:
                 for _ in tensors:  # the other ranks gather every tensor: finish the collectives with them
                     pass
             if regular and await self._lost_one_of(servers):
@@ -291,13 +271,10 @@ class Controller:
             return 0.0
         started = time.perf_counter()
         with tracer.span("checkpoint", step=step):
-            self.bus.announce(Command.CHECKPOINT, step)
             line = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
             state = {"step": step, "data": self._data_state_for_resume(), "run_name": self.cfg.run_name,
                      "metrics": line}
-            save_checkpoint(self.ckpt_root, step, self.trainer.model, self.trainer.optimizer, self.trainer.scheduler,
-                            self.cfg.model.path, state, c.keep,
-                            before_manifest=lambda staged: self._before_manifest(staged, step))
+            self.ranks.checkpoint(step, state, before_manifest=lambda staged: self._before_manifest(staged, step))
         return time.perf_counter() - started
 
     def _before_manifest(self, staged: Path, step: int) -> None:
@@ -312,16 +289,26 @@ class Controller:
             return self._state_before_prefetch
         return self.stream.state()
 
-    def _resume(self) -> tuple[int, dict | None]:
+    def resume(self) -> None:
+        """The run's first step: with ``trainer.resume``, every rank loads the newest complete checkpoint and the
+        data stream continues where it was; then the metrics file opens where the curve continues."""
+        restored = None
+        if self.cfg.trainer.resume:
+            self.start_step, restored = self._load_newest()
+        self.policy_version = self.start_step
+        self._state_before_prefetch = self.stream.state()
+        self.metrics = MetricsLogger(self.cfg, self.run_dir, self.start_step if self.cfg.trainer.resume else None)
+        if restored is not None:  # stopped after the checkpoint, before its step's line: the curve has no gap
+            self.metrics.log_if_missing(self.start_step, restored)
+
+    def _load_newest(self) -> tuple[int, dict | None]:
         """The step the checkpoint holds, and the metrics line it saved (None: an older checkpoint without)."""
         ckpt, _ = resume_checkpoint(self.run_dir)  # pre-flight made the same choice and reported what it skipped
         if ckpt is None:
             self.display.note(f"no earlier run in {self.run_dir} to resume; starting from step 0")
             return 0, None
         step = int(ckpt.name.split("_")[-1])
-        self.bus.announce(Command.LOAD, step)
-        state = load_checkpoint(ckpt, self.trainer.model, self.trainer.optimizer, self.trainer.scheduler)
-        self.trainer.load_extra(ckpt)
+        state = self.ranks.load(step)
         self.stream.load_state(state["data"])
         self.plugins.call("on_load", ckpt, step)
         self.display.note(f"resumed from {ckpt} (step {step})")
@@ -335,11 +322,10 @@ class Controller:
         for task in self._rejoining.values():
             task.cancel()
         try:
-            self.bus.announce(Command.STOP)
+            self.ranks.stop()
         finally:  # the sync buffers and the arena are model-sized /dev/shm segments: never leave them
             self.sender.close()
-            if self.plane is not None:
-                self.plane.close()
             if self.arena is not None:
                 self.arena.close()
-            self.metrics.close()
+            if self.metrics is not None:
+                self.metrics.close()

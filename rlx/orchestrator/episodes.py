@@ -1,4 +1,4 @@
-"""A step's multi-turn episodes as a ``TrainBatch``, and their greedy evaluation.
+"""A step's multi-turn episodes as ``Sample``s (one per episode), and their greedy evaluation.
 
 ``EpisodeCollector`` runs every (problem, sample) episode at once (``run_episode``), each with its
 own seed, against a ``ToolEnv`` or, for ``task.name=openenv``, a session on the OpenEnv server
@@ -30,16 +30,18 @@ from numbers import Real
 
 import msgspec
 
-from rlx.trainer.batch import build_batch
 from rlx.agent.env import ToolEnv, ToolStats
 from rlx.agent.episode import Episode
 from rlx.agent.framing import make_framing
 from rlx.orchestrator.episode_loop import run_episode
 from rlx.agent.tools import is_multi_turn, resolve_tools, tool_entries, tool_schemas
 from rlx.agent.workers import WorkerPool
+from rlx.config.schema import RunConfig
+from rlx.rollout.client import RolloutClient
 from rlx.rollout.protocol import SamplingSpec
+from rlx.store.base import Sample
 from rlx.tasks.reward_models import make_reward_model, mix, score_step
-from rlx.tasks.base import Problem
+from rlx.tasks.base import Problem, Task
 from rlx.trace import tracer
 
 MAX_PROMPTS_PER_STEP = 1 << 20
@@ -61,7 +63,7 @@ class EpisodeGroup:
 
 
 class EpisodeCollector:
-    def __init__(self, cfg, client, task, tokenizer) -> None:
+    def __init__(self, cfg: RunConfig, client: RolloutClient, task: Task, tokenizer) -> None:
         self.cfg, self.client, self.task, self.tokenizer = cfg, client, task, tokenizer
         self.tools = resolve_tools(tool_entries(cfg.agent, task))
         self.reward_ref = cfg.task.reward or getattr(task, "reward_ref", "")
@@ -161,7 +163,7 @@ class EpisodeCollector:
 
     async def collected(self, problems: list[Problem], episodes: list[Episode], stats: ToolStats, reward_errors: int,
                         elapsed: float):
-        """The ``Collected`` batch and metrics of ``n`` episodes per problem (problem-major), generated in ``elapsed``."""
+        """The ``Collected`` samples and metrics of ``n`` episodes per problem (problem-major), generated in ``elapsed``."""
         from rlx.orchestrator.collector import Collected
 
         rows = [e.row() for e in episodes]
@@ -179,9 +181,9 @@ class EpisodeCollector:
             **episode_metrics(episodes, stats, reward_errors),
             **model_metrics,
         }
-        batch = build_batch([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], rewards,
-                            self.tokenizer.pad_token_id, token_masks=[r[3] for r in rows])
-        return Collected(batch, metrics, [e.final_text for e in episodes])
+        samples = [Sample.of(prompt, completion, logp, reward, loss_mask=mask)
+                   for (prompt, completion, logp, mask), reward in zip(rows, rewards, strict=True)]
+        return Collected(samples, metrics, [e.final_text for e in episodes])
 
     async def _score_with_model(self, episodes: list[Episode], rows, problems: list[Problem]) -> dict[str, float]:
         """Mix ``task.reward_model``'s scores into the episodes' rewards; its metrics (none without one)."""

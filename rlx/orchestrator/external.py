@@ -33,10 +33,11 @@ import time
 from typing import Callable
 
 from rlx.config.errors import ConfigError
-from rlx.trainer.batch import build_batch
+from rlx.config.schema import RunConfig
 from rlx.rollout import protocol as p
 from rlx.agent.episode import Episode, Turn
 from rlx.rollout.client import RolloutClient
+from rlx.store.base import Sample
 from rlx.tasks.base import Problem
 from rlx.trace import tracer
 
@@ -45,7 +46,7 @@ POLL_INTERVAL_S = 0.2
 WAIT_NOTE_EVERY_S = 30.0
 
 
-def check_config(cfg) -> None:
+def check_config(cfg: RunConfig) -> None:
     """The run settings an external task needs; raises ConfigError naming the fix."""
     if cfg.rollout.n == 1 and cfg.algorithm.advantage not in GROUPLESS_ADVANTAGES:
         raise ConfigError(f"task.name=external with rollout.n=1 and algorithm.advantage={cfg.algorithm.advantage}: "
@@ -80,12 +81,11 @@ def oldest_version(episode: p.RecordedEpisode) -> int:
 class ExternalCollector:
     """``Collector``'s interface over finished external episodes (see the module docstring)."""
 
-    def __init__(self, cfg, client: RolloutClient, pad_id: int, policy_version: Callable[[], int] = lambda: 0,
-                 note=lambda text: None) -> None:
+    def __init__(self, cfg: RunConfig, client: RolloutClient, policy_version: Callable[[], int] = lambda: 0,
+                 note: Callable[[str], None] = lambda text: None) -> None:
         check_config(cfg)
         self.cfg = cfg
         self.client = client
-        self.pad_id = pad_id
         self.note = note  # a console line: what the run waits for, when it waits
         self.policy_version = policy_version
         """The trainer's current policy version (fully_async drops what lags it by more than max_staleness)."""
@@ -152,14 +152,8 @@ class ExternalCollector:
         time_generate = time.perf_counter() - start
         recorded = [e for g in groups for e in g]
         rows = [row for episode in recorded for row in episode_rows(episode)]
-        prompts, completions, logps, masks, rewards = [], [], [], [], []
-        for row in rows:
-            prompt, completion, logp, mask = row.row()
-            prompts.append(prompt)
-            completions.append(completion)
-            logps.append(logp)
-            masks.append(mask)
-            rewards.append(row.reward)
+        samples = [Sample.of(prompt, completion, logp, row.reward, loss_mask=mask)
+                   for row in rows for prompt, completion, logp, mask in [row.row()]]
         episode_rewards = [e.reward for e in recorded]
         metrics = {
             "reward_mean": statistics.fmean(episode_rewards),
@@ -167,13 +161,12 @@ class ExternalCollector:
             "episodes": float(len(recorded)),
             "episode_rows": float(len(rows)),
             "episode_turns_mean": statistics.fmean(len(e.turns) for e in recorded),
-            "response_len_mean": statistics.fmean(sum(m) for m in masks),
+            "response_len_mean": statistics.fmean(float(s.loss_mask.sum()) for s in samples),
             "time_generate": time_generate,
             **self._off_policy_metrics(recorded),
         }
-        batch = build_batch(prompts, completions, logps, rewards, self.pad_id, token_masks=masks)
         texts = [f"episode {e.id}: {len(e.turns)} turns, reward {e.reward:g}" for e in recorded]
-        return Collected(batch, metrics, texts)
+        return Collected(samples, metrics, texts)
 
     def _off_policy_metrics(self, recorded: list[p.RecordedEpisode]) -> dict[str, float]:
         # a server kept from an earlier run numbers its versions ahead of this run's: not fresher, so 0

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlx.config.store import FiltersConfig
+
 
 @dataclass
 class Group:
@@ -34,7 +36,7 @@ def overlong_penalty(length: int, max_tokens: int, buffer: int, penalty: float) 
     return 0.0 if length <= start else -penalty * min(length - start, buffer) / buffer
 
 
-def apply(groups: list[Group], f, max_tokens: int) -> tuple[list[int], dict[str, float]]:
+def apply(groups: list[Group], f: FiltersConfig, max_tokens: int) -> tuple[list[int], dict[str, float]]:
     """Edit each group's rewards and ``trains`` in place; the indices of the groups kept and the counts."""
     counts = {"groups_dropped_uniform": 0.0, "groups_dropped_long": 0.0, "samples_overlong": 0.0}
     kept = []

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from rlx.orchestrator.episodes import EpisodeGroup
 from rlx.agent.env import ToolStats
+from rlx.config.schema import RunConfig
 from rlx.orchestrator.collector import Collected, Collector, GroupRewards
 from rlx.rollout.protocol import PromptResult
 from rlx.tasks import DataStream, Problem
@@ -96,7 +97,7 @@ class GroupBuffer:
 class FullyAsyncRollout:
     """The producer and the buffer; the controller calls ``next_batch`` once per step."""
 
-    def __init__(self, cfg, collector: Collector, stream: DataStream, version: int) -> None:
+    def __init__(self, cfg: RunConfig, collector: Collector, stream: DataStream, version: int) -> None:
         t = cfg.trainer
         self.cfg, self.collector, self.stream = cfg, collector, stream
         self.group_size, self.max_staleness = t.prompts_per_step, t.max_staleness

@@ -18,22 +18,23 @@ reuse it is the collector's own ``collect``. Otherwise:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable
 
-from rlx.orchestrator.collector import Collected
+from rlx.config.schema import RunConfig
 from rlx.orchestrator import filters
+from rlx.orchestrator.collector import Collected
 from rlx.store.base import Sample, Status
-from rlx.trainer.plane import batch_to_samples, samples_to_batch
 
 EXTRA_ROUND_SEED = 100_003  # an extra round of a step samples with the step's seed plus this, times the round
 
 
 class StepSource:
-    def __init__(self, cfg, collector, more: Callable[[int], list], pad_id: int) -> None:
+    def __init__(self, cfg: RunConfig, collector, more: Callable[[int], list]) -> None:
         from rlx.store.dump import DumpWriter, check_dump
 
-        self.cfg, self.collector, self.more, self.pad_id = cfg, collector, more, pad_id
+        self.cfg, self.collector, self.more = cfg, collector, more
         self.dump = check_dump(cfg, contents=False) if cfg.rollout.reuse else None  # pre-flight read them
         self.writer = DumpWriter(cfg) if cfg.rollout.dump_dir else None
 
@@ -60,7 +61,7 @@ class StepSource:
             sample.group = i // r.n
         if self.writer is not None:
             self.writer.write(step, samples, metrics, texts)
-        return Collected(self._batch(samples), metrics, texts)
+        return Collected(samples, metrics, texts)
 
     def _mixed(self, step: int, problems: list) -> tuple[list[Sample], dict, list[str]]:
         n = self.cfg.rollout.n
@@ -68,19 +69,14 @@ class StepSource:
         samples, metrics, texts = self.dump.step(step)
         return samples[:groups * n], metrics, texts[:groups * n]
 
-    def _batch(self, samples: list[Sample]):
-        prompt_len = max(len(s.prompt_ids) for s in samples)
-        completion_len = max(1, max(len(s.completion_ids) for s in samples))
-        return samples_to_batch(samples, prompt_len, completion_len, self.pad_id)
-
     async def _generate(self, problems: list, seed: int) -> tuple[list[Sample], dict, list[str]]:
         collected = await self.collector.collect(problems, seed)
         f = self.cfg.filters
         if not f.active:
-            return batch_to_samples(collected.batch), dict(collected.metrics), list(collected.completions)
+            return list(collected.samples), dict(collected.metrics), list(collected.completions)
         started = time.perf_counter()
         kept, texts, counts = self._filtered(collected)
-        first = (batch_to_samples(collected.batch), list(collected.completions))
+        first = (list(collected.samples), list(collected.completions))
         rounds = 0
         while f.drop_uniform_groups and len(kept) < len(problems) and rounds < f.max_extra_rounds:
             rounds += 1
@@ -97,7 +93,7 @@ class StepSource:
     def _filtered(self, collected: Collected) -> tuple[list[list[Sample]], list[str], dict[str, float]]:
         """The kept groups (lists of samples, rewards and masks edited), their texts, the counts."""
         n, max_tokens = self.cfg.rollout.n, self.cfg.rollout.max_tokens
-        samples = batch_to_samples(collected.batch)
+        samples = [dataclasses.replace(s) for s in collected.samples]  # the unfiltered round stays as it came
         for s in samples:
             s.status = Status.TRUNCATED if len(s.completion_ids) >= max_tokens else Status.COMPLETE
         grouped = [samples[i:i + n] for i in range(0, len(samples), n)]

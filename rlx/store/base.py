@@ -1,6 +1,8 @@
 """What the sample store holds and the interface every transport implements.
 
-A *sample* is one completion of one prompt, kept as tensors (never pickled): the prompt's and the
+A *sample* is one completion of one prompt (or one row of a multi-turn episode), the one currency of a
+step's data from the collectors through the filters, dumps and this store to the trainer, which pads
+them into its batch (``rlx.trainer.batch.collate``). It is kept as tensors (never pickled): the prompt's and the
 completion's token ids, the engine's logprob of each completion token, a loss mask, optionally the
 policy version that generated each token, and scalar metadata (reward, prompt id, group, status).
 A producer ``put``s samples and gets back their row ids (consecutive integers, never reused); a
@@ -44,6 +46,15 @@ class Sample:
     prompt_id: int = -1
     group: int = -1                # samples of one prompt share a group (the GRPO group)
     status: int = Status.COMPLETE
+
+    @classmethod
+    def of(cls, prompt_ids: list[int] | torch.Tensor, completion_ids: list[int], logprobs: list[float],
+           reward: float = 0.0, loss_mask: list[float] | None = None, versions: list[int] | None = None) -> "Sample":
+        """A sample from a collector's lists (``versions``: empty or None when the engine recorded none)."""
+        return cls(torch.as_tensor(prompt_ids, dtype=torch.long), torch.tensor(completion_ids, dtype=torch.long),
+                   torch.tensor(logprobs, dtype=torch.float32), float(reward),
+                   None if loss_mask is None else torch.tensor(loss_mask, dtype=torch.float32),
+                   torch.tensor(versions, dtype=torch.long) if versions else None)
 
     def mask(self) -> torch.Tensor:
         return torch.ones(len(self.completion_ids)) if self.loss_mask is None else self.loss_mask

@@ -1,5 +1,8 @@
 """The training batch: prompt + completion token ids laid out for one forward pass.
 
+A step's samples (``rlx.store.base.Sample``, the one currency from the collectors to the trainer)
+become a batch here and nowhere else (``collate``), on the trainer's side.
+
 Prompts are left-padded and completions right-padded, so completion token ``j`` of every
 row sits at column ``P + j`` and one ``logits_to_keep`` slice scores them all. Position ids
 restart at 0 at each prompt's first real token, as the rollout engine saw them. Batches cross
@@ -9,12 +12,12 @@ ranks as tensors (``broadcast_batch``), never pickled.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.distributed as dist
+
+from rlx.store.base import Sample
 
 TENSOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "completion_ids", "mask", "rollout_logp",
                  "rewards")
@@ -46,40 +49,45 @@ class TrainBatch:
                              for f in dataclasses.fields(self) for v in [getattr(self, f.name)]})
 
 
-def build_batch(prompt_ids: list[list[int]], completion_ids: list[list[int]], rollout_logps: list[list[float]],
-                rewards: list[float], pad_id: int, token_masks: list[list[float]] | None = None) -> TrainBatch:
-    """One row per sample; ``prompt_ids[i]`` is the prompt of sample ``i``. ``token_masks[i]`` (one value per
-    completion token) marks which completion tokens the loss covers, e.g. 0 on a multi-turn episode's
-    observations (``rlx.agent.episode``); without it every completion token counts."""
-    prompt_len = max(len(p) for p in prompt_ids)
-    completion_len = max(1, max(len(c) for c in completion_ids))
-    prompts, prompt_lens = _aligned(prompt_ids, prompt_len, pad_id, np.int64, left=True)
-    completions, completion_lens = _aligned(completion_ids, completion_len, pad_id, np.int64)
+def collate(samples: list[Sample], pad_id: int, prompt_len: int = 0, completion_len: int = 0) -> TrainBatch:
+    """The padded batch of ``samples``, one row each: prompts left-padded to ``prompt_len`` and completions
+    right-padded to ``completion_len`` (0: the longest sample's), the loss mask from ``Sample.mask``. The one
+    place a step's samples become a ``TrainBatch``."""
+    prompt_len = prompt_len or max(len(s.prompt_ids) for s in samples)
+    completion_len = completion_len or max(1, max(len(s.completion_ids) for s in samples))
+    prompts, prompt_lens = _aligned([s.prompt_ids for s in samples], prompt_len, pad_id, torch.long, left=True)
+    completions, completion_lens = _aligned([s.completion_ids for s in samples], completion_len, pad_id, torch.long)
     input_ids = torch.cat([prompts, completions], dim=1)
     columns = torch.arange(prompt_len + completion_len)
     attention = ((columns >= prompt_len - prompt_lens[:, None]) & (columns < prompt_len + completion_lens[:, None])).long()
-    if token_masks is not None:
-        mask = _aligned(token_masks, completion_len, 0.0, np.float32)[0]
-    else:
-        mask = (columns[:completion_len] < completion_lens[:, None]).float()
-    rollout_logp = _aligned(rollout_logps, completion_len, 0.0, np.float32)[0]
+    mask = _aligned([s.mask() for s in samples], completion_len, 0.0, torch.float32)[0]
+    rollout_logp = _aligned([s.logprobs for s in samples], completion_len, 0.0, torch.float32)[0]
     position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)
     return TrainBatch(input_ids, attention, position_ids, completions, mask, rollout_logp,
-                      torch.tensor(rewards, dtype=torch.float32))
+                      torch.tensor([s.reward for s in samples], dtype=torch.float32))
 
 
-def _aligned(rows: list[list], width: int, fill, dtype, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rows`` as one ``[len(rows), width]`` tensor, each row's values at its start (or end, ``left``) and
-    ``fill`` elsewhere, and the row lengths: one copy of the flattened values, not one tensor per row."""
-    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-    if lengths.max(initial=0) > width:
+def build_batch(prompt_ids: list[list[int]], completion_ids: list[list[int]], rollout_logps: list[list[float]],
+                rewards: list[float], pad_id: int, token_masks: list[list[float]] | None = None) -> TrainBatch:
+    """``collate`` of samples given as lists: ``prompt_ids[i]`` is the prompt of sample ``i``; ``token_masks[i]``
+    (one value per completion token) marks which completion tokens the loss covers, e.g. 0 on a multi-turn
+    episode's observations (``rlx.agent.episode``); without it every completion token counts."""
+    masks = token_masks if token_masks is not None else [None] * len(prompt_ids)
+    return collate([Sample.of(p, c, lp, r, m) for p, c, lp, r, m in
+                    zip(prompt_ids, completion_ids, rollout_logps, rewards, masks, strict=True)], pad_id)
+
+
+def _aligned(rows: list, width: int, fill, dtype: torch.dtype, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` (1-d tensors) as one ``[len(rows), width]`` tensor, each row's values at its start (or end,
+    ``left``) and ``fill`` elsewhere, and the row lengths: one copy of the concatenated values."""
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    if int(lengths.max()) > width:
         raise ValueError(f"a row of {int(lengths.max())} values does not fit a width of {width}")
-    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=dtype, count=int(lengths.sum()))
-    columns = np.arange(width)[None, :]
+    columns = torch.arange(width)[None, :]
     where = columns >= width - lengths[:, None] if left else columns < lengths[:, None]
-    out = np.full((len(rows), width), fill, dtype=dtype)
-    out[where] = flat  # row-major: each row's values in order
-    return torch.from_numpy(out), torch.from_numpy(lengths)
+    out = torch.full((len(rows), width), fill, dtype=dtype)
+    out[where] = torch.cat([torch.as_tensor(r).reshape(-1) for r in rows]).to(dtype)  # row-major: each row in order
+    return out, lengths
 
 
 def pad_rows(batch: TrainBatch, multiple: int) -> TrainBatch:

@@ -1,7 +1,7 @@
 """The trainer ranks' data plane: rank 0 puts a step's rows into the store, the others pull their share.
 
-With ``trainer.data_plane=store`` and several ranks, rank 0 (the controller) puts every row of the
-step's batch into the sample store and broadcasts one fixed-size ``BatchNotice`` frame (the store's
+With ``trainer.data_plane=store`` and several ranks, rank 0 (the controller) puts the step's samples
+into the sample store and broadcasts one fixed-size ``BatchNotice`` frame (the store's
 handle, the first row and the row count, the batch's padded widths) after the rank bus's TRAIN
 command. Each other rank reads the rows' table entries (lengths, rewards, loss-token counts: a few
 numbers per row, from the store, not from rank 0), computes the same micro-batch plan as every
@@ -13,9 +13,9 @@ rank (``rlx.trainer.packing``), and reads from the store only the rows its plan 
 reads the asked-for rows from the store, so the trainer's plan and losses are those of the full
 batch. The other token tensors are zero-stride placeholders that the trainer never reads.
 
-Rows are laid out exactly as ``rlx.trainer.batch.build_batch`` lays them out (prompts left-padded,
-completions right-padded to the batch's widths, the same pad id), so a rank's rows are the bytes
-that ``broadcast_batch`` would have sent it.
+Rows are laid out by ``rlx.trainer.batch.collate`` at the whole batch's widths (prompts left-padded,
+completions right-padded, the same pad id), so a rank's rows are the bytes that ``broadcast_batch``
+would have sent it.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from rlx.trainer.batch import TrainBatch
+from rlx.config.store import StoreConfig
 from rlx.store.base import Sample, SampleStore, StoreHandle, StoreReader, create_store, open_reader
+from rlx.trainer.batch import TrainBatch, collate
 
 NOTICE_BYTES = 256  # one frame per step whatever the batch: the handle, a row range and three widths
 
@@ -37,40 +38,6 @@ class BatchNotice(msgspec.Struct, array_like=True):
     prompt_len: int
     completion_len: int
     pad_id: int
-
-
-def batch_to_samples(batch: TrainBatch) -> list[Sample]:
-    """One sample per row of a ``build_batch`` batch (real tokens only)."""
-    completion_len = batch.completion_ids.shape[1]
-    prompt_len = batch.input_ids.shape[1] - completion_len
-    attention = batch.attention_mask.bool()
-    samples = []
-    for i in range(batch.size):
-        t = int(attention[i, prompt_len:].sum())
-        samples.append(Sample(batch.input_ids[i, :prompt_len][attention[i, :prompt_len]], batch.completion_ids[i, :t],
-                              batch.rollout_logp[i, :t], float(batch.rewards[i]), batch.mask[i, :t]))
-    return samples
-
-
-def samples_to_batch(samples: list[Sample], prompt_len: int, completion_len: int, pad_id: int) -> TrainBatch:
-    """The ``build_batch`` layout of ``samples`` at the given widths."""
-    rows = len(samples)
-    input_ids = torch.full((rows, prompt_len + completion_len), pad_id, dtype=torch.long)
-    attention = torch.zeros_like(input_ids)
-    completions = torch.full((rows, completion_len), pad_id, dtype=torch.long)
-    mask = torch.zeros(rows, completion_len)
-    logp = torch.zeros(rows, completion_len)
-    for i, s in enumerate(samples):
-        p, t = len(s.prompt_ids), len(s.completion_ids)
-        input_ids[i, prompt_len - p:prompt_len] = s.prompt_ids
-        input_ids[i, prompt_len:prompt_len + t] = s.completion_ids
-        attention[i, prompt_len - p:prompt_len + t] = 1
-        completions[i, :t] = s.completion_ids
-        mask[i, :t] = s.mask()
-        logp[i, :t] = s.logprobs
-    position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)
-    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-    return TrainBatch(input_ids, attention, position_ids, completions, mask, logp, rewards)
 
 
 class StoredBatch(TrainBatch):
@@ -98,21 +65,22 @@ class StoredBatch(TrainBatch):
         n = self._notice
         rows = torch.arange(n.num_rows)[index].tolist()
         samples = self._reader.get([n.first_row + i for i in rows])
-        return samples_to_batch(samples, n.prompt_len, n.completion_len, n.pad_id)
+        return collate(samples, n.pad_id, n.prompt_len, n.completion_len)
 
 
 class DataPlane:
     """Rank 0's side: ``send`` before its train step, ``done`` after it."""
 
-    def __init__(self, store_cfg, pad_id: int, device: torch.device) -> None:
+    def __init__(self, store_cfg: StoreConfig, pad_id: int, device: torch.device) -> None:
         self.store: SampleStore = create_store(store_cfg.transport, store_cfg.capacity_mb, store_cfg.max_rows,
                                                store_cfg.timeout_s)
         self.pad_id, self.device = pad_id, device
         self._rows: list[int] = []
 
-    def send(self, batch: TrainBatch) -> int:
-        """Put ``batch`` and broadcast its notice; the bytes broadcast (the same every step)."""
-        self._rows = self.store.put(batch_to_samples(batch))
+    def send(self, samples: list[Sample], batch: TrainBatch) -> int:
+        """Put ``samples`` (``batch`` is their ``collate``) and broadcast their notice; the bytes broadcast (the same
+        every step)."""
+        self._rows = self.store.put(samples)
         completion_len = batch.completion_ids.shape[1]
         notice = BatchNotice(self.store.handle(), self._rows[0], len(self._rows),
                              batch.input_ids.shape[1] - completion_len, completion_len, self.pad_id)

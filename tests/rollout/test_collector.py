@@ -26,7 +26,7 @@ def _collector(address: str, tmp_path, tiny_model_dir) -> tuple[Collector, Rollo
     cfg = load_config(write_config(tmp_path / "c.yaml", tiny_model_dir,
                                    rollout={"n": 4, "max_tokens": 6, "temperature": 1.0}))
     client = RolloutClient([address])
-    return Collector(cfg, client, _Task(), pad_id=0), client
+    return Collector(cfg, client, _Task()), client
 
 
 @pytest.fixture(params=["vllm", "hf"])
@@ -54,7 +54,7 @@ def test_the_same_prompt_twice_in_a_step_gets_different_samples(server, tmp_path
     finally:
         client.close()
     groups = [first.completions[i * 4:(i + 1) * 4] for i in range(3)]
-    token_groups = [tuple(map(tuple, first.batch.completion_ids[i * 4:(i + 1) * 4].tolist())) for i in range(3)]
+    token_groups = [tuple(tuple(s.completion_ids.tolist()) for s in first.samples[i * 4:(i + 1) * 4]) for i in range(3)]
     assert len(set(token_groups)) == 3, f"copies of one prompt drew the same samples: {groups}"
     assert first.completions == again.completions, "the same step seed must give the same samples"
 
@@ -70,8 +70,8 @@ def test_a_seeded_step_larger_than_one_engine_step_generates(vllm_server, tmp_pa
                                                   seed=5))
     finally:
         client.close()
-    assert collected.batch.size == 48 * 4
-    assert int(collected.batch.mask.sum()) > 0
+    assert len(collected.samples) == 48 * 4
+    assert sum(int(s.mask().sum()) for s in collected.samples) > 0
 
 
 def test_a_reward_still_scoring_when_the_run_stops_ends_without_a_traceback():
@@ -139,13 +139,13 @@ def test_rewards_are_scored_as_groups_finish_each_sample_a_span(vllm_server, tmp
     client = HeldClient([vllm_server])
     tracer.configure(tmp_path / "trace", role="trainer", name="trainer0")
     try:
-        collector = Collector(cfg, client, Task(), pad_id=0)
+        collector = Collector(cfg, client, Task())
         problems = [Problem(id=0, prompt="1+1=", answer="2"), Problem(id=1, prompt="2+2=", answer="4")]
         collected = asyncio.run(collector.collect(problems, seed=3))
     finally:
         tracer.close()
         client.close()
-    assert collected.batch.rewards.tolist() == [0.0, 0.0, 1.0, 1.0]
+    assert [s.reward for s in collected.samples] == [0.0, 0.0, 1.0, 1.0]
     assert collected.metrics["time_reward"] >= 0
     records = [json.loads(line) for path in (tmp_path / "trace").rglob("*.jsonl")
                for line in path.read_text().splitlines()[1:]]

@@ -184,7 +184,7 @@ def test_the_collector_mixes_classifier_scores_into_rewards(tiny_model_dir, judg
     task = SimpleNamespace(reward=lambda completion, problem: 1.0, is_correct=lambda completion, problem: False)
     client = RolloutClient([judge_server[0]])
     try:
-        collector = Collector(cfg, client, task, pad_id=0)
+        collector = Collector(cfg, client, task)
         problems = [Problem(id=i, prompt=q, answer=a) for i, (q, a) in enumerate(zip(QUESTIONS[:3], ANSWERS[:3], strict=True))]
         collected = asyncio.run(collector.collect(problems, seed=1))
     finally:
@@ -192,7 +192,7 @@ def test_the_collector_mixes_classifier_scores_into_rewards(tiny_model_dir, judg
     prompts = [p.prompt for p in problems for _ in range(2)]
     scores = reference_scores(cfg.task.reward_model, [q + c for q, c in zip(prompts, collected.completions, strict=True)])
     expected = torch.tensor([0.25 * s + 0.75 for s in scores])
-    torch.testing.assert_close(collected.batch.rewards.float(), expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.tensor([s.reward for s in collected.samples]), expected, rtol=0, atol=1e-5)
     assert collected.metrics["reward_model_mean"] == pytest.approx(sum(scores) / len(scores), abs=1e-5)
 
 
@@ -231,7 +231,7 @@ def test_fully_async_mixes_classifier_scores_into_the_groups_a_step_takes(tiny_m
 
     async def one_step():
         client = RolloutClient([judge_server[0]])
-        rollout = FullyAsyncRollout(cfg, Collector(cfg, client, task, pad_id=0), DataStream(problems, seed=0), 0)
+        rollout = FullyAsyncRollout(cfg, Collector(cfg, client, task), DataStream(problems, seed=0), 0)
         try:
             return await rollout.next_batch(0)
         finally:
@@ -242,13 +242,10 @@ def test_fully_async_mixes_classifier_scores_into_the_groups_a_step_takes(tiny_m
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    batch = collected.batch
-    prompt_len = batch.input_ids.shape[1] - batch.completion_ids.shape[1]
-    prompts = [tokenizer.decode(batch.input_ids[r, :prompt_len][batch.attention_mask[r, :prompt_len].bool()])
-               for r in range(len(collected.completions))]
+    prompts = [tokenizer.decode(s.prompt_ids) for s in collected.samples]
     assert sorted(prompts) == sorted(p.prompt for p in problems for _ in range(2))  # the three groups, two samples
     scores = reference_scores(cfg.task.reward_model, [q + c for q, c in zip(prompts, collected.completions, strict=True)])
     expected = torch.tensor([0.5 * s + 0.5 for s in scores])
-    torch.testing.assert_close(batch.rewards.float(), expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.tensor([s.reward for s in collected.samples]), expected, rtol=0, atol=1e-5)
     assert collected.metrics["reward_model_mean"] == pytest.approx(sum(scores) / len(scores), abs=1e-5)
     assert collected.metrics["staleness_max"] == 0

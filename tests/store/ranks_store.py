@@ -1,7 +1,7 @@
 """Two trainer steps at rank RANK of WORLD_SIZE, once with the batch broadcast, once pulled from the store.
 
-Rank 0 drives as ``Controller.train`` does (rank bus command, then the store notice or the batch
-broadcast); the other ranks run the real ``rlx.trainer.ranks.follow``. Every rank prints one RESULT
+Rank 0 trains through its ``RankGroup`` as the controller does (the command, then the store notice or
+the batch broadcast); the other ranks run the real ``rlx.trainer.ranks.follow``. Every rank prints one RESULT
 line (JSON) per data plane; each plane starts from a freshly loaded model. Used by test_data_plane.py through real processes (gloo). Not a test module itself.
 """
 
@@ -12,19 +12,19 @@ import torch
 
 
 def batches():
-    from rlx.trainer.batch import build_batch
+    """Two steps' samples."""
+    from rlx.store.base import Sample
 
     generator = torch.Generator().manual_seed(123)
     out = []
     for rows, longest in ((12, 5), (24, 40)):  # the second: twice the rows, much longer completions
-        prompts, completions, logps, rewards = [], [], [], []
+        samples = []
         for i in range(rows):
-            prompts.append(torch.randint(4, 40, (2 + i % 3,), generator=generator).tolist())
+            prompt = torch.randint(4, 40, (2 + i % 3,), generator=generator).tolist()
             completion = torch.randint(4, 40, (1 + (i * 7) % longest,), generator=generator).tolist()
-            completions.append(completion)
-            logps.append([-1.0 - 0.1 * j for j in range(len(completion))])
-            rewards.append(float((i * 5) % 3 == 0))
-        out.append(build_batch(prompts, completions, logps, rewards, pad_id=0))
+            samples.append(Sample.of(prompt, completion, [-1.0 - 0.1 * j for j in range(len(completion))],
+                                     float((i * 5) % 3 == 0)))
+        out.append(samples)
     return out
 
 
@@ -50,37 +50,28 @@ def main(model_dir: str, output_dir: str) -> None:
 
 
 def lead(cfg) -> dict:
-    from rlx.trainer.batch import batch_bytes, broadcast_batch
+    from rlx.trainer.batch import collate
     from rlx.trainer.packing import plan_packed
+    from rlx.trainer.ranks import RankGroup
     from rlx.trainer.trainer import Trainer
-    from rlx.trainer.ranks import Command, RankBus
-    from rlx.trainer.plane import DataPlane
 
-    trainer = Trainer(cfg)
-    bus = RankBus(trainer.device)
-    plane = DataPlane(cfg.store, 0, trainer.device) if cfg.trainer.data_plane == "store" else None
-    handle = plane.store.handle() if plane is not None else None
+    group = RankGroup(cfg, Trainer(cfg), pad_id=0)
+    store = group.plane.store if group.plane is not None else None
     losses, control_bytes, plans, store_stats = [], [], [], []
-    for batch in batches():
-        sent = bus.bytes_sent
-        bus.announce(Command.TRAIN)
-        if plane is not None:
-            bus.bytes_sent += plane.send(batch)
-        else:
-            bus.bytes_sent += batch_bytes(batch)
-            batch = broadcast_batch(batch, trainer.device)
-        losses.append(trainer.step(batch)["loss"])
-        if plane is not None:
-            store_stats.append(plane.done())
-        control_bytes.append(bus.bytes_sent - sent)
-        lengths = batch.attention_mask.sum(dim=1).tolist()
+    for samples in batches():
+        sent = group.bytes_sent
+        metrics = group.train(samples)
+        losses.append(metrics["loss"])
+        if store is not None:
+            store_stats.append({k: v for k, v in metrics.items() if k.startswith("store_")})
+        control_bytes.append(group.bytes_sent - sent)
+        assert metrics["rank_bus_bytes"] == control_bytes[-1]
+        lengths = collate(samples, 0).attention_mask.sum(dim=1).tolist()
         plans.append([sorted(r for mb in rank for r in mb) for rank in plan_packed(lengths, 2, 64)])
-    bus.announce(Command.STOP)
-    if plane is not None:
-        plane.close()
+    served, kind = getattr(store, "requests_served", 0), store.handle().kind if store else ""
+    group.stop()
     return {"loss": losses, "control_bytes": control_bytes, "plans": plans, "store": store_stats,
-            "handle_kind": handle.kind if handle else "", "requests_served": getattr(plane and plane.store,
-                                                                                     "requests_served", 0)}
+            "handle_kind": kind, "requests_served": served}
 
 
 def follow_recording(cfg) -> dict:
