@@ -242,7 +242,7 @@ def test_fully_async_mixes_classifier_scores_into_the_groups_a_step_takes(tiny_m
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    prompts = [tokenizer.decode(s.prompt_ids) for s in collected.samples]
+    prompts = [tokenizer.decode(s.prompt_ids.tolist()) for s in collected.samples]
     assert sorted(prompts) == sorted(p.prompt for p in problems for _ in range(2))  # the three groups, two samples
     scores = reference_scores(cfg.task.reward_model, [q + c for q, c in zip(prompts, collected.completions, strict=True)])
     expected = torch.tensor([0.5 * s + 0.5 for s in scores])
