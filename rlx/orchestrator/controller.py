@@ -65,7 +65,7 @@ class Controller:
         # or gathered per sync: nothing to adopt
         from rlx.orchestrator.colocation import Colocation
 
-        self.colocation = Colocation(cfg.placement, client, trainer)  # placement.mode=colocated: trainer and engines take turns
+        self.colocation = Colocation(cfg.placement, client, trainer)  # colocated: trainer and engines take turns
         as_they_are = not self.ranks.active and cfg.model.engine_dtype == cfg.model.dtype and not cfg.model.lora.rank
         as_they_are = as_they_are and not self.colocation.moves_weights  # an offload takes them out of any arena
         self.sender = make_sender(cfg.sync, trainer.device.type, client.addresses,
