@@ -6,11 +6,7 @@ from pathlib import Path
 
 RLX = Path(__file__).parents[2] / "rlx"
 
-BEING_TYPED = {
-    "orchestrator/collector.py", "orchestrator/colocation.py", "orchestrator/controller.py",
-    "orchestrator/episodes.py", "orchestrator/external.py", "orchestrator/fully_async.py",
-    "orchestrator/source.py", "trainer/plane.py", "trainer/ranks.py",
-}
+BEING_TYPED: set[str] = set()
 """Modules whose config parameters are typed as part of the rank-protocol and sample-currency rework; each is
 checked to still hold one, so the entry goes as soon as the module is typed."""
 
