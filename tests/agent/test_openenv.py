@@ -181,11 +181,8 @@ def test_episodes_against_the_echo_environment_are_scored_by_it(echo_url, smollm
         assert ids == first.token_ids + first.observation_ids + last.token_ids
         assert mask == [1.0] * len(first.token_ids) + [0.0] * len(first.observation_ids) + [1.0] * len(last.token_ids)
     assert any(e.reward > 0 for e in episodes)
-    batch = collected.batch
-    assert batch.rewards.tolist() == pytest.approx([e.reward for e in episodes])
-    for row, episode in enumerate(episodes):
-        completion = episode.row()[1]
-        assert batch.completion_ids[row, :len(completion)].tolist() == completion
-        assert batch.mask[row, :len(completion)].tolist() == episode.row()[3]
-        assert batch.mask[row, len(completion):].sum() == 0
+    assert [s.reward for s in collected.samples] == pytest.approx([e.reward for e in episodes])
+    for sample, episode in zip(collected.samples, episodes, strict=True):
+        assert sample.completion_ids.tolist() == episode.row()[1]
+        assert sample.mask().tolist() == episode.row()[3]
     assert collected.metrics["turns_per_episode"] == 2.0
