@@ -154,7 +154,7 @@ class Collector:
         """``task.reward_model``'s score of every sample (problem-major); None without a reward model."""
         if self.reward_model is None:
             return None
-        pairs = [(p, s.text) for p, r in zip(problems, results) for s in r.samples]
+        pairs = [(p, s.text) for p, r in zip(problems, results, strict=True) for s in r.samples]
         with tracer.span("reward_model", samples=len(pairs)):
             return await score_step(self.reward_model, [p.prompt for p, _ in pairs], [t for _, t in pairs],
                                     [p.answer for p, _ in pairs])
@@ -182,11 +182,11 @@ class Collector:
         """Rewards, metrics and the samples of one ``PromptResult`` per problem; ``scored`` holds each group's
         rewards where they were scored as it finished (else they are scored here); ``model`` holds the reward
         model's score of each sample (problem-major), mixed in by ``task.reward_model.weight``."""
-        scored = scored or [self.rewards(problem, result) for problem, result in zip(problems, results)]
+        scored = scored or [self.rewards(problem, result) for problem, result in zip(problems, results, strict=True)]
         samples, texts, correct = [], [], []
-        for result, group in zip(results, scored):
+        for result, group in zip(results, scored, strict=True):
             prompt = torch.tensor(result.prompt_token_ids, dtype=torch.long)
-            for sample, reward, right in zip(result.samples, group.rewards, group.correct):
+            for sample, reward, right in zip(result.samples, group.rewards, group.correct, strict=True):
                 if model is not None:
                     reward = mix(reward, model.scores[len(samples)], self.cfg.task.reward_model.weight)
                 samples.append(Sample.of(prompt, sample.token_ids, sample.logprobs, reward, versions=sample.versions))
@@ -224,7 +224,7 @@ class Collector:
         with tracer.span("eval", prompts=len(problems)):
             results = await self.client.generate([p.prompt for p in problems], greedy,
                                                  timeout_s=self.cfg.rollout.request_timeout_s)
-        hits = [self.task.is_correct(r.samples[0].text, p) for p, r in zip(problems, results)]
+        hits = [self.task.is_correct(r.samples[0].text, p) for p, r in zip(problems, results, strict=True)]
         return sum(hits) / len(hits)
 
 

@@ -193,7 +193,7 @@ class EpisodeCollector:
         with tracer.span("reward_model", samples=len(episodes)):
             scored = await score_step(self.reward_model, [p.prompt for p in problems], transcripts,
                                       [p.answer for p in problems])
-        for episode, score in zip(episodes, scored.scores):
+        for episode, score in zip(episodes, scored.scores, strict=True):
             episode.reward = mix(episode.reward, score, self.cfg.task.reward_model.weight)
         return scored.metrics
 

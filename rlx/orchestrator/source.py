@@ -100,8 +100,8 @@ class StepSource:
         groups = [filters.Group([s.reward for s in g], [len(s.completion_ids) for s in g],
                                 [s.status == Status.TRUNCATED for s in g]) for g in grouped]
         kept, counts = filters.apply(groups, self.cfg.filters, max_tokens)
-        for group, members in zip(groups, grouped):
-            for sample, reward, trains in zip(members, group.rewards, group.trains):
+        for group, members in zip(groups, grouped, strict=True):
+            for sample, reward, trains in zip(members, group.rewards, group.trains, strict=True):
                 sample.reward = reward
                 if not trains:
                     sample.loss_mask = sample.mask() * 0
