@@ -299,9 +299,9 @@ def _server_priority(cfg: RunConfig) -> dict:
 
 
 def _device_type(cfg: RunConfig) -> str:
-    from rlx.trainer.model import resolve_device
+    from rlx.placement import device_type
 
-    return resolve_device(cfg.trainer.device).type
+    return device_type(cfg.trainer.device)
 
 
 def _close_distributed() -> None:

@@ -171,12 +171,11 @@ def follow(cfg: RunConfig) -> None:
 
 def main() -> None:
     from rlx.config import load_config
+    from rlx.placement import device_type
     from rlx.trace import tracer
 
     cfg = load_config(sys.argv[1], sys.argv[2:])
-    device_type = "cuda" if cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available()) \
-        else "cpu"
-    init_distributed(device_type)
+    init_distributed(device_type(cfg.trainer.device))
     tracer.configure_from_env("trainer", f"trainer{dist.get_rank()}")
     try:
         follow(cfg)
