@@ -70,6 +70,7 @@ async def run(address: str, tokenizer, episodes: int, call_s: float, concurrent:
     tools = await WorkerPool("tool", workers, 30.0, 1024).start()
     rewards = await WorkerPool("reward", workers, 30.0, 1024).start()
     try:
+
         async def one(i: int) -> None:
             problem = Problem(i, f"{i}*{i + 7}=", str(call_s))
             spec = SamplingSpec(temperature=sampling.temperature, max_tokens=sampling.max_tokens, seed=i * 4)
@@ -114,19 +115,34 @@ def main() -> None:
             for r in range(args.rounds):
                 order = ["concurrent", "serial"] if r % 2 == 0 else ["serial", "concurrent"]
                 for mode in order:
-                    times[mode].append(asyncio.run(run(address, tokenizer, args.episodes, args.call_s,
-                                                       concurrent=mode == "concurrent")))
+                    times[mode].append(
+                        asyncio.run(
+                            run(address, tokenizer, args.episodes, args.call_s, concurrent=mode == "concurrent")
+                        )
+                    )
     serial = statistics.median(times["serial"])
-    rows = [{"mode": mode, "episodes": args.episodes, "call_s": args.call_s, "wall_s": statistics.median(t),
-             "all_wall_s": t, "episodes_per_s": args.episodes / statistics.median(t),
-             "speedup_vs_serial": serial / statistics.median(t)} for mode, t in times.items()]
-    table = Table(title=f"{args.episodes} two-turn episodes, one {args.call_s:g} s tool call + one "
-                        f"{args.call_s:g} s reward call each (median of {args.rounds})")
+    rows = [
+        {
+            "mode": mode,
+            "episodes": args.episodes,
+            "call_s": args.call_s,
+            "wall_s": statistics.median(t),
+            "all_wall_s": t,
+            "episodes_per_s": args.episodes / statistics.median(t),
+            "speedup_vs_serial": serial / statistics.median(t),
+        }
+        for mode, t in times.items()
+    ]
+    table = Table(
+        title=f"{args.episodes} two-turn episodes, one {args.call_s:g} s tool call + one "
+        f"{args.call_s:g} s reward call each (median of {args.rounds})"
+    )
     for column in ("mode", "wall s", "episodes/s", "speed-up vs serial"):
         table.add_column(column, justify="right")
     for row in rows:
-        table.add_row(row["mode"], f"{row['wall_s']:.2f}", f"{row['episodes_per_s']:.1f}",
-                      f"{row['speedup_vs_serial']:.1f}x")
+        table.add_row(
+            row["mode"], f"{row['wall_s']:.2f}", f"{row['episodes_per_s']:.1f}", f"{row['speedup_vs_serial']:.1f}x"
+        )
     Console().print(table)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

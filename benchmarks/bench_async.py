@@ -26,8 +26,17 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_e2e import WORKLOADS, ensure_model, greedy_accuracy, load_cfg, run_rlx  # noqa: E402 - after the repository is on sys.path
 
-PHASES = ("time_generate", "time_logprob", "time_update", "time_sync", "time_wait_batch", "time_producer_idle",
-          "staleness_mean", "partial_rollout_frac", "samples_dropped_stale")
+PHASES = (
+    "time_generate",
+    "time_logprob",
+    "time_update",
+    "time_sync",
+    "time_wait_batch",
+    "time_producer_idle",
+    "staleness_mean",
+    "partial_rollout_frac",
+    "samples_dropped_stale",
+)
 
 
 def modes(staleness: list[int]) -> dict[str, list[str]]:
@@ -65,33 +74,69 @@ def bench(args) -> dict:
             result = run_mode(args.workload, seed, out, [*args.override, *overrides], args.steps, cfg)
             result.update(mode=name, seed=seed, gain=result["eval_accuracy"] - base)
             rows.append(result)
-            print(f"  wall {result['wall_s']:.1f} s, held-out {base:.3f} -> {result['eval_accuracy']:.3f}, "
-                  f"phases {json.dumps({k: round(v, 3) for k, v in result['phases'].items()})}", flush=True)
-    flags = [a for i, a in enumerate(sys.argv[1:])  # no local paths
-             if not {"--work-dir", "--json"} & {a, sys.argv[i]}]
-    return {"workload": args.workload, "steps": args.steps, "overrides": args.override, "start_accuracy": base, "rows": rows, "machine": args.machine,
-            "command": " ".join(["python", "benchmarks/bench_async.py", *flags])}
+            print(
+                f"  wall {result['wall_s']:.1f} s, held-out {base:.3f} -> {result['eval_accuracy']:.3f}, "
+                f"phases {json.dumps({k: round(v, 3) for k, v in result['phases'].items()})}",
+                flush=True,
+            )
+    flags = [
+        a
+        for i, a in enumerate(sys.argv[1:])  # no local paths
+        if not {"--work-dir", "--json"} & {a, sys.argv[i]}
+    ]
+    return {
+        "workload": args.workload,
+        "steps": args.steps,
+        "overrides": args.override,
+        "start_accuracy": base,
+        "rows": rows,
+        "machine": args.machine,
+        "command": " ".join(["python", "benchmarks/bench_async.py", *flags]),
+    }
 
 
 def print_table(report: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{report['workload']}, {report['steps']} steps: held-out accuracy from "
-                        f"{report['start_accuracy']:.3f}")
-    for col in ("mode", "seed", "wall s", "steps/s", "loop steps/s", "gen s", "logprob+update s", "wait s",
-                "staleness", "dropped", "held-out", "gain", "sync/mode wall"):
+    table = Table(
+        title=f"{report['workload']}, {report['steps']} steps: held-out accuracy from {report['start_accuracy']:.3f}"
+    )
+    for col in (
+        "mode",
+        "seed",
+        "wall s",
+        "steps/s",
+        "loop steps/s",
+        "gen s",
+        "logprob+update s",
+        "wait s",
+        "staleness",
+        "dropped",
+        "held-out",
+        "gain",
+        "sync/mode wall",
+    ):
         table.add_column(col, justify="right")
     sync_wall = {r["seed"]: r["wall_s"] for r in report["rows"] if r["mode"] == "sync"}
     for r in report["rows"]:
         ph = r["phases"]
         ratio = sync_wall.get(r["seed"], float("nan")) / r["wall_s"]
-        table.add_row(r["mode"], str(r["seed"]), f"{r['wall_s']:.1f}", f"{r['steps'] / r['wall_s']:.3f}",
-                      f"{r['steps'] / r['loop_s']:.3f}", f"{ph.get('time_generate', 0):.2f}",
-                      f"{ph.get('time_logprob', 0) + ph.get('time_update', 0):.2f}",
-                      f"{ph.get('time_wait_batch', float('nan')):.2f}", f"{ph.get('staleness_mean', 0):.2f}",
-                      f"{ph.get('samples_dropped_stale', 0):.0f}", f"{r['eval_accuracy']:.3f}", f"{r['gain']:+.3f}",
-                      f"{ratio:.2f}x")
+        table.add_row(
+            r["mode"],
+            str(r["seed"]),
+            f"{r['wall_s']:.1f}",
+            f"{r['steps'] / r['wall_s']:.3f}",
+            f"{r['steps'] / r['loop_s']:.3f}",
+            f"{ph.get('time_generate', 0):.2f}",
+            f"{ph.get('time_logprob', 0) + ph.get('time_update', 0):.2f}",
+            f"{ph.get('time_wait_batch', float('nan')):.2f}",
+            f"{ph.get('staleness_mean', 0):.2f}",
+            f"{ph.get('samples_dropped_stale', 0):.0f}",
+            f"{r['eval_accuracy']:.3f}",
+            f"{r['gain']:+.3f}",
+            f"{ratio:.2f}x",
+        )
     Console(width=200).print(table)
 
 

@@ -78,24 +78,47 @@ def synthetic_config(size_bytes: int, hidden: int) -> dict:
     per_layer = 2 * (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter + 2 * hidden)
     vocab = 32000
     layers = max(1, round((size_bytes - 4 * vocab * hidden) / per_layer))
-    return {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": hidden,
-            "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": hidden // 64,
-            "num_key_value_heads": kv // 64, "head_dim": 64, "vocab_size": vocab, "rms_norm_eps": 1e-6,
-            "max_position_embeddings": 4096, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-            "dtype": "bfloat16"}
+    return {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": hidden // 64,
+        "num_key_value_heads": kv // 64,
+        "head_dim": 64,
+        "vocab_size": vocab,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "dtype": "bfloat16",
+    }
 
 
 def synthetic_tensors(config: dict) -> list[OutTensor]:
-    h, i, kv, vocab = config["hidden_size"], config["intermediate_size"], config["num_key_value_heads"] * 64, \
-        config["vocab_size"]
+    h, i, kv, vocab = (
+        config["hidden_size"],
+        config["intermediate_size"],
+        config["num_key_value_heads"] * 64,
+        config["vocab_size"],
+    )
     shapes = {"model.embed_tokens.weight": (vocab, h)}
     for layer in range(config["num_hidden_layers"]):
         p = f"model.layers.{layer}."
-        shapes.update({p + "input_layernorm.weight": (h,), p + "self_attn.q_proj.weight": (h, h),
-                       p + "self_attn.k_proj.weight": (kv, h), p + "self_attn.v_proj.weight": (kv, h),
-                       p + "self_attn.o_proj.weight": (h, h), p + "post_attention_layernorm.weight": (h,),
-                       p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
-                       p + "mlp.down_proj.weight": (h, i)})
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (h, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, h),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "mlp.gate_proj.weight": (i, h),
+                p + "mlp.up_proj.weight": (i, h),
+                p + "mlp.down_proj.weight": (h, i),
+            }
+        )
     shapes.update({"model.norm.weight": (h,), "lm_head.weight": (vocab, h)})
     return [OutTensor(name, torch.bfloat16, shape, _random_rows(shape)) for name, shape in shapes.items()]
 
@@ -106,6 +129,7 @@ def _random_rows(shape):
         for start in range(0, shape[0], rows):
             n = min(rows, shape[0] - start)
             yield (torch.randn((n,) + tuple(shape[1:])) * 0.02).to(torch.bfloat16)
+
     return chunks
 
 
@@ -237,8 +261,13 @@ def run_child(side: str, src: Path, dst: Path, workers: int, write_ratio: float 
         argv = ["-c", CEILING_CHILD, str(src), str(dst), str(CHUNK), str(write_ratio)]
     else:
         argv = ["-c", RLX_CHILD, side, str(src), str(dst), str(workers)]
-    done = subprocess.run([sys.executable, "-c", MEASURED_CHILD, sys.executable, *argv], capture_output=True,
-                          text=True, cwd=ROOT, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURED_CHILD, sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+    )
     measured = json.loads(done.stdout)
     if measured["returncode"] != 0:
         raise RuntimeError(f"{side} failed ({measured['returncode']}):\n{measured['stderr']}")
@@ -284,10 +313,14 @@ def measure(args, work: Path, console: Console) -> dict:
         for side in VERIFIED:
             shutil.rmtree(work / side, ignore_errors=True)
     baseline = run_child("baseline", src, work / "none", 1)["peak_rss_bytes"]
-    return {"source_bytes": total, "source_files": len(files), "baseline_rss_bytes": baseline,
-            "ceiling_write_bytes": round(total * write_ratio),
-            "sides": {side: summarize(side_runs, total) for side, side_runs in runs.items()},
-            "verification": verification}
+    return {
+        "source_bytes": total,
+        "source_files": len(files),
+        "baseline_rss_bytes": baseline,
+        "ceiling_write_bytes": round(total * write_ratio),
+        "sides": {side: summarize(side_runs, total) for side, side_runs in runs.items()},
+        "verification": verification,
+    }
 
 
 VERIFIED = ("fp8-block", "fp8-rival")
@@ -302,8 +335,12 @@ def fp8_output_bytes(src: Path) -> int:
 
 def summarize(side_runs: list[dict], total: int) -> dict:
     seconds = statistics.median(r["seconds"] for r in side_runs)
-    return {"runs": side_runs, "seconds": seconds, "gb_per_s": total / seconds / 1e9,
-            "peak_rss_bytes": max(r["peak_rss_bytes"] for r in side_runs)}
+    return {
+        "runs": side_runs,
+        "seconds": seconds,
+        "gb_per_s": total / seconds / 1e9,
+        "peak_rss_bytes": max(r["peak_rss_bytes"] for r in side_runs),
+    }
 
 
 def verify(ours: Path, rival: Path) -> dict:
@@ -321,10 +358,14 @@ def verify(ours: Path, rival: Path) -> dict:
             x, y = a.get_tensor(name), b.get_tensor(name)
             if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(x.view(torch.uint8), y.view(torch.uint8)):
                 differing.append(name)
-    return {"tensors_compared": len(ours_map.keys() & rival_map.keys()), "differing": differing,
-            "only_rlx": sorted(ours_map.keys() - rival_map.keys()),
-            "only_rival": sorted(rival_map.keys() - ours_map.keys()),
-            "rlx": _metadata(ours), "rival": _metadata(rival)}
+    return {
+        "tensors_compared": len(ours_map.keys() & rival_map.keys()),
+        "differing": differing,
+        "only_rlx": sorted(ours_map.keys() - rival_map.keys()),
+        "only_rival": sorted(rival_map.keys() - ours_map.keys()),
+        "rlx": _metadata(ours),
+        "rival": _metadata(rival),
+    }
 
 
 def _metadata(root: Path) -> dict:
@@ -342,31 +383,44 @@ def _metadata(root: Path) -> dict:
                 nbytes += numel * {"F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4}[part.get_dtype()]
     index = json.loads((root / "model.safetensors.index.json").read_text())
     qconfig = json.loads((root / "config.json").read_text())["quantization_config"]
-    return {"index_total_size": index["metadata"].get("total_size"), "tensor_bytes": nbytes,
-            "ignored_layers": qconfig.get("ignored_layers")}
+    return {
+        "index_total_size": index["metadata"].get("total_size"),
+        "tensor_bytes": nbytes,
+        "ignored_layers": qconfig.get("ignored_layers"),
+    }
 
 
 def render(report: dict, console: Console) -> None:
     sides, ceiling = report["sides"], report["sides"].get("ceiling")
-    table = Table(title=f"checkpoint conversion: {report['source_bytes'] / 1e9:.2f} GB bf16 in "
-                        f"{report['source_files']} shards, {report['machine']['cpus']} CPUs, median of "
-                        f"{report['rounds']} rounds (load average {report['machine']['load_average_1m']:.1f} "
-                        "at the end)")
+    table = Table(
+        title=f"checkpoint conversion: {report['source_bytes'] / 1e9:.2f} GB bf16 in "
+        f"{report['source_files']} shards, {report['machine']['cpus']} CPUs, median of "
+        f"{report['rounds']} rounds (load average {report['machine']['load_average_1m']:.1f} "
+        "at the end)"
+    )
     for column in ("side", "seconds", "GB/s read", "of ceiling", "peak RSS", "above imports"):
         table.add_column(column, justify="left" if column == "side" else "right")
     for side, r in sides.items():
         share = f"{r['gb_per_s'] / ceiling['gb_per_s']:.0%}" if ceiling else "-"
         above = r["peak_rss_bytes"] - report["baseline_rss_bytes"]
-        table.add_row(side, f"{r['seconds']:.2f}", f"{r['gb_per_s']:.2f}", share,
-                      f"{r['peak_rss_bytes'] / 1e9:.2f} GB", f"{above / 1e9:+.2f} GB" if side in OPS_RLX else "")
+        table.add_row(
+            side,
+            f"{r['seconds']:.2f}",
+            f"{r['gb_per_s']:.2f}",
+            share,
+            f"{r['peak_rss_bytes'] / 1e9:.2f} GB",
+            f"{above / 1e9:+.2f} GB" if side in OPS_RLX else "",
+        )
     console.print(table)
     for side in sides:
         seconds = ", ".join(f"{r['seconds']:.2f}" for r in sides[side]["runs"])
         console.print(f"  {side}: {OPS[side]} (runs: {seconds} s)", highlight=False)
-    console.print(f"Source evicted from the page cache before every run; outputs fresh and fsynced; the "
-                  f"ceiling wrote {report['ceiling_write_bytes'] / 1e9:.2f} GB. 'above imports' subtracts a child that only imports rlx's conversion modules "
-                  f"({report['baseline_rss_bytes'] / 1e9:.2f} GB). Work dir on {report['work_dir']}.",
-                  highlight=False)
+    console.print(
+        f"Source evicted from the page cache before every run; outputs fresh and fsynced; the "
+        f"ceiling wrote {report['ceiling_write_bytes'] / 1e9:.2f} GB. 'above imports' subtracts a child that only imports rlx's conversion modules "
+        f"({report['baseline_rss_bytes'] / 1e9:.2f} GB). Work dir on {report['work_dir']}.",
+        highlight=False,
+    )
     _render_verification(report.get("verification"), console)
 
 
@@ -377,13 +431,18 @@ def _render_verification(check: dict | None, console: Console) -> None:
     if not check:
         return
     same = check["tensors_compared"] - len(check["differing"])
-    console.print(f"Output check: {same} of {check['tensors_compared']} tensors byte-identical between rlx and "
-                  f"the rival" + (f"; differing: {', '.join(check['differing'][:5])}" if check["differing"] else ""),
-                  highlight=False)
+    console.print(
+        f"Output check: {same} of {check['tensors_compared']} tensors byte-identical between rlx and "
+        f"the rival" + (f"; differing: {', '.join(check['differing'][:5])}" if check["differing"] else ""),
+        highlight=False,
+    )
     for side in ("rlx", "rival"):
         meta = check[side]
-        right = "right" if meta["index_total_size"] == meta["tensor_bytes"] else \
-            f"wrong ({meta['index_total_size']} for {meta['tensor_bytes']} bytes of tensors)"
+        right = (
+            "right"
+            if meta["index_total_size"] == meta["tensor_bytes"]
+            else f"wrong ({meta['index_total_size']} for {meta['tensor_bytes']} bytes of tensors)"
+        )
         layers = "missing" if meta["ignored_layers"] is None else f"{len(meta['ignored_layers'])} modules"
         console.print(f"  {side}: index total_size {right}; ignored_layers {layers}", highlight=False)
 
@@ -393,8 +452,9 @@ def main() -> None:
     parser.add_argument("--size-gb", type=float, default=1.7, help="synthetic checkpoint size (default 1.7 GB)")
     parser.add_argument("--hidden", type=int, default=2048, help="hidden size of the synthetic model")
     parser.add_argument("--shard-mb", type=float, default=250, help="shard size of the synthetic checkpoint")
-    parser.add_argument("--ops", default="fp8-block,fp8-rival,ceiling",
-                        help=f"comma-separated sides, from {', '.join(OPS)}")
+    parser.add_argument(
+        "--ops", default="fp8-block,fp8-rival,ceiling", help=f"comma-separated sides, from {', '.join(OPS)}"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every side, alternating order")
     parser.add_argument("--workers", type=int, default=0, help="rlx threads (0: each command's default)")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="parent of the temporary work directory")
@@ -403,17 +463,26 @@ def main() -> None:
     args.sides = [op for op in args.ops.split(",") if op]
     unknown = set(args.sides) - set(OPS)
     if unknown or args.rounds < 1:
-        parser.error(f"unknown --ops {sorted(unknown)}; choose from {', '.join(OPS)}" if unknown
-                     else "--rounds must be >= 1")
+        parser.error(
+            f"unknown --ops {sorted(unknown)}; choose from {', '.join(OPS)}" if unknown else "--rounds must be >= 1"
+        )
     console = Console()
     work = Path(tempfile.mkdtemp(prefix="rlx-bench-convert-", dir=args.dir))
     try:
         report = measure(args, work, console)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report.update(rounds=args.rounds, work_dir=str(Path(args.dir).resolve()), size_gb=args.size_gb,
-                  machine={"cpus": os.cpu_count(), "load_average_1m": os.getloadavg()[0],
-                           "platform": platform.platform(), "torch": torch.__version__})
+    report.update(
+        rounds=args.rounds,
+        work_dir=str(Path(args.dir).resolve()),
+        size_gb=args.size_gb,
+        machine={
+            "cpus": os.cpu_count(),
+            "load_average_1m": os.getloadavg()[0],
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+        },
+    )
     render(report, console)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

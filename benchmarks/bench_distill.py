@@ -59,8 +59,19 @@ def greedy_accuracy(model_dir: Path, cfg) -> float:
 
 
 def run_arm(arm: str, seed: int, steps: int, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "rlx", "train", str(CONFIG), f"trainer.seed={seed}", f"trainer.total_steps={steps}",
-           f"trainer.output_dir={out}", "logging.console=false", "checkpoint.save_final=false", *ARMS[arm]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlx",
+        "train",
+        str(CONFIG),
+        f"trainer.seed={seed}",
+        f"trainer.total_steps={steps}",
+        f"trainer.output_dir={out}",
+        "logging.console=false",
+        "checkpoint.save_final=false",
+        *ARMS[arm],
+    ]
     started = time.perf_counter()
     with open(out.with_suffix(".log"), "w") as log:
         subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=True)
@@ -69,15 +80,24 @@ def run_arm(arm: str, seed: int, steps: int, out: Path) -> dict:
     curve = [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
     kl = [r["distill_reverse_kl"] for r in rows if "distill_reverse_kl" in r]
     step_times = sorted(r["time_step"] for r in rows if "time_step" in r)
-    return {"arm": arm, "seed": seed, "curve": curve, "wall_s": wall, "median_step_s": step_times[len(step_times) // 2],
-            "reverse_kl_first_last": [kl[0], kl[-1]] if kl else None}
+    return {
+        "arm": arm,
+        "seed": seed,
+        "curve": curve,
+        "wall_s": wall,
+        "median_step_s": step_times[len(step_times) // 2],
+        "reverse_kl_first_last": [kl[0], kl[-1]] if kl else None,
+    }
 
 
 def machine() -> str:
     """'<cores>-core <CPU model>' from /proc/cpuinfo, else the platform's name."""
     cpuinfo = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-             if line.startswith("model name")] if cpuinfo.is_file() else []
+    names = (
+        [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
+        if cpuinfo.is_file()
+        else []
+    )
     return f"{len(names)}-core {names[0]}" if names else platform.processor() or platform.machine()
 
 
@@ -132,15 +152,25 @@ def main() -> None:
                 print(f"{arm} seed {seed}: {results[-1]['curve']}", flush=True)
     results.sort(key=lambda r: (r["seed"], list(ARMS).index(r["arm"])))
     print(f"\nteacher held-out accuracy: {teacher_acc:.3f}   ({args.steps} steps, 32 prompts x 8 samples)")
-    print("| arm | seed | accuracy at step 0 | " + " | ".join(f"step {s}" for s, _ in results[0]["curve"][1:])
-          + " | median step | wall |")
+    print(
+        "| arm | seed | accuracy at step 0 | "
+        + " | ".join(f"step {s}" for s, _ in results[0]["curve"][1:])
+        + " | median step | wall |"
+    )
     print("|---|---|---|" + "---|" * (len(results[0]["curve"]) - 1) + "---|---|")
     for r in results:
         accs = " | ".join(f"{a:.3f}" for _, a in r["curve"][1:])
-        print(f"| {r['arm']} | {r['seed']} | {r['curve'][0][1]:.3f} | {accs} | {r['median_step_s']:.2f} s "
-              f"| {r['wall_s']:.0f} s |")
-    report = {"machine": args.machine or machine(), "steps": args.steps, "teacher_accuracy": teacher_acc,
-              "teacher_warmstart_steps": TEACHER_STEPS, "results": results}
+        print(
+            f"| {r['arm']} | {r['seed']} | {r['curve'][0][1]:.3f} | {accs} | {r['median_step_s']:.2f} s "
+            f"| {r['wall_s']:.0f} s |"
+        )
+    report = {
+        "machine": args.machine or machine(),
+        "steps": args.steps,
+        "teacher_accuracy": teacher_acc,
+        "teacher_warmstart_steps": TEACHER_STEPS,
+        "results": results,
+    }
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))

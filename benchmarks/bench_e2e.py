@@ -77,39 +77,77 @@ def greedy_accuracy(model_dir: Path, cfg) -> float:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     hits = 0
     for start in range(0, len(task.eval), 64):
-        chunk = task.eval[start:start + 64]
+        chunk = task.eval[start : start + 64]
         enc = tok([p.prompt for p in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.no_grad():
-            out = model.generate(**enc, do_sample=False, max_new_tokens=cfg.rollout.max_tokens,
-                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-        texts = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+            out = model.generate(
+                **enc,
+                do_sample=False,
+                max_new_tokens=cfg.rollout.max_tokens,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+            )
+        texts = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         hits += sum(task.is_correct(text, p) for text, p in zip(texts, chunk, strict=True))
     return hits / len(task.eval)
 
 
 def run_rlx(workload: str, seed: int, out: Path, extra: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "rlx", "train", str(ROOT / WORKLOADS[workload]), f"trainer.seed={seed}",
-           f"trainer.output_dir={out}", "trainer.eval_every=0", "checkpoint.every=0", "checkpoint.export_hf=true",
-           *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlx",
+        "train",
+        str(ROOT / WORKLOADS[workload]),
+        f"trainer.seed={seed}",
+        f"trainer.output_dir={out}",
+        "trainer.eval_every=0",
+        "checkpoint.every=0",
+        "checkpoint.export_hf=true",
+        *extra,
+    ]
     wall = _timed(cmd, out / "stdout.log")
     from rlx.trace.sinks import read_metrics
 
     steps = [m for m in read_metrics(out / "metrics.jsonl") if "time_step" in m]
-    phases = {k: statistics.median(m[k] for m in steps) for k in
-              ("time_step", "time_generate", "time_logprob", "time_update", "time_sync") if k in steps[0]}
+    phases = {
+        k: statistics.median(m[k] for m in steps)
+        for k in ("time_step", "time_generate", "time_logprob", "time_update", "time_sync")
+        if k in steps[0]
+    }
     rewards = [m["reward_mean"] for m in steps]
-    return {"wall_s": wall, "step_s": phases.get("time_step"), "phases": phases, "model": str(out / "hf"),
-            "train_reward": [statistics.fmean(rewards[i:i + LOG_EVERY]) for i in range(0, len(rewards), LOG_EVERY)]}
+    return {
+        "wall_s": wall,
+        "step_s": phases.get("time_step"),
+        "phases": phases,
+        "model": str(out / "hf"),
+        "train_reward": [statistics.fmean(rewards[i : i + LOG_EVERY]) for i in range(0, len(rewards), LOG_EVERY)],
+    }
 
 
 def run_trl(workload: str, seed: int, out: Path, overrides: list[str]) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "_trl", "--workload", workload, "--seed", str(seed),
-           "--out", str(out), *(f"--override={o}" for o in overrides)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "_trl",
+        "--workload",
+        workload,
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+        *(f"--override={o}" for o in overrides),
+    ]
     wall = _timed(cmd, out / "stdout.log")
     steps = json.loads((out / "step_times.json").read_text())
     logged = json.loads((out / "log_history.json").read_text())
-    return {"wall_s": wall, "step_s": statistics.median(steps), "phases": {}, "model": str(out / "final"),
-            "train_reward": [entry["reward"] for entry in logged if "reward" in entry]}
+    return {
+        "wall_s": wall,
+        "step_s": statistics.median(steps),
+        "phases": {},
+        "model": str(out / "final"),
+        "train_reward": [entry["reward"] for entry in logged if "reward" in entry],
+    }
 
 
 def _timed(cmd: list[str], log: Path) -> float:
@@ -139,20 +177,45 @@ def trl_main(workload: str, seed: int, out: Path, overrides: list[str]) -> None:
     data = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer, "id": p.id} for p in task.train])
 
     def reward(completions, answer, id, **_):  # the task's own reward, as rlx's rollout scores it
-        return [float(task.reward(c, Problem(id=i, prompt="", answer=a))) for c, a, i in zip(completions, answer, id, strict=True)]
+        return [
+            float(task.reward(c, Problem(id=i, prompt="", answer=a)))
+            for c, a, i in zip(completions, answer, id, strict=True)
+        ]
 
     rows = t.prompts_per_step * r.n
     accumulation = max(1, rows // t.micro_batch_size)
     args = GRPOConfig(
-        output_dir=str(out / "trainer"), per_device_train_batch_size=rows // accumulation,
-        gradient_accumulation_steps=accumulation, num_generations=r.n, max_completion_length=r.max_tokens,
-        temperature=r.temperature, learning_rate=t.lr, lr_scheduler_type="constant", warmup_steps=0,
-        weight_decay=t.weight_decay, adam_beta1=t.betas[0], adam_beta2=t.betas[1], max_grad_norm=t.max_grad_norm,
-        beta=0.0, epsilon=cfg.algorithm.clip_low, epsilon_high=cfg.algorithm.clip_high, loss_type="dapo",
-        scale_rewards="group", num_iterations=t.epochs_per_step, max_steps=t.total_steps, seed=seed,
+        output_dir=str(out / "trainer"),
+        per_device_train_batch_size=rows // accumulation,
+        gradient_accumulation_steps=accumulation,
+        num_generations=r.n,
+        max_completion_length=r.max_tokens,
+        temperature=r.temperature,
+        learning_rate=t.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=t.weight_decay,
+        adam_beta1=t.betas[0],
+        adam_beta2=t.betas[1],
+        max_grad_norm=t.max_grad_norm,
+        beta=0.0,
+        epsilon=cfg.algorithm.clip_low,
+        epsilon_high=cfg.algorithm.clip_high,
+        loss_type="dapo",
+        scale_rewards="group",
+        num_iterations=t.epochs_per_step,
+        max_steps=t.total_steps,
+        seed=seed,
         gradient_checkpointing=cfg.model.gradient_checkpointing,  # TRL turns it on by default; rlx as configured
-        logging_steps=LOG_EVERY, save_strategy="no", report_to=[], use_cpu=True, bf16=False, fp16=False,
-        dataloader_num_workers=0, disable_tqdm=True)
+        logging_steps=LOG_EVERY,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
     times: list[float] = []
 
     class StepTimes(TrainerCallback):
@@ -164,8 +227,9 @@ def trl_main(workload: str, seed: int, out: Path, overrides: list[str]) -> None:
 
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok,
-                          callbacks=[StepTimes()])
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok, callbacks=[StepTimes()]
+    )
     trainer.train()
     trainer.save_model(str(out / "final"))
     tok.save_pretrained(str(out / "final"))
@@ -185,18 +249,31 @@ def bench(args) -> dict:
         for side in order:
             out = work / f"{side}-seed{seed}-round{r}"
             print(f"seed {seed}, round {r}: {side} ...", flush=True)
-            result = run_rlx(args.workload, seed, out, args.override + args.rlx_override) if side == "rlx" else \
-                run_trl(args.workload, seed, out, args.override)
+            result = (
+                run_rlx(args.workload, seed, out, args.override + args.rlx_override)
+                if side == "rlx"
+                else run_trl(args.workload, seed, out, args.override)
+            )
             result.update(side=side, seed=seed, round=r, eval_accuracy=greedy_accuracy(Path(result["model"]), cfg))
             result["gain"] = result["eval_accuracy"] - base
             result["model"] = str(Path(result["model"]).relative_to(work))  # the report names no path of this machine
             rows.append(result)
-            print(f"  wall {result['wall_s']:.1f} s, step {result['step_s']:.3f} s, "
-                  f"held-out {base:.3f} -> {result['eval_accuracy']:.3f}", flush=True)
+            print(
+                f"  wall {result['wall_s']:.1f} s, step {result['step_s']:.3f} s, "
+                f"held-out {base:.3f} -> {result['eval_accuracy']:.3f}",
+                flush=True,
+            )
     seeds = per_seed(rows)
-    return {"workload": args.workload, "start_accuracy": base, "rows": rows, "per_seed": seeds,
-            "over_seeds": over_seeds(seeds), "rounds": args.rounds, "overrides": args.override,
-            "rlx_overrides": args.rlx_override}
+    return {
+        "workload": args.workload,
+        "start_accuracy": base,
+        "rows": rows,
+        "per_seed": seeds,
+        "over_seeds": over_seeds(seeds),
+        "rounds": args.rounds,
+        "overrides": args.override,
+        "rlx_overrides": args.rlx_override,
+    }
 
 
 def per_seed(rows: list[dict]) -> list[dict]:
@@ -244,24 +321,42 @@ def print_table(report: dict) -> None:
     for col in ("side", "seed", "round", "wall s", "median step s", "held-out", "gain"):
         table.add_column(col, justify="right")
     for r in report["rows"]:
-        table.add_row(r["side"], str(r["seed"]), str(r.get("round", 0)), f"{r['wall_s']:.1f}", f"{r['step_s']:.3f}",
-                      f"{r['eval_accuracy']:.3f}", f"{r['gain']:+.3f}")
+        table.add_row(
+            r["side"],
+            str(r["seed"]),
+            str(r.get("round", 0)),
+            f"{r['wall_s']:.1f}",
+            f"{r['step_s']:.3f}",
+            f"{r['eval_accuracy']:.3f}",
+            f"{r['gain']:+.3f}",
+        )
     for entry in report.get("per_seed", []):
         if "step_ratio" in entry:
-            table.add_row("rlx/trl", str(entry["seed"]), "median", f"{entry['wall_ratio']:.2f}x",
-                          f"{entry['step_ratio']:.2f}x", "", f"{entry['gain_diff']:+.3f}")
+            table.add_row(
+                "rlx/trl",
+                str(entry["seed"]),
+                "median",
+                f"{entry['wall_ratio']:.2f}x",
+                f"{entry['step_ratio']:.2f}x",
+                "",
+                f"{entry['gain_diff']:+.3f}",
+            )
     Console().print(table)
     if summary := report.get("over_seeds"):
         stderr = summary["gain_diff_stderr"]
-        print(f"over {summary['seeds']} seeds: mean gain rlx {summary['rlx_gain_mean']:+.3f}, TRL "
-              f"{summary['trl_gain_mean']:+.3f}; rlx - TRL {summary['gain_diff_mean']:+.3f}"
-              + (f" +- {stderr:.3f} (standard error)" if stderr is not None else "")
-              + f"; rlx at or above TRL on {summary['seeds_rlx_at_or_above']} of {summary['seeds']}; median ratios: "
-              f"step {summary['step_ratio_median']:.2f}x, wall {summary['wall_ratio_median']:.2f}x")
+        print(
+            f"over {summary['seeds']} seeds: mean gain rlx {summary['rlx_gain_mean']:+.3f}, TRL "
+            f"{summary['trl_gain_mean']:+.3f}; rlx - TRL {summary['gain_diff_mean']:+.3f}"
+            + (f" +- {stderr:.3f} (standard error)" if stderr is not None else "")
+            + f"; rlx at or above TRL on {summary['seeds_rlx_at_or_above']} of {summary['seeds']}; median ratios: "
+            f"step {summary['step_ratio_median']:.2f}x, wall {summary['wall_ratio_median']:.2f}x"
+        )
     print(f"mean training reward per {LOG_EVERY} steps:")
     for r in report["rows"]:
-        print(f"  {r['side']:>3} seed {r['seed']} round {r.get('round', 0)}: "
-              + " ".join(f"{x:.3f}" for x in r.get("train_reward", [])))
+        print(
+            f"  {r['side']:>3} seed {r['seed']} round {r.get('round', 0)}: "
+            + " ".join(f"{x:.3f}" for x in r.get("train_reward", []))
+        )
 
 
 def rlx_label(report: dict) -> str:
@@ -299,19 +394,34 @@ def draw(reports: list[dict], out: Path) -> None:
         ratios.plot(seeds, [s["step_ratio"] for s in paired], "o", color=color, label=f"{label}: step")
         ratios.plot(seeds, [s["wall_ratio"] for s in paired], "x", color=color, label=f"{label}: wall")
     if trl_curves:
-        curves.plot(*window_means(trl_curves), marker="s", color="black", linestyle="--",
-                    label=f"TRL GRPOTrainer ({len(trl_curves)} runs)")
+        curves.plot(
+            *window_means(trl_curves),
+            marker="s",
+            color="black",
+            linestyle="--",
+            label=f"TRL GRPOTrainer ({len(trl_curves)} runs)",
+        )
     pad = 0.02
     gains.plot([low - pad, high + pad], [low - pad, high + pad], color="grey", linestyle="--", label="equal gain")
-    gains.set(xlabel="TRL held-out gain", ylabel="rlx held-out gain",
-              title=f"{reports[0]['workload']}: held-out gain per seed (from {reports[0]['start_accuracy']:.3f})")
-    curves.set(xlabel="step", ylabel="training reward (mean over seeds)",
-               title=f"training reward, mean of each {LOG_EVERY} steps")
+    gains.set(
+        xlabel="TRL held-out gain",
+        ylabel="rlx held-out gain",
+        title=f"{reports[0]['workload']}: held-out gain per seed (from {reports[0]['start_accuracy']:.3f})",
+    )
+    curves.set(
+        xlabel="step",
+        ylabel="training reward (mean over seeds)",
+        title=f"training reward, mean of each {LOG_EVERY} steps",
+    )
     ratios.xaxis.get_major_locator().set_params(integer=True)
     ratios.axhline(1.0, color="grey", linestyle="--")
     ratios.axhline(0.5, color="grey", linestyle=":")
-    ratios.set(xlabel="seed", ylabel="rlx / TRL", ylim=(0, max(1.2, ratios.get_ylim()[1])),
-               title="rlx / TRL per seed: median step (o), wall (x)")
+    ratios.set(
+        xlabel="seed",
+        ylabel="rlx / TRL",
+        ylim=(0, max(1.2, ratios.get_ylim()[1])),
+        title="rlx / TRL per seed: median step (o), wall (x)",
+    )
     for ax in (gains, curves, ratios):
         ax.legend(fontsize=7, framealpha=0.85)
     fig.tight_layout()
@@ -322,20 +432,26 @@ def draw(reports: list[dict], out: Path) -> None:
 def window_means(curves: list[list[float]]) -> tuple[list[int], list[float]]:
     """The last step of each window and the mean over ``curves`` there (curves cut to the shortest)."""
     length = min(len(c) for c in curves)
-    return ([(i + 1) * LOG_EVERY for i in range(length)],
-            [statistics.fmean(c[i] for c in curves) for i in range(length)])
+    return (
+        [(i + 1) * LOG_EVERY for i in range(length)],
+        [statistics.fmean(c[i] for c in curves) for i in range(length)],
+    )
 
 
 def replot(paths: list[str], out: Path) -> None:
     reports = [json.loads(Path(p).read_text()) for p in paths]
     workloads = {r["workload"] for r in reports}
     if len(workloads) > 1:
-        raise SystemExit(f"error: --replot takes reports of one workload, got {sorted(workloads)}; "
-                         "draw each workload's reports into its own --plot file")
+        raise SystemExit(
+            f"error: --replot takes reports of one workload, got {sorted(workloads)}; "
+            "draw each workload's reports into its own --plot file"
+        )
     starts = {round(r["start_accuracy"], 6) for r in reports}
     if len(starts) > 1:
-        raise SystemExit(f"error: --replot takes reports of one starting model, got held-out start accuracies "
-                         f"{sorted(starts)} (models built on different machines); draw each into its own --plot file")
+        raise SystemExit(
+            f"error: --replot takes reports of one starting model, got held-out start accuracies "
+            f"{sorted(starts)} (models built on different machines); draw each into its own --plot file"
+        )
     draw(reports, out)
 
 
@@ -354,16 +470,29 @@ def main() -> None:
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="quickstart")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--sides", nargs="+", choices=("rlx", "trl"), default=["rlx", "trl"])
-    p.add_argument("--rounds", type=int, default=1,
-                   help="runs of each side per seed, in alternating order; a seed's times and gain are the medians")
-    p.add_argument("--override", action="append", default=[],
-                   help="KEY=VALUE for the workload's config, on both sides (e.g. trainer.lr=3e-4)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="runs of each side per seed, in alternating order; a seed's times and gain are the medians",
+    )
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help="KEY=VALUE for the workload's config, on both sides (e.g. trainer.lr=3e-4)",
+    )
     p.add_argument("--rlx-override", action="append", default=[], help="extra KEY=VALUE for rlx train only")
     p.add_argument("--work-dir", default="", help="where runs are written (default: a new temporary directory)")
     p.add_argument("--json", default="", help="write the report here")
     p.add_argument("--plot", type=Path, default=None, help="draw the report here (PNG)")
-    p.add_argument("--replot", nargs="+", default=[], metavar="REPORT",
-                   help="draw these saved reports (--json files of one workload) into --plot instead of running")
+    p.add_argument(
+        "--replot",
+        nargs="+",
+        default=[],
+        metavar="REPORT",
+        help="draw these saved reports (--json files of one workload) into --plot instead of running",
+    )
     args = p.parse_args()
     if args.replot:
         if args.plot is None:

@@ -47,8 +47,13 @@ def chats(count: int) -> list[list[dict]]:
 
 
 def start(argv: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1", VLLM_LOGGING_LEVEL="WARNING"))
+    return subprocess.Popen(
+        argv,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1", VLLM_LOGGING_LEVEL="WARNING"),
+    )
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -88,8 +93,13 @@ class Http:
 
     async def _one(self, i: int, messages: list[dict]) -> int:
         headers = {"X-Episode-Id": f"r{self.round_index}-{i}"} if self.record else {}
-        body = {"model": self.model, "messages": messages, "max_tokens": self.args.max_tokens, "temperature": 1.0,
-                "seed": i}
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": self.args.max_tokens,
+            "temperature": 1.0,
+            "seed": i,
+        }
         reply = await self.client.post(f"{self.url}/v1/chat/completions", json=body, headers=headers)
         reply.raise_for_status()
         return reply.json()["usage"]["completion_tokens"]
@@ -117,9 +127,12 @@ class Zmq:
 
         start_s = time.perf_counter()
         ids = [self.tokenizer(m[0]["content"], add_special_tokens=False)["input_ids"] for m in batch]
-        results = await asyncio.gather(*(
-            self.client.generate([p], SamplingSpec(temperature=1.0, max_tokens=self.args.max_tokens, seed=i))
-            for i, p in enumerate(ids)))
+        results = await asyncio.gather(
+            *(
+                self.client.generate([p], SamplingSpec(temperature=1.0, max_tokens=self.args.max_tokens, seed=i))
+                for i, p in enumerate(ids)
+            )
+        )
         elapsed = time.perf_counter() - start_s
         tokens = sum(len(r[0].samples[0].token_ids) for r in results)
         return tokens / elapsed, len(batch) / elapsed
@@ -130,25 +143,68 @@ async def measure(args, model_dir: str, work: Path) -> dict:
 
     rlx_http, vllm_port = free_port(), free_port()
     config = work / "serve.yaml"
-    config.write_text(yaml.safe_dump({"model": {"path": model_dir}, "logging": {"console": False},
-                                      "rollout": {"backend": "vllm", "max_model_len": 512,
-                                                  "gpu_memory_utilization": 0.2}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"path": model_dir},
+                "logging": {"console": False},
+                "rollout": {"backend": "vllm", "max_model_len": 512, "gpu_memory_utilization": 0.2},
+            }
+        )
+    )
     address = f"ipc://{work}/rlx.sock"
     template = work / "plain.jinja"
     template.write_text(PLAIN_TEMPLATE)
-    rlx_proc = start([sys.executable, "-m", "rlx", "rollout-serve", str(config), "--address", address,
-                      "--openai-port", str(rlx_http)], work / "rlx.log")
-    vllm_proc = start([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-                       "--port", str(vllm_port), "--host", "127.0.0.1", "--dtype", "float32", "--seed", "0",
-                       "--gpu-memory-utilization", "0.2", "--max-model-len", "512", "--enforce-eager",
-                       "--chat-template", str(template), "--served-model-name", "tiny",
-                       "--disable-log-stats"], work / "vllm.log")
+    rlx_proc = start(
+        [
+            sys.executable,
+            "-m",
+            "rlx",
+            "rollout-serve",
+            str(config),
+            "--address",
+            address,
+            "--openai-port",
+            str(rlx_http),
+        ],
+        work / "rlx.log",
+    )
+    vllm_proc = start(
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model_dir,
+            "--port",
+            str(vllm_port),
+            "--host",
+            "127.0.0.1",
+            "--dtype",
+            "float32",
+            "--seed",
+            "0",
+            "--gpu-memory-utilization",
+            "0.2",
+            "--max-model-len",
+            "512",
+            "--enforce-eager",
+            "--chat-template",
+            str(template),
+            "--served-model-name",
+            "tiny",
+            "--disable-log-stats",
+        ],
+        work / "vllm.log",
+    )
     try:
         await wait_http(f"http://127.0.0.1:{rlx_http}", rlx_proc, work / "rlx.log")
         await wait_http(f"http://127.0.0.1:{vllm_port}", vllm_proc, work / "vllm.log")
-        paths = {"rlx zmq": Zmq(address, model_dir, args),
-                 "rlx http (recording)": Http(f"http://127.0.0.1:{rlx_http}", "tiny", args, record=True),
-                 "vllm http": Http(f"http://127.0.0.1:{vllm_port}", "tiny", args, record=False)}
+        paths = {
+            "rlx zmq": Zmq(address, model_dir, args),
+            "rlx http (recording)": Http(f"http://127.0.0.1:{rlx_http}", "tiny", args, record=True),
+            "vllm http": Http(f"http://127.0.0.1:{vllm_port}", "tiny", args, record=False),
+        }
         batch = chats(args.chats)
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in paths}
         for path in paths.values():  # warm-up
@@ -158,9 +214,14 @@ async def measure(args, model_dir: str, work: Path) -> dict:
             for name, path in paths.items():
                 samples[name].append(await path.round(batch))
                 await asyncio.sleep(1.5)
-        return {name: {"tokens_per_s": statistics.median(t for t, _ in rows),
-                       "requests_per_s": statistics.median(r for _, r in rows),
-                       "rounds": [list(row) for row in rows]} for name, rows in samples.items()}
+        return {
+            name: {
+                "tokens_per_s": statistics.median(t for t, _ in rows),
+                "requests_per_s": statistics.median(r for _, r in rows),
+                "rounds": [list(row) for row in rows],
+            }
+            for name, rows in samples.items()
+        }
     finally:
         stop(rlx_proc)
         stop(vllm_proc)
@@ -186,10 +247,15 @@ def main() -> None:
     print(f"{args.chats} chats x {args.max_tokens} tokens, median of {args.repeats} rounds")
     print(f"{'path':<24}{'tokens/s':>12}{'requests/s':>12}{'vs vllm http':>14}")
     for name, row in results.items():
-        print(f"{name:<24}{row['tokens_per_s']:>12,.0f}{row['requests_per_s']:>12,.1f}"
-              f"{row['tokens_per_s'] / reference:>14.3f}")
-    Path(args.json).write_text(json.dumps({"chats": args.chats, "max_tokens": args.max_tokens,
-                                           "repeats": args.repeats, "results": results}, indent=2))
+        print(
+            f"{name:<24}{row['tokens_per_s']:>12,.0f}{row['requests_per_s']:>12,.1f}"
+            f"{row['tokens_per_s'] / reference:>14.3f}"
+        )
+    Path(args.json).write_text(
+        json.dumps(
+            {"chats": args.chats, "max_tokens": args.max_tokens, "repeats": args.repeats, "results": results}, indent=2
+        )
+    )
 
 
 if __name__ == "__main__":

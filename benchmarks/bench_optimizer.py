@@ -54,13 +54,14 @@ def measure(path: Path, device: str, rounds: int, steps: int) -> dict:
     for p in params:
         p.grad = torch.randn(p.shape, generator=generator, device=device, dtype=p.dtype)
     optimizers = {
-        "per-tensor loop": torch.optim.AdamW(params, lr=1e-6, betas=tuple(cfg.trainer.betas),
-                                             weight_decay=cfg.trainer.weight_decay, foreach=False),
+        "per-tensor loop": torch.optim.AdamW(
+            params, lr=1e-6, betas=tuple(cfg.trainer.betas), weight_decay=cfg.trainer.weight_decay, foreach=False
+        ),
         "rlx (fused)": build_optimizer(model, cfg),
     }
     times: dict[str, list[float]] = {name: [] for name in optimizers}
     for round_index in range(rounds + 1):  # round 0 warms up (and creates each optimizer's state)
-        for name, optimizer in (optimizers.items() if round_index % 2 == 0 else reversed(optimizers.items())):
+        for name, optimizer in optimizers.items() if round_index % 2 == 0 else reversed(optimizers.items()):
             sync(device)
             start = time.perf_counter()
             for _ in range(steps):
@@ -69,8 +70,15 @@ def measure(path: Path, device: str, rounds: int, steps: int) -> dict:
             if round_index:
                 times[name].append((time.perf_counter() - start) / steps * 1e3)
     loop, fused = (statistics.median(times[name]) for name in optimizers)
-    return {"parameters": sum(p.numel() for p in params), "dtype": str(params[0].dtype), "device": device,
-            "loop_ms": loop, "fused_ms": fused, "speedup": loop / fused, "rounds_ms": times}
+    return {
+        "parameters": sum(p.numel() for p in params),
+        "dtype": str(params[0].dtype),
+        "device": device,
+        "loop_ms": loop,
+        "fused_ms": fused,
+        "speedup": loop / fused,
+        "rounds_ms": times,
+    }
 
 
 def sync(device: str) -> None:
@@ -101,13 +109,27 @@ def main() -> None:
     for column in ("model", "device", "parameters", "per-tensor loop", "rlx (fused)", "loop / fused"):
         table.add_column(column, justify="right")
     for name, r in results.items():
-        table.add_row(name, f"{r['device']} {r['dtype'].removeprefix('torch.')}", f"{r['parameters'] / 1e6:.1f}M",
-                      f"{r['loop_ms']:.2f}", f"{r['fused_ms']:.2f}", f"{r['speedup']:.1f}x")
+        table.add_row(
+            name,
+            f"{r['device']} {r['dtype'].removeprefix('torch.')}",
+            f"{r['parameters'] / 1e6:.1f}M",
+            f"{r['loop_ms']:.2f}",
+            f"{r['fused_ms']:.2f}",
+            f"{r['speedup']:.1f}x",
+        )
     Console().print(table)
     if args.json:
-        args.json.write_text(json.dumps({"threads": args.threads, "torch": torch.__version__,
-                                         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-                                         "results": results}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "threads": args.threads,
+                    "torch": torch.__version__,
+                    "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+                    "results": results,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

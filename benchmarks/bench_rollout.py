@@ -38,11 +38,26 @@ class InProcess:
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
-            model=model, dtype="float32", seed=0, gpu_memory_utilization=0.2, max_model_len=512,
-            enforce_eager=True, logprobs_mode="processed_logprobs", disable_log_stats=True))
-        self.params = SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens, seed=1, logprobs=0,
-                                     output_kind=RequestOutputKind.FINAL_ONLY)
+        self.engine = AsyncLLM.from_engine_args(
+            AsyncEngineArgs(
+                model=model,
+                dtype="float32",
+                seed=0,
+                gpu_memory_utilization=0.2,
+                max_model_len=512,
+                enforce_eager=True,
+                logprobs_mode="processed_logprobs",
+                disable_log_stats=True,
+            )
+        )
+        self.params = SamplingParams(
+            n=args.n,
+            temperature=1.0,
+            max_tokens=args.max_tokens,
+            seed=1,
+            logprobs=0,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
 
     async def _one(self, i: int, prompt: str) -> int:
         final = None
@@ -136,8 +151,10 @@ def main() -> None:
         for path in paths.values():
             path.close()
     baseline = statistics.median(rows["vLLM in process"])
-    table = Table(title=f"rollout throughput: {args.prompts} prompts x n={args.n}, max_tokens={args.max_tokens}, "
-                        f"median of {args.repeats}")
+    table = Table(
+        title=f"rollout throughput: {args.prompts} prompts x n={args.n}, max_tokens={args.max_tokens}, "
+        f"median of {args.repeats}"
+    )
     for column in ("path", "tokens/s (median)", "rounds", "ratio to in-process"):
         table.add_column(column, justify="right" if column != "path" else "left")
     result = {"prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens, "rows": {}}

@@ -75,9 +75,13 @@ def per_call_ns(fn, n: int) -> float:
 def span_loop(tracer_or_none):
     def run(n: int) -> None:
         for i in range(n):
-            with (tracer_or_none.span("generate", request_id=i, prompt_tokens=7)
-                  if tracer_or_none is not None else _Empty()):
+            with (
+                tracer_or_none.span("generate", request_id=i, prompt_tokens=7)
+                if tracer_or_none is not None
+                else _Empty()
+            ):
                 pass
+
     return run
 
 
@@ -85,15 +89,21 @@ def event_loop(event):
     def run(n: int) -> None:
         for i in range(n):
             event("queued", request_id=i, paused=False)
+
     return run
 
 
 def measure_calls(n: int, repeats: int, trace_dir: Path) -> dict:
     on, off = Tracer(), Tracer()
     on.configure(trace_dir, role="bench", name="calls")
-    cases = {"empty with-block (baseline)": span_loop(None), "span, tracing off": span_loop(off),
-             "span, tracing on": span_loop(on), "empty call (baseline)": event_loop(_noop),
-             "event, tracing off": event_loop(off.event), "event, tracing on": event_loop(on.event)}
+    cases = {
+        "empty with-block (baseline)": span_loop(None),
+        "span, tracing off": span_loop(off),
+        "span, tracing on": span_loop(on),
+        "empty call (baseline)": event_loop(_noop),
+        "event, tracing off": event_loop(off.event),
+        "event, tracing on": event_loop(on.event),
+    }
     samples = {name: [] for name in cases}
     for _ in range(repeats):  # interleaved, so drift and load hit every case alike
         for name, fn in cases.items():
@@ -138,9 +148,13 @@ def measure_rollout(args, trace_dir: Path) -> dict:
         rates["tracing on"].append(asyncio.run(rollout_round(on, *shape)))
     on.close()
     medians = {k: statistics.median(v) for k, v in rates.items()}
-    return {"requests_per_s": medians, "rounds": rates,
-            "slowdown_pct": 100 * (1 - medians["tracing on"] / medians["tracing off"]),
-            "lines_per_request": 3, "shape": dict(zip(("requests", "tokens", "token_ns", "concurrency"), shape, strict=True))}
+    return {
+        "requests_per_s": medians,
+        "rounds": rates,
+        "slowdown_pct": 100 * (1 - medians["tracing on"] / medians["tracing off"]),
+        "lines_per_request": 3,
+        "shape": dict(zip(("requests", "tokens", "token_ns", "concurrency"), shape, strict=True)),
+    }
 
 
 def viewer_probe(trace_dir: str, spawned_at: float) -> None:
@@ -148,6 +162,7 @@ def viewer_probe(trace_dir: str, spawned_at: float) -> None:
     wall0, cpu0 = time.monotonic(), time.process_time()
     from rlx.cli.trace_view import prefetch_viewer  # what `rlx trace-view` does, in its order
     from rlx.trace.loader import load_trace
+
     prefetch = prefetch_viewer()  # Textual is imported while the trace loads
     wall1, cpu1 = time.monotonic(), time.process_time()
     trace = load_trace(trace_dir)
@@ -155,6 +170,7 @@ def viewer_probe(trace_dir: str, spawned_at: float) -> None:
     prefetch.join()
     wall3 = time.monotonic()
     from rlx.trace.viewer import TraceViewerApp
+
     app = TraceViewerApp(trace, trace_dir, started_at=time.perf_counter() - (time.monotonic() - spawned_at))
 
     async def first_frame() -> None:
@@ -163,15 +179,33 @@ def viewer_probe(trace_dir: str, spawned_at: float) -> None:
                 await asyncio.sleep(0.005)
 
     asyncio.run(first_frame())
-    print(json.dumps({"interpreter_s": wall0 - spawned_at, "imports_s": wall1 - wall0, "load_s": wall2 - wall1,
-                      "load_cpu_s": cpu2 - cpu1, "viewer_import_wait_s": wall3 - wall2,
-                      "first_frame_s": app.first_frame_s, "cpu_to_first_frame_s": time.process_time() - cpu0,
-                      "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "spans": len(trace.spans), "events": len(trace.events), "skipped": trace.num_skipped}))
+    print(
+        json.dumps(
+            {
+                "interpreter_s": wall0 - spawned_at,
+                "imports_s": wall1 - wall0,
+                "load_s": wall2 - wall1,
+                "load_cpu_s": cpu2 - cpu1,
+                "viewer_import_wait_s": wall3 - wall2,
+                "first_frame_s": app.first_frame_s,
+                "cpu_to_first_frame_s": time.process_time() - cpu0,
+                "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "spans": len(trace.spans),
+                "events": len(trace.events),
+                "skipped": trace.num_skipped,
+            }
+        )
+    )
 
 
-def terminal_open(trace_dir: Path, cache_dir: Path, size: tuple[int, int] = (160, 48), timeout_s: float = 120,
-                  rlx: list[str] | None = None, cwd: Path = ROOT) -> tuple[float, float]:
+def terminal_open(
+    trace_dir: Path,
+    cache_dir: Path,
+    size: tuple[int, int] = (160, 48),
+    timeout_s: float = 120,
+    rlx: list[str] | None = None,
+    cwd: Path = ROOT,
+) -> tuple[float, float]:
     """Seconds from spawning ``rlx trace-view TRACE`` on a pseudo-terminal to its first frame on it,
     and the CPU seconds the viewer had used by then (all its threads: less sensitive to the
     machine's load than the wall time).
@@ -188,8 +222,7 @@ def terminal_open(trace_dir: Path, cache_dir: Path, size: tuple[int, int] = (160
     rlx = rlx or ([str(script)] if script.exists() else [sys.executable, "-m", "rlx"])
     command = [*rlx, "trace-view", str(trace_dir)]
     start = time.monotonic()
-    proc = subprocess.Popen(command, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=cwd,
-                            start_new_session=True)
+    proc = subprocess.Popen(command, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=cwd, start_new_session=True)
     os.close(slave)
     seen, first = b"", None
     try:
@@ -197,7 +230,7 @@ def terminal_open(trace_dir: Path, cache_dir: Path, size: tuple[int, int] = (160
             chunk = _read_pty(master, 0.5)
             if chunk is None:
                 break
-            seen = seen[-(1 << 20):] + chunk
+            seen = seen[-(1 << 20) :] + chunk
             if b"window" in seen and b" events" in seen:
                 first = time.monotonic() - start
                 cpu = _cpu_s(proc.pid)
@@ -242,15 +275,29 @@ def baseline_probe(trace_dir: str) -> None:
     for path in sorted(Path(trace_dir).glob("*.jsonl")):
         data = path.read_bytes()
         count += len(msgspec.json.decode(b"[" + data.rstrip(b"\n").replace(b"\n", b",") + b"]"))
-    print(json.dumps({"decode_s": time.perf_counter() - wall0, "decode_cpu_s": time.process_time() - cpu0,
-                      "lines": count, "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(
+        json.dumps(
+            {
+                "decode_s": time.perf_counter() - wall0,
+                "decode_cpu_s": time.process_time() - cpu0,
+                "lines": count,
+                "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        )
+    )
 
 
 def probe(kind: str, trace_dir: Path, cache_dir: Path) -> dict:
     env = dict(os.environ, RLX_TRACE_CACHE=str(cache_dir) if kind == "viewer-cached" else "off")
     spawned_at = time.monotonic()
-    out = subprocess.run([sys.executable, __file__, f"--{kind}-probe", str(trace_dir), "--spawned-at", str(spawned_at)],
-                         capture_output=True, text=True, check=True, cwd=ROOT, env=env)
+    out = subprocess.run(
+        [sys.executable, __file__, f"--{kind}-probe", str(trace_dir), "--spawned-at", str(spawned_at)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env=env,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -267,20 +314,37 @@ def measure_viewer(args, work: Path) -> dict:
     for _ in range(args.viewer_repeats):  # interleaved, so that load drift hits every case alike
         baseline, breakdown = probe("baseline", trace_dir, cache_dir), probe("viewer", trace_dir, cache_dir)
         shutil.rmtree(cache_dir, ignore_errors=True)
-        (first, first_cpu), (again, again_cpu) = terminal_open(trace_dir, cache_dir), terminal_open(trace_dir, cache_dir)
-        rounds.append({"baseline": baseline, "breakdown": breakdown, "first_open_s": first, "reopen_s": again,
-                       "first_open_cpu_s": first_cpu, "reopen_cpu_s": again_cpu})
+        (first, first_cpu), (again, again_cpu) = (
+            terminal_open(trace_dir, cache_dir),
+            terminal_open(trace_dir, cache_dir),
+        )
+        rounds.append(
+            {
+                "baseline": baseline,
+                "breakdown": breakdown,
+                "first_open_s": first,
+                "reopen_s": again,
+                "first_open_cpu_s": first_cpu,
+                "reopen_cpu_s": again_cpu,
+            }
+        )
     median = statistics.median
     pick = sorted(rounds, key=lambda r: r["breakdown"]["first_frame_s"])[len(rounds) // 2]  # the median breakdown
-    return {"bytes": sum(f.stat().st_size for f in files), "baseline": pick["baseline"], "viewer": pick["breakdown"],
-            "source": f"{args.from_trace} repeated" if args.from_trace else "synthetic",
-            "first_open_s": median(r["first_open_s"] for r in rounds), "reopen_s": median(r["reopen_s"] for r in rounds),
-            "first_open_cpu_s": median(r["first_open_cpu_s"] for r in rounds),
-            "reopen_cpu_s": median(r["reopen_cpu_s"] for r in rounds),
-            "first_open_s_all": [r["first_open_s"] for r in rounds], "reopen_s_all": [r["reopen_s"] for r in rounds],
-            "first_frame_s_all": [r["breakdown"]["first_frame_s"] for r in rounds],
-            "cache_bytes": sum(f.stat().st_size for f in cache_dir.glob("*.rlxtc")),
-            "terminal": "160x48 pseudo-terminal, TERM=xterm-256color"}
+    return {
+        "bytes": sum(f.stat().st_size for f in files),
+        "baseline": pick["baseline"],
+        "viewer": pick["breakdown"],
+        "source": f"{args.from_trace} repeated" if args.from_trace else "synthetic",
+        "first_open_s": median(r["first_open_s"] for r in rounds),
+        "reopen_s": median(r["reopen_s"] for r in rounds),
+        "first_open_cpu_s": median(r["first_open_cpu_s"] for r in rounds),
+        "reopen_cpu_s": median(r["reopen_cpu_s"] for r in rounds),
+        "first_open_s_all": [r["first_open_s"] for r in rounds],
+        "reopen_s_all": [r["reopen_s"] for r in rounds],
+        "first_frame_s_all": [r["breakdown"]["first_frame_s"] for r in rounds],
+        "cache_bytes": sum(f.stat().st_size for f in cache_dir.glob("*.rlxtc")),
+        "terminal": "160x48 pseudo-terminal, TERM=xterm-256color",
+    }
 
 
 def main() -> None:
@@ -293,8 +357,10 @@ def main() -> None:
     parser.add_argument("--token-us", type=float, default=300.0)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--events", type=int, default=1_000_000, help="spans + events of the trace the viewer opens")
-    parser.add_argument("--from-trace", help="repeat this real trace (a run's trace dir) up to --events, "
-                                             "instead of writing a synthetic one")
+    parser.add_argument(
+        "--from-trace",
+        help="repeat this real trace (a run's trace dir) up to --events, instead of writing a synthetic one",
+    )
     parser.add_argument("--viewer-repeats", type=int, default=3)
     parser.add_argument("--parts", default="calls,rollout,viewer", help="which measurements, comma-separated")
     parser.add_argument("--viewer-probe", help=argparse.SUPPRESS)
@@ -331,8 +397,9 @@ def report(result: dict) -> None:
         report_rollout(console, result)
     if "viewer" in result:
         report_viewer(console, result)
-    console.print(f"load average before/after: {result['load_average']} / {result['load_average_after']}, "
-                  f"{result['cpus']} CPUs")
+    console.print(
+        f"load average before/after: {result['load_average']} / {result['load_average_after']}, {result['cpus']} CPUs"
+    )
 
 
 def report_calls(console, result: dict) -> None:
@@ -350,8 +417,10 @@ def report_rollout(console, result: dict) -> None:
     from rich.table import Table
 
     r = result["rollout"]
-    rollout = Table(title=f"rollout-shaped workload: {r['shape']['requests']} requests x {r['shape']['tokens']} tokens "
-                          f"x {r['shape']['token_ns'] / 1000:.0f} us, {r['shape']['concurrency']} at once")
+    rollout = Table(
+        title=f"rollout-shaped workload: {r['shape']['requests']} requests x {r['shape']['tokens']} tokens "
+        f"x {r['shape']['token_ns'] / 1000:.0f} us, {r['shape']['concurrency']} at once"
+    )
     for column in ("tracing", "requests/s (median)", "rounds"):
         rollout.add_column(column, justify="left" if column == "tracing" else "right")
     for name, rate in r["requests_per_s"].items():
@@ -365,15 +434,25 @@ def report_viewer(console, result: dict) -> None:
 
     v = result["viewer"]
     runs = len(v["first_open_s_all"])
-    opened = Table(title=f"rlx trace-view on {v['viewer']['spans']:,} spans + {v['viewer']['events']:,} events "
-                         f"({v['bytes'] / 1e6:.0f} MB, {v['source']}): process spawn to first frame on a "
-                         f"{v['terminal']} (median of {runs} alternating rounds)")
+    opened = Table(
+        title=f"rlx trace-view on {v['viewer']['spans']:,} spans + {v['viewer']['events']:,} events "
+        f"({v['bytes'] / 1e6:.0f} MB, {v['source']}): process spawn to first frame on a "
+        f"{v['terminal']} (median of {runs} alternating rounds)"
+    )
     for column in ("open", "first frame s", "cpu s by then", "all rounds s"):
         opened.add_column(column, justify="left" if column == "open" else "right")
-    opened.add_row("[b]first open[/] (parse; cache written in the background)", f"[b]{v['first_open_s']:.2f}[/]",
-                   f"{v['first_open_cpu_s']:.2f}", ", ".join(f"{s:.2f}" for s in v["first_open_s_all"]))
-    opened.add_row("[b]re-open[/] (columns read from the trace cache)", f"[b]{v['reopen_s']:.2f}[/]",
-                   f"{v['reopen_cpu_s']:.2f}", ", ".join(f"{s:.2f}" for s in v["reopen_s_all"]))
+    opened.add_row(
+        "[b]first open[/] (parse; cache written in the background)",
+        f"[b]{v['first_open_s']:.2f}[/]",
+        f"{v['first_open_cpu_s']:.2f}",
+        ", ".join(f"{s:.2f}" for s in v["first_open_s_all"]),
+    )
+    opened.add_row(
+        "[b]re-open[/] (columns read from the trace cache)",
+        f"[b]{v['reopen_s']:.2f}[/]",
+        f"{v['reopen_cpu_s']:.2f}",
+        ", ".join(f"{s:.2f}" for s in v["reopen_s_all"]),
+    )
     opened.caption = f"target < 1.5 s; trace cache {v['cache_bytes'] / 1e6:.0f} MB"
     console.print(opened)
 
@@ -381,15 +460,24 @@ def report_viewer(console, result: dict) -> None:
     for column in ("step", "wall s", "cpu s", "peak RSS MiB"):
         parts.add_column(column, justify="left" if column == "step" else "right")
     b, w = v["baseline"], v["viewer"]
-    parts.add_row("floor: read + msgspec decode to plain objects", f"{b['decode_s']:.2f}",
-                  f"{b['decode_cpu_s']:.2f}", f"{b['max_rss_mib']:.0f}")
+    parts.add_row(
+        "floor: read + msgspec decode to plain objects",
+        f"{b['decode_s']:.2f}",
+        f"{b['decode_cpu_s']:.2f}",
+        f"{b['max_rss_mib']:.0f}",
+    )
     parts.add_row("interpreter start", f"{w['interpreter_s']:.2f}", "", "")
     parts.add_row("imports (rlx.cli, numpy, rlx.trace)", f"{w['imports_s']:.2f}", "", "")
-    parts.add_row("load into columns (pyarrow imported; Textual meanwhile)", f"{w['load_s']:.2f}",
-                  f"{w['load_cpu_s']:.2f}", "")
+    parts.add_row(
+        "load into columns (pyarrow imported; Textual meanwhile)", f"{w['load_s']:.2f}", f"{w['load_cpu_s']:.2f}", ""
+    )
     parts.add_row("wait for the Textual import after the load", f"{w['viewer_import_wait_s']:.2f}", "", "")
-    parts.add_row("[b]spawn to first frame (headless)[/]", f"[b]{w['first_frame_s']:.2f}[/]",
-                  f"{w['cpu_to_first_frame_s']:.2f}", f"{w['max_rss_mib']:.0f}")
+    parts.add_row(
+        "[b]spawn to first frame (headless)[/]",
+        f"[b]{w['first_frame_s']:.2f}[/]",
+        f"{w['cpu_to_first_frame_s']:.2f}",
+        f"{w['max_rss_mib']:.0f}",
+    )
     parts.caption = f"all rounds: {', '.join(f'{s:.2f}' for s in v['first_frame_s_all'])} s"
     console.print(parts)
 

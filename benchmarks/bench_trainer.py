@@ -34,10 +34,21 @@ from pathlib import Path
 import torch
 
 QWEN3_0P6B = {
-    "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072,
-    "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-    "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
-    "hidden_act": "silu", "attention_bias": False, "attention_dropout": 0.0,
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
 }
 SHAPES = {  # rows, prompt tokens, (min, max) completion tokens, rows per plain micro-batch, rlx token budget,
     # rows per prompt (GRPO groups: 8 samples of each prompt; 1: every row its own prompt)
@@ -66,8 +77,12 @@ def make_batch(shape: str, vocab: int, seed: int = 0):
 
     rows, prompt_len, (low, high), _, _, group = SHAPES[shape]
     gen = torch.Generator().manual_seed(seed)
-    prompts = [p for _ in range(rows // group) for p in [torch.randint(10, vocab, (prompt_len,), generator=gen).tolist()]
-               for _ in range(group)]
+    prompts = [
+        p
+        for _ in range(rows // group)
+        for p in [torch.randint(10, vocab, (prompt_len,), generator=gen).tolist()]
+        for _ in range(group)
+    ]
     lengths = torch.randint(low, high + 1, (rows,), generator=gen).tolist()
     completions = [torch.randint(10, vocab, (n,), generator=gen).tolist() for n in lengths]
     logps = [(-torch.rand(n, generator=gen) * 3).tolist() for n in lengths]
@@ -81,8 +96,9 @@ class PlainLoop:
     def __init__(self, model_dir: Path, checkpointing: bool, rows_per_batch: int, lr: float) -> None:
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16,
-                                                          attn_implementation="sdpa").cuda()
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.bfloat16, attn_implementation="sdpa"
+        ).cuda()
         self.model.config.use_cache = False
         if checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -96,11 +112,12 @@ class PlainLoop:
         num_completion = batch.completion_ids.shape[1]
         for start in range(0, batch.size, self.rows_per_batch):
             mb = batch.rows(slice(start, start + self.rows_per_batch)).to(torch.device("cuda"))
-            logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                                position_ids=mb.position_ids).logits
-            logp = logits[:, -num_completion - 1:-1].float().log_softmax(-1)
+            logits = self.model(
+                input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids
+            ).logits
+            logp = logits[:, -num_completion - 1 : -1].float().log_softmax(-1)
             logp = logp.gather(-1, mb.completion_ids.unsqueeze(-1)).squeeze(-1)
-            adv = advantages[start:start + self.rows_per_batch].cuda().unsqueeze(-1)
+            adv = advantages[start : start + self.rows_per_batch].cuda().unsqueeze(-1)
             loss = -(adv * logp * mb.mask).sum() / total
             loss.backward()
             del logits, logp
@@ -116,11 +133,18 @@ def rlx_trainer(model_dir: Path, checkpointing: bool, shape: str, lr: float):
 
     rows, _, (_, high), rows_per_batch, budget, _ = SHAPES[shape]
     n = min(rows, 8)
-    cfg = RunConfig(model=ModelConfig(path=str(model_dir), dtype="bfloat16", gradient_checkpointing=checkpointing),
-                    algorithm=AlgorithmConfig(loss_agg="token_mean"),
-                    trainer=TrainerConfig(device="cuda", prompts_per_step=rows // n, micro_batch_size=rows_per_batch,
-                                          micro_batch_tokens=budget, lr=lr,
-                                          skip_no_signal=False))  # every token through, as the plain loop
+    cfg = RunConfig(
+        model=ModelConfig(path=str(model_dir), dtype="bfloat16", gradient_checkpointing=checkpointing),
+        algorithm=AlgorithmConfig(loss_agg="token_mean"),
+        trainer=TrainerConfig(
+            device="cuda",
+            prompts_per_step=rows // n,
+            micro_batch_size=rows_per_batch,
+            micro_batch_tokens=budget,
+            lr=lr,
+            skip_no_signal=False,
+        ),
+    )  # every token through, as the plain loop
     cfg.rollout.n = n
     cfg.rollout.max_tokens = high
     return Trainer(cfg)
@@ -167,8 +191,13 @@ def run_shape(model_dir: Path, shape: str, checkpointing: bool, rounds: int, voc
                 computed = out["update_tokens"]
     del plain, trainer
     torch.cuda.empty_cache()
-    result = {"shape": shape, "gradient_checkpointing": checkpointing, "real_tokens": real_tokens,
-              "padded_tokens": padded_tokens, "errors": errors}
+    result = {
+        "shape": shape,
+        "gradient_checkpointing": checkpointing,
+        "real_tokens": real_tokens,
+        "padded_tokens": padded_tokens,
+        "errors": errors,
+    }
     for name, key in (("plain", "plain"), ("rlx", "rlx_update")):
         if times[key]:
             result[f"{name}_update_tok_s"] = real_tokens / statistics.median(times[key])
@@ -206,25 +235,50 @@ def main() -> None:
                         result[f"{name}_mfu"] = 6 * params * result[f"{name}_computed_tok_s"] / 1e12 / peak
                 results.append(result)
                 print(json.dumps({k: v for k, v in result.items() if k != "rounds"}), flush=True)
-    table = Table(title=f"Trainer.step vs a plain transformers loop, {torch.cuda.get_device_name()} "
-                        f"({params / 1e6:.0f}M params, bf16 peak {peak:.0f} TFLOP/s measured)")
-    for column in ("shape", "grad ckpt", "pad %", "plain update tok/s", "rlx update tok/s", "rlx / plain",
-                   "rlx step tok/s", "MFU plain / rlx", "peak GiB plain / rlx"):
+    table = Table(
+        title=f"Trainer.step vs a plain transformers loop, {torch.cuda.get_device_name()} "
+        f"({params / 1e6:.0f}M params, bf16 peak {peak:.0f} TFLOP/s measured)"
+    )
+    for column in (
+        "shape",
+        "grad ckpt",
+        "pad %",
+        "plain update tok/s",
+        "rlx update tok/s",
+        "rlx / plain",
+        "rlx step tok/s",
+        "MFU plain / rlx",
+        "peak GiB plain / rlx",
+    ):
         table.add_column(column, justify="right")
     for r in results:
         plain_rate, rlx_rate = r.get("plain_update_tok_s"), r.get("rlx_update_tok_s")
-        table.add_row(r["shape"], "on" if r["gradient_checkpointing"] else "off",
-                      f"{100 * (1 - r['real_tokens'] / r['padded_tokens']):.0f}",
-                      _fmt(plain_rate, "{:,.0f}", r["errors"].get("plain")), _fmt(rlx_rate, "{:,.0f}"),
-                      _fmt(rlx_rate / plain_rate if plain_rate and rlx_rate else None, "{:.2f}"),
-                      _fmt(r.get("rlx_step_tok_s"), "{:,.0f}"),
-                      f"{_fmt(r.get('plain_mfu'), '{:.1%}')} / {_fmt(r.get('rlx_mfu'), '{:.1%}')}",
-                      f"{_fmt(r.get('plain_peak_gib'), '{:.1f}')} / {_fmt(r.get('rlx_peak_gib'), '{:.1f}')}")
+        table.add_row(
+            r["shape"],
+            "on" if r["gradient_checkpointing"] else "off",
+            f"{100 * (1 - r['real_tokens'] / r['padded_tokens']):.0f}",
+            _fmt(plain_rate, "{:,.0f}", r["errors"].get("plain")),
+            _fmt(rlx_rate, "{:,.0f}"),
+            _fmt(rlx_rate / plain_rate if plain_rate and rlx_rate else None, "{:.2f}"),
+            _fmt(r.get("rlx_step_tok_s"), "{:,.0f}"),
+            f"{_fmt(r.get('plain_mfu'), '{:.1%}')} / {_fmt(r.get('rlx_mfu'), '{:.1%}')}",
+            f"{_fmt(r.get('plain_peak_gib'), '{:.1f}')} / {_fmt(r.get('rlx_peak_gib'), '{:.1f}')}",
+        )
     Console().print(table)
     if args.json:
-        args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                         "params": params, "bf16_peak_tflops": peak, "model": QWEN3_0P6B,
-                                         "results": results}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "device": torch.cuda.get_device_name(),
+                    "torch": torch.__version__,
+                    "params": params,
+                    "bf16_peak_tflops": peak,
+                    "model": QWEN3_0P6B,
+                    "results": results,
+                },
+                indent=2,
+            )
+        )
 
 
 def _load_meta(model_dir: Path):

@@ -75,12 +75,18 @@ def main() -> int:
 def budget_runs(args, model: Path, calib: dict, report: dict) -> list[str]:
     need_on, need_off = calib["offload"]["device_peak_gb"], calib["no_offload"]["device_peak_gb"]
     if need_off - need_on < MIN_GAP_GB:
-        return [(f"offloading saved only {need_off - need_on:.2f} GiB of device memory (peaks {need_on:.2f} vs "
-                 f"{need_off:.2f} GiB); no budget fits one and not the other")]
+        return [
+            (
+                f"offloading saved only {need_off - need_on:.2f} GiB of device memory (peaks {need_on:.2f} vs "
+                f"{need_off:.2f} GiB); no budget fits one and not the other"
+            )
+        ]
     budget = (need_on + need_off) / 2
     report["budget_gb"] = budget
-    print(f"emulating a GPU with {budget:.2f} GiB free: the midpoint of the device peaks with offload "
-          f"({need_on:.2f} GiB) and without ({need_off:.2f} GiB)")
+    print(
+        f"emulating a GPU with {budget:.2f} GiB free: the midpoint of the device peaks with offload "
+        f"({need_on:.2f} GiB) and without ({need_off:.2f} GiB)"
+    )
     failures = []
     with Ballast(budget) as ballast:
         report["ballast_gb"] = ballast.gb
@@ -99,11 +105,22 @@ def budget_runs(args, model: Path, calib: dict, report: dict) -> list[str]:
 def train(args, model: Path, name: str, offload: bool) -> dict:
     run_dir = args.out / name
     log = args.out / f"{name}.log"
-    overrides = [f"model.path={model}", f"trainer.output_dir={run_dir}", f"trainer.total_steps={args.steps}",
-                 f"placement.offload={str(offload).lower()}", "logging.console=false"]
+    overrides = [
+        f"model.path={model}",
+        f"trainer.output_dir={run_dir}",
+        f"trainer.total_steps={args.steps}",
+        f"placement.offload={str(offload).lower()}",
+        "logging.console=false",
+    ]
     if args.device == "cpu":
-        overrides += ["trainer.device=cpu", "rollout.device=cpu", "sync.transport=auto", "rollout.max_tokens=8",
-                      "trainer.prompts_per_step=4", "rollout.n=4"]
+        overrides += [
+            "trainer.device=cpu",
+            "rollout.device=cpu",
+            "sync.transport=auto",
+            "rollout.max_tokens=8",
+            "trainer.prompts_per_step=4",
+            "rollout.n=4",
+        ]
     argv = [sys.executable, "-m", "rlx", "train", str(CONFIG), *overrides]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     print(f"[{name}] rlx train ... placement.offload={str(offload).lower()}", flush=True)
@@ -112,9 +129,16 @@ def train(args, model: Path, name: str, offload: bool) -> dict:
         code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, check=False).returncode
     text = log.read_text()
     metrics = read_metrics(run_dir)
-    row = {"name": name, "offload": offload, "code": code, "log": str(log), "seconds": time.perf_counter() - started,
-           "device_peak_gb": peak.gb, "out_of_memory": "out of memory" in text.lower(),
-           "phases": phase_peaks(metrics)}
+    row = {
+        "name": name,
+        "offload": offload,
+        "code": code,
+        "log": str(log),
+        "seconds": time.perf_counter() - started,
+        "device_peak_gb": peak.gb,
+        "out_of_memory": "out of memory" in text.lower(),
+        "phases": phase_peaks(metrics),
+    }
     print(f"[{name}] exit {code} in {row['seconds']:.0f} s; device peak {peak.gb:.2f} GiB", flush=True)
     return row
 
@@ -123,8 +147,10 @@ def phase_peaks(metrics: list[dict]) -> dict:
     """The largest per-phase allocator peak over the steps: trainer and engine."""
     out = {}
     for phase in PHASES:
-        out[phase] = {who: max((m.get(key, 0.0) for m in metrics), default=0.0)
-                      for who, key in (("trainer", f"mem_peak_{phase}_gb"), ("engine", f"mem_engine_peak_{phase}_gb"))}
+        out[phase] = {
+            who: max((m.get(key, 0.0) for m in metrics), default=0.0)
+            for who, key in (("trainer", f"mem_peak_{phase}_gb"), ("engine", f"mem_engine_peak_{phase}_gb"))
+        }
     return out
 
 
@@ -229,8 +255,10 @@ class Ballast:
         free, _ = torch.cuda.mem_get_info(0)
         size = free - int(self.free_gb * 2**30)
         if size <= 0:
-            raise SystemExit(f"the GPU has only {free / 2**30:.2f} GiB free, less than the {self.free_gb:.2f} "
-                             "GiB budget; run on an idle GPU")
+            raise SystemExit(
+                f"the GPU has only {free / 2**30:.2f} GiB free, less than the {self.free_gb:.2f} "
+                "GiB budget; run on an idle GPU"
+            )
         self.tensor = torch.empty(size, dtype=torch.uint8, device="cuda")
         self.gb = size / 2**30
         return self

@@ -59,9 +59,17 @@ def main() -> None:
     means = {k: statistics.fmean(r.get(k, 0.0) for r in steps) for k in PHASES}
     tokens_per_s = statistics.fmean(r["update_tokens"] / r["time_update"] for r in steps)
     achieved = 6 * params * tokens_per_s / 1e12
-    result = {"steps_measured": len(steps), "params": params, "bf16_peak_tflops": peak, "phase_seconds": means,
-              "update_tokens_per_s": tokens_per_s, "update_tflops": achieved, "mfu": achieved / peak,
-              "device": torch.cuda.get_device_name(), "num_gpus": torch.cuda.device_count()}
+    result = {
+        "steps_measured": len(steps),
+        "params": params,
+        "bf16_peak_tflops": peak,
+        "phase_seconds": means,
+        "update_tokens_per_s": tokens_per_s,
+        "update_tflops": achieved,
+        "mfu": achieved / peak,
+        "device": torch.cuda.get_device_name(),
+        "num_gpus": torch.cuda.device_count(),
+    }
     table = Table(title=f"rlx train on {result['device']} ({params / 1e6:.0f}M params, {len(steps)} steps)")
     table.add_column("phase")
     table.add_column("seconds / step", justify="right")

@@ -32,7 +32,7 @@ MAX_IPC_PATH_BYTES = 107
 
 def ipc_path(address: str) -> Path | None:
     """The socket file of an ``ipc://`` address; None for any other scheme."""
-    return Path(address[len("ipc://"):]) if address.startswith("ipc://") else None
+    return Path(address[len("ipc://") :]) if address.startswith("ipc://") else None
 
 
 def is_loopback_address(address: str) -> bool:

@@ -90,9 +90,11 @@ class Plan:
         """One line a user reads at start-up: which GPUs each child got."""
         if not self.num_gpus:
             return "placement: no GPU on this host; every process runs on the CPU"
-        parts = [f"{s.name}: GPU {','.join(map(str, s.devices))}" + (f" ({s.memory_fraction:.2g} of memory)"
-                                                                       if s.memory_fraction is not None else "")
-                 for s in (*self.trainer, *self.rollout)]
+        parts = [
+            f"{s.name}: GPU {','.join(map(str, s.devices))}"
+            + (f" ({s.memory_fraction:.2g} of memory)" if s.memory_fraction is not None else "")
+            for s in (*self.trainer, *self.rollout)
+        ]
         line = "placement: " + "; ".join(parts)
         if self.sync_transport == "cuda_ipc" and any(s.peer_devices for s in self.rollout):
             line += "; weights over CUDA IPC, peer-to-peer from the trainer's GPU"
@@ -114,44 +116,61 @@ def check(cfg: RunConfig, num_gpus: int, peer_access=None) -> None:
     ``plan``."""
     r, t, pl = cfg.rollout, cfg.trainer, cfg.placement
     if t.device == "cuda" and num_gpus == 0:
-        raise ConfigError("trainer.device=cuda but this host sees no GPU (CUDA_VISIBLE_DEVICES, driver); "
-                          "set trainer.device=auto or cpu")
+        raise ConfigError(
+            "trainer.device=cuda but this host sees no GPU (CUDA_VISIBLE_DEVICES, driver); "
+            "set trainer.device=auto or cpu"
+        )
     if not uses_gpus(cfg, num_gpus):
         return
     tp, servers, wanted = r.tensor_parallel_size, r.servers_to_launch, rollout_gpus(cfg)
     if wanted % tp:
-        raise ConfigError(f"rollout.tensor_parallel_size={tp} does not divide placement.rollout_gpus={wanted}; "
-                          f"set placement.rollout_gpus to a multiple of {tp} or change the tensor parallel size")
+        raise ConfigError(
+            f"rollout.tensor_parallel_size={tp} does not divide placement.rollout_gpus={wanted}; "
+            f"set placement.rollout_gpus to a multiple of {tp} or change the tensor parallel size"
+        )
     if wanted // tp != servers:
-        raise ConfigError(f"placement.rollout_gpus={wanted} with rollout.tensor_parallel_size={tp} makes "
-                          f"{wanted // tp} engines but rollout.num_servers={servers}; set rollout.num_servers="
-                          f"{wanted // tp} (one server per engine: data parallelism)")
+        raise ConfigError(
+            f"placement.rollout_gpus={wanted} with rollout.tensor_parallel_size={tp} makes "
+            f"{wanted // tp} engines but rollout.num_servers={servers}; set rollout.num_servers="
+            f"{wanted // tp} (one server per engine: data parallelism)"
+        )
     reach = peer_access or _peer_access
     if cfg.sync.transport == "cuda_ipc" and not all(reach(0, d) for d in range(1, num_gpus)):
-        raise ConfigError("sync.transport=cuda_ipc needs every engine to open the trainer's GPU memory, but the GPUs "
-                          "of this host cannot reach each other peer-to-peer; set sync.transport=auto (NCCL then)")
+        raise ConfigError(
+            "sync.transport=cuda_ipc needs every engine to open the trainer's GPU memory, but the GPUs "
+            "of this host cannot reach each other peer-to-peer; set sync.transport=auto (NCCL then)"
+        )
     if pl.mode == "separate":
         need = t.num_ranks + wanted
         if need > num_gpus:
             raise ConfigError(
                 f"placement.mode=separate needs {need} GPUs ({t.num_ranks} for trainer.num_ranks, {wanted} for "
                 f"{servers} rollout server(s) x rollout.tensor_parallel_size={tp}) but this host sees {num_gpus}; "
-                "lower trainer.num_ranks or rollout.num_servers, or set placement.mode=colocated")
+                "lower trainer.num_ranks or rollout.num_servers, or set placement.mode=colocated"
+            )
         return
     if t.num_ranks > num_gpus:
-        raise ConfigError(f"trainer.num_ranks={t.num_ranks} needs one GPU per rank but this host sees {num_gpus}; "
-                          f"set trainer.num_ranks <= {num_gpus}")
+        raise ConfigError(
+            f"trainer.num_ranks={t.num_ranks} needs one GPU per rank but this host sees {num_gpus}; "
+            f"set trainer.num_ranks <= {num_gpus}"
+        )
     if t.num_ranks % tp and wanted > tp:
-        raise ConfigError(f"rollout.tensor_parallel_size={tp} does not divide the {t.num_ranks} colocated GPUs "
-                          f"(trainer.num_ranks); set the tensor parallel size to a divisor of {t.num_ranks}")
+        raise ConfigError(
+            f"rollout.tensor_parallel_size={tp} does not divide the {t.num_ranks} colocated GPUs "
+            f"(trainer.num_ranks); set the tensor parallel size to a divisor of {t.num_ranks}"
+        )
     if tp > t.num_ranks:
-        raise ConfigError(f"rollout.tensor_parallel_size={tp} spans more GPUs than the {t.num_ranks} colocated ones "
-                          f"(trainer.num_ranks); set trainer.num_ranks >= {tp} or placement.mode=separate")
+        raise ConfigError(
+            f"rollout.tensor_parallel_size={tp} spans more GPUs than the {t.num_ranks} colocated ones "
+            f"(trainer.num_ranks); set trainer.num_ranks >= {tp} or placement.mode=separate"
+        )
     per_gpu = _engines_per_gpu(cfg)
     if per_gpu > 1 and pl.sleep_level == 0:
-        raise ConfigError(f"placement.mode=colocated puts {per_gpu} rollout servers on one GPU with "
-                          "placement.sleep_level=0: awake together beside the trainer they do not fit; set "
-                          "placement.sleep_level=1, or fewer rollout.num_servers")
+        raise ConfigError(
+            f"placement.mode=colocated puts {per_gpu} rollout servers on one GPU with "
+            "placement.sleep_level=0: awake together beside the trainer they do not fit; set "
+            "placement.sleep_level=1, or fewer rollout.num_servers"
+        )
 
 
 def sync_transport(cfg: RunConfig, rollout: tuple[Slot, ...], peer_access) -> str:
@@ -165,9 +184,11 @@ def sync_transport(cfg: RunConfig, rollout: tuple[Slot, ...], peer_access) -> st
     if all(sender in s.devices or all(peer_access(sender, d) for d in s.devices) for s in rollout):
         return "cuda_ipc"
     if any(sender in s.devices for s in rollout):  # NCCL refuses two ranks of one group on one GPU
-        raise ConfigError("the engines on GPU 0 need CUDA IPC and the others NCCL (the GPUs of this host cannot "
-                          "reach each other peer-to-peer), and one sync uses one transport; set "
-                          "placement.mode=separate, or launch engines on GPU 0 only (rollout.num_servers)")
+        raise ConfigError(
+            "the engines on GPU 0 need CUDA IPC and the others NCCL (the GPUs of this host cannot "
+            "reach each other peer-to-peer), and one sync uses one transport; set "
+            "placement.mode=separate, or launch engines on GPU 0 only (rollout.num_servers)"
+        )
     return "nccl"
 
 
@@ -177,18 +198,25 @@ def plan(cfg: RunConfig, num_gpus: int, peer_access=None) -> Plan:
     t, r = cfg.trainer, cfg.rollout
     servers = r.servers_to_launch
     if not uses_gpus(cfg, num_gpus):
-        return Plan(tuple(Slot(f"trainer{i}") for i in range(t.num_ranks)),
-                    tuple(Slot(f"rollout{i}") for i in range(servers)), 0, cfg.sync.transport)
+        return Plan(
+            tuple(Slot(f"trainer{i}") for i in range(t.num_ranks)),
+            tuple(Slot(f"rollout{i}") for i in range(servers)),
+            0,
+            cfg.sync.transport,
+        )
     tp = r.tensor_parallel_size
     trainer = tuple(Slot(f"trainer{i}", (i,)) for i in range(t.num_ranks))
     if cfg.placement.mode == "separate":
         first = t.num_ranks
-        rollout = tuple(Slot(f"rollout{i}", tuple(range(first + i * tp, first + (i + 1) * tp)), SEPARATE_FRACTION)
-                        for i in range(servers))
+        rollout = tuple(
+            Slot(f"rollout{i}", tuple(range(first + i * tp, first + (i + 1) * tp)), SEPARATE_FRACTION)
+            for i in range(servers)
+        )
     else:
         fraction = round(_turn_share(cfg) / _engines_per_gpu(cfg), 4)
-        rollout = tuple(Slot(f"rollout{i}", tuple((i * tp + k) % t.num_ranks for k in range(tp)), fraction)
-                        for i in range(servers))
+        rollout = tuple(
+            Slot(f"rollout{i}", tuple((i * tp + k) % t.num_ranks for k in range(tp)), fraction) for i in range(servers)
+        )
     transport = sync_transport(cfg, rollout, peer_access or _peer_access)
     if transport == "cuda_ipc":  # engines away from the sender's GPU see it after their own
         rollout = tuple(s if 0 in s.devices else replace(s, peer_devices=(0,)) for s in rollout)

@@ -48,9 +48,11 @@ def check_installed(names: list[str]) -> None:
     missing = [name for name in names if name not in available]
     if missing:
         listed = ", ".join(sorted(available)) or "none"
-        raise ConfigError(f"checkpoint.plugins names {missing[0]!r}, which is not an installed rlx plugin "
-                          f"(installed: {listed}); install the package that provides it (entry-point group "
-                          f"{GROUP!r}) or remove it from checkpoint.plugins")
+        raise ConfigError(
+            f"checkpoint.plugins names {missing[0]!r}, which is not an installed rlx plugin "
+            f"(installed: {listed}); install the package that provides it (entry-point group "
+            f"{GROUP!r}) or remove it from checkpoint.plugins"
+        )
 
 
 def make(name: str, entry_point) -> Any:
@@ -60,13 +62,17 @@ def make(name: str, entry_point) -> Any:
     try:
         factory = entry_point.load()
     except Exception as exc:
-        raise PluginError(f"checkpoint plugin {name!r} ({entry_point.value}) cannot be imported: "
-                          f"{type(exc).__name__}: {exc}; reinstall the package that provides it, {remove}") from exc
+        raise PluginError(
+            f"checkpoint plugin {name!r} ({entry_point.value}) cannot be imported: "
+            f"{type(exc).__name__}: {exc}; reinstall the package that provides it, {remove}"
+        ) from exc
     try:
         return factory()
     except Exception as exc:
-        raise PluginError(f"checkpoint plugin {name!r}: making it ({entry_point.value}, called with no arguments) "
-                          f"raised {type(exc).__name__}: {exc}; fix the plugin or its environment, {remove}") from exc
+        raise PluginError(
+            f"checkpoint plugin {name!r}: making it ({entry_point.value}, called with no arguments) "
+            f"raised {type(exc).__name__}: {exc}; fix the plugin or its environment, {remove}"
+        ) from exc
 
 
 def check_loadable(names: list[str]) -> None:
@@ -106,5 +112,4 @@ class Plugins:
             try:
                 method(*args)
             except Exception as exc:
-                raise PluginError(f"checkpoint plugin {name!r} failed in {hook}: {type(exc).__name__}: {exc}") \
-                    from exc
+                raise PluginError(f"checkpoint plugin {name!r} failed in {hook}: {type(exc).__name__}: {exc}") from exc

@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")
 
 
-def router(context: zmq.Context, address: str | None, hwm: int = 1000,
-           max_message_bytes: int | None = None) -> zmq.Socket:
+def router(
+    context: zmq.Context, address: str | None, hwm: int = 1000, max_message_bytes: int | None = None
+) -> zmq.Socket:
     """A ROUTER for the serving end, bound to ``address`` (``None``: the caller binds it, e.g. to a random
     port); each request's reply goes back to the identity it came from."""
     socket = _configured(context.socket(zmq.ROUTER), hwm, max_message_bytes)
@@ -90,8 +91,14 @@ class RpcClient(Generic[R]):
     * a dead or silent peer: the call raises ``RpcTimeout`` naming the peer when its deadline passes.
     """
 
-    def __init__(self, address: str, name: str, decode: Callable[[bytes], R],
-                 context: zmq.asyncio.Context | None = None, hwm: int = 1000):
+    def __init__(
+        self,
+        address: str,
+        name: str,
+        decode: Callable[[bytes], R],
+        context: zmq.asyncio.Context | None = None,
+        hwm: int = 1000,
+    ):
         self.address, self.name = address, name
         self._decode, self._context, self._hwm = decode, context, hwm
         self._socket: zmq.asyncio.Socket | None = None
@@ -118,8 +125,10 @@ class RpcClient(Generic[R]):
                 sent.result()
                 return await reply
         except TimeoutError:
-            raise RpcTimeout(f"{self.name} did not answer {label} within {timeout_s:g} s: it is dead, hung or "
-                             "unreachable (check its log)") from None
+            raise RpcTimeout(
+                f"{self.name} did not answer {label} within {timeout_s:g} s: it is dead, hung or "
+                "unreachable (check its log)"
+            ) from None
         except asyncio.CancelledError:
             if reply.done() and not reply.cancelled():  # close() under a waiting send cancels the send
                 raise reply.exception() from None

@@ -42,8 +42,9 @@ def remove_dead_owners(pattern: str, name: re.Pattern) -> list[str]:
 
 def create(path: str, size: int) -> mmap.mmap:
     if not os.path.isdir(SHM_DIR):
-        raise RuntimeError(f"the shm weight transport needs POSIX shared memory at {SHM_DIR}; "
-                           "use transport=cuda_ipc on a GPU host")
+        raise RuntimeError(
+            f"the shm weight transport needs POSIX shared memory at {SHM_DIR}; use transport=cuda_ipc on a GPU host"
+        )
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.posix_fallocate(fd, 0, size)
@@ -51,9 +52,11 @@ def create(path: str, size: int) -> mmap.mmap:
     except OSError as exc:
         unlink(path)
         free = os.statvfs(SHM_DIR).f_bavail * os.statvfs(SHM_DIR).f_frsize
-        raise RuntimeError(f"cannot reserve {size / 2**20:.0f} MiB in {SHM_DIR} ({free / 2**20:.0f} MiB free): {exc}; "
-                           "lower sync.bucket_mb or sync.num_buffers, or give the container more shared "
-                           "memory (docker run --shm-size=...)") from None
+        raise RuntimeError(
+            f"cannot reserve {size / 2**20:.0f} MiB in {SHM_DIR} ({free / 2**20:.0f} MiB free): {exc}; "
+            "lower sync.bucket_mb or sync.num_buffers, or give the container more shared "
+            "memory (docker run --shm-size=...)"
+        ) from None
     finally:
         os.close(fd)
 
@@ -62,8 +65,10 @@ def open_segment(path: str, size: int) -> mmap.mmap:
     try:
         fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:
-        raise FileNotFoundError(f"shared-memory segment {path} does not exist: the sender closed it, or the "
-                                "receiver runs in another container / IPC namespace than the sender") from None
+        raise FileNotFoundError(
+            f"shared-memory segment {path} does not exist: the sender closed it, or the "
+            "receiver runs in another container / IPC namespace than the sender"
+        ) from None
     try:
         actual = os.fstat(fd).st_size
         if actual < size:
@@ -74,8 +79,7 @@ def open_segment(path: str, size: int) -> mmap.mmap:
 
 
 def _map(fd: int, size: int) -> mmap.mmap:
-    return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
-                     prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
 
 
 def tensor_over(mm: mmap.mmap) -> torch.Tensor:
@@ -92,8 +96,10 @@ def close_mapping(mm: mmap.mmap, path: str) -> None:
 
 
 def views_still_held(path: str) -> BufferError:
-    return BufferError(f"tensors over the shared buffer {path} are still referenced; a receiver must drop "
-                       "the views from WeightReceiver.tensors() before acknowledging their bucket")
+    return BufferError(
+        f"tensors over the shared buffer {path} are still referenced; a receiver must drop "
+        "the views from WeightReceiver.tensors() before acknowledging their bucket"
+    )
 
 
 def unlink(path: str) -> None:

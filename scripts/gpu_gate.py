@@ -57,7 +57,9 @@ class Job:
 def main() -> None:
     args = _parse()
     args.out.mkdir(parents=True, exist_ok=True)
-    jobs = [Job(layout, seed) for layout in args.jobs for seed in (args.seeds if layout in args.seeded else args.seeds[:1])]
+    jobs = [
+        Job(layout, seed) for layout in args.jobs for seed in (args.seeds if layout in args.seeded else args.seeds[:1])
+    ]
     jobs += [Job(layout, args.seeds[0], resume=True) for layout in args.resume]
     _prepare(args)
     _run_all(jobs, args)
@@ -94,9 +96,17 @@ def _overrides(job: Job, args, run_dir: Path) -> list[str]:
     task = []
     if args.task_jsonl:
         task = ["task.name=gsm8k", f"task.path={args.task_jsonl}", "task.num_eval=256"]
-    return [*layout_overrides, *task, f"trainer.seed={job.seed}", f"trainer.total_steps={args.steps}",
-            f"trainer.eval_every={max(args.steps // 2, 1)}", f"trainer.output_dir={run_dir}", "sync.verify=true",
-            f"checkpoint.every={max(args.steps // 2, 1)}", *args.extra]
+    return [
+        *layout_overrides,
+        *task,
+        f"trainer.seed={job.seed}",
+        f"trainer.total_steps={args.steps}",
+        f"trainer.eval_every={max(args.steps // 2, 1)}",
+        f"trainer.output_dir={run_dir}",
+        "sync.verify=true",
+        f"checkpoint.every={max(args.steps // 2, 1)}",
+        *args.extra,
+    ]
 
 
 def _run_all(jobs: list[Job], args) -> None:
@@ -112,7 +122,9 @@ def _run_all(jobs: list[Job], args) -> None:
             job.result = _run_job(job, gpus, args)
         except Exception as exc:  # noqa: BLE001 - one job's failure is its result
             job.result = {"error": f"{type(exc).__name__}: {exc}"}
-        (args.out / f"job_{job.name}.json").write_text(json.dumps(job.result, indent=1) + "\n")  # kept if a limit cuts the gate
+        (args.out / f"job_{job.name}.json").write_text(
+            json.dumps(job.result, indent=1) + "\n"
+        )  # kept if a limit cuts the gate
         print(f"[gate] {job.name} on GPU {gpus}: {json.dumps(job.result)[:400]}", flush=True)
         with lock:
             free.extend(gpus)
@@ -143,8 +155,12 @@ def _run_job(job: Job, gpus: list[int], args) -> dict:
     leftovers_after_sigterm = _leftovers(run_dir)
     code2, seconds = _train([*argv, "--resume"], env, run_dir / "gate-resume.log", args.timeout_s)
     summary = _summary(run_dir, code2, seconds, gpus)
-    summary.update(sigterm_exit_code=code, sigterm_stop_s=stop, leftovers_after_sigterm=leftovers_after_sigterm,
-                   resumed_from_step=stop_at)
+    summary.update(
+        sigterm_exit_code=code,
+        sigterm_stop_s=stop,
+        leftovers_after_sigterm=leftovers_after_sigterm,
+        resumed_from_step=stop_at,
+    )
     return summary
 
 
@@ -182,22 +198,36 @@ def _summary(run_dir: Path, code: int, seconds: float, gpus: list[int]) -> dict:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in rows if r.get("step", 0) > 0 and "time_step" in r]
     evals = [(r["step"], r["eval_accuracy"]) for r in rows if r.get("eval_accuracy") is not None]
+
     def med(key):
         return statistics.median([r[key] for r in steps if key in r]) if any(key in r for r in steps) else None
+
     params = _params(run_dir)
-    mfu = [6 * params * r["update_tokens"] / r["time_update"] / H200_BF16_FLOPS
-           for r in steps if r.get("time_update") and r.get("update_tokens")]
+    mfu = [
+        6 * params * r["update_tokens"] / r["time_update"] / H200_BF16_FLOPS
+        for r in steps
+        if r.get("time_update") and r.get("update_tokens")
+    ]
     return {
-        "exit_code": code, "wall_s": round(seconds, 1), "gpus": gpus,
-        "heldout": evals, "heldout_start": evals[0][1] if evals else None, "heldout_end": evals[-1][1] if evals else None,
+        "exit_code": code,
+        "wall_s": round(seconds, 1),
+        "gpus": gpus,
+        "heldout": evals,
+        "heldout_start": evals[0][1] if evals else None,
+        "heldout_end": evals[-1][1] if evals else None,
         "reward_first5": statistics.mean(r["reward_mean"] for r in steps[:5]) if steps else None,
         "reward_last5": statistics.mean(r["reward_mean"] for r in steps[-5:]) if steps else None,
         "dlogp_mean": statistics.mean(r["logprob_diff_mean"] for r in steps) if steps else None,
         "dlogp_max": max((r["logprob_diff_mean"] for r in steps), default=None),
-        "syncs": len(steps), "syncs_verified": sum(int(r.get("sync_verified", 0)) for r in steps),
-        "step_s": med("time_step"), "sync_s": med("time_sync"),
-        "phases_s": {k: med(k) for k in ("time_generate", "time_reward", "time_logprob", "time_update", "time_sync",
-                                         "time_checkpoint") if med(k) is not None},
+        "syncs": len(steps),
+        "syncs_verified": sum(int(r.get("sync_verified", 0)) for r in steps),
+        "step_s": med("time_step"),
+        "sync_s": med("time_sync"),
+        "phases_s": {
+            k: med(k)
+            for k in ("time_generate", "time_reward", "time_logprob", "time_update", "time_sync", "time_checkpoint")
+            if med(k) is not None
+        },
         "gpu_peak_gb_rank0": max((r.get("gpu_peak_gb", 0) for r in steps), default=None),
         "mfu_update": statistics.median(mfu) if mfu else None,
         "leftovers": _leftovers(run_dir),
@@ -206,7 +236,12 @@ def _summary(run_dir: Path, code: int, seconds: float, gpus: list[int]) -> dict:
 
 def _params(run_dir: Path) -> int:
     config = json.loads((Path(".cache/models/smollm2-135m-instruct") / "config.json").read_text())
-    h, layers, vocab, inter = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"], config["intermediate_size"]
+    h, layers, vocab, inter = (
+        config["hidden_size"],
+        config["num_hidden_layers"],
+        config["vocab_size"],
+        config["intermediate_size"],
+    )
     kv = h * config["num_key_value_heads"] // config["num_attention_heads"]
     return layers * (2 * h * h + 2 * h * kv + 3 * h * inter) + vocab * h
 
@@ -221,8 +256,12 @@ def _leftovers(run_dir: Path) -> dict:
     alive = [pid for pid in pids if Path(f"/proc/{pid}").exists() and _state(pid) not in ("Z", "X")]
     segments = [p.name for p in Path("/dev/shm").glob("rlx-*") if any(f"-{pid}-" in p.name for pid in pids)]
     sockets = [str(p) for p in run_dir.rglob("*.sock")]
-    return {"processes": alive, "segments": segments, "sockets": sockets,
-            "count": len(alive) + len(segments) + len(sockets)}
+    return {
+        "processes": alive,
+        "segments": segments,
+        "sockets": sockets,
+        "count": len(alive) + len(segments) + len(sockets),
+    }
 
 
 def host_leftovers() -> list[str]:
@@ -247,14 +286,21 @@ def _write_layout(layout: str, jobs: list[Job], args, host_left: list[str]) -> N
     ok = [j.result for j in plain if j.result.get("exit_code") == 0]
     base = plain[0].result if plain else {}
     out = {
-        "layout": layout, "gpus": LAYOUTS[layout][1], "device": torch.cuda.get_device_name(0), "backend": "vllm",
-        "vllm_version": vllm.__version__, "model": "SmolLM2-135M-Instruct (GGUF Q4_1, imported)",
-        "task": "reasoning-gym chain_sum, 2 terms, 1-2 digits", "command": _command(layout, args),
-        "seeds": [j.seed for j in plain], "steps": args.steps,
+        "layout": layout,
+        "gpus": LAYOUTS[layout][1],
+        "device": torch.cuda.get_device_name(0),
+        "backend": "vllm",
+        "vllm_version": vllm.__version__,
+        "model": "SmolLM2-135M-Instruct (GGUF Q4_1, imported)",
+        "task": "reasoning-gym chain_sum, 2 terms, 1-2 digits",
+        "command": _command(layout, args),
+        "seeds": [j.seed for j in plain],
+        "steps": args.steps,
         "heldout_start": statistics.mean(r["heldout_start"] for r in ok) if ok else None,
         "heldout_end": statistics.mean(r["heldout_end"] for r in ok) if ok else None,
         "dlogp_mean": statistics.mean(r["dlogp_mean"] for r in ok) if ok else None,
-        "syncs": sum(r["syncs"] for r in ok), "syncs_verified": sum(r["syncs_verified"] for r in ok),
+        "syncs": sum(r["syncs"] for r in ok),
+        "syncs_verified": sum(r["syncs_verified"] for r in ok),
         "step_s": statistics.median(r["step_s"] for r in ok) if ok else None,
         "sync_s": statistics.median(r["sync_s"] for r in ok) if ok else None,
         "leftovers": sum(r["leftovers"]["count"] for r in (j.result for j in jobs) if "leftovers" in r)
@@ -264,8 +310,11 @@ def _write_layout(layout: str, jobs: list[Job], args, host_left: list[str]) -> N
     }
     if resumed and base:
         r = resumed[0].result
-        out["resumed_reward_matches"] = (r.get("exit_code") == 0 and abs(r["reward_last5"] - base["reward_last5"]) <= 0.05
-                                         and abs(r["heldout_end"] - base["heldout_end"]) <= 0.05)
+        out["resumed_reward_matches"] = (
+            r.get("exit_code") == 0
+            and abs(r["reward_last5"] - base["reward_last5"]) <= 0.05
+            and abs(r["heldout_end"] - base["heldout_end"]) <= 0.05
+        )
         out["sigterm_stop_s"] = r.get("sigterm_stop_s")
     (args.out / f"gpu_gate_{layout}.json").write_text(json.dumps(out, indent=1) + "\n")
 

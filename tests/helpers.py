@@ -37,9 +37,15 @@ def start_rlx(args: list[str], log_path: Path, env: dict | None = None) -> subpr
         _term_when_parent_dies()
 
     with open(log_path, "w") as log:  # the child writes to its own copy of the descriptor
-        return subprocess.Popen([sys.executable, "-m", "rlx", *args], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=child_setup,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
+        return subprocess.Popen(
+            [sys.executable, "-m", "rlx", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=child_setup,
+            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
+        )
 
 
 def stop_group(proc: subprocess.Popen, timeout_s: float = 15.0) -> None:

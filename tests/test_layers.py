@@ -76,10 +76,12 @@ def _imports(path: Path) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else []
+            base = package[: len(package) - node.level + 1] if node.level else []
             target = ".".join(base + ([node.module] if node.module else []))
-            found += [(node.lineno, f"{target}.{alias.name}" if _is_module(f"{target}.{alias.name}") else target)
-                      for alias in node.names]
+            found += [
+                (node.lineno, f"{target}.{alias.name}" if _is_module(f"{target}.{alias.name}") else target)
+                for alias in node.names
+            ]
     return sorted({(line, name) for line, name in found if name == "rlx" or name.startswith("rlx.")})
 
 
@@ -106,8 +108,10 @@ def _wrong_way(edges) -> list[str]:
         if up > down:
             wrong.append(f"{where}: {module} (up: {source} -> {target})")
         elif up == down and module not in INTERFACES.get(target, set()):
-            wrong.append(f"{where}: {module} (sideways into {target}'s internals; its interface: "
-                         f"{sorted(INTERFACES.get(target, set())) or 'none'})")
+            wrong.append(
+                f"{where}: {module} (sideways into {target}'s internals; its interface: "
+                f"{sorted(INTERFACES.get(target, set())) or 'none'})"
+            )
     return wrong
 
 
@@ -152,25 +156,35 @@ def test_every_unit_has_a_layer():
 
 def test_imports_run_downhill():
     wrong = _wrong_way(_edges())
-    assert not wrong, (f"{len(wrong)} imports run up a layer or sideways into a sibling's internals:\n"
-                       + "\n".join(wrong))
+    assert not wrong, f"{len(wrong)} imports run up a layer or sideways into a sibling's internals:\n" + "\n".join(
+        wrong
+    )
 
 
 def test_no_cycle_between_folders():
     edges = _edges()
     cycles = _cycles(edges)
     # a cycle has at least one edge that does not run down a layer: those are the ones to show
-    lines = [f"{' <-> '.join(group)}, closed by:\n" + "\n".join(
-        f"    {where}: {module}" for source, target, module, where in edges
-        if source in group and target in group and _layer_of(target) >= _layer_of(source)) for group in cycles]
+    lines = [
+        f"{' <-> '.join(group)}, closed by:\n"
+        + "\n".join(
+            f"    {where}: {module}"
+            for source, target, module, where in edges
+            if source in group and target in group and _layer_of(target) >= _layer_of(source)
+        )
+        for group in cycles
+    ]
     assert not cycles, f"{len(cycles)} cycles between folders:\n" + "\n".join(lines)
 
 
-@pytest.mark.parametrize("source, expected", [
-    ("from rlx.sync import messages\n", ["rlx.sync.messages"]),
-    ("def f():\n    from ..rollout.protocol import Request\n", ["rlx.rollout.protocol"]),
-    ("import rlx.trace\nimport os\n", ["rlx.trace"]),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("from rlx.sync import messages\n", ["rlx.sync.messages"]),
+        ("def f():\n    from ..rollout.protocol import Request\n", ["rlx.rollout.protocol"]),
+        ("import rlx.trace\nimport os\n", ["rlx.trace"]),
+    ],
+)
 def test_imports_are_found_at_any_depth(tmp_path, monkeypatch, source, expected):
     """The scanner itself: a function's import and a relative one are seen and resolved."""
     monkeypatch.setattr(sys.modules[__name__], "RLX", tmp_path / "rlx")

@@ -61,8 +61,9 @@ class ToolStats:
 class ToolEnv:
     """One episode's environment; cheap to make (the worker pool is shared)."""
 
-    def __init__(self, tools: dict[str, str], pool: WorkerPool | None, fmt: str, stats: ToolStats,
-                 task=None, chat: bool = False) -> None:
+    def __init__(
+        self, tools: dict[str, str], pool: WorkerPool | None, fmt: str, stats: ToolStats, task=None, chat: bool = False
+    ) -> None:
         self.tools, self.pool, self.fmt, self.stats = tools, pool, fmt, stats
         self.task_messages = getattr(task, "messages", None) if chat else None
         self.problem: Problem | None = None
@@ -76,8 +77,12 @@ class ToolEnv:
         if not calls:
             return StepResult("", done=True)
         replies = await asyncio.gather(*(self._run(call) for call in calls))
-        return StepResult("".join(self._observation(reply) for reply in replies), done=False, tool_calls=calls,
-                          messages=[{"role": "tool", "content": reply} for reply in replies])
+        return StepResult(
+            "".join(self._observation(reply) for reply in replies),
+            done=False,
+            tool_calls=calls,
+            messages=[{"role": "tool", "content": reply} for reply in replies],
+        )
 
     async def _run(self, call: ToolCall) -> str:
         self.stats.calls += 1

@@ -98,8 +98,10 @@ class Episode:
         ids, logps, mask = [], [], []
         for turn in self.turns:
             if len(turn.logprobs) != len(turn.token_ids):
-                raise ValueError(f"a turn has {len(turn.token_ids)} token ids but {len(turn.logprobs)} logprobs; "
-                                 "record one engine logprob per sampled token")
+                raise ValueError(
+                    f"a turn has {len(turn.token_ids)} token ids but {len(turn.logprobs)} logprobs; "
+                    "record one engine logprob per sampled token"
+                )
             ids += turn.token_ids + turn.observation_ids
             logps += list(turn.logprobs) + [0.0] * len(turn.observation_ids)
             mask += [1.0] * len(turn.token_ids) + [0.0] * len(turn.observation_ids)

@@ -68,15 +68,16 @@ class ChatFraming:
         self.tools = tools or None
         self.tools_in_system = bool(tools) and not self._renders_tools()
         head = self._render(PROBE, generation_prompt=False)
-        self.closing = head[head.rindex(PROBE_ANSWER) + len(PROBE_ANSWER):]
+        self.closing = head[head.rindex(PROBE_ANSWER) + len(PROBE_ANSWER) :]
         """What the template writes after an assistant message's content (e.g. '<|im_end|>\\n')."""
         asked = self._render(PROBE[:1], generation_prompt=True)
-        self.generation_prompt = asked[len(self._render(PROBE[:1], generation_prompt=False)):]
+        self.generation_prompt = asked[len(self._render(PROBE[:1], generation_prompt=False)) :]
         """The header of an assistant turn (e.g. '<|im_start|>assistant\\n')."""
 
     def _render(self, messages: Messages, generation_prompt: bool, tools: list[dict] | None = None) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                                  add_generation_prompt=generation_prompt)
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+        )
 
     def _renders_tools(self) -> bool:
         return self._render(PROBE[:1], True, self.tools) != self._render(PROBE[:1], True)
@@ -96,8 +97,10 @@ class ChatFraming:
         if not self.tools_in_system:
             return ""
         lines = "\n".join(json.dumps(t.get("function", t)) for t in self.tools)
-        return (f"You can call these tools:\n<tools>\n{lines}\n</tools>\nTo call one, write "
-                '<tool_call>{"name": NAME, "arguments": {...}}</tool_call>; its result comes back in the next message.')
+        return (
+            f"You can call these tools:\n<tools>\n{lines}\n</tools>\nTo call one, write "
+            '<tool_call>{"name": NAME, "arguments": {...}}</tool_call>; its result comes back in the next message.'
+        )
 
     def render(self, messages: Messages, generation_prompt: bool = True) -> str:
         """The template's text of a conversation that starts with the first prompt's messages."""
@@ -114,9 +117,11 @@ class ChatFraming:
         head = self._render(PROBE, generation_prompt=False)
         whole = self._render(PROBE + list(messages), generation_prompt=True)
         if not whole.startswith(head):
-            raise ValueError("the chat template renders a conversation differently once messages follow it, so "
-                             "turns cannot be appended as token ids; set task.chat_template=off")
-        ids = _encode(self.tokenizer, self.closing + whole[len(head):])
+            raise ValueError(
+                "the chat template renders a conversation differently once messages follow it, so "
+                "turns cannot be appended as token ids; set task.chat_template=off"
+            )
+        ids = _encode(self.tokenizer, self.closing + whole[len(head) :])
         end = ids[0] if ids else None
         if turn_ids and end == turn_ids[-1] and end in self.tokenizer.all_special_ids:
             ids = ids[1:]  # the policy sampled the end of its turn itself

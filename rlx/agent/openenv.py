@@ -48,8 +48,9 @@ def import_client():
     try:
         from openenv.core.generic_client import GenericEnvClient
     except ImportError as exc:
-        raise ImportError(f"task.name=openenv needs the OpenEnv library, which is not installed ({exc}); "
-                          f"install it with {INSTALL}") from exc
+        raise ImportError(
+            f"task.name=openenv needs the OpenEnv library, which is not installed ({exc}); install it with {INSTALL}"
+        ) from exc
     return GenericEnvClient
 
 
@@ -58,8 +59,10 @@ class OpenEnvSessions:
 
     def __init__(self, cfg: OpenEnvConfig) -> None:
         if not cfg.url:
-            raise ConfigError("task.name=openenv needs agent.openenv.url; set it to the environment server's "
-                              "address, e.g. agent.openenv.url=http://127.0.0.1:8000")
+            raise ConfigError(
+                "task.name=openenv needs agent.openenv.url; set it to the environment server's "
+                "address, e.g. agent.openenv.url=http://127.0.0.1:8000"
+            )
         self.cfg = cfg
         self.client_cls = import_client()
         self.slots = asyncio.Semaphore(cfg.max_sessions)
@@ -81,8 +84,10 @@ class OpenEnvSessions:
         key = self.cfg.observation_key
         if key:
             if key not in observation:
-                raise ValueError(f"the OpenEnv observation has no field {key!r} (agent.openenv.observation_key); "
-                                 f"its fields: {', '.join(sorted(observation))}")
+                raise ValueError(
+                    f"the OpenEnv observation has no field {key!r} (agent.openenv.observation_key); "
+                    f"its fields: {', '.join(sorted(observation))}"
+                )
             value = observation[key]
             return value if isinstance(value, str) else json.dumps(value)
         return json.dumps({k: v for k, v in observation.items() if k not in HIDDEN_FIELDS})
@@ -104,15 +109,18 @@ class OpenEnvEnv:
         try:
             return await asyncio.wait_for(call, cfg.timeout_s + 1.0)
         except OSError as exc:  # refused, reset, or timed out (TimeoutError is an OSError)
-            raise RuntimeError(f"the OpenEnv server at {cfg.url} (agent.openenv.url) failed on {what}: "
-                               f"{exc or type(exc).__name__}; start the environment server there, or raise "
-                               "agent.openenv.timeout_s for a slow one") from exc
+            raise RuntimeError(
+                f"the OpenEnv server at {cfg.url} (agent.openenv.url) failed on {what}: "
+                f"{exc or type(exc).__name__}; start the environment server there, or raise "
+                "agent.openenv.timeout_s for a slow one"
+            ) from exc
 
     async def reset(self, problem: Problem) -> str | list[dict]:
         await self.sessions.slots.acquire()
         cfg = self.sessions.cfg
-        self.client = self.sessions.client_cls(base_url=cfg.url, connect_timeout_s=cfg.timeout_s,
-                                               message_timeout_s=cfg.timeout_s)
+        self.client = self.sessions.client_cls(
+            base_url=cfg.url, connect_timeout_s=cfg.timeout_s, message_timeout_s=cfg.timeout_s
+        )
         result = await self._call("reset", self.client.reset(seed=problem.id))
         text = self.sessions.observation_text(result.observation)
         return [{"role": "user", "content": text}] if self.chat else text

@@ -43,16 +43,33 @@ GROUP = "rlx.tools"
 BUILTIN = {"calc": "rlx.agent.tools:calc", "python": "rlx.agent.tools:python"}
 
 BUILTIN_SCHEMAS = {
-    "calc": {"description": "Evaluate an arithmetic expression exactly: numbers, + - * / // % ** and parentheses.",
-             "parameters": {"type": "object", "required": ["expression"], "properties": {
-                 "expression": {"type": "string", "description": "the expression, e.g. 47*38"}}}},
-    "python": {"description": "Run Python code in a sandbox and return what it prints.",
-               "parameters": {"type": "object", "required": ["code"], "properties": {
-                   "code": {"type": "string", "description": "a Python program that prints its result"}}}},
+    "calc": {
+        "description": "Evaluate an arithmetic expression exactly: numbers, + - * / // % ** and parentheses.",
+        "parameters": {
+            "type": "object",
+            "required": ["expression"],
+            "properties": {"expression": {"type": "string", "description": "the expression, e.g. 47*38"}},
+        },
+    },
+    "python": {
+        "description": "Run Python code in a sandbox and return what it prints.",
+        "parameters": {
+            "type": "object",
+            "required": ["code"],
+            "properties": {"code": {"type": "string", "description": "a Python program that prints its result"}},
+        },
+    },
 }
 
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
 MAX_EXPONENT = 64
 PYTHON_TIMEOUT_S = 5.0
@@ -92,8 +109,16 @@ def python(arguments: dict) -> str:
         command = ["unshare", "--net", "--map-root-user", *command]
     with tempfile.TemporaryDirectory(prefix="rlx-python-tool-") as workdir:
         try:
-            done = subprocess.run(command, capture_output=True, timeout=PYTHON_TIMEOUT_S, cwd=workdir, env={},
-                                  stdin=subprocess.DEVNULL, preexec_fn=_limit_child, check=False)
+            done = subprocess.run(
+                command,
+                capture_output=True,
+                timeout=PYTHON_TIMEOUT_S,
+                cwd=workdir,
+                env={},
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_limit_child,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             raise TimeoutError(f"the code ran past {PYTHON_TIMEOUT_S:g} s") from None
     out = done.stdout.decode(errors="replace")
@@ -115,8 +140,11 @@ def _limit_child() -> None:
 def network_isolation() -> bool:
     """Whether ``unshare --net --map-root-user`` works here (checked once per process)."""
     unshare = shutil.which("unshare")
-    return bool(unshare) and subprocess.run(
-        [unshare, "--net", "--map-root-user", "true"], capture_output=True, check=False).returncode == 0
+    return (
+        bool(unshare)
+        and subprocess.run([unshare, "--net", "--map-root-user", "true"], capture_output=True, check=False).returncode
+        == 0
+    )
 
 
 def resolve_tools(entries: list[str], config_key: str = "agent.tools") -> dict[str, str]:
@@ -145,9 +173,11 @@ def _entry(entry: str, config_key: str) -> tuple[str, str]:
     if entry in installed:
         return entry, installed[entry]
     known = ", ".join(sorted(set(BUILTIN) | set(installed)))
-    raise ConfigError(f"{config_key} names {entry!r}, which is neither a built-in tool nor an installed one "
-                      f"(known: {known}); write 'module:function', 'name=module:function', or install a package "
-                      f"with an entry point in the {GROUP!r} group")
+    raise ConfigError(
+        f"{config_key} names {entry!r}, which is neither a built-in tool nor an installed one "
+        f"(known: {known}); write 'module:function', 'name=module:function', or install a package "
+        f"with an entry point in the {GROUP!r} group"
+    )
 
 
 def tool_schemas(tools: dict[str, str]) -> list[dict]:

@@ -60,8 +60,10 @@ class _Worker:
             room = max(max_bytes - self.printed, 0)
             _to_stderr(chunk[:room])
             if self.printed <= max_bytes < self.printed + len(chunk):
-                _to_stderr(f"\n[{who}: this call printed more than {max_bytes} bytes; the rest of its output is "
-                           "dropped, not kept: raise agent.max_worker_output_bytes to see more]\n".encode())
+                _to_stderr(
+                    f"\n[{who}: this call printed more than {max_bytes} bytes; the rest of its output is "
+                    "dropped, not kept: raise agent.max_worker_output_bytes to see more]\n".encode()
+                )
             self.printed += len(chunk)
 
     async def request(self, body: bytes) -> dict:
@@ -89,12 +91,19 @@ def _to_stderr(data: bytes) -> None:
     """Write to file descriptor 2, where the worker's output went when it shared this process's stderr."""
     view = memoryview(data)
     while view:
-        view = view[os.write(2, view):]
+        view = view[os.write(2, view) :]
 
 
 class WorkerPool:
-    def __init__(self, name: str, num_workers: int, timeout_s: float, memory_mb: int,
-                 max_output_chars: int = 4096, max_log_bytes: int = 65536) -> None:
+    def __init__(
+        self,
+        name: str,
+        num_workers: int,
+        timeout_s: float,
+        memory_mb: int,
+        max_output_chars: int = 4096,
+        max_log_bytes: int = 65536,
+    ) -> None:
         self.name, self.num_workers, self.timeout_s = name, num_workers, timeout_s
         self.memory_mb, self.max_output_chars, self.max_log_bytes = memory_mb, max_output_chars, max_log_bytes
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
@@ -111,10 +120,20 @@ class WorkerPool:
 
     async def _spawn(self) -> _Worker:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "rlx.agent.worker_main", "--memory-mb", str(self.memory_mb),
-            "--max-output-chars", str(self.max_output_chars), "--parent", str(os.getpid()),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True)
+            sys.executable,
+            "-m",
+            "rlx.agent.worker_main",
+            "--memory-mb",
+            str(self.memory_mb),
+            "--max-output-chars",
+            str(self.max_output_chars),
+            "--parent",
+            str(os.getpid()),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
         worker = _Worker(process, self.name, self.max_log_bytes)
         self._all.add(worker)
         try:
@@ -122,8 +141,10 @@ class WorkerPool:
         except (TimeoutError, asyncio.IncompleteReadError) as exc:
             await worker.kill()
             self._all.discard(worker)
-            raise RuntimeError(f"a {self.name} worker did not start within {STARTUP_TIMEOUT_S:g} s "
-                               f"(exit code {process.returncode}); see its stderr above") from exc
+            raise RuntimeError(
+                f"a {self.name} worker did not start within {STARTUP_TIMEOUT_S:g} s "
+                f"(exit code {process.returncode}); see its stderr above"
+            ) from exc
         return worker
 
     async def call(self, ref: str, *args: Any) -> CallResult:

@@ -64,8 +64,9 @@ async def bench_lora(opts, model, transport: str, device: str, bucket_mb: int, c
     adapter = list(factors.items())
     sizes = {"merged": model.nbytes, "adapter": sum(t.numel() * t.element_size() for t in factors.values())}
     times: dict[str, list[float]] = {"merged": [], "adapter": []}
-    sender = make_sender(SyncConfig(transport=transport, bucket_mb=bucket_mb, num_buffers=2,
-                                    timeout_s=opts.timeout_s), device)
+    sender = make_sender(
+        SyncConfig(transport=transport, bucket_mb=bucket_mb, num_buffers=2, timeout_s=opts.timeout_s), device
+    )
     try:
         for repeat in range(opts.repeats + 1):  # the first round is the warm-up
             for mode in ("merged", "adapter"):
@@ -79,6 +80,20 @@ async def bench_lora(opts, model, transport: str, device: str, bucket_mb: int, c
     rows = []
     for mode in ("merged", "adapter"):
         seconds = statistics.median(times[mode])
-        rows.append(BenchRow(model.label, transport, f"{mode} r{rank}", bucket_mb, 2, sizes[mode], seconds,
-                             sizes[mode] / seconds / 1e9, 0.0, None, None, times[mode]))
+        rows.append(
+            BenchRow(
+                model.label,
+                transport,
+                f"{mode} r{rank}",
+                bucket_mb,
+                2,
+                sizes[mode],
+                seconds,
+                sizes[mode] / seconds / 1e9,
+                0.0,
+                None,
+                None,
+                times[mode],
+            )
+        )
     return rows

@@ -47,13 +47,20 @@ class ModelTensors(NamedTuple):
 def layer_shapes(s: ModelShape, i: int) -> list[tuple[str, tuple[int, ...]]]:
     kv = s.num_kv_heads * (s.hidden // s.num_heads)
     p = f"model.layers.{i}."
-    return [(p + "self_attn.q_proj.weight", (s.hidden, s.hidden)), (p + "self_attn.q_proj.bias", (s.hidden,)),
-            (p + "self_attn.k_proj.weight", (kv, s.hidden)), (p + "self_attn.k_proj.bias", (kv,)),
-            (p + "self_attn.v_proj.weight", (kv, s.hidden)), (p + "self_attn.v_proj.bias", (kv,)),
-            (p + "self_attn.o_proj.weight", (s.hidden, s.hidden)),
-            (p + "mlp.gate_proj.weight", (s.intermediate, s.hidden)), (p + "mlp.up_proj.weight", (s.intermediate, s.hidden)),
-            (p + "mlp.down_proj.weight", (s.hidden, s.intermediate)),
-            (p + "input_layernorm.weight", (s.hidden,)), (p + "post_attention_layernorm.weight", (s.hidden,))]
+    return [
+        (p + "self_attn.q_proj.weight", (s.hidden, s.hidden)),
+        (p + "self_attn.q_proj.bias", (s.hidden,)),
+        (p + "self_attn.k_proj.weight", (kv, s.hidden)),
+        (p + "self_attn.k_proj.bias", (kv,)),
+        (p + "self_attn.v_proj.weight", (kv, s.hidden)),
+        (p + "self_attn.v_proj.bias", (kv,)),
+        (p + "self_attn.o_proj.weight", (s.hidden, s.hidden)),
+        (p + "mlp.gate_proj.weight", (s.intermediate, s.hidden)),
+        (p + "mlp.up_proj.weight", (s.intermediate, s.hidden)),
+        (p + "mlp.down_proj.weight", (s.hidden, s.intermediate)),
+        (p + "input_layernorm.weight", (s.hidden,)),
+        (p + "post_attention_layernorm.weight", (s.hidden,)),
+    ]
 
 
 def model_shapes(s: ModelShape, num_layers: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -81,12 +88,19 @@ def preset_model(name: str, budget_bytes: int, dtype: torch.dtype, device: str, 
     shapes = model_shapes(s, layers)
     need = shapes_bytes(shapes, dtype.itemsize)
     if need > budget_bytes:
-        raise ValueError(f"preset {name} needs {need / 1e9:.2f} GB even with one layer, over the "
-                         f"{budget_bytes / 1e9:.2f} GB budget per copy; raise --memory-gb")
+        raise ValueError(
+            f"preset {name} needs {need / 1e9:.2f} GB even with one layer, over the "
+            f"{budget_bytes / 1e9:.2f} GB budget per copy; raise --memory-gb"
+        )
     full = shapes_bytes(model_shapes(s, s.num_layers), dtype.itemsize)
-    note = "" if layers == s.num_layers else (
-        f"{name}: scaled down to {layers}/{s.num_layers} layers ({need / 1e9:.2f} of {full / 1e9:.2f} GB) "
-        f"to fit the memory budget of {budget_bytes / 1e9:.2f} GB per copy")
+    note = (
+        ""
+        if layers == s.num_layers
+        else (
+            f"{name}: scaled down to {layers}/{s.num_layers} layers ({need / 1e9:.2f} of {full / 1e9:.2f} GB) "
+            f"to fit the memory budget of {budget_bytes / 1e9:.2f} GB per copy"
+        )
+    )
     label = name if not note else f"{name} ({layers}/{s.num_layers}L)"
     return ModelTensors(label, synthetic_tensors(shapes, dtype, device, seed), note)
 
@@ -119,8 +133,14 @@ def hf_model(path: Path, budget_bytes: int, device: str) -> ModelTensors:
                     continue
                 out.append((key, f.get_tensor(key).to(device)))
                 used += nbytes
-    note = "" if not skipped else (f"{Path(path).name}: {skipped} tensors left out to fit the memory budget of "
-                                   f"{budget_bytes / 1e9:.2f} GB per copy")
+    note = (
+        ""
+        if not skipped
+        else (
+            f"{Path(path).name}: {skipped} tensors left out to fit the memory budget of "
+            f"{budget_bytes / 1e9:.2f} GB per copy"
+        )
+    )
     return ModelTensors(Path(path).name + (" (partial)" if skipped else ""), out, note)
 
 
@@ -128,7 +148,7 @@ def _tile(flat: torch.Tensor, pool: torch.Tensor, start: int) -> None:
     pos, offset, n = 0, start % pool.numel(), flat.numel()
     while pos < n:
         k = min(n - pos, pool.numel() - offset)
-        flat[pos:pos + k].copy_(pool[offset:offset + k])
+        flat[pos : pos + k].copy_(pool[offset : offset + k])
         pos, offset = pos + k, 0
 
 
@@ -139,8 +159,20 @@ def _numel(shape) -> int:
     return n
 
 
-_ST_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+_ST_ITEMSIZE = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 
 
 def _itemsize(st_dtype: str) -> int:

@@ -104,13 +104,17 @@ def receiver_gpu(transport: str, chosen: int | None, num_gpus: int) -> int | Non
         if not 0 <= chosen < num_gpus:
             raise ValueError(f"--receiver-gpu {chosen} is not one of the {num_gpus} visible GPUs (0..{num_gpus - 1})")
         if transport == "nccl" and chosen == 0:
-            raise ValueError("--transport nccl needs the receiver on another GPU than the sender's (GPU 0): NCCL "
-                             "refuses two ranks on one GPU; pass --receiver-gpu 1")
+            raise ValueError(
+                "--transport nccl needs the receiver on another GPU than the sender's (GPU 0): NCCL "
+                "refuses two ranks on one GPU; pass --receiver-gpu 1"
+            )
         return chosen
     if transport == "nccl":
         if num_gpus < 2:
-            raise ValueError(f"--transport nccl needs two GPUs (sender and receiver on different GPUs); {num_gpus} "
-                             "visible. On one GPU measure --transport cuda_ipc")
+            raise ValueError(
+                f"--transport nccl needs two GPUs (sender and receiver on different GPUs); {num_gpus} "
+                "visible. On one GPU measure --transport cuda_ipc"
+            )
         return 1
     return 0
 
@@ -153,8 +157,10 @@ async def server_target(opts: BenchOptions, device: str, env: dict) -> AsyncIter
         return
     if not opts.model:
         raise ValueError("--target server needs --model DIR (the server loads that model) or --server ADDRESS")
-    async with (_started_server(opts.model, device, env) as address,
-                server_target(msgspec.structs.replace(opts, server=address), device, env) as channels):
+    async with (
+        _started_server(opts.model, device, env) as address,
+        server_target(msgspec.structs.replace(opts, server=address), device, env) as channels,
+    ):
         yield channels
 
 
@@ -173,8 +179,11 @@ async def _started_server(model: str, device: str, env: dict) -> AsyncIterator[s
     (work / "serve.yaml").write_text(yaml.safe_dump({"model": {"path": model, "dtype": dtype}}))
     address = f"ipc://{work}/rollout.sock"
     procs = ProcessSet(work, emit=lambda line: None)
-    child = procs.start("rollout0", python_argv("rlx", "rollout-serve", str(work / "serve.yaml"), "--address", address),
-                        {**quiet_server_env(), **env})
+    child = procs.start(
+        "rollout0",
+        python_argv("rlx", "rollout-serve", str(work / "serve.yaml"), "--address", address),
+        {**quiet_server_env(), **env},
+    )
     client = RolloutClient([address])
     try:
         await client.wait_ready(300.0, is_alive=child.alive)
@@ -201,8 +210,9 @@ async def run_bench(opts: BenchOptions, on_row: Callable[[BenchRow], None] = lam
     return result
 
 
-async def _bench_model(opts: BenchOptions, model: ModelTensors, transport: str, device: str,
-                       result: BenchResult, on_row) -> None:
+async def _bench_model(
+    opts: BenchOptions, model: ModelTensors, transport: str, device: str, result: BenchResult, on_row
+) -> None:
     from rlx.sync.factory import arena_for
 
     # the zero-copy sender's source, where the transport shares memory; the others read model.tensors
@@ -211,12 +221,16 @@ async def _bench_model(opts: BenchOptions, model: ModelTensors, transport: str, 
     try:
         gpu = receiver_gpu(transport, opts.receiver_gpu, torch.cuda.device_count() if device == "cuda" else 0)
         async with TARGETS[opts.target](opts, device, receiver_env(gpu)) as channels:
-            ceiling = Ceiling(model.tensors, device) if arena is not None else \
-                BroadcastCeiling(model.tensors, transport, device, channels, opts.timeout_s)
+            ceiling = (
+                Ceiling(model.tensors, device)
+                if arena is not None
+                else BroadcastCeiling(model.tensors, transport, device, channels, opts.timeout_s)
+            )
             await ceiling.measure(record=False)  # warm-up
             for bucket_mb in _bucket_sizes(opts, transport):
-                rows += await _bench_bucket(opts, model, transport, device, bucket_mb, channels, ceiling,
-                                            result.failures, arena, resident)
+                rows += await _bench_bucket(
+                    opts, model, transport, device, bucket_mb, channels, ceiling, result.failures, arena, resident
+                )
             if opts.lora_rank:
                 from rlx.bench.lora import bench_lora
 
@@ -226,25 +240,48 @@ async def _bench_model(opts: BenchOptions, model: ModelTensors, transport: str, 
             arena.close()
     ceiling_s = statistics.median(ceiling.times)
     nbytes = model.nbytes
-    ceiling_row = BenchRow(model.label, transport, "ceiling", None, None, nbytes, ceiling_s, nbytes / ceiling_s / 1e9,
-                           1.0, None, None, ceiling.times)
+    ceiling_row = BenchRow(
+        model.label,
+        transport,
+        "ceiling",
+        None,
+        None,
+        nbytes,
+        ceiling_s,
+        nbytes / ceiling_s / 1e9,
+        1.0,
+        None,
+        None,
+        ceiling.times,
+    )
     for row in [ceiling_row] + rows:
         row.vs_ceiling = ceiling_s / row.seconds
         result.rows.append(row)
         on_row(row)
 
 
-async def _bench_bucket(opts: BenchOptions, model: ModelTensors, transport: str, device: str, bucket_mb: int,
-                        channels: list[SyncChannel], ceiling: Ceiling | BroadcastCeiling, failures: list[str],
-                        arena: WeightArena | None, resident: list[tuple[str, torch.Tensor]] | None) -> list[BenchRow]:
+async def _bench_bucket(
+    opts: BenchOptions,
+    model: ModelTensors,
+    transport: str,
+    device: str,
+    bucket_mb: int,
+    channels: list[SyncChannel],
+    ceiling: Ceiling | BroadcastCeiling,
+    failures: list[str],
+    arena: WeightArena | None,
+    resident: list[tuple[str, torch.Tensor]] | None,
+) -> list[BenchRow]:
     from rlx.config.schema import SyncConfig
     from rlx.sync.factory import make_sender
 
     def config(num_buffers: int) -> SyncConfig:
         return SyncConfig(transport=transport, bucket_mb=bucket_mb, num_buffers=num_buffers, timeout_s=opts.timeout_s)
 
-    runs = {mode: (make_sender(config(num_buffers), device), model.tensors)
-            for mode, num_buffers in (("lock-step", 1), ("double", 2))}
+    runs = {
+        mode: (make_sender(config(num_buffers), device), model.tensors)
+        for mode, num_buffers in (("lock-step", 1), ("double", 2))
+    }
     if arena is not None:
         runs["zero-copy"] = (make_sender(config(2), device, arena=arena), resident)
     times: dict[str, list[float]] = {mode: [] for mode in runs}
@@ -257,15 +294,31 @@ async def _bench_bucket(opts: BenchOptions, model: ModelTensors, transport: str,
                     times[mode].append(report.seconds)
             if repeat:
                 await ceiling.measure()
-        verified = {mode: await _verify(sender, tensors, model.label, channels, failures) if opts.verify else None
-                    for mode, (sender, tensors) in runs.items()}
+        verified = {
+            mode: await _verify(sender, tensors, model.label, channels, failures) if opts.verify else None
+            for mode, (sender, tensors) in runs.items()
+        }
     finally:
         for sender, _ in runs.values():
             sender.close()
     lock_s = statistics.median(times["lock-step"])
-    return [BenchRow(model.label, transport, mode, bucket_mb, runs[mode][0].num_buffers, model.nbytes,
-                     statistics.median(times[mode]), model.nbytes / statistics.median(times[mode]) / 1e9, 0.0,
-                     lock_s / statistics.median(times[mode]), verified[mode], times[mode]) for mode in runs]
+    return [
+        BenchRow(
+            model.label,
+            transport,
+            mode,
+            bucket_mb,
+            runs[mode][0].num_buffers,
+            model.nbytes,
+            statistics.median(times[mode]),
+            model.nbytes / statistics.median(times[mode]) / 1e9,
+            0.0,
+            lock_s / statistics.median(times[mode]),
+            verified[mode],
+            times[mode],
+        )
+        for mode in runs
+    ]
 
 
 async def _verify(sender: WeightSender, tensors, label: str, channels: list[SyncChannel], failures: list[str]) -> bool:
@@ -274,8 +327,10 @@ async def _verify(sender: WeightSender, tensors, label: str, channels: list[Sync
         await sender.send(tensors, channels)
         return True
     except SyncError as exc:
-        failures.append(f"{label} {sender.transport} bucket {sender.bucket_bytes // MiB} MiB "
-                        f"x{sender.num_buffers}{' zero-copy' if sender.arena else ''}: {exc}")
+        failures.append(
+            f"{label} {sender.transport} bucket {sender.bucket_bytes // MiB} MiB "
+            f"x{sender.num_buffers}{' zero-copy' if sender.arena else ''}: {exc}"
+        )
         return False
     finally:
         sender.verify = False
@@ -310,8 +365,14 @@ class BroadcastCeiling:
     over a fresh group of the same processes (``SyncPlainBroadcast``): the fastest a broadcast could move
     these bytes. Timed from the first broadcast to the receivers' acknowledgement."""
 
-    def __init__(self, tensors: list[tuple[str, torch.Tensor]], transport: str, device: str,
-                 channels: list[SyncChannel], timeout_s: float):
+    def __init__(
+        self,
+        tensors: list[tuple[str, torch.Tensor]],
+        transport: str,
+        device: str,
+        channels: list[SyncChannel],
+        timeout_s: float,
+    ):
         self.flats = [t.reshape(-1).view(torch.uint8) for _, t in tensors if t.numel()]
         self.transport, self.device, self.channels, self.timeout_s = transport, device, channels, timeout_s
         self.times: list[float] = []
@@ -328,8 +389,10 @@ class BroadcastCeiling:
         buffer.coalesce = False  # the ceiling is one broadcast per tensor, as a plain loop would send them
         try:
             handles = buffer.handles([getattr(ch, "address", ch.name) for ch in self.channels])
-            begun = [asyncio.create_task(ch.call(SyncBegin(sync_id, handle, -1, -1, False), self.timeout_s))
-                     for ch, handle in zip(self.channels, handles, strict=True)]
+            begun = [
+                asyncio.create_task(ch.call(SyncBegin(sync_id, handle, -1, -1, False), self.timeout_s))
+                for ch, handle in zip(self.channels, handles, strict=True)
+            ]
             await buffer.connect(begun)
             _check_acks(await asyncio.gather(*begun), "SyncBegin")
             _synchronize(self.device)
@@ -343,8 +406,9 @@ class BroadcastCeiling:
             buffer.post(0)
             _check_acks(await asyncio.gather(*calls), "plain broadcast")
             seconds = time.perf_counter() - start
-            _check_acks(await asyncio.gather(*(ch.call(SyncEnd(sync_id), self.timeout_s) for ch in self.channels)),
-                        "SyncEnd")
+            _check_acks(
+                await asyncio.gather(*(ch.call(SyncEnd(sync_id), self.timeout_s) for ch in self.channels)), "SyncEnd"
+            )
             await buffer.end_sync()
         finally:
             buffer.close()
@@ -384,8 +448,11 @@ def _check(opts: BenchOptions) -> None:
     from rlx.bench.models import PRESETS
     from rlx.sync.transports import TRANSPORTS
 
-    for name, values, allowed in (("--transport", opts.transports, TRANSPORTS), ("--preset", opts.presets, PRESETS),
-                                  ("--target", [opts.target], TARGETS)):
+    for name, values, allowed in (
+        ("--transport", opts.transports, TRANSPORTS),
+        ("--preset", opts.presets, PRESETS),
+        ("--target", [opts.target], TARGETS),
+    ):
         bad = [v for v in values if v not in allowed]
         if bad:
             raise ValueError(f"{name} {', '.join(bad)} is not one of {', '.join(allowed)}")
@@ -395,8 +462,9 @@ def _check(opts: BenchOptions) -> None:
         raise ValueError(f"--lora-rank {opts.lora_rank} must be >= 0 (0: no LoRA rows)")
     for gpu_only in GPU_TRANSPORTS:
         if gpu_only in opts.transports and not torch.cuda.is_available():
-            raise ValueError(f"--transport {gpu_only} needs a CUDA GPU; this machine has none "
-                             "(use --transport shm or gloo)")
+            raise ValueError(
+                f"--transport {gpu_only} needs a CUDA GPU; this machine has none (use --transport shm or gloo)"
+            )
     if not isinstance(getattr(torch, opts.dtype, None), torch.dtype):
         raise ValueError(f"--dtype {opts.dtype} is not a torch dtype (e.g. bfloat16, float16, float32)")
 
@@ -417,8 +485,13 @@ def _free_bytes(device: str) -> int:
 
 
 def _environment() -> dict:
-    env = {"torch": str(torch.__version__), "torch_threads": 1, "cpu_count": os.cpu_count(),
-           "machine": platform.machine(), "python": platform.python_version()}
+    env = {
+        "torch": str(torch.__version__),
+        "torch_threads": 1,
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+    }
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
     return env

@@ -10,8 +10,10 @@ config_app = typer.Typer(help="Show or check a run config.", no_args_is_help=Tru
 
 
 @config_app.command("show", cls=FlagCommand)
-def show(config: str = typer.Argument(..., help="YAML run config."),
-         overrides: list[str] | None = typer.Argument(None, help="key=value overrides.")) -> None:
+def show(
+    config: str = typer.Argument(..., help="YAML run config."),
+    overrides: list[str] | None = typer.Argument(None, help="key=value overrides."),
+) -> None:
     """Print the resolved config (YAML) after overrides and validation; secrets are shown as ***."""
     from omegaconf import OmegaConf
 
@@ -24,8 +26,10 @@ def show(config: str = typer.Argument(..., help="YAML run config."),
 
 
 @config_app.command("check", cls=FlagCommand)
-def check(config: str = typer.Argument(..., help="YAML run config."),
-          overrides: list[str] | None = typer.Argument(None, help="key=value overrides.")) -> None:
+def check(
+    config: str = typer.Argument(..., help="YAML run config."),
+    overrides: list[str] | None = typer.Argument(None, help="key=value overrides."),
+) -> None:
     """Validate a config (keys, types, ranges) and exit non-zero on the first problem."""
     from rlx.config import load_config
 

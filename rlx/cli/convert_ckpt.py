@@ -25,25 +25,41 @@ def convert_errors() -> Iterator[None]:
 
 
 def convert_ckpt(
-    src: Path = typer.Argument(..., help="Trainer checkpoint (step dir, checkpoints/ or run dir), Hugging "
-                                         "Face directory, Megatron torch_dist checkpoint, or GGUF file."),
+    src: Path = typer.Argument(
+        ...,
+        help="Trainer checkpoint (step dir, checkpoints/ or run dir), Hugging "
+        "Face directory, Megatron torch_dist checkpoint, or GGUF file.",
+    ),
     dst: Path = typer.Argument(..., help="Output directory (must not exist unless --overwrite)."),
-    to: str | None = typer.Option(None, "--to", metavar="<hf|torch_dist|peft>",
-                                     help="Target format. Default: hf; peft for a LoRA trainer checkpoint; "
-                                          "required from a Hugging Face source."),
-    dtype: str = typer.Option("auto", "--dtype", metavar="<auto|float32|bfloat16|float16>",
-                              help="Output dtype of floating tensors (auto: keep)."),
+    to: str | None = typer.Option(
+        None,
+        "--to",
+        metavar="<hf|torch_dist|peft>",
+        help="Target format. Default: hf; peft for a LoRA trainer checkpoint; required from a Hugging Face source.",
+    ),
+    dtype: str = typer.Option(
+        "auto",
+        "--dtype",
+        metavar="<auto|float32|bfloat16|float16>",
+        help="Output dtype of floating tensors (auto: keep).",
+    ),
     shard_size: str = typer.Option("5GB", "--shard-size", help="Largest safetensors shard (e.g. 5GB, 500MB)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (tensors, bytes, mapping) and exit."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace DST if it exists."),
-    hf_config: Path | None = typer.Option(None, "--hf-config", help="torch_dist -> hf: HF directory with "
-                                             "config + tokenizer (default: SRC/hf/)."),
-    iteration: int | None = typer.Option(None, "--iteration", help="torch_dist: iteration to read "
-                                            "(default: latest) or to write (default: 0)."),
-    vocab_multiple: int = typer.Option(128, "--vocab-multiple", help="-> torch_dist: pad the vocabulary to a "
-                                       "multiple of this (Megatron's make-vocab-size-divisible-by x TP)."),
-    workers: int = typer.Option(0, "--workers", help="Threads that write shards at once (0: one per CPU core, "
-                                                     "plus one, as fp8-convert)."),
+    hf_config: Path | None = typer.Option(
+        None, "--hf-config", help="torch_dist -> hf: HF directory with config + tokenizer (default: SRC/hf/)."
+    ),
+    iteration: int | None = typer.Option(
+        None, "--iteration", help="torch_dist: iteration to read (default: latest) or to write (default: 0)."
+    ),
+    vocab_multiple: int = typer.Option(
+        128,
+        "--vocab-multiple",
+        help="-> torch_dist: pad the vocabulary to a multiple of this (Megatron's make-vocab-size-divisible-by x TP).",
+    ),
+    workers: int = typer.Option(
+        0, "--workers", help="Threads that write shards at once (0: one per CPU core, plus one, as fp8-convert)."
+    ),
 ) -> None:
     """Convert a checkpoint between rlx trainer, Hugging Face, Megatron torch_dist and PEFT adapter formats, or
     import a GGUF file as a Hugging Face directory."""
@@ -53,8 +69,9 @@ def convert_ckpt(
         from rlx.convert.fp8.parallel import default_workers
         from rlx.convert.units import parse_size
 
-        options = ConvertOptions(to, dtype, parse_size(shard_size), workers or default_workers(), hf_config, iteration,
-                                 vocab_multiple)
+        options = ConvertOptions(
+            to, dtype, parse_size(shard_size), workers or default_workers(), hf_config, iteration, vocab_multiple
+        )
         job = build_job(src, options)
         destination = check_destination(dst, src, overwrite)
         if dry_run:
@@ -76,7 +93,10 @@ def _print_summary(summary) -> None:
     from rlx.convert.units import format_bytes
 
     rate = summary.bytes_in / summary.seconds / 1e9 if summary.seconds else 0.0
-    console.print(f"[green]wrote[/] {summary.destination} ({len(summary.files)} entries: "
-                  f"{', '.join(summary.files[:6])}{', …' if len(summary.files) > 6 else ''}); read "
-                  f"{format_bytes(summary.bytes_in)}, wrote {format_bytes(summary.bytes_out)} in "
-                  f"{summary.seconds:.1f} s ({rate:.2f} GB/s)", highlight=False)
+    console.print(
+        f"[green]wrote[/] {summary.destination} ({len(summary.files)} entries: "
+        f"{', '.join(summary.files[:6])}{', …' if len(summary.files) > 6 else ''}); read "
+        f"{format_bytes(summary.bytes_in)}, wrote {format_bytes(summary.bytes_out)} in "
+        f"{summary.seconds:.1f} s ({rate:.2f} GB/s)",
+        highlight=False,
+    )

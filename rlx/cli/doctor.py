@@ -29,10 +29,14 @@ def doctor(
     for column in ("check", "node", "found", ""):
         table.add_column(column, overflow="fold")  # paths and addresses whole, never cut to an ellipsis
     for check in checks:
-        table.add_row(check.what, escape(check.node), escape(check.found), "[green]ok[/]" if check.ok else "[red]problem[/]")
+        table.add_row(
+            check.what, escape(check.node), escape(check.found), "[green]ok[/]" if check.ok else "[red]problem[/]"
+        )
     console.print(table)
     problems = [check for check in checks if not check.ok]
     for check in problems:
-        console.print(f"[red]problem[/] {escape(check.what)} on {escape(check.node)}: {escape(check.fix)}", highlight=False)
+        console.print(
+            f"[red]problem[/] {escape(check.what)} on {escape(check.node)}: {escape(check.fix)}", highlight=False
+        )
     console.print(f"{len(problems)} problem(s) found" if problems else "no problem found", highlight=False)
     raise typer.Exit(1 if problems else 0)

@@ -13,16 +13,24 @@ from rlx.cli.convert_ckpt import convert_errors
 def fp8_convert(
     src: Path = typer.Argument(..., help="Hugging Face model directory (bf16 / fp16 / fp32 safetensors)."),
     dst: Path = typer.Argument(..., help="Output directory (must not exist unless --overwrite)."),
-    strategy: str = typer.Option("block", "--strategy", metavar="<block|channel|tensor>",
-                                 help="block (weight_scale_inv per block) | channel | tensor (compressed-tensors "
-                                      "weight_scale)."),
+    strategy: str = typer.Option(
+        "block",
+        "--strategy",
+        metavar="<block|channel|tensor>",
+        help="block (weight_scale_inv per block) | channel | tensor (compressed-tensors weight_scale).",
+    ),
     block_size: tuple[int, int] = typer.Option((128, 128), "--block-size", help="Block rows and columns (N K)."),
-    skip: list[str] | None = typer.Option(None, "--skip", help="Keep tensors / modules matching this glob "
-                                                                  "in high precision (repeatable)."),
-    tp: int = typer.Option(1, "--tp", help="Tensor-parallel size vLLM will use; every quantized layer's "
-                                           "per-rank part must be whole blocks."),
-    workers: int = typer.Option(0, "--workers", help="Threads that read, quantize and write at once "
-                                                     "(0: one per CPU core, plus one)."),
+    skip: list[str] | None = typer.Option(
+        None, "--skip", help="Keep tensors / modules matching this glob in high precision (repeatable)."
+    ),
+    tp: int = typer.Option(
+        1,
+        "--tp",
+        help="Tensor-parallel size vLLM will use; every quantized layer's per-rank part must be whole blocks.",
+    ),
+    workers: int = typer.Option(
+        0, "--workers", help="Threads that read, quantize and write at once (0: one per CPU core, plus one)."
+    ),
     report: Path | None = typer.Option(None, "--report", help="Also write the report as JSON here."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and exit."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace DST if it exists."),

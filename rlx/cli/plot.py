@@ -14,12 +14,17 @@ IMAGE_FORMATS = ("png", "svg", "pdf", "jpg", "jpeg", "webp")
 
 def plot(
     run: Path = typer.Argument(..., help="Run directory (with metrics.jsonl) or a metrics.jsonl file."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Image to write (.png or .svg); default "
-                                                                  "RUN_DIR/metrics-<metric>-<metric>.png, beside the "
-                                                                  "run's metrics.jsonl."),
-    metric: list[str] | None = typer.Option(None, "--metric", "-m",
-                                               help="Metric to draw (repeatable); default reward_mean and "
-                                                    "eval_accuracy."),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="Image to write (.png or .svg); default "
+        "RUN_DIR/metrics-<metric>-<metric>.png, beside the "
+        "run's metrics.jsonl.",
+    ),
+    metric: list[str] | None = typer.Option(
+        None, "--metric", "-m", help="Metric to draw (repeatable); default reward_mean and eval_accuracy."
+    ),
     title: str = typer.Option("", help="Figure title; default the run directory's name."),
 ) -> None:
     """Plot metrics against step (one panel per metric)."""
@@ -32,13 +37,16 @@ def plot(
         if not path.is_file():
             raise UserError(f"no metrics file at {path}; pass a run directory of `rlx train` or its metrics.jsonl")
         if path.stat().st_size > MAX_METRICS_BYTES:  # ~200 bytes a step: a million steps is 0.2 GiB
-            raise UserError(f"{path} is {path.stat().st_size / 2**30:.0f} GiB, far more than any run's metrics; pass "
-                            "the metrics.jsonl that `rlx train` wrote")
+            raise UserError(
+                f"{path} is {path.stat().st_size / 2**30:.0f} GiB, far more than any run's metrics; pass "
+                "the metrics.jsonl that `rlx train` wrote"
+            )
         try:
             rows = [r for r in read_metrics(path) if _is_number(r["step"])]
         except UnicodeDecodeError as exc:
-            raise UserError(f"{path} is not UTF-8 text (byte offset {exc.start}); pass the metrics.jsonl that "
-                            "`rlx train` wrote") from None
+            raise UserError(
+                f"{path} is not UTF-8 text (byte offset {exc.start}); pass the metrics.jsonl that `rlx train` wrote"
+            ) from None
         series = _series(rows, metric or DEFAULT_METRICS, path, asked=bool(metric))
         _draw(series, out, title or path.parent.name)
     console.print(f"wrote {out}")
@@ -53,8 +61,10 @@ def _series(rows: list[dict], names: list[str], path: Path, asked: bool) -> dict
         with_values = sorted({k for r in rows for k, v in r.items() if k not in ("step", "time") and _is_number(v)})
         only_null = [n for n in empty if any(n in r for r in rows)]
         why = f" ({', '.join(only_null)}: only null, never measured in this run)" if only_null else ""
-        raise UserError(f"{path} has no values for {', '.join(empty)}{why}; metrics with values: "
-                        f"{', '.join(with_values) or 'none'}; pick them with -m NAME")
+        raise UserError(
+            f"{path} has no values for {', '.join(empty)}{why}; metrics with values: "
+            f"{', '.join(with_values) or 'none'}; pick them with -m NAME"
+        )
     return {n: points for n, points in series.items() if points}
 
 
@@ -69,8 +79,10 @@ def _check_out(out: Path) -> None:
     """The image format comes from --out's suffix; the file must be creatable where it is named."""
     suffix = out.suffix.lower().lstrip(".")
     if suffix not in IMAGE_FORMATS:
-        raise UserError(f"--out {out}: cannot tell the image format from {out.suffix or 'a name without a suffix'}; "
-                        f"end it in .png or .svg (or one of {', '.join('.' + f for f in IMAGE_FORMATS[2:])})")
+        raise UserError(
+            f"--out {out}: cannot tell the image format from {out.suffix or 'a name without a suffix'}; "
+            f"end it in .png or .svg (or one of {', '.join('.' + f for f in IMAGE_FORMATS[2:])})"
+        )
     if out.is_dir():
         raise UserError(f"--out {out} is a directory; name the image file, e.g. {out / 'metrics.png'}")
     blocker = next((p for p in out.parents if p.exists()), None)

@@ -26,24 +26,35 @@ TOKEN_ENV = SECRET_ENV["rollout.auth_token"]  # the variable `rlx train` hands i
 def rollout_serve(
     config: str = typer.Argument(..., help="YAML run config (model, rollout sections)."),
     overrides: list[str] | None = typer.Argument(None, help="key=value overrides."),
-    address: str | None = typer.Option(None, help="Address to bind: ipc://PATH or tcp://HOST:PORT (default: "
-                                                     "tcp://rollout.host:(rollout.port + index) when rollout.port "
-                                                     "is set, else ipc://TRAINER.OUTPUT_DIR/rollout-INDEX.sock; the "
-                                                     "log's 'listening on' line names it)."),
-    host: str | None = typer.Option(None, help="Bind tcp://HOST:PORT (PORT from --port or rollout.port + "
-                                                  "index); a non-loopback HOST needs an auth token."),
-    port: int | None = typer.Option(None, min=1, max=65535,
-                                       help="TCP port for --host (default rollout.port + index)."),
+    address: str | None = typer.Option(
+        None,
+        help="Address to bind: ipc://PATH or tcp://HOST:PORT (default: "
+        "tcp://rollout.host:(rollout.port + index) when rollout.port "
+        "is set, else ipc://TRAINER.OUTPUT_DIR/rollout-INDEX.sock; the "
+        "log's 'listening on' line names it).",
+    ),
+    host: str | None = typer.Option(
+        None,
+        help="Bind tcp://HOST:PORT (PORT from --port or rollout.port + "
+        "index); a non-loopback HOST needs an auth token.",
+    ),
+    port: int | None = typer.Option(None, min=1, max=65535, help="TCP port for --host (default rollout.port + index)."),
     auth_token_env: str | None = typer.Option(
-        None, help=f"Environment variable holding the auth token when rollout.auth_token is empty "
-                   f"(default {TOKEN_ENV})."),
+        None,
+        help=f"Environment variable holding the auth token when rollout.auth_token is empty (default {TOKEN_ENV}).",
+    ),
     index: int = typer.Option(0, help="Server index within the run (names its log, trace and default address)."),
-    allow_remote: bool = typer.Option(False, "--allow-remote",
-                                      help="Allow binding a non-loopback --address (needs an auth token)."),
-    openai_port: int | None = typer.Option(None, min=1, max=65535,
-                                           help="Also serve an OpenAI-compatible HTTP endpoint (/v1/chat/completions) "
-                                                "on this port of rollout.openai_host (default rollout.openai_port "
-                                                "+ index; 0 = off)."),
+    allow_remote: bool = typer.Option(
+        False, "--allow-remote", help="Allow binding a non-loopback --address (needs an auth token)."
+    ),
+    openai_port: int | None = typer.Option(
+        None,
+        min=1,
+        max=65535,
+        help="Also serve an OpenAI-compatible HTTP endpoint (/v1/chat/completions) "
+        "on this port of rollout.openai_host (default rollout.openai_port "
+        "+ index; 0 = off).",
+    ),
 ) -> None:
     """Serve generate / pause / resume / weight-update requests over ZeroMQ (and, with --openai-port,
     OpenAI chat completions over HTTP that record episodes for training).
@@ -69,17 +80,27 @@ def rollout_serve(
     if apply_from_env():
         logging.getLogger("rlx.rollout.server").info("running at idle CPU priority (rollout.yield_cpu)")
     tracer.configure_from_env("rollout", f"rollout{index}")
-    limits = {"max_model_len": cfg.rollout.max_model_len, "request_timeout_s": cfg.rollout.request_timeout_s,
-              "sync_timeout_s": cfg.sync.timeout_s}
+    limits = {
+        "max_model_len": cfg.rollout.max_model_len,
+        "request_timeout_s": cfg.rollout.request_timeout_s,
+        "sync_timeout_s": cfg.sync.timeout_s,
+    }
     code = 0
     if http_socket is None:
         serving = run_server(make_backend(cfg), address, cfg.rollout.auth_token, **limits)
     else:
         from rlx.rollout.openai_http import run_with_openai
 
-        serving = run_with_openai(make_backend(cfg), address, cfg.rollout.auth_token, http_socket,
-                                  Path(cfg.model.path).name, _default_sampling(cfg.sampling),
-                                  max_body_mb=cfg.rollout.openai_max_body_mb, **limits)
+        serving = run_with_openai(
+            make_backend(cfg),
+            address,
+            cfg.rollout.auth_token,
+            http_socket,
+            Path(cfg.model.path).name,
+            _default_sampling(cfg.sampling),
+            max_body_mb=cfg.rollout.openai_max_body_mb,
+            **limits,
+        )
     try:
         asyncio.run(serving)
     except BackendDied as exc:
@@ -119,8 +140,9 @@ def _openai_socket(rollout: RolloutConfig, port: int | None, index: int):
 def _default_sampling(s: SamplingConfig):
     from rlx.rollout.protocol import SamplingSpec
 
-    return SamplingSpec(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
-                        stop=list(s.stop))
+    return SamplingSpec(
+        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens, stop=list(s.stop)
+    )
 
 
 def _cannot_bind_tcp(address: str) -> str:
@@ -162,13 +184,16 @@ def _token_from_env(variable: str | None) -> str:
     """The token in ``variable`` (default RLX_ROLLOUT_AUTH_TOKEN); a variable named explicitly must be set."""
     token = os.environ.get(variable or TOKEN_ENV, "")
     if variable and not token:
-        raise UserError(f"--auth-token-env {variable}: the environment variable {variable} is unset or empty; "
-                        f"export the shared secret in it (e.g. {variable}=... rlx rollout-serve ...)")
+        raise UserError(
+            f"--auth-token-env {variable}: the environment variable {variable} is unset or empty; "
+            f"export the shared secret in it (e.g. {variable}=... rlx rollout-serve ...)"
+        )
     return token
 
 
-def _bind_address(cfg: RunConfig, address: str | None, host: str | None, port: int | None, index: int,
-                  allow_remote: bool) -> str:
+def _bind_address(
+    cfg: RunConfig, address: str | None, host: str | None, port: int | None, index: int, allow_remote: bool
+) -> str:
     """The address to bind: --address, or tcp://--host:port, or the run's default for ``index``."""
     from rlx.net import MAX_IPC_PATH_BYTES, ipc_path, server_address
     from rlx.rollout.server import check_bind_address
@@ -189,16 +214,20 @@ def _bind_address(cfg: RunConfig, address: str | None, host: str | None, port: i
         check_bind_address(address, allow_remote, cfg.rollout.auth_token)
     except ValueError as exc:
         if allow_remote and not cfg.rollout.auth_token:
-            raise UserError(f"binding {address} needs an auth token: export it in {TOKEN_ENV} (or the variable "
-                            "--auth-token-env names), or set rollout.auth_token") from None
+            raise UserError(
+                f"binding {address} needs an auth token: export it in {TOKEN_ENV} (or the variable "
+                "--auth-token-env names), or set rollout.auth_token"
+            ) from None
         raise UserError(str(exc)) from None
     socket_file = ipc_path(address)
     if socket_file is not None:
         if not socket_file.parent.is_dir():
             raise UserError(f"--address {address}: the directory {socket_file.parent} does not exist; create it first")
         if len(os.fsencode(socket_file)) > MAX_IPC_PATH_BYTES:
-            raise UserError(f"--address {address}: an ipc socket path is at most {MAX_IPC_PATH_BYTES} bytes "
-                            "(the Unix socket limit); choose a shorter path")
+            raise UserError(
+                f"--address {address}: an ipc socket path is at most {MAX_IPC_PATH_BYTES} bytes "
+                "(the Unix socket limit); choose a shorter path"
+            )
         if _someone_listens(socket_file):  # binding would take the address from that server without a word
             raise UserError(f"--address {address}: another process is serving there; stop it or choose another path")
     elif address.startswith("tcp://"):

@@ -22,15 +22,28 @@ EXPORT_FORMATS = ("perfetto",)
 
 
 def trace_view(
-    trace: str = typer.Argument(..., help="Trace directory (run_dir/trace), a run directory, or one trace .jsonl file."),
-    metrics: str | None = typer.Option(None, "--metrics", help="metrics.jsonl to plot; default: the run's, next to the trace dir."),
+    trace: str = typer.Argument(
+        ..., help="Trace directory (run_dir/trace), a run directory, or one trace .jsonl file."
+    ),
+    metrics: str | None = typer.Option(
+        None, "--metrics", help="metrics.jsonl to plot; default: the run's, next to the trace dir."
+    ),
     summary: bool = typer.Option(False, "--summary", help="Print the per span-name summary table and exit (no TUI)."),
-    sort: str = typer.Option("total", "--sort", metavar="<name|count|total|mean|p50|p99|max|errors|unfinished>",
-                             help="Summary column to sort by."),
-    filter_text: str = typer.Option("", "--filter", help="Only spans matching this filter, e.g. 'name=generate dur>1s'."),
-    export: tuple[str, str] | None = typer.Option(None, "--export", metavar="FORMAT OUT",
-                                                     help="Write the trace in another format and exit: perfetto OUT.json."),
-    screenshot: str | None = typer.Option(None, "--screenshot", metavar="OUT.svg", help="Render the viewer headless and save an SVG."),
+    sort: str = typer.Option(
+        "total",
+        "--sort",
+        metavar="<name|count|total|mean|p50|p99|max|errors|unfinished>",
+        help="Summary column to sort by.",
+    ),
+    filter_text: str = typer.Option(
+        "", "--filter", help="Only spans matching this filter, e.g. 'name=generate dur>1s'."
+    ),
+    export: tuple[str, str] | None = typer.Option(
+        None, "--export", metavar="FORMAT OUT", help="Write the trace in another format and exit: perfetto OUT.json."
+    ),
+    screenshot: str | None = typer.Option(
+        None, "--screenshot", metavar="OUT.svg", help="Render the viewer headless and save an SVG."
+    ),
     size: str = typer.Option("160x48", "--size", help="Columns x rows of --screenshot."),
     window: str = typer.Option("", "--window", help="Initial time window since trace start, e.g. 2s:5.5s."),
 ) -> None:
@@ -60,6 +73,7 @@ def prefetch_viewer() -> threading.Thread:
     """Import the viewer (Textual: about half a second) in a thread while the trace loads; the
     loader's parsing runs in C without the GIL, so the two overlap. An import error surfaces later,
     where the app is made, with its install hint."""
+
     def run() -> None:
         with contextlib.suppress(ImportError):
             import rlx.trace.viewer  # noqa: F401
@@ -83,9 +97,12 @@ def _load(path: str):
         raise UserError(escape(shown(exc).plain)) from None
     if loaded.num_skipped:
         reasons = ", ".join(f"{n} {reason}" for reason, n in loaded.skipped.most_common())
-        err_console.print(Text(f"skipped {loaded.num_skipped} unusable lines", style="yellow"),
-                          shown(f" ({reasons}); first: {'; '.join(loaded.skipped_examples[:3])}"),
-                          sep="", highlight=False)
+        err_console.print(
+            Text(f"skipped {loaded.num_skipped} unusable lines", style="yellow"),
+            shown(f" ({reasons}); first: {'; '.join(loaded.skipped_examples[:3])}"),
+            sep="",
+            highlight=False,
+        )
     return loaded
 
 
@@ -96,7 +113,9 @@ def _export(loaded, export: tuple[str, str]) -> None:
     if fmt not in EXPORT_FORMATS:
         raise UserError(f"--export {fmt}: unknown format; use --export perfetto OUT.json")
     if Path(out).is_dir():
-        raise UserError(f"--export {fmt} {out}: that is a directory; name the file to write, e.g. {Path(out) / 'trace.json'}")
+        raise UserError(
+            f"--export {fmt} {out}: that is a directory; name the file to write, e.g. {Path(out) / 'trace.json'}"
+        )
     blocker = next((p for p in Path(out).parents if p.exists()), None)
     if blocker is not None and not blocker.is_dir():
         raise UserError(f"--export {fmt} {out}: {blocker} is a file, not a directory; choose another path")
@@ -142,18 +161,22 @@ def _checked_window(text: str, loaded) -> tuple[int, int] | None:
 
     window = _parse_window(text)
     if window is not None and window[0] >= loaded.end_ns:
-        raise UserError(f"--window {text!r} starts after the trace ends ({format_ns(loaded.end_ns)} after its start); "
-                        f"choose a window within 0s:{format_ns(loaded.end_ns)}")
+        raise UserError(
+            f"--window {text!r} starts after the trace ends ({format_ns(loaded.end_ns)} after its start); "
+            f"choose a window within 0s:{format_ns(loaded.end_ns)}"
+        )
     return window
 
 
-def _make_app(loaded, trace: str, metrics_path: str | None, started_at: float, filter_text: str,
-              window: tuple[int, int] | None):
+def _make_app(
+    loaded, trace: str, metrics_path: str | None, started_at: float, filter_text: str, window: tuple[int, int] | None
+):
     try:
         from rlx.trace.viewer import TraceViewerApp
     except ImportError as exc:
-        raise UserError(f"the viewer needs textual and textual-plotext ({exc}); install them with: "
-                        f"pip install 'rlx[viewer]'") from None
+        raise UserError(
+            f"the viewer needs textual and textual-plotext ({exc}); install them with: pip install 'rlx[viewer]'"
+        ) from None
     from rich.markup import escape
 
     from rlx.trace.metrics import find_metrics_file, load_metrics
@@ -164,10 +187,23 @@ def _make_app(loaded, trace: str, metrics_path: str | None, started_at: float, f
         metrics = load_metrics(path) if path else None
     except ValueError as exc:
         raise UserError(escape(shown(exc).plain)) from None
-    note = "" if metrics else escape(f"No metrics file found next to {shown(trace).plain} (looked for metrics.jsonl "
-                                     f"beside the trace directory); pass --metrics PATH.")
-    app = TraceViewerApp(loaded, trace, metrics=metrics, metrics_note=note, started_at=started_at,
-                         initial_filter=filter_text, initial_window=window)
+    note = (
+        ""
+        if metrics
+        else escape(
+            f"No metrics file found next to {shown(trace).plain} (looked for metrics.jsonl "
+            f"beside the trace directory); pass --metrics PATH."
+        )
+    )
+    app = TraceViewerApp(
+        loaded,
+        trace,
+        metrics=metrics,
+        metrics_note=note,
+        started_at=started_at,
+        initial_filter=filter_text,
+        initial_window=window,
+    )
     return app
 
 

@@ -15,8 +15,9 @@ if TYPE_CHECKING:
 def train(
     config: str = typer.Argument(..., help="YAML run config, e.g. configs/quickstart.yaml."),
     overrides: list[str] | None = typer.Argument(None, help="key=value overrides, e.g. trainer.total_steps=5."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint "
-                                                          "(same as trainer.resume=true)."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue from the newest complete checkpoint (same as trainer.resume=true)."
+    ),
 ) -> None:
     """Launch rollout servers and trainer ranks, train, sync weights, checkpoint and log."""
     from rlx.config import load_config

@@ -29,8 +29,9 @@ class OpenEnvConfig:
     def __post_init__(self) -> None:
         from rlx.config.schema import check_range
 
-        check_range("agent.openenv.max_sessions", self.max_sessions, 1,
-                    hint="set it to the server's max_concurrent_envs")
+        check_range(
+            "agent.openenv.max_sessions", self.max_sessions, 1, hint="set it to the server's max_concurrent_envs"
+        )
         check_range("agent.openenv.timeout_s", self.timeout_s, 0.01)
 
 

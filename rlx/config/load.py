@@ -30,17 +30,32 @@ from rlx.config.schema import RunConfig
 SCHEMA_NAME = "rlx_schema"
 # Names users bring from other RL frameworks (TRL, verl, OpenRLHF) -> the rlx key.
 ALIASES = {
-    "learning_rate": "trainer.lr", "lr_warmup_steps": "trainer.warmup_steps", "max_steps": "trainer.total_steps",
-    "num_steps": "trainer.total_steps", "total_training_steps": "trainer.total_steps",
-    "grad_clip": "trainer.max_grad_norm", "clip_grad": "trainer.max_grad_norm",
-    "ppo_epochs": "trainer.epochs_per_step", "ppo_micro_batch_size": "trainer.micro_batch_size",
-    "train_batch_size": "trainer.prompts_per_step", "batch_size": "trainer.prompts_per_step",
-    "num_generations": "rollout.n", "group_size": "rollout.n", "n_samples_per_prompt": "rollout.n",
-    "max_new_tokens": "rollout.max_tokens", "max_response_length": "rollout.max_tokens",
-    "max_completion_length": "rollout.max_tokens", "beta": "algorithm.kl_coef", "kl_loss_coef": "algorithm.kl_coef",
-    "clip_ratio": "algorithm.clip_low", "clip_ratio_high": "algorithm.clip_high", "epsilon": "algorithm.clip_low",
-    "epsilon_high": "algorithm.clip_high", "entropy_coeff": "algorithm.entropy_coef",
-    "model_name_or_path": "model.path", "model_path": "model.path",
+    "learning_rate": "trainer.lr",
+    "lr_warmup_steps": "trainer.warmup_steps",
+    "max_steps": "trainer.total_steps",
+    "num_steps": "trainer.total_steps",
+    "total_training_steps": "trainer.total_steps",
+    "grad_clip": "trainer.max_grad_norm",
+    "clip_grad": "trainer.max_grad_norm",
+    "ppo_epochs": "trainer.epochs_per_step",
+    "ppo_micro_batch_size": "trainer.micro_batch_size",
+    "train_batch_size": "trainer.prompts_per_step",
+    "batch_size": "trainer.prompts_per_step",
+    "num_generations": "rollout.n",
+    "group_size": "rollout.n",
+    "n_samples_per_prompt": "rollout.n",
+    "max_new_tokens": "rollout.max_tokens",
+    "max_response_length": "rollout.max_tokens",
+    "max_completion_length": "rollout.max_tokens",
+    "beta": "algorithm.kl_coef",
+    "kl_loss_coef": "algorithm.kl_coef",
+    "clip_ratio": "algorithm.clip_low",
+    "clip_ratio_high": "algorithm.clip_high",
+    "epsilon": "algorithm.clip_low",
+    "epsilon_high": "algorithm.clip_high",
+    "entropy_coeff": "algorithm.entropy_coef",
+    "model_name_or_path": "model.path",
+    "model_path": "model.path",
 }
 _USER_NAME = "rlx_user_config"
 
@@ -51,8 +66,10 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
     raw = read_yaml(path)
     user_defaults = raw.pop("defaults", [])
     if not isinstance(user_defaults, list):
-        raise ConfigError(f"defaults in {path} must be a list of config files beside it (one '- name' per "
-                          f"line), got {user_defaults!r}")
+        raise ConfigError(
+            f"defaults in {path} must be a list of config files beside it (one '- name' per "
+            f"line), got {user_defaults!r}"
+        )
     check_keys(raw, RunConfig, prefix="", source=str(path))
     override_keys = _override_keys(overrides)
     for key in override_keys:
@@ -75,32 +92,39 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 continue
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice in one section; "
-                                                        "keep one of them", key_node.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice in one section; keep one of them", key_node.start_mark
+                )
             seen.add(key) if isinstance(key, (str, int, float, bool)) else None
         return super().construct_mapping(node, deep)
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
     if not path.exists():
-        raise ConfigError(f"config file not found: {path}; pass the path of a YAML run config, "
-                          "e.g. configs/quickstart.yaml")
+        raise ConfigError(
+            f"config file not found: {path}; pass the path of a YAML run config, e.g. configs/quickstart.yaml"
+        )
     if path.is_dir():
         raise ConfigError(f"config path {path} is a directory; pass a YAML file inside it")
     if not path.is_file():  # a device, a FIFO, a socket: reading it could block or never end
-        raise ConfigError(f"config path {path} is not a regular file; pass the path of a YAML run config, "
-                          "e.g. configs/quickstart.yaml")
+        raise ConfigError(
+            f"config path {path} is not a regular file; pass the path of a YAML run config, "
+            "e.g. configs/quickstart.yaml"
+        )
     size = path.stat().st_size
     if size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path} is {size / 2**20:.0f} MiB, not a run config (a YAML file of a few KiB); "
-                          "pass the config file, e.g. configs/quickstart.yaml")
+        raise ConfigError(
+            f"{path} is {size / 2**20:.0f} MiB, not a run config (a YAML file of a few KiB); "
+            "pass the config file, e.g. configs/quickstart.yaml"
+        )
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise ConfigError(f"{path} is not UTF-8 text (byte {raw[exc.start]:#04x} on line {line}); "
-                          "save the config as UTF-8") from None
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path} is not UTF-8 text (byte {raw[exc.start]:#04x} on line {line}); save the config as UTF-8"
+        ) from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
@@ -177,8 +201,10 @@ def _compose(path: Path, raw: dict, user_defaults: list, overrides: list[str]):
         if value_error is not None:
             raise ConfigError(_omegaconf_message(value_error)) from None
         first_line = str(exc).strip().split("\n")[0]
-        raise ConfigError(f"cannot compose {path}: {first_line}; config groups in 'defaults:' are YAML files "
-                          f"looked up beside {path.name}") from None
+        raise ConfigError(
+            f"cannot compose {path}: {first_line}; config groups in 'defaults:' are YAML files "
+            f"looked up beside {path.name}"
+        ) from None
 
 
 def _override_keys(overrides: Iterable[str]) -> list[str]:
@@ -210,7 +236,8 @@ def _unknown_key_message(full_key: str, schema: type, source: str) -> str:
         else:
             nearest = difflib.get_close_matches(leaf, local, n=3, cutoff=0.0)
             hint = f"nearest valid keys in {section.rstrip('.') or 'the top level'}: " + ", ".join(
-                section + n for n in nearest)
+                section + n for n in nearest
+            )
     return f"unknown config key '{full_key}' (in {source}); {hint} (`rlx config show` lists every key)"
 
 
@@ -241,8 +268,14 @@ def _omegaconf_message(exc: OmegaConfBaseException) -> str:
     return f"{key}={value} is not {words}; set {key} to {words}{example}"
 
 
-_TYPE_WORDS = {"float": "a number", "int": "a whole number", "bool": "true or false", "str": "a string",
-               "list[float]": "a list of numbers", "list[str]": "a list of strings"}
+_TYPE_WORDS = {
+    "float": "a number",
+    "int": "a whole number",
+    "bool": "true or false",
+    "str": "a string",
+    "list[float]": "a list of numbers",
+    "list[str]": "a list of strings",
+}
 
 
 def _field_type(dotted: str) -> tuple[dataclasses.Field, str] | None:

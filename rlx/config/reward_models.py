@@ -16,8 +16,7 @@ from rlx.config.errors import ConfigError
 KIND_CHOICES = ("none", "judge", "classifier")
 PARSE_CHOICES = ("number", "yes_no")
 TEMPLATE_FIELDS = ("question", "response", "answer")
-DEFAULT_TEMPLATE = ("Rate the response to the question from 0 to 1.\nQuestion: {question}\nResponse: {response}\n"
-                    "Score:")
+DEFAULT_TEMPLATE = "Rate the response to the question from 0 to 1.\nQuestion: {question}\nResponse: {response}\nScore:"
 
 
 @dataclass
@@ -64,8 +63,10 @@ class RewardModelConfig:
             check_pattern(self.score_pattern)
             check_address(self.server)
         if self.kind == "classifier" and not self.path:
-            raise ConfigError("task.reward_model.kind=classifier needs task.reward_model.path; set it to a local "
-                              "directory saved by AutoModelForSequenceClassification.save_pretrained")
+            raise ConfigError(
+                "task.reward_model.kind=classifier needs task.reward_model.path; set it to a local "
+                "directory saved by AutoModelForSequenceClassification.save_pretrained"
+            )
 
 
 def check_template(template: str) -> None:
@@ -73,12 +74,15 @@ def check_template(template: str) -> None:
     try:
         names = [name for _, name, spec, conv in string.Formatter().parse(template) if name is not None]
     except ValueError as exc:
-        raise ConfigError(f"task.reward_model.template is not a valid template ({exc}); write {{{{ and }}}} for "
-                          "literal braces") from None
+        raise ConfigError(
+            f"task.reward_model.template is not a valid template ({exc}); write {{{{ and }}}} for literal braces"
+        ) from None
     unknown = [n for n in names if n not in TEMPLATE_FIELDS]
     if unknown:
-        raise ConfigError(f"task.reward_model.template has an unknown placeholder {{{unknown[0]}}}; use "
-                          f"{', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)} (write {{{{ and }}}} for literal braces)")
+        raise ConfigError(
+            f"task.reward_model.template has an unknown placeholder {{{unknown[0]}}}; use "
+            f"{', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)} (write {{{{ and }}}} for literal braces)"
+        )
     if "response" not in names:
         raise ConfigError("task.reward_model.template has no {response}; the judge must see the sample it scores")
 
@@ -96,9 +100,11 @@ def check_address(address: str) -> None:
     if address.startswith("ipc://"):
         ok = len(address) > len("ipc://")
     elif address.startswith("tcp://"):
-        host, _, port = address[len("tcp://"):].rpartition(":")
+        host, _, port = address[len("tcp://") :].rpartition(":")
         ok = bool(host) and port.isdigit() and 0 < int(port) < 65536
     if not ok:
-        raise ConfigError(f"task.reward_model.server={address!r} is not a rollout server address; start the judge "
-                          "with `rlx rollout-serve JUDGE.yaml --address tcp://127.0.0.1:PORT` and set "
-                          "task.reward_model.server to that address (tcp://host:port or ipc://path)")
+        raise ConfigError(
+            f"task.reward_model.server={address!r} is not a rollout server address; start the judge "
+            "with `rlx rollout-serve JUDGE.yaml --address tcp://127.0.0.1:PORT` and set "
+            "task.reward_model.server to that address (tcp://host:port or ipc://path)"
+        )

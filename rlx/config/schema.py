@@ -30,8 +30,7 @@ def check_choice(where: str, value: Any, choices: tuple[str, ...]) -> None:
         raise ConfigError(f"{where}={value!r} is not allowed; set {where} to one of: {', '.join(choices)}")
 
 
-def check_range(where: str, value: float, lo: float | None = None, hi: float | None = None,
-                hint: str = "") -> None:
+def check_range(where: str, value: float, lo: float | None = None, hi: float | None = None, hint: str = "") -> None:
     bounds = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"in [{lo}, {hi}]"
     check_finite(where, value, bounds)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
@@ -44,8 +43,10 @@ def check_finite(where: str, value: Any, hint: str = "") -> None:
     bad = [v for v in items if isinstance(v, float) and not math.isfinite(v)]
     if bad:
         shown = f"{where}={value!r}" if items is not value else f"{where} holds {bad[0]!r}, which"
-        raise ConfigError(f"{shown} is not a finite number (nan and inf are not allowed); set {where} to a "
-                          f"real value" + (f" {hint}" if hint else ""))
+        raise ConfigError(
+            f"{shown} is not a finite number (nan and inf are not allowed); set {where} to a "
+            f"real value" + (f" {hint}" if hint else "")
+        )
 
 
 def check_all_finite(section: Any, prefix: str = "") -> None:
@@ -68,12 +69,16 @@ def check_lora_sync(cfg: RunConfig) -> None:
     """``model.lora.sync=adapter`` needs an adapter, and on vLLM one of a rank it serves."""
     lora = cfg.model.lora
     if lora.sync == "adapter" and not lora.rank:
-        raise ConfigError("model.lora.sync=adapter with model.lora.rank=0: there is no adapter to sync; set "
-                          "model.lora.rank > 0 or leave model.lora.sync=auto")
+        raise ConfigError(
+            "model.lora.sync=adapter with model.lora.rank=0: there is no adapter to sync; set "
+            "model.lora.rank > 0 or leave model.lora.sync=auto"
+        )
     if cfg.lora_sync == "adapter" and cfg.rollout.backend == "vllm" and lora.rank > VLLM_MAX_LORA_RANK:
-        raise ConfigError(f"model.lora.rank={lora.rank} with model.lora.sync={lora.sync} on rollout.backend=vllm: "
-                          f"vLLM serves LoRA adapters up to rank {VLLM_MAX_LORA_RANK}; set model.lora.sync=merged "
-                          "or a smaller model.lora.rank")
+        raise ConfigError(
+            f"model.lora.rank={lora.rank} with model.lora.sync={lora.sync} on rollout.backend=vllm: "
+            f"vLLM serves LoRA adapters up to rank {VLLM_MAX_LORA_RANK}; set model.lora.sync=merged "
+            "or a smaller model.lora.rank"
+        )
 
 
 @dataclass
@@ -96,13 +101,21 @@ class LoraConfig:
         check_range("model.lora.alpha", self.alpha, 0.0)
         check_range("model.lora.dropout", self.dropout, 0.0, 1.0)
         if self.rank and not self.target_modules:
-            raise ConfigError("model.lora.target_modules is empty; list the linear layers that get adapters, "
-                              "e.g. [q_proj, k_proj, v_proj, o_proj], or set model.lora.rank=0")
+            raise ConfigError(
+                "model.lora.target_modules is empty; list the linear layers that get adapters, "
+                "e.g. [q_proj, k_proj, v_proj, o_proj], or set model.lora.rank=0"
+            )
 
 
 DTYPE_CHOICES = ("float32", "bfloat16", "float16")
-BUILD_CHOICES = ("", "tiny_math_warmstart", "running_sum_warmstart", "calc_tools_warmstart", "qwen2_0p5b_random",
-                 "smollm2_135m_instruct")
+BUILD_CHOICES = (
+    "",
+    "tiny_math_warmstart",
+    "running_sum_warmstart",
+    "calc_tools_warmstart",
+    "qwen2_0p5b_random",
+    "smollm2_135m_instruct",
+)
 TEACHER_BUILD_CHOICES = ("", "tiny_math_teacher")
 
 
@@ -214,8 +227,13 @@ class TaskConfig:
         check_range("task.reward_workers", self.reward_workers, 1)
         check_range("task.max_operand", self.max_operand, 1)
         if self.name == "tiny_math":
-            check_range("task.max_operand", self.max_operand, 1, 1000,
-                        hint="tiny_math builds every a<op>b problem, 3 million at 1000")
+            check_range(
+                "task.max_operand",
+                self.max_operand,
+                1,
+                1000,
+                hint="tiny_math builds every a<op>b problem, 3 million at 1000",
+            )
         check_range("task.num_terms", self.num_terms, 2)
         check_range("task.num_examples", self.num_examples, 0, 2, hint="calc has two worked examples")
         check_range("task.num_train", self.num_train, 1)
@@ -341,8 +359,14 @@ class RolloutConfig:
     @property
     def sampling(self) -> SamplingConfig:
         """The sampling keys of this section as the one ``SamplingConfig`` the collector and the trainer read."""
-        return SamplingConfig(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              max_tokens=self.max_tokens, stop=tuple(self.stop))
+        return SamplingConfig(
+            n=self.n,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_tokens=self.max_tokens,
+            stop=tuple(self.stop),
+        )
 
     @property
     def servers_to_launch(self) -> int:
@@ -356,14 +380,18 @@ class RolloutConfig:
         if self.num_servers is not None:
             check_range("rollout.num_servers", self.num_servers, 0)
         if self.servers_to_launch + len(self.servers) == 0:
-            raise ConfigError("rollout.num_servers=0 and rollout.servers is empty: no server would generate; "
-                              "list running servers in rollout.servers or launch some with rollout.num_servers")
+            raise ConfigError(
+                "rollout.num_servers=0 and rollout.servers is empty: no server would generate; "
+                "list running servers in rollout.servers or launch some with rollout.num_servers"
+            )
         check_range("rollout.n", self.n, 1, hint="set rollout.n to the samples per prompt")
         check_range("rollout.temperature", self.temperature, 0.0)
         if 0.0 < self.temperature < MIN_TEMPERATURE:
-            raise ConfigError(f"rollout.temperature={self.temperature!r} is below {MIN_TEMPERATURE}: dividing the "
-                              "logits by it overflows and the logprobs come out NaN; set rollout.temperature=0 for "
-                              f"greedy decoding or a value >= {MIN_TEMPERATURE}")
+            raise ConfigError(
+                f"rollout.temperature={self.temperature!r} is below {MIN_TEMPERATURE}: dividing the "
+                "logits by it overflows and the logprobs come out NaN; set rollout.temperature=0 for "
+                f"greedy decoding or a value >= {MIN_TEMPERATURE}"
+            )
         check_range("rollout.top_p", self.top_p, 0.0, 1.0)
         check_range("rollout.max_tokens", self.max_tokens, 1)
         check_range("rollout.cpu_threads", self.cpu_threads, 0)
@@ -371,30 +399,44 @@ class RolloutConfig:
             check_range("rollout.gpu_memory_utilization", self.gpu_memory_utilization, 0.01, 1.0)
         check_range("rollout.tensor_parallel_size", self.tensor_parallel_size, 1)
         if self.tensor_parallel_size > 1 and self.backend != "vllm":
-            raise ConfigError(f"rollout.tensor_parallel_size={self.tensor_parallel_size} needs rollout.backend=vllm "
-                              "(the hf backend runs on one device); set rollout.backend=vllm or "
-                              "rollout.tensor_parallel_size=1")
+            raise ConfigError(
+                f"rollout.tensor_parallel_size={self.tensor_parallel_size} needs rollout.backend=vllm "
+                "(the hf backend runs on one device); set rollout.backend=vllm or "
+                "rollout.tensor_parallel_size=1"
+            )
         check_choice("rollout.kv_after_sync", self.kv_after_sync, ("recompute", "keep"))
         if self.kv_after_sync == "keep" and self.backend != "hf":
-            raise ConfigError("rollout.kv_after_sync=keep needs rollout.backend=hf: vLLM clears its prefix cache "
-                              "(which must not serve keys computed under old weights) only by making every running "
-                              "request recompute; set rollout.kv_after_sync=recompute or rollout.backend=hf")
+            raise ConfigError(
+                "rollout.kv_after_sync=keep needs rollout.backend=hf: vLLM clears its prefix cache "
+                "(which must not serve keys computed under old weights) only by making every running "
+                "request recompute; set rollout.kv_after_sync=recompute or rollout.backend=hf"
+            )
         check_choice("rollout.token_versions", self.token_versions, ("auto", "engine", "counted"))
         check_choice("rollout.logits_dtype", self.logits_dtype, ("float32", "auto"))
         check_range("rollout.port", self.port, 0, 65535)
         check_range("rollout.openai_port", self.openai_port, 0, 65535)
-        check_range("rollout.openai_max_body_mb", self.openai_max_body_mb, 0.001,
-                    hint="set it to the largest chat request body the endpoint reads, in MiB")
+        check_range(
+            "rollout.openai_max_body_mb",
+            self.openai_max_body_mb,
+            0.001,
+            hint="set it to the largest chat request body the endpoint reads, in MiB",
+        )
         check_range("rollout.top_k", self.top_k, -1, hint="-1 turns top-k sampling off")
         check_range("rollout.max_model_len", self.max_model_len, 2)
         if self.max_tokens >= self.max_model_len:
-            raise ConfigError(f"rollout.max_tokens={self.max_tokens} with rollout.max_model_len={self.max_model_len}: "
-                              "the prompt and its completion share the context, so no prompt would fit; set "
-                              "rollout.max_tokens below rollout.max_model_len, or raise rollout.max_model_len")
+            raise ConfigError(
+                f"rollout.max_tokens={self.max_tokens} with rollout.max_model_len={self.max_model_len}: "
+                "the prompt and its completion share the context, so no prompt would fit; set "
+                "rollout.max_tokens below rollout.max_model_len, or raise rollout.max_model_len"
+            )
         check_range("rollout.request_timeout_s", self.request_timeout_s, 0.1)
         check_range("rollout.startup_timeout_s", self.startup_timeout_s, 0.1)
-        check_range("rollout.max_restarts", self.max_restarts, 0, hint="set rollout.max_restarts to the restarts "
-                    "allowed per launched server")
+        check_range(
+            "rollout.max_restarts",
+            self.max_restarts,
+            0,
+            hint="set rollout.max_restarts to the restarts allowed per launched server",
+        )
         check_reuse(self)
         for address in self.servers:
             if not address.startswith(("tcp://", "ipc://")):
@@ -427,16 +469,19 @@ class DistillConfig:
 
     def __post_init__(self) -> None:
         check_choice("algorithm.distill.teacher_placement", self.teacher_placement, TEACHER_PLACEMENT_CHOICES)
-        check_choice("algorithm.distill.teacher_build_if_missing", self.teacher_build_if_missing,
-                     TEACHER_BUILD_CHOICES)
+        check_choice("algorithm.distill.teacher_build_if_missing", self.teacher_build_if_missing, TEACHER_BUILD_CHOICES)
         check_range("algorithm.distill.coef", self.coef, 0.0)
         check_range("algorithm.distill.reward_coef", self.reward_coef, 0.0)
         check_range("algorithm.distill.teacher_micro_batch", self.teacher_micro_batch, 1)
         check_range("algorithm.distill.timeout_s", self.timeout_s, 0.1)
         served = self.teacher and self.teacher_placement == "served"
         if served and not self.teacher_server.startswith(("tcp://", "ipc://")):
-            raise ConfigError(f"algorithm.distill.teacher_server={self.teacher_server!r}: teacher_placement=served "
-                              "needs the address of a running `rlx rollout-serve` of the teacher (tcp:// or ipc://)")
+            raise ConfigError(
+                f"algorithm.distill.teacher_server={self.teacher_server!r}: teacher_placement=served "
+                "needs the address of a running `rlx rollout-serve` of the teacher (tcp:// or ipc://)"
+            )
+
+
 POLICY_LOSS_CHOICES = ("ppo", "gspo")
 LOSS_AGG_CHOICES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 KL_CHOICES = ("k1", "k2", "k3")
@@ -510,7 +555,8 @@ class AlgorithmConfig:
         check_range("algorithm.critic_lr", self.critic_lr, 0.0, hint="0 uses trainer.lr")
         if not 0 <= self.icepop_low < 1 < self.icepop_high:
             raise ConfigError(
-                f"algorithm.icepop_low={self.icepop_low}, icepop_high={self.icepop_high}: need 0 <= low < 1 < high")
+                f"algorithm.icepop_low={self.icepop_low}, icepop_high={self.icepop_high}: need 0 <= low < 1 < high"
+            )
 
 
 @dataclass
@@ -599,14 +645,20 @@ class TrainerConfig:
         check_range("trainer.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
         check_range("trainer.weight_decay", self.weight_decay, 0.0)
         check_range("trainer.max_grad_norm", self.max_grad_norm, 0.0, hint="0 turns clipping off")
-        check_range("trainer.max_nonfinite_steps", self.max_nonfinite_steps, 1,
-                    hint="1 stops the run at the first step whose loss or gradient norm is NaN or inf")
+        check_range(
+            "trainer.max_nonfinite_steps",
+            self.max_nonfinite_steps,
+            1,
+            hint="1 stops the run at the first step whose loss or gradient norm is NaN or inf",
+        )
         check_range("trainer.warmup_steps", self.warmup_steps, 0)
         check_range("trainer.logprob_chunk_size", self.logprob_chunk_size, 1)
         check_choice("trainer.fused_kernels", self.fused_kernels, ("auto", "on", "off"))
         if self.fused_kernels == "on" and self.device == "cpu":
-            raise ConfigError("trainer.fused_kernels=on with trainer.device=cpu: the fused kernels are CUDA (Triton) "
-                              "only; set trainer.fused_kernels=auto or off")
+            raise ConfigError(
+                "trainer.fused_kernels=on with trainer.device=cpu: the fused kernels are CUDA (Triton) "
+                "only; set trainer.fused_kernels=auto or off"
+            )
         check_range("trainer.eval_every", self.eval_every, 0)
         check_finite("trainer.betas", self.betas)
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
@@ -711,28 +763,38 @@ def check_colocated(cfg: RunConfig) -> None:
     if cfg.placement.mode != "colocated":
         return
     if cfg.trainer.mode != "sync":
-        raise ConfigError(f"placement.mode=colocated with trainer.mode={cfg.trainer.mode}: colocated roles take turns, "
-                          "so generation cannot overlap training; set trainer.mode=sync or placement.mode=separate")
+        raise ConfigError(
+            f"placement.mode=colocated with trainer.mode={cfg.trainer.mode}: colocated roles take turns, "
+            "so generation cannot overlap training; set trainer.mode=sync or placement.mode=separate"
+        )
     if cfg.rollout.servers:
-        raise ConfigError("placement.mode=colocated with rollout.servers: only servers this run launches share the "
-                          "trainer's GPUs; empty rollout.servers or set placement.mode=separate")
+        raise ConfigError(
+            "placement.mode=colocated with rollout.servers: only servers this run launches share the "
+            "trainer's GPUs; empty rollout.servers or set placement.mode=separate"
+        )
     if cfg.placement.offload and cfg.trainer.num_ranks > 1:
-        raise ConfigError(f"placement.offload with trainer.num_ranks={cfg.trainer.num_ranks}: offloading runs on one "
-                          "trainer rank; set trainer.num_ranks=1 or placement.offload=false")
+        raise ConfigError(
+            f"placement.offload with trainer.num_ranks={cfg.trainer.num_ranks}: offloading runs on one "
+            "trainer rank; set trainer.num_ranks=1 or placement.offload=false"
+        )
 
 
 def check_sizes(cfg: RunConfig) -> None:
     """Sizes one section sets that another's must hold: each field is fine alone, the pair fails only later."""
     r, f, t = cfg.rollout, cfg.filters, cfg.trainer
     if f.overlong == "soft" and f.overlong_buffer > r.max_tokens:
-        raise ConfigError(f"filters.overlong_buffer={f.overlong_buffer} is longer than rollout.max_tokens="
-                          f"{r.max_tokens}: the overlong penalty would start before the first token; set "
-                          "filters.overlong_buffer to at most rollout.max_tokens")
+        raise ConfigError(
+            f"filters.overlong_buffer={f.overlong_buffer} is longer than rollout.max_tokens="
+            f"{r.max_tokens}: the overlong penalty would start before the first token; set "
+            "filters.overlong_buffer to at most rollout.max_tokens"
+        )
     rows = t.prompts_per_step * r.n
     if t.num_ranks > 1 and t.data_plane == "store" and cfg.store.max_rows < rows:
-        raise ConfigError(f"store.max_rows={cfg.store.max_rows} is smaller than one step's batch "
-                          f"(trainer.prompts_per_step={t.prompts_per_step} x rollout.n={r.n} = {rows} samples), "
-                          f"which the sample store holds at once; set store.max_rows >= {rows}")
+        raise ConfigError(
+            f"store.max_rows={cfg.store.max_rows} is smaller than one step's batch "
+            f"(trainer.prompts_per_step={t.prompts_per_step} x rollout.n={r.n} = {rows} samples), "
+            f"which the sample store holds at once; set store.max_rows >= {rows}"
+        )
 
 
 LAUNCHER_CHOICES = ("local", "ray")
@@ -750,8 +812,11 @@ def check_ray_address(where: str, value: str) -> None:
         return
     match = _HOST_PORT.fullmatch(value.removeprefix("ray://"))
     if match is None or not 1 <= int(match.group(1)) <= 65535:
-        empty = "leave it empty to start a local instance" if where == "RAY_ADDRESS" else \
-            "leave it empty to use RAY_ADDRESS, else start a local instance"
+        empty = (
+            "leave it empty to start a local instance"
+            if where == "RAY_ADDRESS"
+            else "leave it empty to use RAY_ADDRESS, else start a local instance"
+        )
         raise ConfigError(f"{where}={value!r} is not a Ray address; set it to {RAY_ADDRESS_FORMS}, or {empty}")
 
 
@@ -774,8 +839,12 @@ class RayConfig:
         check_range("ray.placement_timeout_s", self.placement_timeout_s, 0.1)
         for role in ("trainer", "rollout"):
             for name, amount in getattr(self, f"{role}_resources").items():
-                check_range(f"ray.{role}_resources.{name}", amount, 0.0,
-                            hint=f"set ray.{role}_resources to the amount of each resource one {role} process needs")
+                check_range(
+                    f"ray.{role}_resources.{name}",
+                    amount,
+                    0.0,
+                    hint=f"set ray.{role}_resources to the amount of each resource one {role} process needs",
+                )
 
 
 @dataclass
@@ -817,23 +886,32 @@ class RunConfig:
         check_all_finite(self)
         check_choice("launcher", self.launcher, LAUNCHER_CHOICES)
         if self.launcher == "ray" and self.rollout.restart_on_failure:
-            raise ConfigError("rollout.restart_on_failure restarts servers started by the local launcher; with "
-                              "launcher=ray a dead rollout server stops the run: set rollout.restart_on_failure=false "
-                              "(resume the run with --resume) or use launcher=local")
+            raise ConfigError(
+                "rollout.restart_on_failure restarts servers started by the local launcher; with "
+                "launcher=ray a dead rollout server stops the run: set rollout.restart_on_failure=false "
+                "(resume the run with --resume) or use launcher=local"
+            )
         check_colocated(self)
-        self.trainer.micro_batch_size = min(self.trainer.micro_batch_size, self.trainer.prompts_per_step * self.rollout.n)
+        self.trainer.micro_batch_size = min(
+            self.trainer.micro_batch_size, self.trainer.prompts_per_step * self.rollout.n
+        )
         if self.algorithm.advantage == "gae" and self.trainer.num_ranks > 1:
-            raise ConfigError(f"algorithm.advantage=gae with trainer.num_ranks={self.trainer.num_ranks}: the critic "
-                              "trains on one rank; set trainer.num_ranks=1")
+            raise ConfigError(
+                f"algorithm.advantage=gae with trainer.num_ranks={self.trainer.num_ranks}: the critic "
+                "trains on one rank; set trainer.num_ranks=1"
+            )
         if self.trainer.mode == "fully_async" and (self.filters.active or self.rollout.dump_dir or self.rollout.reuse):
-            raise ConfigError("trainer.mode=fully_async trains on prompt groups as they finish and applies no filters.*, "
-                              "rollout.dump_dir or rollout.reuse; turn those off or use trainer.mode=sync / one_step_off")
+            raise ConfigError(
+                "trainer.mode=fully_async trains on prompt groups as they finish and applies no filters.*, "
+                "rollout.dump_dir or rollout.reuse; turn those off or use trainer.mode=sync / one_step_off"
+            )
         check_lora_sync(self)
         check_sizes(self)
         if self.rollout.host not in ("127.0.0.1", "localhost", "::1") and not self.rollout.auth_token:
             raise ConfigError(
                 f"rollout.host={self.rollout.host!r} is not loopback; set rollout.auth_token to a shared secret "
-                "(every request must carry it) or bind 127.0.0.1")
+                "(every request must carry it) or bind 127.0.0.1"
+            )
 
     @property
     def sampling(self) -> SamplingConfig:

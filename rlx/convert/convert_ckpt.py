@@ -50,8 +50,10 @@ def detect_source(src: Path) -> str:
 
         if is_gguf(src):
             return "gguf"
-        raise ConvertError(f"source {src} is a file; pass the directory that holds the checkpoint, or a GGUF "
-                           "file (it does not start with the GGUF magic bytes)")
+        raise ConvertError(
+            f"source {src} is a file; pass the directory that holds the checkpoint, or a GGUF "
+            "file (it does not start with the GGUF magic bytes)"
+        )
     if is_torch_dist(src):
         return "torch_dist"
     if (src / "manifest.json").is_file() or (not (src / "config.json").is_file() and is_trainer_checkpoint(src)):
@@ -61,11 +63,15 @@ def detect_source(src: Path) -> str:
     if (src / "config.json").is_file():
         SafetensorsDir(src)  # raises with the reason (no weights, pickle weights...)
     if (src / INDEX_NAME).is_file() or any(src.glob("*.safetensors")):
-        raise ConvertError(f"{src} holds safetensors weights but no config.json; copy the model's config.json "
-                           "(and tokenizer files) into it: the output needs them to load")
-    raise ConvertError(f"cannot tell what {src} is: expected an rlx trainer checkpoint (manifest.json or "
-                       "step_* directories), a Hugging Face directory (config.json + *.safetensors) or a "
-                       "Megatron torch_dist checkpoint (latest_checkpointed_iteration.txt or iter_*/metadata.json)")
+        raise ConvertError(
+            f"{src} holds safetensors weights but no config.json; copy the model's config.json "
+            "(and tokenizer files) into it: the output needs them to load"
+        )
+    raise ConvertError(
+        f"cannot tell what {src} is: expected an rlx trainer checkpoint (manifest.json or "
+        "step_* directories), a Hugging Face directory (config.json + *.safetensors) or a "
+        "Megatron torch_dist checkpoint (latest_checkpointed_iteration.txt or iter_*/metadata.json)"
+    )
 
 
 def build_job(src: Path, options: ConvertOptions):
@@ -78,12 +84,16 @@ def build_job(src: Path, options: ConvertOptions):
         return _from_gguf(src, options)
     to = options.to or ("hf" if kind != "hf" else None)
     if to is None:
-        raise ConvertError(f"{src} is already a Hugging Face directory: pass --to torch_dist to convert it for "
-                           "Megatron, or --to hf to re-shard / cast it")
+        raise ConvertError(
+            f"{src} is already a Hugging Face directory: pass --to torch_dist to convert it for "
+            "Megatron, or --to hf to re-shard / cast it"
+        )
     _check_target(to)
     if to == "peft":
-        raise ConvertError(f"--to peft exports the adapter of a LoRA trainer checkpoint; {src} is a {kind} "
-                           "checkpoint, convert it with --to hf or --to torch_dist")
+        raise ConvertError(
+            f"--to peft exports the adapter of a LoRA trainer checkpoint; {src} is a {kind} "
+            "checkpoint, convert it with --to hf or --to torch_dist"
+        )
     dtype = parse_dtype(options.dtype)
     if kind == "torch_dist":
         return _from_torch_dist(src, to, dtype, options)
@@ -102,8 +112,10 @@ def _from_gguf(src: Path, options: ConvertOptions):
     from rlx.convert.gguf_import import GgufJob, check_gguf
 
     if options.to not in (None, "hf"):
-        raise ConvertError(f"--to {options.to}: a GGUF file is imported as a Hugging Face directory; leave out --to "
-                           "(or pass --to hf), then convert that directory further")
+        raise ConvertError(
+            f"--to {options.to}: a GGUF file is imported as a Hugging Face directory; leave out --to "
+            "(or pass --to hf), then convert that directory further"
+        )
     check_gguf(src)
     parse_dtype(options.dtype)
     return GgufJob(src, options.dtype, options.shard_bytes)
@@ -118,8 +130,10 @@ def _from_trainer(ckpt, options: ConvertOptions):
     _check_target(to)
     dtype = parse_dtype(options.dtype)
     if adapter and to != "peft":
-        raise ConvertError(f"{ckpt.path} holds a LoRA adapter (model.lora.rank > 0), not full weights; export "
-                           "it with --to peft (the default for it), then load it onto the base model with peft")
+        raise ConvertError(
+            f"{ckpt.path} holds a LoRA adapter (model.lora.rank > 0), not full weights; export "
+            "it with --to peft (the default for it), then load it onto the base model with peft"
+        )
     if to == "peft":
         return PeftJob(ckpt, dtype)
     if to == "hf":

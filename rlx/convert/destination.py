@@ -25,16 +25,19 @@ def check_destination(dst: str | Path, source: str | Path, overwrite: bool) -> P
     """Validate ``dst`` before any work; return it as a resolved Path."""
     dst, source = Path(dst).resolve(), Path(source).resolve()
     if dst == source or dst in source.parents or source in dst.parents:
-        raise ConvertError(f"destination {dst} overlaps the source {source}; choose a destination "
-                           "outside the source (the source is never modified)")
+        raise ConvertError(
+            f"destination {dst} overlaps the source {source}; choose a destination "
+            "outside the source (the source is never modified)"
+        )
     existing = next(p for p in dst.parents if p.exists())  # missing parents are created when writing starts
     if not existing.is_dir():
         raise ConvertError(f"the destination {dst} lies under {existing}, which is a file; choose another destination")
     if existing != dst.parent and not os.access(existing, os.W_OK | os.X_OK):
         raise ConvertError(f"cannot create {dst.parent}: {existing} is not writable; choose another destination")
     if dst.exists() and not overwrite:
-        raise ConvertError(f"destination {dst} already exists; pass --overwrite to replace it, "
-                           "or choose a new destination")
+        raise ConvertError(
+            f"destination {dst} already exists; pass --overwrite to replace it, or choose a new destination"
+        )
     return dst
 
 
@@ -64,4 +67,3 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     elif path.exists() or path.is_symlink():
         path.unlink()
-

@@ -58,8 +58,10 @@ def check_gguf(path: Path) -> None:
     if not path.is_file():
         raise ConvertError(f"source {path} does not exist; pass a .gguf file")
     if not is_gguf(path):
-        raise ConvertError(f"{path} does not start with the GGUF magic bytes, so it is not a GGUF file; pass a "
-                           ".gguf file (llama.cpp's format) or a checkpoint directory")
+        raise ConvertError(
+            f"{path} does not start with the GGUF magic bytes, so it is not a GGUF file; pass a "
+            ".gguf file (llama.cpp's format) or a checkpoint directory"
+        )
     try:
         import gguf  # noqa: F401
     except ImportError:
@@ -76,8 +78,10 @@ def _load(path: Path):
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
         loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name)
     except (ValueError, KeyError, RuntimeError) as exc:  # an architecture or quantization transformers cannot read
-        raise ConvertError(f"transformers cannot read {path}: {exc}; it reads the GGUF architectures listed in "
-                           "transformers.integrations.ggml") from None
+        raise ConvertError(
+            f"transformers cannot read {path}: {exc}; it reads the GGUF architectures listed in "
+            "transformers.integrations.ggml"
+        ) from None
     return config, tokenizer, loaded.state_dict()
 
 
@@ -91,8 +95,10 @@ def _plain_model(config: PretrainedConfig, state_dict: dict, dtype):
     missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
     missing = [k for k in missing if k not in _tied_keys(model)]
     if missing or unexpected:
-        raise ConvertError(f"the GGUF weights do not fit the model its config describes (missing {missing[:4]}, "
-                           f"unexpected {unexpected[:4]}); the file may be truncated or of another architecture")
+        raise ConvertError(
+            f"the GGUF weights do not fit the model its config describes (missing {missing[:4]}, "
+            f"unexpected {unexpected[:4]}); the file may be truncated or of another architecture"
+        )
     model.tie_weights()
     return model.to(dtype) if dtype is not None else model
 
@@ -102,8 +108,7 @@ def _tied_keys(model) -> set[str]:
     return set(tied) if not isinstance(tied, dict) else set(tied)
 
 
-def import_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "auto",
-                shard_size: str | int = "5GB"):
+def import_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "auto", shard_size: str | int = "5GB"):
     """Write ``out_dir`` (which must not exist, or is replaced) as a Hugging Face directory of ``gguf_path``:
     config.json, safetensors weights (``dtype``: auto keeps the dequantized float32), the tokenizer with its
     chat template, and generation_config.json."""
@@ -121,8 +126,9 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "auto",
     out_dir.parent.mkdir(parents=True, exist_ok=True)  # model.build_if_missing names a path under a new directory
     notes = []
     if not getattr(tokenizer, "chat_template", None):
-        notes.append(f"{gguf_path.name} has no chat template (tokenizer.chat_template); chat prompts need "
-                     "task.chat_template=off")
+        notes.append(
+            f"{gguf_path.name} has no chat template (tokenizer.chat_template); chat prompts need task.chat_template=off"
+        )
     with staged_directory(out_dir) as tmp:
         model.save_pretrained(tmp, max_shard_size=shard_size)
         tokenizer.save_pretrained(tmp)
@@ -153,12 +159,28 @@ class GgufJob:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
         dtype = parse_dtype(self.dtype) or torch.float32
-        rows = [PlanRow(name, (f"{self.source.name} (dequantized)",), tuple(t.shape), str(dtype).removeprefix("torch."),
-                        t.numel() * dtype.itemsize, "model.safetensors") for name, t in model.state_dict().items()
-                if not _is_tied_copy(model, name)]
+        rows = [
+            PlanRow(
+                name,
+                (f"{self.source.name} (dequantized)",),
+                tuple(t.shape),
+                str(dtype).removeprefix("torch."),
+                t.numel() * dtype.itemsize,
+                "model.safetensors",
+            )
+            for name, t in model.state_dict().items()
+            if not _is_tied_copy(model, name)
+        ]
         size = self.source.stat().st_size
-        return Plan(f"GGUF -> Hugging Face ({config.model_type})", str(self.source), str(destination), rows, size,
-                    size + 2 * sum(r.nbytes for r in rows), list(self.notes))
+        return Plan(
+            f"GGUF -> Hugging Face ({config.model_type})",
+            str(self.source),
+            str(destination),
+            rows,
+            size,
+            size + 2 * sum(r.nbytes for r in rows),
+            list(self.notes),
+        )
 
     def run(self, destination: Path, console=None):
         if console is not None:

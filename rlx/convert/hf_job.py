@@ -59,10 +59,14 @@ class HFJob:
         self.shards = plan_shards(self.tensors, self.shard_bytes)
 
     def plan(self, destination: Path) -> Plan:
-        rows = [PlanRow(t.name, t.sources, t.shape, str(t.dtype).removeprefix("torch."), t.nbytes, s.file_name)
-                for s in self.shards for t in s.tensors]
-        return Plan(self.title, self.source, str(destination), rows, self.bytes_in,
-                    self.peak_memory_bytes, list(self.notes))
+        rows = [
+            PlanRow(t.name, t.sources, t.shape, str(t.dtype).removeprefix("torch."), t.nbytes, s.file_name)
+            for s in self.shards
+            for t in s.tensors
+        ]
+        return Plan(
+            self.title, self.source, str(destination), rows, self.bytes_in, self.peak_memory_bytes, list(self.notes)
+        )
 
     def run(self, destination: Path, console: Console | None = None, show_progress: bool = True) -> RunSummary:
         start = time.perf_counter()
@@ -77,8 +81,9 @@ class HFJob:
         return RunSummary(destination, files, self.bytes_in, bytes_out, time.perf_counter() - start, list(self.notes))
 
 
-def row_chunks(source: SafetensorsDir, name: str, dtype: torch.dtype,
-               chunk_bytes: int = ROW_CHUNK_BYTES) -> ChunkSource:
+def row_chunks(
+    source: SafetensorsDir, name: str, dtype: torch.dtype, chunk_bytes: int = ROW_CHUNK_BYTES
+) -> ChunkSource:
     """Stream a tensor in blocks of rows (~chunk_bytes each), cast to ``dtype``."""
     info = source.tensors[name]
 
@@ -107,18 +112,36 @@ def _peak(tensors: list[OutTensor], workers: int) -> int:
     return workers * 2 * min(ROW_CHUNK_BYTES * 2, max((t.nbytes for t in tensors), default=0))
 
 
-def trainer_to_hf_job(ckpt: TrainerCheckpoint, dtype: torch.dtype | None, shard_bytes: int,
-                      workers: int) -> HFJob:
+def trainer_to_hf_job(ckpt: TrainerCheckpoint, dtype: torch.dtype | None, shard_bytes: int, workers: int) -> HFJob:
     source = SafetensorsDir(ckpt.path, files=ckpt.model_files)
     check_lm_head(ckpt, set(source.tensors))
     tensors = passthrough_tensors(source, dtype)
     notes = [f"skipped: {reason}" for reason in ckpt.skipped]
-    return HFJob(f"trainer checkpoint (step {ckpt.step}) -> Hugging Face", str(ckpt.path), ckpt.hf_dir,
-                 tensors, source.total_bytes, shard_bytes, dtype, _peak(tensors, workers), workers, notes)
+    return HFJob(
+        f"trainer checkpoint (step {ckpt.step}) -> Hugging Face",
+        str(ckpt.path),
+        ckpt.hf_dir,
+        tensors,
+        source.total_bytes,
+        shard_bytes,
+        dtype,
+        _peak(tensors, workers),
+        workers,
+        notes,
+    )
 
 
 def hf_to_hf_job(src: Path, dtype: torch.dtype | None, shard_bytes: int, workers: int) -> HFJob:
     source = SafetensorsDir(src)
     tensors = passthrough_tensors(source, dtype)
-    return HFJob("Hugging Face -> Hugging Face (re-shard / cast)", str(src), src, tensors,
-                 source.total_bytes, shard_bytes, dtype, _peak(tensors, workers), workers)
+    return HFJob(
+        "Hugging Face -> Hugging Face (re-shard / cast)",
+        str(src),
+        src,
+        tensors,
+        source.total_bytes,
+        shard_bytes,
+        dtype,
+        _peak(tensors, workers),
+        workers,
+    )

@@ -42,18 +42,22 @@ def read_model_config(template: Path) -> dict:
     """``template/config.json`` as a dict; a missing or unreadable one is a ConvertError naming the file."""
     path = Path(template) / "config.json"
     if not path.is_file():
-        raise ConvertError(f"{template} has no config.json; pass the Hugging Face directory of this "
-                           "model (config + tokenizer) so the output can be loaded")
+        raise ConvertError(
+            f"{template} has no config.json; pass the Hugging Face directory of this "
+            "model (config + tokenizer) so the output can be loaded"
+        )
     if path.stat().st_size > 64 << 20:  # a model config is a few KiB
-        raise ConvertError(f"{path} is {path.stat().st_size / 2**20:.0f} MiB, not a model config; restore the "
-                           "model's config.json")
+        raise ConvertError(
+            f"{path} is {path.stat().st_size / 2**20:.0f} MiB, not a model config; restore the model's config.json"
+        )
     try:
         config = json.loads(path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConvertError(f"{path} is not valid JSON ({exc}); restore the model's config.json") from None
     if not isinstance(config, dict):
-        raise ConvertError(f"{path} holds a JSON {type(config).__name__}, not a model config object; "
-                           "restore the model's config.json")
+        raise ConvertError(
+            f"{path} holds a JSON {type(config).__name__}, not a model config object; restore the model's config.json"
+        )
     return config
 
 
@@ -79,8 +83,13 @@ def set_config_dtype(config_path: Path, dtype: torch.dtype) -> None:
     config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
-def write_weights(out_dir: Path, tensors: list[OutTensor], shard_bytes: int, workers: int,
-                  on_bytes: Callable[[int], None] | None = None) -> list[Shard]:
+def write_weights(
+    out_dir: Path,
+    tensors: list[OutTensor],
+    shard_bytes: int,
+    workers: int,
+    on_bytes: Callable[[int], None] | None = None,
+) -> list[Shard]:
     """Plan shards, write them with ``workers`` threads, then the index."""
     shards = plan_shards(tensors, shard_bytes)
     write_shards(out_dir, shards, workers, on_bytes)
@@ -88,8 +97,13 @@ def write_weights(out_dir: Path, tensors: list[OutTensor], shard_bytes: int, wor
     return shards
 
 
-def write_shards(out_dir: Path, shards: list[Shard], workers: int,
-                 on_bytes: Callable[[int], None] | None = None, metadata: dict | None = None) -> None:
+def write_shards(
+    out_dir: Path,
+    shards: list[Shard],
+    workers: int,
+    on_bytes: Callable[[int], None] | None = None,
+    metadata: dict | None = None,
+) -> None:
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = [pool.submit(write_shard, out_dir / s.file_name, s, on_bytes, metadata) for s in shards]
         for future in futures:

@@ -30,8 +30,15 @@ from rlx.convert.safetensors_io import SafetensorsDir
 from rlx.convert.trainer_ckpt import TrainerCheckpoint
 from rlx.formats.checkpoint import ADAPTER_CONFIG, ADAPTER_FILE
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "merges.txt", "tokenizer.model", "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+)
 
 
 def holds_adapter(ckpt: TrainerCheckpoint) -> bool:
@@ -46,8 +53,10 @@ class PeftJob:
 
     def __post_init__(self) -> None:
         if not holds_adapter(self.ckpt):
-            raise ConvertError(f"{self.ckpt.path} holds full model weights, not a LoRA adapter; export it with "
-                               "--to hf (a PEFT adapter comes from a run with model.lora.rank > 0)")
+            raise ConvertError(
+                f"{self.ckpt.path} holds full model weights, not a LoRA adapter; export it with "
+                "--to hf (a PEFT adapter comes from a run with model.lora.rank > 0)"
+            )
         self.source = SafetensorsDir(self.ckpt.path, files=[ADAPTER_FILE])
         self.config = _read_adapter_config(self.ckpt.path / ADAPTER_CONFIG)
         base = self.config.get("base_model_name_or_path")
@@ -56,11 +65,14 @@ class PeftJob:
             if Path(base).is_dir():
                 base = self.config["base_model_name_or_path"] = str(Path(base).resolve())
             else:
-                self.notes.append(f"base model {base!r} is a relative path that does not exist from here; set "
-                                  "base_model_name_or_path in the adapter_config.json written to the base model's "
-                                  "directory")
-        self.notes.append(f"base model: {base} (adapter_config.json base_model_name_or_path; load the adapter "
-                          "onto that model)")
+                self.notes.append(
+                    f"base model {base!r} is a relative path that does not exist from here; set "
+                    "base_model_name_or_path in the adapter_config.json written to the base model's "
+                    "directory"
+                )
+        self.notes.append(
+            f"base model: {base} (adapter_config.json base_model_name_or_path; load the adapter onto that model)"
+        )
 
     def plan(self, destination: Path) -> Plan:
         rows = []
@@ -69,8 +81,15 @@ class PeftJob:
             dtype = target_dtype(info.torch_dtype, self.dtype)
             nbytes = info.nbytes // info.torch_dtype.itemsize * dtype.itemsize
             rows.append(PlanRow(name, (name,), info.shape, str(dtype).removeprefix("torch."), nbytes, ADAPTER_FILE))
-        return Plan(f"LoRA trainer checkpoint (step {self.ckpt.step}) -> PEFT adapter", str(self.ckpt.path),
-                    str(destination), rows, self.source.total_bytes, 2 * self.source.total_bytes, list(self.notes))
+        return Plan(
+            f"LoRA trainer checkpoint (step {self.ckpt.step}) -> PEFT adapter",
+            str(self.ckpt.path),
+            str(destination),
+            rows,
+            self.source.total_bytes,
+            2 * self.source.total_bytes,
+            list(self.notes),
+        )
 
     def run(self, destination: Path, console: Console | None = None, show_progress: bool = True) -> RunSummary:
         from safetensors.torch import save_file
@@ -85,8 +104,9 @@ class PeftJob:
                     shutil.copy2(self.ckpt.hf_dir / name, tmp / name)
         files = sorted(p.name for p in destination.iterdir())
         bytes_out = (destination / ADAPTER_FILE).stat().st_size
-        return RunSummary(destination, files, self.source.total_bytes, bytes_out, time.perf_counter() - start,
-                          list(self.notes))
+        return RunSummary(
+            destination, files, self.source.total_bytes, bytes_out, time.perf_counter() - start, list(self.notes)
+        )
 
     def _read(self, name: str) -> torch.Tensor:
         tensor = self.source.read(name)
@@ -97,12 +117,17 @@ def _read_adapter_config(path: Path) -> dict:
     try:
         config = json.loads(path.read_bytes())
     except FileNotFoundError:
-        raise ConvertError(f"{path.parent} has {ADAPTER_FILE} but no {ADAPTER_CONFIG}; the checkpoint is "
-                           "incomplete, pass an earlier step_* directory") from None
+        raise ConvertError(
+            f"{path.parent} has {ADAPTER_FILE} but no {ADAPTER_CONFIG}; the checkpoint is "
+            "incomplete, pass an earlier step_* directory"
+        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConvertError(f"{path} is not valid JSON ({exc}); the checkpoint is corrupt") from None
     if not isinstance(config, dict) or config.get("peft_type") != "LORA":
-        raise ConvertError(f"{path} is not a LoRA adapter config (peft_type={config.get('peft_type')!r} "
-                           "expected 'LORA'); the checkpoint is corrupt" if isinstance(config, dict) else
-                           f"{path} holds no JSON object; the checkpoint is corrupt")
+        raise ConvertError(
+            f"{path} is not a LoRA adapter config (peft_type={config.get('peft_type')!r} "
+            "expected 'LORA'); the checkpoint is corrupt"
+            if isinstance(config, dict)
+            else f"{path} holds no JSON object; the checkpoint is corrupt"
+        )
     return config

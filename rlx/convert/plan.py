@@ -51,10 +51,15 @@ def _pattern(name: str) -> str:
 
 def render_plan(plan: Plan, console: Console) -> None:
     summary = Table(title=plan.title, show_header=False)
-    for key, value in (("source", plan.source), ("destination", plan.destination),
-                       ("tensors", str(len(plan.rows))), ("bytes read", format_bytes(plan.bytes_in)),
-                       ("bytes written", format_bytes(plan.bytes_out)), ("files", str(len(plan.files))),
-                       ("peak memory (est.)", format_bytes(plan.peak_memory_bytes))):
+    for key, value in (
+        ("source", plan.source),
+        ("destination", plan.destination),
+        ("tensors", str(len(plan.rows))),
+        ("bytes read", format_bytes(plan.bytes_in)),
+        ("bytes written", format_bytes(plan.bytes_out)),
+        ("files", str(len(plan.files))),
+        ("peak memory (est.)", format_bytes(plan.peak_memory_bytes)),
+    ):
         summary.add_row(key, value)
     console.print(summary)
     console.print("[bold]mapping[/] (one entry per name pattern; {i} = layer index)")
@@ -80,6 +85,8 @@ def mapping_lines(plan: Plan) -> list[str]:
         arrow = f"  <-  {sources}" if sources and sources != key else ""
         where = next(iter(files)) if len(files) == 1 else f"{len(files)} files"
         lines.append(f"  {key}{arrow}")
-        lines.append(f"      {list(row.shape)} {row.dtype}, {format_bytes(nbytes)} in {count} tensor"
-                     f"{'s' if count > 1 else ''}, {where}")
+        lines.append(
+            f"      {list(row.shape)} {row.dtype}, {format_bytes(nbytes)} in {count} tensor"
+            f"{'s' if count > 1 else ''}, {where}"
+        )
     return lines

@@ -10,14 +10,20 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 
 @contextlib.contextmanager
-def byte_progress(description: str, total_bytes: int, console: Console | None = None,
-                  enabled: bool = True) -> Iterator[Callable[[int], None]]:
+def byte_progress(
+    description: str, total_bytes: int, console: Console | None = None, enabled: bool = True
+) -> Iterator[Callable[[int], None]]:
     """Yield ``advance(num_bytes)``; the bar shows bytes done, speed and time left."""
     if not enabled:
         yield lambda num_bytes: None
         return
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
-               TransferSpeedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task(description, total=total_bytes)
         yield lambda num_bytes: progress.advance(task, num_bytes)

@@ -26,9 +26,18 @@ INDEX_NAME = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100 << 20
 
 DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64,
-    "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
 }
 DTYPE_CODES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 
@@ -64,15 +73,19 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
         raw_len = f.read(8)
         header_len = struct.unpack("<Q", raw_len)[0] if len(raw_len) == 8 else -1
         if not 0 < header_len <= min(size - 8, MAX_HEADER_BYTES):
-            raise ConvertError(f"{path} is truncated or not a safetensors file ({size} bytes, header "
-                               "length unreadable); re-copy it from the original checkpoint")
+            raise ConvertError(
+                f"{path} is truncated or not a safetensors file ({size} bytes, header "
+                "length unreadable); re-copy it from the original checkpoint"
+            )
         try:
             header = json.loads(f.read(header_len))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ConvertError(f"{path} has a corrupt safetensors header ({exc}); re-copy it") from None
     if not isinstance(header, dict):
-        raise ConvertError(f"{path} has a corrupt safetensors header (a JSON {type(header).__name__}, not an "
-                           "object of tensors); re-copy it")
+        raise ConvertError(
+            f"{path} has a corrupt safetensors header (a JSON {type(header).__name__}, not an "
+            "object of tensors); re-copy it"
+        )
     data_start = 8 + header_len
     metadata = header.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict):
@@ -88,16 +101,20 @@ def _tensor_info(path: Path, name: str, entry: dict, data_start: int) -> TensorI
     except (KeyError, TypeError, ValueError):
         raise ConvertError(f"{path}: header entry for {name!r} is malformed ({entry!r}); re-copy the file") from None
     if not all(_is_count(n) for n in (*shape, begin, end)) or begin > end:
-        raise ConvertError(f"{path}: tensor {name!r} has shape {list(shape)} and byte offsets {[begin, end]}; "
-                           "both must be non-negative integers (offsets ascending); the file is corrupt, re-copy it")
+        raise ConvertError(
+            f"{path}: tensor {name!r} has shape {list(shape)} and byte offsets {[begin, end]}; "
+            "both must be non-negative integers (offsets ascending); the file is corrupt, re-copy it"
+        )
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise ConvertError(f"{path}: tensor {name!r} has dtype {dtype!r}, which rlx does not convert")
     numel = 1
     for dim in shape:
         numel *= dim
     if end - begin != numel * DTYPES[dtype].itemsize:
-        raise ConvertError(f"{path}: tensor {name!r} spans {end - begin} bytes but {dtype}{list(shape)} "
-                           f"needs {numel * DTYPES[dtype].itemsize}; the file is corrupt")
+        raise ConvertError(
+            f"{path}: tensor {name!r} spans {end - begin} bytes but {dtype}{list(shape)} "
+            f"needs {numel * DTYPES[dtype].itemsize}; the file is corrupt"
+        )
     return TensorInfo(name, path, dtype, shape, data_start + begin, data_start + end)
 
 
@@ -111,16 +128,21 @@ def _check_covered(path: Path, tensors: dict[str, TensorInfo], data_start: int, 
     for info in sorted(tensors.values(), key=lambda t: (t.start, t.end)):
         begin, end = info.start - data_start, info.end - data_start
         if end > data_bytes:
-            raise ConvertError(f"{path} is truncated: tensor {info.name!r} ends at byte {end} of the tensor data "
-                               f"but the file holds {data_bytes}; re-copy it from the original checkpoint")
+            raise ConvertError(
+                f"{path} is truncated: tensor {info.name!r} ends at byte {end} of the tensor data "
+                f"but the file holds {data_bytes}; re-copy it from the original checkpoint"
+            )
         if begin != position:
             problem = "overlaps the tensor before it" if begin < position else f"leaves a gap at byte {position}"
-            raise ConvertError(f"{path}: tensor {info.name!r} at bytes [{begin}, {end}) {problem}; the file is "
-                               "corrupt, re-copy it")
+            raise ConvertError(
+                f"{path}: tensor {info.name!r} at bytes [{begin}, {end}) {problem}; the file is corrupt, re-copy it"
+            )
         position = end
     if position < data_bytes:
-        raise ConvertError(f"{path} has {data_bytes - position} bytes after its last tensor; it is corrupt "
-                           "or was written twice; re-copy it")
+        raise ConvertError(
+            f"{path} has {data_bytes - position} bytes after its last tensor; it is corrupt "
+            "or was written twice; re-copy it"
+        )
 
 
 class SafetensorsDir:
@@ -143,9 +165,15 @@ class SafetensorsDir:
         if names:
             return names
         pickled = sorted(p.name for p in self.path.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
-        hint = (f" It holds pickle-based weights ({', '.join(pickled[:3])}), which rlx does not load: "
+        hint = (
+            (
+                f" It holds pickle-based weights ({', '.join(pickled[:3])}), which rlx does not load: "
                 "re-save them as safetensors in a trusted environment "
-                "(from_pretrained(...).save_pretrained(dir, safe_serialization=True)).") if pickled else ""
+                "(from_pretrained(...).save_pretrained(dir, safe_serialization=True))."
+            )
+            if pickled
+            else ""
+        )
         raise ConvertError(f"{self.path} has no *.safetensors files.{hint}")
 
     def _load_files(self, names: list[str]) -> None:
@@ -156,8 +184,10 @@ class SafetensorsDir:
             tensors, self.metadata = read_header(shard)
             for tname, info in tensors.items():
                 if tname in self.tensors:
-                    raise ConvertError(f"tensor {tname!r} is in both {self.tensors[tname].file.name} and "
-                                       f"{name}; remove the stale file from {self.path}")
+                    raise ConvertError(
+                        f"tensor {tname!r} is in both {self.tensors[tname].file.name} and "
+                        f"{name}; remove the stale file from {self.path}"
+                    )
                 self.tensors[tname] = info
 
     def _load_indexed(self, index: Path) -> None:
@@ -167,15 +197,19 @@ class SafetensorsDir:
             shard = self.path / shard_name
             if not shard.is_file():
                 named = sorted(t for t, s in weight_map.items() if s == shard_name)
-                raise ConvertError(f"{index.name} names shard {shard_name} for {len(named)} tensors "
-                                   f"(e.g. {named[0]!r}) but {shard} is missing; re-copy the checkpoint")
+                raise ConvertError(
+                    f"{index.name} names shard {shard_name} for {len(named)} tensors "
+                    f"(e.g. {named[0]!r}) but {shard} is missing; re-copy the checkpoint"
+                )
             headers[shard_name], self.metadata = read_header(shard)
         for tname, shard_name in weight_map.items():
             info = headers[shard_name].get(tname)
             if info is None:
-                raise ConvertError(f"{index} says tensor {tname!r} is in {shard_name}, but that shard does "
-                                   "not contain it; the index and the shards come from different saves — "
-                                   "re-copy the checkpoint")
+                raise ConvertError(
+                    f"{index} says tensor {tname!r} is in {shard_name}, but that shard does "
+                    "not contain it; the index and the shards come from different saves — "
+                    "re-copy the checkpoint"
+                )
             self.tensors[tname] = info
 
     @property
@@ -213,8 +247,10 @@ def read_range(info: TensorInfo, begin: int, end: int) -> torch.Tensor:
         while done < len(view):
             got = os.preadv(fd, [view[done:]], begin + done)
             if got == 0:
-                raise ConvertError(f"{info.file} ended early while reading {info.name!r}; the file was "
-                                   "truncated during the conversion — re-copy it")
+                raise ConvertError(
+                    f"{info.file} ended early while reading {info.name!r}; the file was "
+                    "truncated during the conversion — re-copy it"
+                )
             done += got
     finally:
         os.close(fd)
@@ -225,8 +261,10 @@ def _read_weight_map(index: Path) -> dict[str, str]:
     try:
         weight_map = json.loads(index.read_bytes())["weight_map"]
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
-        raise ConvertError(f"{index} is not a valid safetensors index ({exc!r}); re-copy it, or delete it "
-                           "if the directory holds a single model.safetensors") from None
+        raise ConvertError(
+            f"{index} is not a valid safetensors index ({exc!r}); re-copy it, or delete it "
+            "if the directory holds a single model.safetensors"
+        ) from None
     if not isinstance(weight_map, dict) or not weight_map:
         raise ConvertError(f"{index} has an empty weight_map; re-copy the checkpoint")
     bad = next((v for v in weight_map.values() if not isinstance(v, str) or Path(v).name != v), None)

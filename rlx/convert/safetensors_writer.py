@@ -83,16 +83,20 @@ def header_bytes(tensors: list[OutTensor], metadata: dict[str, str] | None = Non
     header: dict = {"__metadata__": metadata or {"format": "pt"}}
     offset = 0
     for tensor in tensors:
-        header[tensor.name] = {"dtype": DTYPE_CODES[tensor.dtype], "shape": list(tensor.shape),
-                               "data_offsets": [offset, offset + tensor.nbytes]}
+        header[tensor.name] = {
+            "dtype": DTYPE_CODES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + tensor.nbytes],
+        }
         offset += tensor.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     return len(raw).to_bytes(8, "little") + raw
 
 
-def write_shard(path: Path, shard: Shard, on_bytes: Callable[[int], None] | None = None,
-                metadata: dict[str, str] | None = None) -> None:
+def write_shard(
+    path: Path, shard: Shard, on_bytes: Callable[[int], None] | None = None, metadata: dict[str, str] | None = None
+) -> None:
     """Write one shard: header, then each tensor's chunks; fsync before returning."""
     with open(path, "wb") as f:
         f.write(header_bytes(shard.tensors, metadata))
@@ -154,8 +158,11 @@ class ShardFile:
         return raw.numel()
 
     def close(self) -> None:
-        short = [f"{n}: {self._written[n]} of {size} bytes" for n, (_, size, _) in self._ranges.items()
-                 if self._written[n] != size]
+        short = [
+            f"{n}: {self._written[n]} of {size} bytes"
+            for n, (_, size, _) in self._ranges.items()
+            if self._written[n] != size
+        ]
         if short:
             self.abort()
             raise RuntimeError(f"{self.path.name}: tensors not written as planned: {'; '.join(short[:5])}")
@@ -187,12 +194,13 @@ def write_index(out_dir: Path, shards: list[Shard], metadata: dict | None = None
     if len(shards) < 2 and not force:
         return
     weight_map = {t.name: s.file_name for s in shards for t in s.tensors}
-    index = {"metadata": {**(metadata or {}), "total_size": sum(s.nbytes for s in shards)},
-             "weight_map": dict(sorted(weight_map.items(), key=lambda kv: natural_key(kv[0])))}
+    index = {
+        "metadata": {**(metadata or {}), "total_size": sum(s.nbytes for s in shards)},
+        "weight_map": dict(sorted(weight_map.items(), key=lambda kv: natural_key(kv[0]))),
+    }
     (out_dir / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
 
 
 def natural_key(name: str) -> list:
     """Sort 'layers.10' after 'layers.9'."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
-

@@ -46,8 +46,10 @@ def resolve_trainer_checkpoint(path: str | Path) -> TrainerCheckpoint:
     root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     candidates = list_checkpoints(root)
     if not candidates:
-        raise ConvertError(f"{path} holds no step_* checkpoints; pass a run directory, its checkpoints/ "
-                           "directory or one step_* directory")
+        raise ConvertError(
+            f"{path} holds no step_* checkpoints; pass a run directory, its checkpoints/ "
+            "directory or one step_* directory"
+        )
     skipped: list[str] = []
     for ckpt in reversed(candidates):
         try:
@@ -56,16 +58,20 @@ def resolve_trainer_checkpoint(path: str | Path) -> TrainerCheckpoint:
             skipped.append(str(exc))
             continue
         return _trainer_checkpoint(ckpt, manifest, skipped)
-    raise ConvertError(f"no complete checkpoint in {root}; every one is corrupt or partial ({'; '.join(skipped)}); "
-                       "pass a step_* directory from a copy of the run")
+    raise ConvertError(
+        f"no complete checkpoint in {root}; every one is corrupt or partial ({'; '.join(skipped)}); "
+        "pass a step_* directory from a copy of the run"
+    )
 
 
 def _verified(ckpt: Path, skipped: list[str]) -> TrainerCheckpoint:
     try:
         manifest = _checked_manifest(ckpt)
     except CorruptCheckpoint as exc:
-        raise ConvertError(f"refusing to convert a corrupt or partial checkpoint: {exc}. Pass an earlier "
-                           "step_* directory, or the run directory to take the newest complete one") from None
+        raise ConvertError(
+            f"refusing to convert a corrupt or partial checkpoint: {exc}. Pass an earlier "
+            "step_* directory, or the run directory to take the newest complete one"
+        ) from None
     return _trainer_checkpoint(ckpt, manifest, skipped)
 
 
@@ -84,5 +90,7 @@ def _trainer_checkpoint(ckpt: Path, manifest: dict, skipped: list[str]) -> Train
 def check_lm_head(ckpt: TrainerCheckpoint, names: set[str]) -> None:
     config = read_model_config(ckpt.hf_dir)
     if not config.get("tie_word_embeddings", False) and "lm_head.weight" not in names:
-        raise ConvertError(f"{ckpt.path} has no lm_head.weight but its config says tie_word_embeddings="
-                           "false; the checkpoint is incomplete")
+        raise ConvertError(
+            f"{ckpt.path} has no lm_head.weight but its config says tie_word_embeddings="
+            "false; the checkpoint is incomplete"
+        )

@@ -6,8 +6,18 @@ import re
 
 from rlx.convert.errors import ConvertError
 
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 def parse_size(text: str) -> int:
@@ -15,8 +25,7 @@ def parse_size(text: str) -> int:
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
     unit = match.group(2).upper() if match else None
     if not match or unit not in _UNITS:
-        raise ConvertError(f"size {text!r} is not understood; write a number with a unit, "
-                           "e.g. 5GB, 500MB or 2GiB")
+        raise ConvertError(f"size {text!r} is not understood; write a number with a unit, e.g. 5GB, 500MB or 2GiB")
     value = int(float(match.group(1)) * _UNITS[unit])
     if value <= 0:
         raise ConvertError(f"size {text!r} must be > 0")

@@ -54,8 +54,7 @@ def write_manifest(ckpt_dir: Path, step: int, model_files: list[str], extra: dic
     for path in sorted(p for p in ckpt_dir.rglob("*") if p.is_file() and p.name != MANIFEST):
         rel = path.relative_to(ckpt_dir).as_posix()
         files[rel] = {"bytes": path.stat().st_size, "sha256": file_digest(path)}
-    manifest = {"format": FORMAT, "version": VERSION, "step": step, "model_files": model_files,
-                "files": files, **extra}
+    manifest = {"format": FORMAT, "version": VERSION, "step": step, "model_files": model_files, "files": files, **extra}
     target = ckpt_dir / MANIFEST
     with open(target, "w") as f:
         json.dump(manifest, f, indent=2)
@@ -78,25 +77,29 @@ MAX_MANIFEST_BYTES = 256 << 20
 def read_manifest(ckpt_dir: Path) -> dict[str, Any]:
     path = Path(ckpt_dir) / MANIFEST
     if not path.is_file():
-        raise CorruptCheckpoint(f"{ckpt_dir} has no {MANIFEST}: it is partial (a save was interrupted) "
-                                "or not an rlx checkpoint")
+        raise CorruptCheckpoint(
+            f"{ckpt_dir} has no {MANIFEST}: it is partial (a save was interrupted) or not an rlx checkpoint"
+        )
     if path.stat().st_size > MAX_MANIFEST_BYTES:  # a manifest lists files: KiBs, even for thousands of shards
-        raise CorruptCheckpoint(f"{path} is {path.stat().st_size / 2**20:.0f} MiB, not a manifest; the checkpoint "
-                                "is corrupt")
+        raise CorruptCheckpoint(
+            f"{path} is {path.stat().st_size / 2**20:.0f} MiB, not a manifest; the checkpoint is corrupt"
+        )
     try:
         manifest = json.loads(path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CorruptCheckpoint(f"{path} is not valid JSON ({exc}); the checkpoint is corrupt") from None
     if not isinstance(manifest, dict):
-        raise CorruptCheckpoint(f"{path} holds a JSON {type(manifest).__name__}, not the manifest object; "
-                                "the checkpoint is corrupt")
+        raise CorruptCheckpoint(
+            f"{path} holds a JSON {type(manifest).__name__}, not the manifest object; the checkpoint is corrupt"
+        )
     if manifest.get("format") != FORMAT:
         raise CorruptCheckpoint(f"{path} is not an rlx checkpoint manifest (format={manifest.get('format')!r})")
     if manifest.get("version") != VERSION:
         raise CorruptCheckpoint(f"{path} has format version {manifest.get('version')}; this rlx reads {VERSION}")
     if not isinstance(manifest.get("step"), int) or isinstance(manifest["step"], bool):
-        raise CorruptCheckpoint(f"{path} has step={manifest.get('step')!r}, not a step number; "
-                                "the checkpoint is corrupt")
+        raise CorruptCheckpoint(
+            f"{path} has step={manifest.get('step')!r}, not a step number; the checkpoint is corrupt"
+        )
     return manifest
 
 
@@ -111,8 +114,9 @@ def verify_checkpoint(ckpt_dir: str | Path, check_hashes: bool = True) -> dict[s
             raise CorruptCheckpoint(f"{ckpt_dir}: {rel} is listed in the manifest but missing")
         size = path.stat().st_size
         if size != info["bytes"]:
-            raise CorruptCheckpoint(f"{ckpt_dir}: {rel} has {size} bytes, the manifest says {info['bytes']} "
-                                    "(truncated or overwritten)")
+            raise CorruptCheckpoint(
+                f"{ckpt_dir}: {rel} has {size} bytes, the manifest says {info['bytes']} (truncated or overwritten)"
+            )
         if check_hashes and file_digest(path) != info["sha256"]:
             raise CorruptCheckpoint(f"{ckpt_dir}: {rel} does not match its sha256 in the manifest (corrupt)")
     return manifest
@@ -127,14 +131,18 @@ def _check_listing(ckpt_dir: Path, manifest: dict[str, Any]) -> None:
         if Path(rel).is_absolute() or ".." in Path(rel).parts:
             raise CorruptCheckpoint(f"{ckpt_dir / MANIFEST} lists {rel!r}, a path outside the checkpoint")
         if not (isinstance(info, dict) and isinstance(info.get("bytes"), int) and isinstance(info.get("sha256"), str)):
-            raise CorruptCheckpoint(f"{ckpt_dir / MANIFEST}: the entry of {rel!r} is {info!r}, not "
-                                    "{'bytes': ..., 'sha256': ...}; the checkpoint is corrupt")
+            raise CorruptCheckpoint(
+                f"{ckpt_dir / MANIFEST}: the entry of {rel!r} is {info!r}, not "
+                "{'bytes': ..., 'sha256': ...}; the checkpoint is corrupt"
+            )
     if not isinstance(model_files, list) or not model_files or not all(isinstance(n, str) for n in model_files):
         raise CorruptCheckpoint(f"{ckpt_dir / MANIFEST} lists no model_files; the checkpoint holds no weights")
     unlisted = [name for name in model_files if name not in files]
     if unlisted:
-        raise CorruptCheckpoint(f"{ckpt_dir / MANIFEST} names model file {unlisted[0]!r} but does not list it "
-                                "among its files; the checkpoint is corrupt")
+        raise CorruptCheckpoint(
+            f"{ckpt_dir / MANIFEST} names model file {unlisted[0]!r} but does not list it "
+            "among its files; the checkpoint is corrupt"
+        )
 
 
 def list_checkpoints(checkpoints_dir: str | Path) -> list[Path]:
@@ -143,4 +151,4 @@ def list_checkpoints(checkpoints_dir: str | Path) -> list[Path]:
     if not root.is_dir():
         return []
     dirs = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX)]
-    return sorted(dirs, key=lambda p: int(p.name[len(STEP_PREFIX):]) if p.name[len(STEP_PREFIX):].isdigit() else -1)
+    return sorted(dirs, key=lambda p: int(p.name[len(STEP_PREFIX) :]) if p.name[len(STEP_PREFIX) :].isdigit() else -1)

@@ -18,6 +18,12 @@ def peft_lora_config(lora, base_model_path: str = ""):
         from peft import LoraConfig
     except ImportError:
         raise ImportError("model.lora.rank > 0 needs peft; install it with pip install -e '.[lora]'") from None
-    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                      target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM",
-                      base_model_name_or_path=base_model_path or None)
+    return LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=base_model_path or None,
+    )

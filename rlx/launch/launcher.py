@@ -67,8 +67,9 @@ def run_train(cfg: RunConfig) -> int:
             dead = launch.procs.dead_children(within_s=2.0)  # a death often surfaces first as a peer's error
             return f"the run failed ({dead[0][1]})" if dead else "the run failed"
 
-        return supervise(launch, display, stops, lambda: f"stopping every child process; {resume_hint(run_dir)}",
-                         failed)
+        return supervise(
+            launch, display, stops, lambda: f"stopping every child process; {resume_hint(run_dir)}", failed
+        )
 
 
 def prepare(cfg: RunConfig, run_dir: Path, display: Display, log_name: str) -> int | None:
@@ -89,8 +90,14 @@ def prepare(cfg: RunConfig, run_dir: Path, display: Display, log_name: str) -> i
     return None
 
 
-def supervise(run, display: Display, stops: StopWatch, stopping, failed=lambda: "the run failed",
-              passthrough: tuple[type[BaseException], ...] = ()) -> int:
+def supervise(
+    run,
+    display: Display,
+    stops: StopWatch,
+    stopping,
+    failed=lambda: "the run failed",
+    passthrough: tuple[type[BaseException], ...] = (),
+) -> int:
     """``run.run()``'s exit code, however it ends: a stop or Ctrl-C says ``stopping`` (a string, or a callable
     that makes it then); an error is one console line (``failed()``; the traceback in the log) and exit 1, except
     ``passthrough`` errors, which propagate; ``run.tear_down()`` always runs, shielded from a second stop."""
@@ -129,8 +136,13 @@ class Launch:
         self.own_addresses: list[str] = []  # the ipc sockets of the servers this run started
         self.placement = plan(cfg, visible_gpus())  # checked in pre-flight
         cfg.sync.transport = self.placement.sync_transport  # what the launched engines were set up for
-        self.restarts = ServerRestarts(self.procs, cfg.rollout.max_restarts, cfg.rollout.restart_on_failure,
-                                       stop=stops.report, note=lambda text: display.note(escape(text)))
+        self.restarts = ServerRestarts(
+            self.procs,
+            cfg.rollout.max_restarts,
+            cfg.rollout.restart_on_failure,
+            stop=stops.report,
+            note=lambda text: display.note(escape(text)),
+        )
 
     def run(self) -> int:
         cfg = self.cfg
@@ -164,10 +176,15 @@ class Launch:
         for index in range(self.cfg.rollout.servers_to_launch):
             address = server_address(self.cfg, index)
             slot = self.placement.server(index)
-            argv = python_argv("rlx", "rollout-serve", *config_args, *slot.overrides(), "--address", address,
-                               "--index", str(index))
-            server_env = dict(env, **quiet_server_env(), **_server_priority(self.cfg),
-                              **slot.env(os.environ.get("CUDA_VISIBLE_DEVICES")))
+            argv = python_argv(
+                "rlx", "rollout-serve", *config_args, *slot.overrides(), "--address", address, "--index", str(index)
+            )
+            server_env = dict(
+                env,
+                **quiet_server_env(),
+                **_server_priority(self.cfg),
+                **slot.env(os.environ.get("CUDA_VISIBLE_DEVICES")),
+            )
             self.procs.start(f"rollout{index}", argv, server_env)
             self.own_addresses.append(address)
         return list(self.own_addresses)
@@ -179,8 +196,14 @@ class Launch:
         port = _free_port()
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK="0")
         for rank in range(1, world):
-            rank_env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
-                            **self.placement.rank(rank).env(os.environ.get("CUDA_VISIBLE_DEVICES")))
+            rank_env = dict(
+                env,
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                WORLD_SIZE=str(world),
+                RANK=str(rank),
+                **self.placement.rank(rank).env(os.environ.get("CUDA_VISIBLE_DEVICES")),
+            )
             self.procs.start(f"trainer{rank}", python_argv("rlx.trainer.ranks", *config_args), rank_env)
 
     def _run_rank0(self, addresses: list[str]) -> int:
@@ -207,13 +230,19 @@ class Launch:
         from rlx.rollout.client import RolloutClient
 
         cfg = self.cfg
-        client = RolloutClient(addresses, token=cfg.rollout.auth_token, timeout_s=cfg.rollout.request_timeout_s,
-                               awaits_restarts=cfg.rollout.restart_on_failure)
+        client = RolloutClient(
+            addresses,
+            token=cfg.rollout.auth_token,
+            timeout_s=cfg.rollout.request_timeout_s,
+            awaits_restarts=cfg.rollout.restart_on_failure,
+        )
         controller = None
         try:
             controller = Controller(cfg, self.run_dir, client, trainer, self.display)
+
             def alive():
                 return all(c.alive() for c in self.procs.children)
+
             await client.wait_ready(cfg.rollout.startup_timeout_s, is_alive=alive)
             self.display.note(f"rollout servers ready: {', '.join(addresses)}{_openai_endpoints(cfg)}")
             self.restarts.attach(controller)

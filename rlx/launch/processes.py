@@ -41,17 +41,26 @@ def write_json(path: Path, record: dict) -> None:
 
 
 class Child:
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path,
-                 emit: Callable[[str], None]) -> None:
+    def __init__(
+        self, name: str, argv: list[str], env: dict[str, str], log_path: Path, emit: Callable[[str], None]
+    ) -> None:
         self.name, self.argv, self.env = name, argv, env
         self.log_path = log_path
         self.expected_exit = False
         self.restarts = 0  # how many times this child was started again after dying
         self._log: TextIO = open(log_path, "a", buffering=1)  # noqa: SIM115 - open until the child's output ends
         self._log.write(f"rlx: starting {name}: {' '.join(argv)}\n")
-        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1,
-                                     preexec_fn=_term_when_parent_dies)
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            text=True,
+            bufsize=1,
+            preexec_fn=_term_when_parent_dies,
+        )
         self._pump = threading.Thread(target=self._stream, args=(emit,), daemon=True, name=f"log-{name}")
         self._pump.start()
 
@@ -170,8 +179,9 @@ class ProcessSet:
         """Call ``on_death`` when a child exits unexpectedly; the watch goes on while it returns True
         (it restarted the child); meanwhile record the children's shm."""
         self._watching = True
-        self._watcher = threading.Thread(target=self._watch, args=(on_death, interval_s), daemon=True,
-                                         name="child-watcher")
+        self._watcher = threading.Thread(
+            target=self._watch, args=(on_death, interval_s), daemon=True, name="child-watcher"
+        )
         self._watcher.start()
 
     def _watch(self, on_death: Callable[[Child, str], bool], interval_s: float) -> None:
@@ -192,9 +202,15 @@ class ProcessSet:
         waits up to ``within_s`` for one (a peer sees the sockets of a killed process close before it exits)."""
         deadline = time.monotonic() + within_s
         while True:
-            dead = [(child, f"{child.name} (pid {child.pid}) exited with code {child.proc.returncode}; "
-                            f"its log is {child.log_path}")
-                    for child in self.children if not child.expected_exit and not child.alive()]
+            dead = [
+                (
+                    child,
+                    f"{child.name} (pid {child.pid}) exited with code {child.proc.returncode}; "
+                    f"its log is {child.log_path}",
+                )
+                for child in self.children
+                if not child.expected_exit and not child.alive()
+            ]
             if dead or time.monotonic() >= deadline:
                 return dead
             time.sleep(0.05)

@@ -51,8 +51,12 @@ class NodeProcess:
         import ray
 
         ip = ray.util.get_node_ip_address()
-        return {"ip": ip, "port": free_port(ip), "node_id": ray.get_runtime_context().get_node_id(),
-                "actor_pid": os.getpid()}
+        return {
+            "ip": ip,
+            "port": free_port(ip),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "actor_pid": os.getpid(),
+        }
 
     def start(self, module_args: list[str], env: dict[str, str], files: dict[str, str]) -> int:
         """Write ``files`` into this actor's work directory (``{workdir}`` in an argument names it), start
@@ -61,9 +65,18 @@ class NodeProcess:
             (self.workdir / name).write_text(text)
         argv = python_argv(*(arg.replace("{workdir}", str(self.workdir)) for arg in module_args))
         full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONSAFEPATH="1", **env)
-        self.proc = subprocess.Popen(argv, env=full_env, cwd=self.workdir, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                     text=True, bufsize=1, preexec_fn=_term_when_parent_dies)
+        self.proc = subprocess.Popen(
+            argv,
+            env=full_env,
+            cwd=self.workdir,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            text=True,
+            bufsize=1,
+            preexec_fn=_term_when_parent_dies,
+        )
         self._pump = threading.Thread(target=self._stream, daemon=True, name=f"log-{self.name}")
         self._pump.start()
         return self.proc.pid
@@ -136,6 +149,7 @@ def rank0_main(argv: list[str]) -> int:
         launch = Launch(cfg, run_dir, display, stops)
         launch._start_ranks = lambda *args: None  # the other ranks are Ray's; RANK etc. come in the environment
         return supervise(launch, display, stops, "stopping")
+
 
 if __name__ == "__main__":
     sys.exit(rank0_main(sys.argv[1:]))

@@ -68,8 +68,10 @@ def import_ray():
     try:
         import ray
     except ImportError:
-        raise ConfigError(f"launcher=ray needs Ray, which is not installed; run `{INSTALL_HINT}`, "
-                          "or set launcher=local to run on this host") from None
+        raise ConfigError(
+            f"launcher=ray needs Ray, which is not installed; run `{INSTALL_HINT}`, "
+            "or set launcher=local to run on this host"
+        ) from None
     return ray
 
 
@@ -88,16 +90,19 @@ def connect(cfg: RunConfig):
     ray = import_ray()
     address = cluster_address(cfg)
     if not ray.is_initialized():
-        problem = "" if address == "local" else check_reachable(address, "ray.address" if cfg.ray.address else
-                                                                "RAY_ADDRESS")
+        problem = (
+            "" if address == "local" else check_reachable(address, "ray.address" if cfg.ray.address else "RAY_ADDRESS")
+        )
         if problem:  # ray.init would retry for many minutes
             raise ConfigError(problem)
         extra = {"include_dashboard": False} if address == "local" else {}
         try:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR", **extra)
         except ConnectionError as exc:
-            raise ConfigError(f"ray.address={address!r}: cannot reach a Ray cluster ({exc}); start one with "
-                              "`ray start --head`, or leave ray.address empty to start a local instance") from None
+            raise ConfigError(
+                f"ray.address={address!r}: cannot reach a Ray cluster ({exc}); start one with "
+                "`ray start --head`, or leave ray.address empty to start a local instance"
+            ) from None
     return ray
 
 
@@ -112,8 +117,9 @@ def run_ray_train(cfg: RunConfig) -> int:
     quiet_progress_bars()
     import_ray()
     run_dir = Path(cfg.trainer.output_dir).resolve()
-    cfg.rollout.auth_token = (cfg.rollout.auth_token or os.environ.get(SECRET_ENV["rollout.auth_token"], "")
-                              or secrets.token_hex(16))  # servers bind a node's address: never without a token
+    cfg.rollout.auth_token = (
+        cfg.rollout.auth_token or os.environ.get(SECRET_ENV["rollout.auth_token"], "") or secrets.token_hex(16)
+    )  # servers bind a node's address: never without a token
     display = Display(cfg.trainer.total_steps, enabled=cfg.logging.console)
     stops = StopWatch()
     with stops.installed():
@@ -154,8 +160,10 @@ class RayRun:
         cfg = self.cfg
         self.started_ray = cluster_address(cfg) == "local"
         self.ray = connect(cfg)
-        self.display.note(f"Ray cluster: {len(self.ray.nodes())} node(s); "
-                          f"{'a local instance started for this run' if self.started_ray else cluster_address(cfg)}")
+        self.display.note(
+            f"Ray cluster: {len(self.ray.nodes())} node(s); "
+            f"{'a local instance started for this run' if self.started_ray else cluster_address(cfg)}"
+        )
         _absolute_paths(cfg)
         secret_args, secret_env = secret_overrides(cfg)
         env = dict(_trace_env(cfg, self.run_dir), **secret_env, **progress_bar_env())
@@ -179,18 +187,21 @@ class RayRun:
         self.groups.append(group)
         ready, _ = ray.wait([group.ready()], timeout=self.cfg.ray.placement_timeout_s)
         if not ready:
-            raise ConfigError(f"the Ray cluster cannot place {count} {role} process(es) of {resources} each "
-                              f"(ray.{role}_resources, ray.strategy={self.cfg.ray.strategy}) within "
-                              f"{self.cfg.ray.placement_timeout_s:.0f} s; the cluster has "
-                              f"{_resources_text(ray.cluster_resources())}; lower ray.{role}_resources or add nodes "
-                              f"(`rlx doctor CONFIG launcher=ray` checks a layout)")
+            raise ConfigError(
+                f"the Ray cluster cannot place {count} {role} process(es) of {resources} each "
+                f"(ray.{role}_resources, ray.strategy={self.cfg.ray.strategy}) within "
+                f"{self.cfg.ray.placement_timeout_s:.0f} s; the cluster has "
+                f"{_resources_text(ray.cluster_resources())}; lower ray.{role}_resources or add nodes "
+                f"(`rlx doctor CONFIG launcher=ray` checks a layout)"
+            )
         actor_class = ray.remote(NodeProcess)
         handles = []
         for index in range(count):
             name = f"{'rollout' if role == 'rollout' else 'trainer'}{index}"
             strategy = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
-            actor = actor_class.options(name=None, max_restarts=0, scheduling_strategy=strategy,
-                                        **bundle_options(resources)).remote(name)
+            actor = actor_class.options(
+                name=None, max_restarts=0, scheduling_strategy=strategy, **bundle_options(resources)
+            ).remote(name)
             handles.append(NodeHandle(name, actor, {}, self.log_dir / f"{name}.log"))
         nodes = ray.get([h.actor.node.remote() for h in handles], timeout=RPC_TIMEOUT_S)
         for handle, node in zip(handles, nodes, strict=True):
@@ -201,8 +212,9 @@ class RayRun:
     def _launch(self, handle: NodeHandle, module_args: list[str], env: dict, files: dict[str, str]) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         handle.log_path.write_text(f"rlx: starting {handle.name} on {handle.node['ip']}: {' '.join(module_args)}\n")
-        handle.console = TracebackFolder(lambda line, n=handle.name: self.display.log_line(f"[{n}] {line}"),
-                                         handle.log_path)
+        handle.console = TracebackFolder(
+            lambda line, n=handle.name: self.display.log_line(f"[{n}] {line}"), handle.log_path
+        )
         handle.pid = self.ray.get(handle.actor.start.remote(module_args, env, files), timeout=RPC_TIMEOUT_S)
         self._write_processes()
 
@@ -221,8 +233,17 @@ class RayRun:
         for index, handle in enumerate(handles):
             port = self.cfg.rollout.port + index if self.cfg.rollout.port else handle.node["port"]
             address = f"tcp://{handle.node['ip']}:{port}"
-            args = ["rlx", "rollout-serve", "{workdir}/config.yaml", *secret_args, "--address", address,
-                    "--index", str(index), "--allow-remote"]
+            args = [
+                "rlx",
+                "rollout-serve",
+                "{workdir}/config.yaml",
+                *secret_args,
+                "--address",
+                address,
+                "--index",
+                str(index),
+                "--allow-remote",
+            ]
             self._launch(handle, args, dict(env, **quiet_server_env()), files)
             addresses.append(address)
         return addresses
@@ -230,25 +251,39 @@ class RayRun:
     def _start_ranks(self, secret_args: list[str], env: dict) -> None:
         world = self.cfg.trainer.num_ranks
         handles = self._place("trainer", world, self.cfg.ray.trainer_resources)
-        if len({h.node["node_id"] for h in handles}) > 1 and self.cfg.trainer.data_plane == "store" \
-                and self.cfg.store.transport == "shm":
+        if (
+            len({h.node["node_id"] for h in handles}) > 1
+            and self.cfg.trainer.data_plane == "store"
+            and self.cfg.store.transport == "shm"
+        ):
             # shm is one host's memory: ranks on other nodes fetch their rows from rank 0 over TCP (with the run's token)
             self.cfg.store.transport = "tcp"
-            self.display.note("trainer ranks span several nodes: store.transport=tcp (rank 0 serves each rank its "
-                              "rows over TCP; the shm store is one host's memory)")
+            self.display.note(
+                "trainer ranks span several nodes: store.transport=tcp (rank 0 serves each rank its "
+                "rows over TCP; the shm store is one host's memory)"
+            )
         files = self._config_files()
         master = handles[0].node
         for rank, handle in enumerate(handles):
             module = "rlx.launch.ray_actors" if rank == 0 else "rlx.trainer.ranks"
-            rank_env = dict(env, MASTER_ADDR=master["ip"], MASTER_PORT=str(master["port"]), WORLD_SIZE=str(world),
-                            RANK=str(rank))
+            rank_env = dict(
+                env, MASTER_ADDR=master["ip"], MASTER_PORT=str(master["port"]), WORLD_SIZE=str(world), RANK=str(rank)
+            )
             self._launch(handle, [module, "{workdir}/config.yaml", *secret_args], rank_env, files)
 
     def _write_processes(self) -> None:
         """logs/ray_processes.json: where each started process runs, for users and tests (a placed, not yet
         started process has no pid and is left out)."""
-        record = {h.name: {"node_ip": h.node["ip"], "node_id": h.node["node_id"], "pid": h.pid,
-                           "actor_pid": h.node["actor_pid"]} for h in self.handles if h.pid > 0}
+        record = {
+            h.name: {
+                "node_ip": h.node["ip"],
+                "node_id": h.node["node_id"],
+                "pid": h.pid,
+                "actor_pid": h.node["actor_pid"],
+            }
+            for h in self.handles
+            if h.pid > 0
+        }
         write_json(self.log_dir / "ray_processes.json", record)
 
     def _watch(self) -> int:
@@ -259,8 +294,10 @@ class RayRun:
             failed = [h for h in self.handles if h.exit_code or h.lost]
             if rank0.exit_code == 0 and not failed:
                 return 0
+
             def follower_done(h):
                 return h.exit_code == 0 and h is not rank0 and h.name.startswith("trainer")
+
             exited = [h for h in self.handles if h.lost or (h.exit_code is not None and not follower_done(h))]
             if exited:
                 time.sleep(2.0)  # a death is often seen first as a peer's error: name the one that died first

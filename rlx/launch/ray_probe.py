@@ -37,9 +37,11 @@ def check_reachable(address: str, where: str) -> str:
             return ""
     if not problem:
         return ""
-    return (f"{where}={address!r}: {problem}; check the address (the head node's `ray start --head` prints it, and "
-            f"`ray status` there shows the cluster is up) and that this host reaches it, or leave {where} empty to "
-            "start a local Ray instance")
+    return (
+        f"{where}={address!r}: {problem}; check the address (the head node's `ray start --head` prints it, and "
+        f"`ray status` there shows the cluster is up) and that this host reaches it, or leave {where} empty to "
+        "start a local Ray instance"
+    )
 
 
 def host_port(address: str) -> tuple[str, int] | None:
@@ -53,7 +55,7 @@ def host_port(address: str) -> tuple[str, int] | None:
 
 
 def _grpc_problem(host: str, port: int) -> str:
-    """"" when ``host:port`` accepts a connection and answers the HTTP/2 preface with its SETTINGS frame."""
+    """ "" when ``host:port`` accepts a connection and answers the HTTP/2 preface with its SETTINGS frame."""
     try:
         sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
     except TimeoutError:
@@ -70,8 +72,10 @@ def _grpc_problem(host: str, port: int) -> str:
             head = b""
     if len(head) == 9 and head[3] == _SETTINGS:
         return ""
-    return (f"{host}:{port} accepts connections but does not answer as a Ray cluster (a gRPC server) does; it may "
-            "be another service's port (the dashboard's, 8265, is not the cluster address)")
+    return (
+        f"{host}:{port} accepts connections but does not answer as a Ray cluster (a gRPC server) does; it may "
+        "be another service's port (the dashboard's, 8265, is not the cluster address)"
+    )
 
 
 def _read(sock: socket.socket, count: int) -> bytes:

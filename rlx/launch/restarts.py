@@ -20,8 +20,14 @@ SERVER_PREFIX = "rollout"  # launched servers are children named rollout0, rollo
 
 
 class ServerRestarts:
-    def __init__(self, procs: ProcessSet, max_restarts: int, enabled: bool, stop: Callable[[str], None],
-                 note: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        procs: ProcessSet,
+        max_restarts: int,
+        enabled: bool,
+        stop: Callable[[str], None],
+        note: Callable[[str], None],
+    ) -> None:
         self.procs, self.max_restarts, self.enabled = procs, max_restarts, enabled
         self.stop, self.note = stop, note
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -41,8 +47,10 @@ class ServerRestarts:
             self.stop(message)
             return False
         if child.restarts >= self.max_restarts:
-            self.stop(f"{message}; it was restarted {child.restarts} time(s) already and rollout.max_restarts="
-                      f"{self.max_restarts} allows no more (raise it, or find why it dies in its log)")
+            self.stop(
+                f"{message}; it was restarted {child.restarts} time(s) already and rollout.max_restarts="
+                f"{self.max_restarts} allows no more (raise it, or find why it dies in its log)"
+            )
             return False
         fresh = self.procs.restart(child)
         if fresh is None:  # the run is being torn down

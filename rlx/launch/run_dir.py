@@ -43,8 +43,9 @@ def archive_previous_run(run_dir: Path, display: Display) -> Path | None:
     archive.mkdir()
     for path in found:
         path.rename(archive / path.name)
-    display.note(f"{run_dir} held an earlier run: moved its outputs to {archive} "
-                 "(pass --resume to continue a run instead)")
+    display.note(
+        f"{run_dir} held an earlier run: moved its outputs to {archive} (pass --resume to continue a run instead)"
+    )
     return archive
 
 

@@ -67,8 +67,9 @@ async def run_off_loop(fn, args: tuple, limit_s: float, timeout_message):
         except BaseException as exc:  # noqa: BLE001 - raised again in the loop, as if called there
             result, error = None, exc
         try:
-            loop.call_soon_threadsafe(lambda: done.done() or (done.set_exception(error) if error else
-                                                              done.set_result(result)))
+            loop.call_soon_threadsafe(
+                lambda: done.done() or (done.set_exception(error) if error else done.set_result(result))
+            )
         except RuntimeError:  # the loop closed while this scored (the run stopped): nobody waits for it
             pass
 
@@ -101,15 +102,18 @@ class Collector:
         self._score_lock = asyncio.Lock()
         self._reward_slots = asyncio.Semaphore(cfg.task.reward_workers)
         r = cfg.rollout
-        self.sampling = SamplingSpec(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                     max_tokens=r.max_tokens, stop=list(r.stop))
+        self.sampling = SamplingSpec(
+            n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens, stop=list(r.stop)
+        )
         self.agent = None
         """Multi-turn tasks (tools) run as episodes (``rlx.agent``)."""
         if is_multi_turn(cfg.agent, task):
             from rlx.trainer.model import load_tokenizer
 
             self.agent = EpisodeCollector(cfg, client, task, load_tokenizer(cfg.model.path))
-        self.reward_model = make_reward_model(cfg.task.reward_model, cfg.rollout.auth_token) if self.agent is None else None
+        self.reward_model = (
+            make_reward_model(cfg.task.reward_model, cfg.rollout.auth_token) if self.agent is None else None
+        )
         """``task.reward_model``, scored over a step's samples at once (episodes score in ``EpisodeCollector``)."""
 
     async def collect(self, problems: list[Problem], seed: int) -> Collected:
@@ -124,14 +128,16 @@ class Collector:
         done = await gather_or_cancel(scored_group(i, p) for i, p in enumerate(problems))
         elapsed = time.perf_counter() - start
         results = [result for result, _ in done]
-        return await self.score_off_loop(problems, results, elapsed, await self.model_scores(problems, results),
-                                         [rewards for _, rewards in done])
+        return await self.score_off_loop(
+            problems, results, elapsed, await self.model_scores(problems, results), [rewards for _, rewards in done]
+        )
 
     async def group_rewards(self, problem: Problem, result: PromptResult) -> GroupRewards:
         """The reward and correctness of each sample of one group, scored in a thread (one of ``task.reward_workers``)."""
         async with self._reward_slots:
-            return await run_off_loop(self.rewards, (problem, result), self.cfg.task.reward_timeout_s,
-                                      self._timeout_message)
+            return await run_off_loop(
+                self.rewards, (problem, result), self.cfg.task.reward_timeout_s, self._timeout_message
+            )
 
     def rewards(self, problem: Problem, result: PromptResult) -> GroupRewards:
         scored = GroupRewards()
@@ -146,9 +152,11 @@ class Collector:
         return scored
 
     def _timeout_message(self, limit: float) -> str:
-        return (f"the reward function ({self.cfg.task.reward or 'task ' + self.cfg.task.name}) has not returned "
-                f"after task.reward_timeout_s={limit:g} s scoring one step (the log shows where it is); raise "
-                "task.reward_timeout_s if it is only slow")
+        return (
+            f"the reward function ({self.cfg.task.reward or 'task ' + self.cfg.task.name}) has not returned "
+            f"after task.reward_timeout_s={limit:g} s scoring one step (the log shows where it is); raise "
+            "task.reward_timeout_s if it is only slow"
+        )
 
     async def model_scores(self, problems: list[Problem], results: list[PromptResult]) -> Scored | None:
         """``task.reward_model``'s score of every sample (problem-major); None without a reward model."""
@@ -156,16 +164,18 @@ class Collector:
             return None
         pairs = [(p, s.text) for p, r in zip(problems, results, strict=True) for s in r.samples]
         with tracer.span("reward_model", samples=len(pairs)):
-            return await score_step(self.reward_model, [p.prompt for p, _ in pairs], [t for _, t in pairs],
-                                    [p.answer for p, _ in pairs])
+            return await score_step(
+                self.reward_model, [p.prompt for p, _ in pairs], [t for _, t in pairs], [p.answer for p, _ in pairs]
+            )
 
     async def score_off_loop(self, *args) -> Collected:
         """``score`` (the user's reward function, where a group was not scored yet) in a daemon thread, one call at
         a time: a reward that hangs leaves the event loop free, so Ctrl-C and SIGTERM still stop the run, and one
         that has not returned after ``task.reward_timeout_s`` stops it with its stack in the log."""
         async with self._score_lock:
-            return await run_off_loop(self.score, args, self.cfg.task.reward_timeout_s,
-                                      lambda limit: self._timeout_message(limit))
+            return await run_off_loop(
+                self.score, args, self.cfg.task.reward_timeout_s, lambda limit: self._timeout_message(limit)
+            )
 
     async def generate_group(self, problem: Problem, seed: int, index: int, together: int = 0):
         """The ``n`` samples of problem ``index`` of a step seeded ``seed`` (one group), as ``collect`` draws them:
@@ -173,12 +183,19 @@ class Collector:
         requested at once with this one (``RolloutClient.generate``)."""
         if self.agent is not None:
             return await self.agent.group(problem, seed, index)
-        results = await self.client.generate([problem.prompt], self._seeded(seed, index),
-                                             timeout_s=self.cfg.rollout.request_timeout_s, together=together)
+        results = await self.client.generate(
+            [problem.prompt], self._seeded(seed, index), timeout_s=self.cfg.rollout.request_timeout_s, together=together
+        )
         return results[0]
 
-    def score(self, problems: list[Problem], results: list[PromptResult], time_generate: float,
-              model: Scored | None = None, scored: list[GroupRewards] | None = None) -> Collected:
+    def score(
+        self,
+        problems: list[Problem],
+        results: list[PromptResult],
+        time_generate: float,
+        model: Scored | None = None,
+        scored: list[GroupRewards] | None = None,
+    ) -> Collected:
         """Rewards, metrics and the samples of one ``PromptResult`` per problem; ``scored`` holds each group's
         rewards where they were scored as it finished (else they are scored here); ``model`` holds the reward
         model's score of each sample (problem-major), mixed in by ``task.reward_model.weight``."""
@@ -219,11 +236,13 @@ class Collector:
             return await self.agent.evaluate(problems)
         if not problems:
             return float("nan")
-        greedy = SamplingSpec(n=1, temperature=0.0, max_tokens=self.cfg.rollout.max_tokens,
-                              stop=list(self.cfg.rollout.stop))
+        greedy = SamplingSpec(
+            n=1, temperature=0.0, max_tokens=self.cfg.rollout.max_tokens, stop=list(self.cfg.rollout.stop)
+        )
         with tracer.span("eval", prompts=len(problems)):
-            results = await self.client.generate([p.prompt for p in problems], greedy,
-                                                 timeout_s=self.cfg.rollout.request_timeout_s)
+            results = await self.client.generate(
+                [p.prompt for p in problems], greedy, timeout_s=self.cfg.rollout.request_timeout_s
+            )
         hits = [self.task.is_correct(r.samples[0].text, p) for p, r in zip(problems, results, strict=True)]
         return sum(hits) / len(hits)
 

@@ -40,8 +40,11 @@ class Colocation:
         self.client = client
         self.enabled = pl.mode == "colocated"
         self.sleep_level = pl.sleep_level if self.enabled else 0
-        self.offloader = (Offloader([trainer.model, trainer.ref_model], trainer.optimizer, trainer.device)
-                          if self.enabled and pl.offload else None)
+        self.offloader = (
+            Offloader([trainer.model, trainer.ref_model], trainer.optimizer, trainer.device)
+            if self.enabled and pl.offload
+            else None
+        )
         self.peaks = PhasePeaks(trainer.device)
         self._metrics: dict[str, float] = {}
         self._switch_s = 0.0

@@ -54,8 +54,9 @@ class Controller:
         if cfg.task.name == "external":  # the step's batch is the episodes an agent finished
             from rlx.orchestrator.external import ExternalCollector
 
-            self.collector = ExternalCollector(cfg, client, lambda: self.policy_version,
-                                               note=lambda text: display.note(escape(text)))
+            self.collector = ExternalCollector(
+                cfg, client, lambda: self.policy_version, note=lambda text: display.note(escape(text))
+            )
         self.ranks = RankGroup(cfg, trainer, tokenizer.pad_token_id)
         from rlx.orchestrator.source import StepSource  # DAPO filters, rollout.dump_dir, rollout.reuse
 
@@ -68,8 +69,9 @@ class Controller:
         self.colocation = Colocation(cfg.placement, client, trainer)  # colocated: trainer and engines take turns
         as_they_are = not self.ranks.active and cfg.model.engine_dtype == cfg.model.dtype and not cfg.model.lora.rank
         as_they_are = as_they_are and not self.colocation.moves_weights  # an offload takes them out of any arena
-        self.sender = make_sender(cfg.sync, trainer.device.type, client.addresses,
-                                  module=trainer.model if as_they_are else None)
+        self.sender = make_sender(
+            cfg.sync, trainer.device.type, client.addresses, module=trainer.model if as_they_are else None
+        )
         self.arena = self.sender.arena
         self.plugins = Plugins.load(cfg.checkpoint.plugins)
         self.start_step = 0  # the step the run continues after: ``resume`` sets it
@@ -130,9 +132,11 @@ class Controller:
             return
         self.nonfinite_in_a_row += 1
         limit = self.cfg.trainer.max_nonfinite_steps
-        self.display.note(f"step {step}: loss {metrics.get('loss')} and gradient norm {metrics.get('grad_norm')} are "
-                          f"not both finite; the update was skipped and the weights are unchanged "
-                          f"({self.nonfinite_in_a_row} such steps in a row, the run stops at {limit})")
+        self.display.note(
+            f"step {step}: loss {metrics.get('loss')} and gradient norm {metrics.get('grad_norm')} are "
+            f"not both finite; the update was skipped and the weights are unchanged "
+            f"({self.nonfinite_in_a_row} such steps in a row, the run stops at {limit})"
+        )
         if self.nonfinite_in_a_row >= limit:
             self.metrics.log(step, metrics)
             first = step - limit + 1
@@ -140,7 +144,8 @@ class Controller:
                 f"steps {first}..{step}: the loss or gradient norm was NaN or inf in {limit} steps in a row "
                 f"(trainer.max_nonfinite_steps={limit}); each was skipped, so the weights and every checkpoint "
                 "written hold no NaN. Check the rewards (a reward function, or a dump rollout.reuse replays), "
-                "trainer.lr and trainer.max_grad_norm, then resume (--resume) from the newest checkpoint")
+                "trainer.lr and trainer.max_grad_norm, then resume (--resume) from the newest checkpoint"
+            )
 
     async def evaluate(self, step: int) -> float:
         accuracy = await self.collector.evaluate(self.task.eval)
@@ -189,8 +194,11 @@ class Controller:
             with tracer.span("sync"):
                 while report is None and self.client.live_indices():
                     report = await self._sync_to(self.client.live_indices(), regular=True)
-            return (time.perf_counter() - started, float(report.zero_copy if report else 0.0),
-                    float(report.verified if report else 0.0))
+            return (
+                time.perf_counter() - started,
+                float(report.zero_copy if report else 0.0),
+                float(report.verified if report else 0.0),
+            )
 
     async def _sync_to(self, servers: list[int], regular: bool = False):
         """One sync to ``servers``; the caller holds ``ranks_busy``. ``regular``: the live servers are
@@ -257,10 +265,16 @@ class Controller:
                 await self._sync_to([index])  # the server generates nothing yet: no pause needed
             version = (await self.client.call(index, Health(), timeout_s=10.0)).weight_version
             self.client.mark_up(index)
-            tracer.event("rollout.rejoined", server=f"rollout{index}", address=self.client.addresses[index],
-                         weight_version=version)
-        self.display.note(f"rollout server {self.client.addresses[index]} is back, with the trainer's current "
-                          f"weights (weight version {version})")
+            tracer.event(
+                "rollout.rejoined",
+                server=f"rollout{index}",
+                address=self.client.addresses[index],
+                weight_version=version,
+            )
+        self.display.note(
+            f"rollout server {self.client.addresses[index]} is back, with the trainer's current "
+            f"weights (weight version {version})"
+        )
 
     def maybe_checkpoint(self, step: int, metrics: dict[str, float]) -> float:
         """Save when due; ``metrics`` (the step's line so far) goes into the checkpoint, so that a run stopped
@@ -272,8 +286,12 @@ class Controller:
         started = time.perf_counter()
         with tracer.span("checkpoint", step=step):
             line = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
-            state = {"step": step, "data": self._data_state_for_resume(), "run_name": self.cfg.run_name,
-                     "metrics": line}
+            state = {
+                "step": step,
+                "data": self._data_state_for_resume(),
+                "run_name": self.cfg.run_name,
+                "metrics": line,
+            }
             self.ranks.checkpoint(step, state, before_manifest=lambda staged: self._before_manifest(staged, step))
         return time.perf_counter() - started
 

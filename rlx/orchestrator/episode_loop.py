@@ -22,29 +22,48 @@ from rlx.tasks.base import Problem
 from rlx.trace import tracer
 
 
-async def run_episode(client: RolloutClient, env: Environment, problem: Problem, framing, sampling: SamplingSpec,
-                      max_turns: int, max_total_tokens: int, timeout_s: float) -> Episode:
+async def run_episode(
+    client: RolloutClient,
+    env: Environment,
+    problem: Problem,
+    framing,
+    sampling: SamplingSpec,
+    max_turns: int,
+    max_total_tokens: int,
+    timeout_s: float,
+) -> Episode:
     """One episode on ``problem``; ``framing`` (``PlainFraming`` / ``ChatFraming``) makes the prompt's and the
     observations' ids. ``sampling.seed`` (if set) seeds turn k with ``seed + k``."""
     episode = Episode(prompt_ids=framing.prompt_ids(await env.reset(problem)))
     if len(episode.prompt_ids) >= max_total_tokens:
-        raise ValueError(f"the first prompt of problem {problem.id} is {len(episode.prompt_ids)} tokens, which leaves "
-                         f"no room for a turn within agent.max_total_tokens={max_total_tokens} (also bounded by "
-                         "rollout.max_model_len); raise both above the prompt plus the turns")
+        raise ValueError(
+            f"the first prompt of problem {problem.id} is {len(episode.prompt_ids)} tokens, which leaves "
+            f"no room for a turn within agent.max_total_tokens={max_total_tokens} (also bounded by "
+            "rollout.max_model_len); raise both above the prompt plus the turns"
+        )
     for k in range(max_turns):
         context = episode.context()
         budget = max_total_tokens - len(context)
         if budget < 1:
             episode.done_reason = "max_total_tokens"
             break
-        spec = msgspec.structs.replace(sampling, n=1, max_tokens=min(sampling.max_tokens, budget),
-                                       seed=None if sampling.seed is None else sampling.seed + k)
+        spec = msgspec.structs.replace(
+            sampling,
+            n=1,
+            max_tokens=min(sampling.max_tokens, budget),
+            seed=None if sampling.seed is None else sampling.seed + k,
+        )
         with tracer.span("agent.turn", turn=k, prompt_tokens=len(context)) as span:
             result = (await client.generate([context], spec, timeout_s=timeout_s))[0]
             sample = result.samples[0]
             span.set(completion_tokens=len(sample.token_ids), finish_reason=sample.finish_reason)
-        turn = Turn(token_ids=list(sample.token_ids), logprobs=list(sample.logprobs), text=sample.text,
-                    finish_reason=sample.finish_reason, versions=list(sample.versions))
+        turn = Turn(
+            token_ids=list(sample.token_ids),
+            logprobs=list(sample.logprobs),
+            text=sample.text,
+            finish_reason=sample.finish_reason,
+            versions=list(sample.versions),
+        )
         episode.turns.append(turn)
         step = await env.step(turn)
         turn.tool_calls = step.tool_calls

@@ -68,15 +68,15 @@ class EpisodeCollector:
         self.tools = resolve_tools(tool_entries(cfg.agent, task))
         self.reward_ref = cfg.task.reward or getattr(task, "reward_ref", "")
         r = cfg.rollout
-        self.framing = make_framing(tokenizer, cfg.task.chat_template, cfg.task.system_prompt,
-                                    tool_schemas(self.tools))
+        self.framing = make_framing(tokenizer, cfg.task.chat_template, cfg.task.system_prompt, tool_schemas(self.tools))
         self.tool_format = cfg.agent.tool_format
         if self.tool_format == "auto":
             self.tool_format = "hermes" if self.framing.kind == "chat_template" else "plain"
         task_stop = getattr(task, "stop", []) if self.tool_format == "plain" else []
         self.stop = list(r.stop) + [s for s in task_stop if s not in r.stop]
-        self.sampling = SamplingSpec(n=1, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                     max_tokens=r.max_tokens, stop=self.stop)
+        self.sampling = SamplingSpec(
+            n=1, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens, stop=self.stop
+        )
         self.max_total_tokens = min(cfg.agent.max_total_tokens, r.max_model_len)
         self._pools: tuple[WorkerPool | None, WorkerPool | None] | None = None
         self.reward_model = make_reward_model(cfg.task.reward_model, cfg.rollout.auth_token)
@@ -95,10 +95,29 @@ class EpisodeCollector:
         async with self._starting:
             if self._pools is None:
                 a = self.cfg.agent
-                tools = WorkerPool("tool", a.tool_workers, a.tool_timeout_s, a.tool_memory_mb,
-                                   a.max_tool_output_chars, a.max_worker_output_bytes) if self.tools else None
-                rewards = WorkerPool("reward", a.reward_workers, a.reward_timeout_s, a.tool_memory_mb,
-                                     max_log_bytes=a.max_worker_output_bytes) if self.reward_ref else None
+                tools = (
+                    WorkerPool(
+                        "tool",
+                        a.tool_workers,
+                        a.tool_timeout_s,
+                        a.tool_memory_mb,
+                        a.max_tool_output_chars,
+                        a.max_worker_output_bytes,
+                    )
+                    if self.tools
+                    else None
+                )
+                rewards = (
+                    WorkerPool(
+                        "reward",
+                        a.reward_workers,
+                        a.reward_timeout_s,
+                        a.tool_memory_mb,
+                        max_log_bytes=a.max_worker_output_bytes,
+                    )
+                    if self.reward_ref
+                    else None
+                )
                 await asyncio.gather(*(p.start() for p in (tools, rewards) if p is not None))
                 self._pools = (tools, rewards)
         return self._pools
@@ -108,8 +127,9 @@ class EpisodeCollector:
             await asyncio.gather(*(p.close() for p in self._pools if p is not None))
             self._pools = None
 
-    async def episodes(self, problems: list[Problem], sampling: SamplingSpec, n: int,
-                       seed: int | None, first_index: int = 0) -> tuple[list[Episode], ToolStats, int]:
+    async def episodes(
+        self, problems: list[Problem], sampling: SamplingSpec, n: int, seed: int | None, first_index: int = 0
+    ) -> tuple[list[Episode], ToolStats, int]:
         """``n`` scored episodes per problem (problem-major), the tool counters and the reward errors; problem ``i``
         is seeded as the step's problem ``first_index + i``."""
         tool_pool, reward_pool = await self.pools()
@@ -121,13 +141,23 @@ class EpisodeCollector:
                 turn_seed = ((seed * MAX_PROMPTS_PER_STEP + index) * n + sample) * self.cfg.agent.max_turns
             spec = sampling if turn_seed is None else msgspec.structs.replace(sampling, seed=turn_seed)
             chat = self.framing.kind == "chat_template"
-            env = self.openenv.env(chat) if self.openenv else ToolEnv(self.tools, tool_pool, self.tool_format, stats,
-                                                                      self.task, chat=chat)
+            env = (
+                self.openenv.env(chat)
+                if self.openenv
+                else ToolEnv(self.tools, tool_pool, self.tool_format, stats, self.task, chat=chat)
+            )
             with tracer.span("agent.episode", problem=problem.id, sample=sample) as span:
                 try:
-                    episode = await run_episode(self.client, env, problem, self.framing, spec,
-                                                self.cfg.agent.max_turns, self.max_total_tokens,
-                                                self.cfg.rollout.request_timeout_s)
+                    episode = await run_episode(
+                        self.client,
+                        env,
+                        problem,
+                        self.framing,
+                        spec,
+                        self.cfg.agent.max_turns,
+                        self.max_total_tokens,
+                        self.cfg.rollout.request_timeout_s,
+                    )
                 finally:
                     if hasattr(env, "close"):
                         await env.close()
@@ -161,8 +191,9 @@ class EpisodeCollector:
             episodes, stats, reward_errors = await self.episodes(problems, self.sampling, self.cfg.rollout.n, seed)
         return await self.collected(problems, episodes, stats, reward_errors, time.perf_counter() - start)
 
-    async def collected(self, problems: list[Problem], episodes: list[Episode], stats: ToolStats, reward_errors: int,
-                        elapsed: float):
+    async def collected(
+        self, problems: list[Problem], episodes: list[Episode], stats: ToolStats, reward_errors: int, elapsed: float
+    ):
         """The ``Collected`` samples and metrics of ``n`` episodes per problem (problem-major), generated in ``elapsed``."""
         from rlx.orchestrator.collector import Collected
 
@@ -181,8 +212,10 @@ class EpisodeCollector:
             **episode_metrics(episodes, stats, reward_errors),
             **model_metrics,
         }
-        samples = [Sample.of(prompt, completion, logp, reward, loss_mask=mask)
-                   for (prompt, completion, logp, mask), reward in zip(rows, rewards, strict=True)]
+        samples = [
+            Sample.of(prompt, completion, logp, reward, loss_mask=mask)
+            for (prompt, completion, logp, mask), reward in zip(rows, rewards, strict=True)
+        ]
         return Collected(samples, metrics, [e.final_text for e in episodes])
 
     async def _score_with_model(self, episodes: list[Episode], rows, problems: list[Problem]) -> dict[str, float]:
@@ -191,8 +224,9 @@ class EpisodeCollector:
             return {}
         transcripts = [self.tokenizer.decode(r[1], skip_special_tokens=True) for r in rows]
         with tracer.span("reward_model", samples=len(episodes)):
-            scored = await score_step(self.reward_model, [p.prompt for p in problems], transcripts,
-                                      [p.answer for p in problems])
+            scored = await score_step(
+                self.reward_model, [p.prompt for p in problems], transcripts, [p.answer for p in problems]
+            )
         for episode, score in zip(episodes, scored.scores, strict=True):
             episode.reward = mix(episode.reward, score, self.cfg.task.reward_model.weight)
         return scored.metrics

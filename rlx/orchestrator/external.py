@@ -49,13 +49,17 @@ WAIT_NOTE_EVERY_S = 30.0
 def check_config(cfg: RunConfig) -> None:
     """The run settings an external task needs; raises ConfigError naming the fix."""
     if cfg.rollout.n == 1 and cfg.algorithm.advantage not in GROUPLESS_ADVANTAGES:
-        raise ConfigError(f"task.name=external with rollout.n=1 and algorithm.advantage={cfg.algorithm.advantage}: "
-                          "single episodes form no groups; set algorithm.advantage=reinforce_pp (whitened over the "
-                          "step) or gae, or rollout.n to the group size the agent asks for (n in its first request "
-                          "or an X-Group-Id header)")
+        raise ConfigError(
+            f"task.name=external with rollout.n=1 and algorithm.advantage={cfg.algorithm.advantage}: "
+            "single episodes form no groups; set algorithm.advantage=reinforce_pp (whitened over the "
+            "step) or gae, or rollout.n to the group size the agent asks for (n in its first request "
+            "or an X-Group-Id header)"
+        )
     if cfg.rollout.servers_to_launch and not cfg.rollout.openai_port:
-        raise ConfigError("task.name=external: the launched rollout servers need an OpenAI endpoint for the agent; "
-                          "set rollout.openai_port (server i listens on openai_port + i)")
+        raise ConfigError(
+            "task.name=external: the launched rollout servers need an OpenAI endpoint for the agent; "
+            "set rollout.openai_port (server i listens on openai_port + i)"
+        )
 
 
 def episode_rows(recorded: p.RecordedEpisode) -> list[Episode]:
@@ -64,8 +68,8 @@ def episode_rows(recorded: p.RecordedEpisode) -> list[Episode]:
     context: list[int] = []
     for turn in recorded.turns:
         prompt = turn.prompt_token_ids
-        if rows and prompt[:len(context)] == context:
-            rows[-1].turns[-1].observation_ids = prompt[len(context):]
+        if rows and prompt[: len(context)] == context:
+            rows[-1].turns[-1].observation_ids = prompt[len(context) :]
         else:
             rows.append(Episode(prompt_ids=list(prompt), reward=recorded.reward))
         rows[-1].turns.append(Turn(token_ids=list(turn.token_ids), logprobs=list(turn.logprobs)))
@@ -81,8 +85,13 @@ def oldest_version(episode: p.RecordedEpisode) -> int:
 class ExternalCollector:
     """``Collector``'s interface over finished external episodes (see the module docstring)."""
 
-    def __init__(self, cfg: RunConfig, client: RolloutClient, policy_version: Callable[[], int] = lambda: 0,
-                 note: Callable[[str], None] = lambda text: None) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        client: RolloutClient,
+        policy_version: Callable[[], int] = lambda: 0,
+        note: Callable[[str], None] = lambda text: None,
+    ) -> None:
         check_config(cfg)
         self.cfg = cfg
         self.client = client
@@ -103,8 +112,11 @@ class ExternalCollector:
             for index in self.client.live_indices():
                 if len(groups) < wanted:
                     reply = await self.client.call(index, p.TakeEpisodes((wanted - len(groups)) * n, n))
-                    groups += [g for g in (reply.episodes[i:i + n] for i in range(0, len(reply.episodes), n))
-                               if self._usable(g)]
+                    groups += [
+                        g
+                        for g in (reply.episodes[i : i + n] for i in range(0, len(reply.episodes), n))
+                        if self._usable(g)
+                    ]
             if len(groups) == wanted:
                 return groups
             if time.monotonic() >= next_note:
@@ -115,8 +127,12 @@ class ExternalCollector:
                     f"task.name=external: {len(groups)} of {wanted} {'groups' if n > 1 else 'episodes'} finished "
                     f"within {self.cfg.rollout.request_timeout_s:g} s (rollout.request_timeout_s); the agent must "
                     "finish episodes with POST /v1/episodes/ID/finish on the servers' OpenAI endpoint"
-                    + (f", {n} per group (n={n} in an episode's first request, or an X-Group-Id header)" if n > 1
-                       else ""))
+                    + (
+                        f", {n} per group (n={n} in an episode's first request, or an X-Group-Id header)"
+                        if n > 1
+                        else ""
+                    )
+                )
             await asyncio.sleep(POLL_INTERVAL_S)
 
     def _waiting(self, have: int, wanted: int, waited_s: float) -> str:
@@ -126,9 +142,11 @@ class ExternalCollector:
         launched = range(r.servers_to_launch) if r.openai_port else range(0)
         urls = [openai_url(r.openai_host, r.openai_port + i) for i in launched]
         where = ", ".join(urls) if urls else "the servers' OpenAI endpoints"
-        return (f"waiting for the agent: {have} of {wanted} episodes finished ({waited_s:.0f} s of "
-                f"rollout.request_timeout_s={r.request_timeout_s:g}); it sends chat completions with an X-Episode-Id "
-                f"header to {where} and finishes each episode with POST .../v1/episodes/ID/finish {{\"reward\": R}}")
+        return (
+            f"waiting for the agent: {have} of {wanted} episodes finished ({waited_s:.0f} s of "
+            f"rollout.request_timeout_s={r.request_timeout_s:g}); it sends chat completions with an X-Episode-Id "
+            f'header to {where} and finishes each episode with POST .../v1/episodes/ID/finish {{"reward": R}}'
+        )
 
     def _usable(self, group: list[p.RecordedEpisode]) -> bool:
         if len(group) > 1 and any(len(episode_rows(e)) > 1 for e in group):
@@ -152,8 +170,11 @@ class ExternalCollector:
         time_generate = time.perf_counter() - start
         recorded = [e for g in groups for e in g]
         rows = [row for episode in recorded for row in episode_rows(episode)]
-        samples = [Sample.of(prompt, completion, logp, row.reward, loss_mask=mask)
-                   for row in rows for prompt, completion, logp, mask in [row.row()]]
+        samples = [
+            Sample.of(prompt, completion, logp, row.reward, loss_mask=mask)
+            for row in rows
+            for prompt, completion, logp, mask in [row.row()]
+        ]
         episode_rewards = [e.reward for e in recorded]
         metrics = {
             "reward_mean": statistics.fmean(episode_rewards),

@@ -26,7 +26,7 @@ from rlx.config.store import FiltersConfig
 @dataclass
 class Group:
     rewards: list[float]
-    lengths: list[int]   # completion tokens of each sample
+    lengths: list[int]  # completion tokens of each sample
     truncated: list[bool]  # cut at max_tokens
     trains: list[bool] = field(default_factory=list)  # whether each sample's tokens carry loss; filled by ``apply``
 

@@ -87,7 +87,7 @@ class GroupBuffer:
         stale = [g for g in self._groups if version - g.oldest_version > max_staleness]
         fresh = sorted((g for g in self._groups if g not in stale), key=lambda g: g.order)
         taken = fresh[:count] if len(fresh) >= count else []
-        self._groups = fresh[len(taken):]
+        self._groups = fresh[len(taken) :]
         return taken, stale
 
     def oldest(self) -> Group | None:
@@ -201,20 +201,24 @@ class FullyAsyncRollout:
         problems = [g.problem for g in taken]
         if isinstance(taken[0].result, EpisodeGroup):
             groups = [g.result for g in taken]
-            stats = ToolStats(*(sum(getattr(g.stats, f) for g in groups) for f in ("calls", "ok", "errors", "timeouts")))
-            return await self.collector.agent.collected(problems, [e for g in groups for e in g.episodes], stats,
-                                                        sum(g.reward_errors for g in groups), elapsed)
+            stats = ToolStats(
+                *(sum(getattr(g.stats, f) for g in groups) for f in ("calls", "ok", "errors", "timeouts"))
+            )
+            return await self.collector.agent.collected(
+                problems, [e for g in groups for e in g.episodes], stats, sum(g.reward_errors for g in groups), elapsed
+            )
         results = [g.result for g in taken]
-        return await self.collector.score_off_loop(problems, results, elapsed,
-                                                   await self.collector.model_scores(problems, results),
-                                                   [g.rewards for g in taken])
+        return await self.collector.score_off_loop(
+            problems, results, elapsed, await self.collector.model_scores(problems, results), [g.rewards for g in taken]
+        )
 
     def _drop(self, stale: list[Group]) -> None:
         for group in stale:
             self.dropped_samples += len(group.result.samples)
             self._again.append((group.order, group.problem, group.drawn_state))
-            tracer.event("group.dropped_stale", order=group.order, oldest_version=group.oldest_version,
-                         version=self.version)
+            tracer.event(
+                "group.dropped_stale", order=group.order, oldest_version=group.oldest_version, version=self.version
+            )
 
     def _metrics(self, taken: list[Group], version: int, waited_s: float) -> dict[str, float]:
         staleness = [version - v for g in taken for v in g.sample_oldest()]

@@ -52,7 +52,7 @@ class StepSource:
         elif r.reuse == "mix":
             samples, metrics, texts = self._mixed(step, problems)
             if len(problems) > len(samples) // r.n:
-                fresh, fresh_metrics, fresh_texts = await self._generate(problems[len(samples) // r.n:], seed)
+                fresh, fresh_metrics, fresh_texts = await self._generate(problems[len(samples) // r.n :], seed)
                 metrics = dict(fresh_metrics, reused_fraction=len(samples) / (len(samples) + len(fresh)))
                 samples, texts = samples + fresh, texts + fresh_texts
         else:
@@ -67,7 +67,7 @@ class StepSource:
         n = self.cfg.rollout.n
         groups = round(self.cfg.rollout.reuse_fraction * len(problems))
         samples, metrics, texts = self.dump.step(step)
-        return samples[:groups * n], metrics, texts[:groups * n]
+        return samples[: groups * n], metrics, texts[: groups * n]
 
     async def _generate(self, problems: list, seed: int) -> tuple[list[Sample], dict, list[str]]:
         collected = await self.collector.collect(problems, seed)
@@ -85,9 +85,15 @@ class StepSource:
             kept, texts = kept + more_kept, texts + more_texts
             counts = {k: counts[k] + more_counts[k] for k in counts}
         n = self.cfg.rollout.n
-        kept, texts = [s for g in kept[:len(problems)] for s in g], texts[:len(problems) * n]
-        metrics = dict(collected.metrics, **counts, filter_rounds=float(rounds), groups_trained=len(kept) / n,
-                       filter_fallback=float(not kept), time_filter=time.perf_counter() - started)
+        kept, texts = [s for g in kept[: len(problems)] for s in g], texts[: len(problems) * n]
+        metrics = dict(
+            collected.metrics,
+            **counts,
+            filter_rounds=float(rounds),
+            groups_trained=len(kept) / n,
+            filter_fallback=float(not kept),
+            time_filter=time.perf_counter() - started,
+        )
         return (kept, metrics, texts) if kept else (*first[:1], metrics, first[1])
 
     def _filtered(self, collected: Collected) -> tuple[list[list[Sample]], list[str], dict[str, float]]:
@@ -96,14 +102,18 @@ class StepSource:
         samples = [dataclasses.replace(s) for s in collected.samples]  # the unfiltered round stays as it came
         for s in samples:
             s.status = Status.TRUNCATED if len(s.completion_ids) >= max_tokens else Status.COMPLETE
-        grouped = [samples[i:i + n] for i in range(0, len(samples), n)]
-        groups = [filters.Group([s.reward for s in g], [len(s.completion_ids) for s in g],
-                                [s.status == Status.TRUNCATED for s in g]) for g in grouped]
+        grouped = [samples[i : i + n] for i in range(0, len(samples), n)]
+        groups = [
+            filters.Group(
+                [s.reward for s in g], [len(s.completion_ids) for s in g], [s.status == Status.TRUNCATED for s in g]
+            )
+            for g in grouped
+        ]
         kept, counts = filters.apply(groups, self.cfg.filters, max_tokens)
         for group, members in zip(groups, grouped, strict=True):
             for sample, reward, trains in zip(members, group.rewards, group.trains, strict=True):
                 sample.reward = reward
                 if not trains:
                     sample.loss_mask = sample.mask() * 0
-        texts = [t for i in kept for t in collected.completions[i * n:(i + 1) * n]]
+        texts = [t for i in kept for t in collected.completions[i * n : (i + 1) * n]]
         return [grouped[i] for i in kept], texts, counts

@@ -37,8 +37,9 @@ class RolloutServerError(RuntimeError):
 
 
 class RolloutClient:
-    def __init__(self, addresses: Sequence[str], token: str = "", timeout_s: float = 300.0,
-                 awaits_restarts: bool = False) -> None:
+    def __init__(
+        self, addresses: Sequence[str], token: str = "", timeout_s: float = 300.0, awaits_restarts: bool = False
+    ) -> None:
         if not addresses:
             raise ValueError("no rollout server addresses; set rollout.servers or let rlx train launch servers")
         self.token = token
@@ -85,13 +86,20 @@ class RolloutClient:
         """The live server with the fewest requests in flight; waits for one while all are down."""
         while not self.live_indices():
             if time.time() > deadline:
-                raise RolloutServerError(f"no rollout server came back up before the request's deadline; "
-                                         f"{self.addresses} are all restarting (see their logs)")
+                raise RolloutServerError(
+                    f"no rollout server came back up before the request's deadline; "
+                    f"{self.addresses} are all restarting (see their logs)"
+                )
             await asyncio.sleep(0.1)
         return min(self.live_indices(), key=lambda i: self._peers[i].in_flight)
 
-    async def generate(self, prompts: Sequence[str | list[int]], sampling: p.SamplingSpec,
-                       timeout_s: float | None = None, together: int = 0) -> list[p.PromptResult]:
+    async def generate(
+        self,
+        prompts: Sequence[str | list[int]],
+        sampling: p.SamplingSpec,
+        timeout_s: float | None = None,
+        together: int = 0,
+    ) -> list[p.PromptResult]:
         """One request per prompt, each routed to the least-loaded live server; results in prompt order.
         A request whose server dies under it is re-issued to a live one, within the same deadline.
         ``together``: prompts the caller sends at once, these included, over every call it makes at once (each
@@ -149,7 +157,8 @@ class RolloutClient:
                 if time.time() > deadline:
                     raise RolloutServerError(
                         f"rollout servers {self.addresses} not ready after {timeout_s:.0f}s; "
-                        "raise rollout.startup_timeout_s or check the server log") from None
+                        "raise rollout.startup_timeout_s or check the server log"
+                    ) from None
 
     async def pause(self) -> None:
         await self.broadcast(p.Pause())
@@ -186,8 +195,14 @@ class UpdateWeightsEnvelope:
         self.token = token
 
     def wrap(self, payload: bytes, timeout_s: float) -> bytes:
-        return p.encode(p.Request(id=next(self._ids), body=p.UpdateWeights(payload=payload),
-                                  deadline=time.time() + timeout_s, token=self.token))
+        return p.encode(
+            p.Request(
+                id=next(self._ids),
+                body=p.UpdateWeights(payload=payload),
+                deadline=time.time() + timeout_s,
+                token=self.token,
+            )
+        )
 
     def unwrap(self, reply: p.Reply, peer: str, label: str) -> BucketAck:
         if not reply.ok:

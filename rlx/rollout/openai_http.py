@@ -118,14 +118,20 @@ class EpisodeStore:
 
     def check_room(self, count: int) -> None:
         if len(self.open) + len(self.finished) + count > self.max_episodes:
-            raise HttpError(429, f"{self.max_episodes} episodes are open or waiting for the trainer; finish "
-                                 "open ones (POST /v1/episodes/ID/finish) or let the trainer take some")
+            raise HttpError(
+                429,
+                f"{self.max_episodes} episodes are open or waiting for the trainer; finish "
+                "open ones (POST /v1/episodes/ID/finish) or let the trainer take some",
+            )
 
     def finish(self, episode_id: str, reward: float) -> p.RecordedEpisode:
         episode = self.open.get(episode_id)
         if episode is None or not episode.turns:
-            raise HttpError(404, f"no open episode {episode_id!r}; an episode opens with a /v1/chat/completions "
-                                 "request carrying its id (X-Episode-Id header or the user field), and finishes once")
+            raise HttpError(
+                404,
+                f"no open episode {episode_id!r}; an episode opens with a /v1/chat/completions "
+                "request carrying its id (X-Episode-Id header or the user field), and finishes once",
+            )
         del self.open[episode_id]
         recorded = p.RecordedEpisode(id=episode_id, turns=episode.turns, reward=reward, group=episode.group)
         self.finished.append(recorded)
@@ -150,8 +156,9 @@ class EpisodeStore:
 
 
 class OpenAIEndpoint:
-    def __init__(self, server, tokenizer, defaults: p.SamplingSpec, model_name: str,
-                 max_body_mb: float = DEFAULT_MAX_BODY_MB) -> None:
+    def __init__(
+        self, server, tokenizer, defaults: p.SamplingSpec, model_name: str, max_body_mb: float = DEFAULT_MAX_BODY_MB
+    ) -> None:
         self.server = server
         self.tokenizer = tokenizer
         self.chat = ChatFormat(tokenizer, "auto", where="the OpenAI endpoint")
@@ -165,11 +172,13 @@ class OpenAIEndpoint:
         from starlette.applications import Starlette
         from starlette.routing import Route
 
-        return Starlette(routes=[
-            Route("/v1/chat/completions", self._endpoint(self.chat_completion), methods=["POST"]),
-            Route("/v1/models", self._endpoint(self.models), methods=["GET"]),
-            Route("/v1/episodes/{episode_id}/finish", self._endpoint(self.finish), methods=["POST"]),
-        ])
+        return Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._endpoint(self.chat_completion), methods=["POST"]),
+                Route("/v1/models", self._endpoint(self.models), methods=["GET"]),
+                Route("/v1/episodes/{episode_id}/finish", self._endpoint(self.finish), methods=["POST"]),
+            ]
+        )
 
     def _endpoint(self, handler):
         """``handler(request) -> dict`` as a starlette endpoint: bearer check, JSON in and out, errors shaped
@@ -185,8 +194,12 @@ class OpenAIEndpoint:
                 status, body = exc.status, _error(exc.status, str(exc))
             except ClientDisconnect:  # nobody is left to answer: one line, no traceback
                 client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
-                log.warning("%s hung up before sending the whole body of %s %s; the request was dropped",
-                            client, request.method, request.url.path)
+                log.warning(
+                    "%s hung up before sending the whole body of %s %s; the request was dropped",
+                    client,
+                    request.method,
+                    request.url.path,
+                )
                 return Response(status_code=400)
             return Response(msgspec.json.encode(body), status_code=status, media_type="application/json")
 
@@ -195,20 +208,30 @@ class OpenAIEndpoint:
     def _check_auth(self, header: str) -> None:
         token = self.server.token
         if token and not hmac.compare_digest(header.encode(), f"Bearer {token}".encode()):
-            raise HttpError(401, "bad or missing auth token; send the header 'Authorization: Bearer TOKEN' with "
-                                 "the server's rollout.auth_token")
+            raise HttpError(
+                401,
+                "bad or missing auth token; send the header 'Authorization: Bearer TOKEN' with "
+                "the server's rollout.auth_token",
+            )
 
     async def models(self, request) -> dict:
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": int(self.server.started),
-                                            "owned_by": "rlx"}]}
+        return {
+            "object": "list",
+            "data": [
+                {"id": self.model_name, "object": "model", "created": int(self.server.started), "owned_by": "rlx"}
+            ],
+        }
 
     async def _body(self, request, kind):
         """The request's JSON body as ``kind``, read only up to ``max_body_mb``: a larger one is a 413, whether
         its Content-Length says so or its stream (chunked) runs past the limit."""
         limit = int(self.max_body_mb * 2**20)
-        too_large = HttpError(413, f"the request body is larger than rollout.openai_max_body_mb={self.max_body_mb:g} "
-                                   "MiB; send a shorter conversation, or raise rollout.openai_max_body_mb on the "
-                                   "rollout server")
+        too_large = HttpError(
+            413,
+            f"the request body is larger than rollout.openai_max_body_mb={self.max_body_mb:g} "
+            "MiB; send a shorter conversation, or raise rollout.openai_max_body_mb on the "
+            "rollout server",
+        )
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise too_large
@@ -226,8 +249,13 @@ class OpenAIEndpoint:
             raise HttpError(400, f"reward={body.reward} is not a finite number; send a float")
         recorded = self.episodes.finish(request.path_params["episode_id"], body.reward)
         tracer.event("episode.finish", episode_id=recorded.id, turns=len(recorded.turns), reward=body.reward)
-        return {"id": recorded.id, "object": "episode", "turns": len(recorded.turns), "reward": body.reward,
-                "waiting_for_trainer": len(self.episodes.finished)}
+        return {
+            "id": recorded.id,
+            "object": "episode",
+            "turns": len(recorded.turns),
+            "reward": body.reward,
+            "waiting_for_trainer": len(self.episodes.finished),
+        }
 
     async def chat_completion(self, request) -> dict:
         body = await self._body(request, ChatRequest)
@@ -246,8 +274,11 @@ class OpenAIEndpoint:
         episode = self.episodes.get_or_open(episode_id, group)
         async with episode.lock:
             if len(episode.turns) >= MAX_TURNS:
-                raise HttpError(400, f"episode {episode_id!r} already has {MAX_TURNS} turns; finish it (POST "
-                                     f"/v1/episodes/{episode_id}/finish) or use a new episode id")
+                raise HttpError(
+                    400,
+                    f"episode {episode_id!r} already has {MAX_TURNS} turns; finish it (POST "
+                    f"/v1/episodes/{episode_id}/finish) or use a new episode id",
+                )
             try:
                 prompt_ids = await self._prompt_ids(body, episode)
                 response = await self._complete(body, prompt_ids, episode_id)
@@ -261,17 +292,23 @@ class OpenAIEndpoint:
         return response
 
     def _record(self, episode: _OpenEpisode, body: ChatRequest, prompt_ids: list[int], sample: p.Sample) -> None:
-        episode.turns.append(p.EpisodeTurn(prompt_ids, sample.token_ids, sample.logprobs, self.server.weight_version,
-                                           list(sample.versions)))
+        episode.turns.append(
+            p.EpisodeTurn(
+                prompt_ids, sample.token_ids, sample.logprobs, self.server.weight_version, list(sample.versions)
+            )
+        )
         episode.messages, episode.text = list(body.messages), sample.text
 
     async def _fork(self, body: ChatRequest, episode_id: str, group: str) -> dict:
         """``n`` answers to the first request of ``episode_id``: the episodes ``episode_id.i`` of one group."""
         ids = [f"{episode_id}.{i}" for i in range(body.n)]
         if body.n < 1 or any(i in self.episodes.open for i in [episode_id, *ids]):
-            raise HttpError(400, f"n={body.n} in episode {episode_id!r}: n > 1 starts the episodes {episode_id}.0.."
-                                 f"{episode_id}.{body.n - 1} and is allowed on a new episode id only; send n=1 to go "
-                                 "on with one of them (X-Episode-Id: ID.i)")
+            raise HttpError(
+                400,
+                f"n={body.n} in episode {episode_id!r}: n > 1 starts the episodes {episode_id}.0.."
+                f"{episode_id}.{body.n - 1} and is allowed on a new episode id only; send n=1 to go "
+                "on with one of them (X-Episode-Id: ID.i)",
+            )
         self.episodes.check_room(body.n)
         prompt_ids = await self._prompt_ids(body, _OpenEpisode())
         response = await self._complete(body, prompt_ids, episode_id)
@@ -289,8 +326,11 @@ class OpenAIEndpoint:
     def _prompt_ids_now(self, body: ChatRequest, episode: _OpenEpisode) -> list[int]:
         if episode.turns:
             last = episode.turns[-1]
-            added = self._rendered(lambda: self.chat.continuation(episode.messages, body.messages, episode.text,
-                                                                  last.token_ids, body.tools))
+            added = self._rendered(
+                lambda: self.chat.continuation(
+                    episode.messages, body.messages, episode.text, last.token_ids, body.tools
+                )
+            )
             if added is not None:
                 return last.prompt_token_ids + last.token_ids + added
         return self._rendered(lambda: self.chat.prompt_ids(body.messages, body.tools))
@@ -307,8 +347,12 @@ class OpenAIEndpoint:
 
     async def _complete(self, body: ChatRequest, prompt_ids: list[int], episode_id: str) -> dict:
         sampling = self._sampling(body)
-        request = p.Request(id=next(self._ids), body=p.Generate(prompt_token_ids=[prompt_ids], sampling=sampling),
-                            deadline=time.time() + self.server.request_timeout_s, token=self.server.token)
+        request = p.Request(
+            id=next(self._ids),
+            body=p.Generate(prompt_token_ids=[prompt_ids], sampling=sampling),
+            deadline=time.time() + self.server.request_timeout_s,
+            token=self.server.token,
+        )
         reply = await self.server.answer(request)
         if not reply.ok:
             raise HttpError(503 if self.server.death else 400, reply.error)
@@ -316,13 +360,23 @@ class OpenAIEndpoint:
         choices = [self._choice(i, sample, body.logprobs) for i, sample in enumerate(result.samples)]
         completion_tokens = sum(len(s.token_ids) for s in result.samples)
         return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": body.model or self.model_name, "choices": choices,
-            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
-                      "total_tokens": len(prompt_ids) + completion_tokens},
-            "rlx": {"episode_id": episode_id or None, "prompt_format": self.chat.kind,
-                    "weight_version": self.server.weight_version, "prompt_token_ids": prompt_ids,
-                    "completion_token_ids": [s.token_ids for s in result.samples]},
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.model or self.model_name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt_ids) + completion_tokens,
+            },
+            "rlx": {
+                "episode_id": episode_id or None,
+                "prompt_format": self.chat.kind,
+                "weight_version": self.server.weight_version,
+                "prompt_token_ids": prompt_ids,
+                "completion_token_ids": [s.token_ids for s in result.samples],
+            },
             "_samples": result.samples,
         }
 
@@ -330,17 +384,30 @@ class OpenAIEndpoint:
         d = self.defaults
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         max_tokens = next((v for v in (body.max_completion_tokens, body.max_tokens) if v is not None), d.max_tokens)
-        return p.SamplingSpec(n=body.n, temperature=d.temperature if body.temperature is None else body.temperature,
-                              top_p=d.top_p if body.top_p is None else body.top_p, top_k=d.top_k,
-                              max_tokens=max_tokens, stop=stop, seed=body.seed)
+        return p.SamplingSpec(
+            n=body.n,
+            temperature=d.temperature if body.temperature is None else body.temperature,
+            top_p=d.top_p if body.top_p is None else body.top_p,
+            top_k=d.top_k,
+            max_tokens=max_tokens,
+            stop=stop,
+            seed=body.seed,
+        )
 
     def _choice(self, index: int, sample: p.Sample, with_logprobs: bool) -> dict:
-        choice = {"index": index, "message": {"role": "assistant", "content": sample.text},
-                  "finish_reason": sample.finish_reason or "stop", "logprobs": None}
+        choice = {
+            "index": index,
+            "message": {"role": "assistant", "content": sample.text},
+            "finish_reason": sample.finish_reason or "stop",
+            "logprobs": None,
+        }
         if with_logprobs:
-            choice["logprobs"] = {"content": [
-                {"token": self.tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
-                for t, lp in zip(sample.token_ids, sample.logprobs, strict=True)]}
+            choice["logprobs"] = {
+                "content": [
+                    {"token": self.tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
+                    for t, lp in zip(sample.token_ids, sample.logprobs, strict=True)
+                ]
+            }
         return choice
 
 
@@ -353,16 +420,19 @@ def _decode(data: bytes, kind):
 
 def _error(status: int, message: str) -> dict:
     kind = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}.get(
-        status, "server_error" if status >= 500 else "invalid_request_error")
+        status, "server_error" if status >= 500 else "invalid_request_error"
+    )
     return {"error": {"message": message, "type": kind, "code": status}}
 
 
 def check_http_bind(host: str, token: str) -> None:
     """A non-loopback interface needs the auth token; raises ValueError naming the fix."""
     if not is_loopback_host(host) and not token:
-        raise ValueError(f"binding the OpenAI endpoint to {host} needs an auth token (clients send it as "
-                         "'Authorization: Bearer TOKEN'); set rollout.auth_token or export it in "
-                         "RLX_ROLLOUT_AUTH_TOKEN, or bind rollout.openai_host=127.0.0.1")
+        raise ValueError(
+            f"binding the OpenAI endpoint to {host} needs an auth token (clients send it as "
+            "'Authorization: Bearer TOKEN'); set rollout.auth_token or export it in "
+            "RLX_ROLLOUT_AUTH_TOKEN, or bind rollout.openai_host=127.0.0.1"
+        )
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -376,8 +446,10 @@ def listen_socket(host: str, port: int) -> socket.socket:
     try:
         return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     except OSError as exc:
-        raise ValueError(f"cannot listen on {host}:{port} for the OpenAI endpoint ({exc.strerror}); pick another "
-                         "--openai-port / rollout.openai_port") from None
+        raise ValueError(
+            f"cannot listen on {host}:{port} for the OpenAI endpoint ({exc.strerror}); pick another "
+            "--openai-port / rollout.openai_port"
+        ) from None
 
 
 def _uvicorn_server(app):
@@ -396,8 +468,16 @@ def openai_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}/v1" if ":" in host else f"http://{host}:{port}/v1"
 
 
-async def run_with_openai(backend, address: str, token: str, sock: socket.socket, model_name: str,
-                          defaults: p.SamplingSpec, max_body_mb: float = DEFAULT_MAX_BODY_MB, **limits) -> None:
+async def run_with_openai(
+    backend,
+    address: str,
+    token: str,
+    sock: socket.socket,
+    model_name: str,
+    defaults: p.SamplingSpec,
+    max_body_mb: float = DEFAULT_MAX_BODY_MB,
+    **limits,
+) -> None:
     """``rlx.rollout.server.run_server`` plus the HTTP endpoint on ``sock``, in one event loop."""
     from transformers import AutoTokenizer
 
@@ -414,7 +494,9 @@ async def run_with_openai(backend, address: str, token: str, sock: socket.socket
     host, port = sock.getsockname()[:2]
     logging.getLogger("rlx.rollout.server").info(
         "OpenAI-compatible endpoint at %s (POST /chat/completions; an X-Episode-Id header records an episode, "
-        "POST /episodes/ID/finish gives its reward)", openai_url(host, port))
+        "POST /episodes/ID/finish gives its reward)",
+        openai_url(host, port),
+    )
     try:
         await server.serve()
     finally:

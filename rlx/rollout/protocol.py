@@ -20,8 +20,10 @@ from rlx.sync.messages import BucketAck
 
 PROTOCOL_VERSION = 1
 
-SERVER_STOPPING = ("the rollout server is stopping (SIGTERM, SIGINT or a Shutdown request) and cancelled this request "
-                   "unfinished; send it again to a live server")
+SERVER_STOPPING = (
+    "the rollout server is stopping (SIGTERM, SIGINT or a Shutdown request) and cancelled this request "
+    "unfinished; send it again to a live server"
+)
 """The error of every request a stopping server cancels; a client that restarts servers re-issues such a request."""
 
 
@@ -112,7 +114,9 @@ class ScoreTokens(msgspec.Struct, tag="score_tokens"):
     start: list[int]
 
 
-RequestBody = Generate | Pause | Resume | Health | Stats | Shutdown | UpdateWeights | Sleep | WakeUp | TakeEpisodes | ScoreTokens
+RequestBody = (
+    Generate | Pause | Resume | Health | Stats | Shutdown | UpdateWeights | Sleep | WakeUp | TakeEpisodes | ScoreTokens
+)
 
 
 class Request(msgspec.Struct):
@@ -257,8 +261,9 @@ def decode_request(data: bytes) -> Request:
         return _request_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-        raise MalformedRequest(f"malformed request: {reason}; send an msgpack-encoded "
-                               "rlx.rollout.protocol.Request", _request_id(data)) from None
+        raise MalformedRequest(
+            f"malformed request: {reason}; send an msgpack-encoded rlx.rollout.protocol.Request", _request_id(data)
+        ) from None
 
 
 def _request_id(data: bytes) -> int:
@@ -288,8 +293,10 @@ def token_id_problem(field: str, sequences, vocab_size: int) -> str:
         if ids and min(ids) < 0:
             return f"{field}[{i}] holds a negative token id; token ids are >= 0"
         if ids and vocab_size and max(ids) >= vocab_size:
-            return (f"{field}[{i}] holds token id {max(ids)}, past the model's vocabulary; token ids are in "
-                    f"[0, {vocab_size - 1}]")
+            return (
+                f"{field}[{i}] holds token id {max(ids)}, past the model's vocabulary; token ids are in "
+                f"[0, {vocab_size - 1}]"
+            )
     return ""
 
 
@@ -297,14 +304,26 @@ def sampling_problem(s: SamplingSpec, max_model_len: int) -> str:
     """The first sampling parameter outside its range, as an error message; "" when all are fine."""
     checks = (
         ("n", s.n, 1 <= s.n <= MAX_N, f"[1, {MAX_N}]"),
-        ("temperature", s.temperature, s.temperature == 0 or MIN_TEMPERATURE <= s.temperature < math.inf,
-         f"0 (greedy) or >= {MIN_TEMPERATURE}"),
+        (
+            "temperature",
+            s.temperature,
+            s.temperature == 0 or MIN_TEMPERATURE <= s.temperature < math.inf,
+            f"0 (greedy) or >= {MIN_TEMPERATURE}",
+        ),
         ("top_p", s.top_p, 0 < s.top_p <= 1, "(0, 1]"),
         ("top_k", s.top_k, s.top_k >= -1, ">= -1 (-1 and 0 = off)"),
-        ("max_tokens", s.max_tokens, 1 <= s.max_tokens <= max_model_len,
-         f"[1, {max_model_len}] (rollout.max_model_len, the context length)"),
-        ("stop", f"{len(s.stop)} strings", len(s.stop) <= MAX_STOP_STRINGS and all(s.stop),
-         f"at most {MAX_STOP_STRINGS} non-empty strings"),
+        (
+            "max_tokens",
+            s.max_tokens,
+            1 <= s.max_tokens <= max_model_len,
+            f"[1, {max_model_len}] (rollout.max_model_len, the context length)",
+        ),
+        (
+            "stop",
+            f"{len(s.stop)} strings",
+            len(s.stop) <= MAX_STOP_STRINGS and all(s.stop),
+            f"at most {MAX_STOP_STRINGS} non-empty strings",
+        ),
         ("seed", s.seed, s.seed is None or 0 <= s.seed < 2**63, "None or [0, 2**63)"),
     )
     for field, value, ok, allowed in checks:

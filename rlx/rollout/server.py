@@ -54,8 +54,10 @@ def check_bind_address(address: str, allow_remote: bool, token: str) -> None:
     if is_loopback_address(address):
         return
     if not allow_remote:
-        raise ValueError(f"refusing to bind {address}: it is not loopback; pass --allow-remote and set "
-                         "rollout.auth_token to bind another interface")
+        raise ValueError(
+            f"refusing to bind {address}: it is not loopback; pass --allow-remote and set "
+            "rollout.auth_token to bind another interface"
+        )
     if not token:
         raise ValueError(f"binding {address} needs an auth token; set rollout.auth_token to a shared secret")
 
@@ -69,8 +71,15 @@ class RequestRefused(ValueError):
 
 
 class RolloutServer:
-    def __init__(self, backend: Backend, address: str, token: str = "", max_model_len: int = 512,
-                 request_timeout_s: float = 300.0, sync_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        address: str,
+        token: str = "",
+        max_model_len: int = 512,
+        request_timeout_s: float = 300.0,
+        sync_timeout_s: float = 120.0,
+    ) -> None:
         self.backend = backend
         self.address = address
         self.token = token
@@ -162,8 +171,10 @@ class RolloutServer:
             if not self._sync_open or time.monotonic() - self._sync_touched <= self.sync_timeout_s:
                 return
             reason = f"its sender sent nothing for {self.sync_timeout_s:g} s (sync.timeout_s)"
-            log.warning("weight update aborted: %s; the weights may mix old and new until the next sync, "
-                        "generation goes on", reason)
+            log.warning(
+                "weight update aborted: %s; the weights may mix old and new until the next sync, generation goes on",
+                reason,
+            )
             try:
                 with tracer.span("sync.abort"):
                     self._sync_open = (await self.backend.update_weights(encode(SyncAbort(reason)))).in_sync
@@ -242,12 +253,21 @@ class RolloutServer:
                 raise RequestRefused(problem)
             return p.ScoreResult(logprobs=await self.backend.score(body.token_ids, body.start))
         if isinstance(body, p.Health):
-            return p.HealthResult(backend=self.backend.name, model=self.backend.model_path, paused=self.paused,
-                                  weight_version=self.weight_version)
+            return p.HealthResult(
+                backend=self.backend.name,
+                model=self.backend.model_path,
+                paused=self.paused,
+                weight_version=self.weight_version,
+            )
         if isinstance(body, p.Stats):
-            return p.StatsResult(in_flight=self.in_flight, completed=self.completed,
-                                 generated_tokens=self.generated_tokens, paused=self.paused,
-                                 weight_version=self.weight_version, uptime_s=time.time() - self.started)
+            return p.StatsResult(
+                in_flight=self.in_flight,
+                completed=self.completed,
+                generated_tokens=self.generated_tokens,
+                paused=self.paused,
+                weight_version=self.weight_version,
+                uptime_s=time.time() - self.started,
+            )
         if isinstance(body, p.Pause):
             await self.backend.pause()
             self.paused = True
@@ -263,8 +283,10 @@ class RolloutServer:
             return p.Ok()
         if isinstance(body, p.TakeEpisodes):
             if self.episodes is None:
-                raise RequestRefused("this server records no episodes; start it with --openai-port (or set "
-                                     "rollout.openai_port) so an agent can drive episodes over HTTP")
+                raise RequestRefused(
+                    "this server records no episodes; start it with --openai-port (or set "
+                    "rollout.openai_port) so an agent can drive episodes over HTTP"
+                )
             return p.EpisodesResult(episodes=self.episodes.take(body.max_episodes, body.group_size))
         if isinstance(body, (p.Sleep, p.WakeUp)):
             return await self._sleep_or_wake(body)
@@ -286,11 +308,17 @@ class RolloutServer:
             # asyncio.timeout, not wait_for: when the server stops and cancels this request, the gather's
             # outcome is retrieved here rather than left for the loop to log as never retrieved.
             async with asyncio.timeout(max(deadline - time.time(), 0.0)):
-                results = await asyncio.gather(*(self._generate_one(prompt, sampling, rid, deadline, together)
-                                                 for prompt, sampling, rid in zip(prompts, samplings, ids, strict=True)))
+                results = await asyncio.gather(
+                    *(
+                        self._generate_one(prompt, sampling, rid, deadline, together)
+                        for prompt, sampling, rid in zip(prompts, samplings, ids, strict=True)
+                    )
+                )
         except TimeoutError:
-            raise RequestRefused(f"request {request_id} reached its deadline while generating; it was cancelled "
-                                 "(raise the client's timeout or lower max_tokens)") from None
+            raise RequestRefused(
+                f"request {request_id} reached its deadline while generating; it was cancelled "
+                "(raise the client's timeout or lower max_tokens)"
+            ) from None
         finally:
             self.in_flight -= len(prompts)
         self.completed += len(prompts)
@@ -303,18 +331,24 @@ class RolloutServer:
             raise RequestRefused(f"prompt {index} is empty (0 tokens); every prompt needs at least one token")
         room = self.max_model_len - length
         if room < 1:
-            raise RequestRefused(f"prompt {index} is {length} tokens; it must be shorter than "
-                                 f"rollout.max_model_len={self.max_model_len} (the context length) "
-                                 "to leave room for a completion")
+            raise RequestRefused(
+                f"prompt {index} is {length} tokens; it must be shorter than "
+                f"rollout.max_model_len={self.max_model_len} (the context length) "
+                "to leave room for a completion"
+            )
         return msgspec.structs.replace(sampling, max_tokens=min(sampling.max_tokens, room))
 
-    async def _generate_one(self, prompt, sampling: p.SamplingSpec, request_id: str,
-                            deadline: float, together: int = 0) -> p.PromptResult:
+    async def _generate_one(
+        self, prompt, sampling: p.SamplingSpec, request_id: str, deadline: float, together: int = 0
+    ) -> p.PromptResult:
         with tracer.span("generate", request_id=request_id, n=sampling.n) as span:
             result = await self.backend.generate(prompt, sampling, deadline, together)
             tokens = sum(len(s.token_ids) for s in result.samples)
-            span.set(prompt_tokens=len(result.prompt_token_ids), completion_tokens=tokens,
-                     finish_reason=result.samples[0].finish_reason if result.samples else "")
+            span.set(
+                prompt_tokens=len(result.prompt_token_ids),
+                completion_tokens=tokens,
+                finish_reason=result.samples[0].finish_reason if result.samples else "",
+            )
         self.generated_tokens += tokens
         return result
 
@@ -323,9 +357,13 @@ class RolloutServer:
         engine.wake_up with the memory the phase that just ended peaked at."""
         sleep = isinstance(body, p.Sleep)
         if sleep and body.level not in (1, 2):
-            raise RequestRefused(f"sleep level {body.level} is not 1 (weights to CPU, free the KV cache) or 2 (free both)")
+            raise RequestRefused(
+                f"sleep level {body.level} is not 1 (weights to CPU, free the KV cache) or 2 (free both)"
+            )
         if not sleep and not set(body.tags) <= {"weights", "kv_cache"}:
-            raise RequestRefused(f"wake_up tags {list(body.tags)} must be among 'weights' and 'kv_cache' (empty = both)")
+            raise RequestRefused(
+                f"wake_up tags {list(body.tags)} must be among 'weights' and 'kv_cache' (empty = both)"
+            )
         async with self._update_lock:
             _, peak_gb = await self.backend.memory_gb()  # the phase that ends here
             with tracer.span("engine.sleep" if sleep else "engine.wake_up", peak_memory_gb=peak_gb) as span:
@@ -349,8 +387,11 @@ class RolloutServer:
                 tracer.event("sync.end", sync_id=ack.sync_id, weight_version=self.weight_version)
             if not ack.ok:
                 tracer.event("sync.abort", sync_id=ack.sync_id, bucket_id=ack.bucket_id, error=ack.error)
-                log.warning("weight update failed and was aborted: %s; the weights may mix old and new until the "
-                            "next sync, generation goes on", ack.error)
+                log.warning(
+                    "weight update failed and was aborted: %s; the weights may mix old and new until the "
+                    "next sync, generation goes on",
+                    ack.error,
+                )
             return ack
 
     async def _send(self, frames: list[bytes], reply: p.Reply) -> None:

@@ -30,31 +30,42 @@ SCHEMA_VERSION = 1
 
 
 class Status(enum.IntEnum):
-    COMPLETE = 0   # the engine stopped by itself (EOS or a stop string)
+    COMPLETE = 0  # the engine stopped by itself (EOS or a stop string)
     TRUNCATED = 1  # cut at rollout.max_tokens
-    PARTIAL = 2    # interrupted (a weight update in fully_async); to be continued
+    PARTIAL = 2  # interrupted (a weight update in fully_async); to be continued
 
 
 @dataclass
 class Sample:
-    prompt_ids: torch.Tensor      # [P] long
+    prompt_ids: torch.Tensor  # [P] long
     completion_ids: torch.Tensor  # [T] long
-    logprobs: torch.Tensor        # [T] float32, the rollout engine's logprob of each sampled token
+    logprobs: torch.Tensor  # [T] float32, the rollout engine's logprob of each sampled token
     reward: float = 0.0
     loss_mask: torch.Tensor | None = None  # [T] float32; None = every completion token trains
-    versions: torch.Tensor | None = None   # [T] long, the policy version that generated each token
+    versions: torch.Tensor | None = None  # [T] long, the policy version that generated each token
     prompt_id: int = -1
-    group: int = -1                # samples of one prompt share a group (the GRPO group)
+    group: int = -1  # samples of one prompt share a group (the GRPO group)
     status: int = Status.COMPLETE
 
     @classmethod
-    def of(cls, prompt_ids: list[int] | torch.Tensor, completion_ids: list[int], logprobs: list[float],
-           reward: float = 0.0, loss_mask: list[float] | None = None, versions: list[int] | None = None) -> "Sample":
+    def of(
+        cls,
+        prompt_ids: list[int] | torch.Tensor,
+        completion_ids: list[int],
+        logprobs: list[float],
+        reward: float = 0.0,
+        loss_mask: list[float] | None = None,
+        versions: list[int] | None = None,
+    ) -> "Sample":
         """A sample from a collector's lists (``versions``: empty or None when the engine recorded none)."""
-        return cls(torch.as_tensor(prompt_ids, dtype=torch.long), torch.tensor(completion_ids, dtype=torch.long),
-                   torch.tensor(logprobs, dtype=torch.float32), float(reward),
-                   None if loss_mask is None else torch.tensor(loss_mask, dtype=torch.float32),
-                   torch.tensor(versions, dtype=torch.long) if versions else None)
+        return cls(
+            torch.as_tensor(prompt_ids, dtype=torch.long),
+            torch.tensor(completion_ids, dtype=torch.long),
+            torch.tensor(logprobs, dtype=torch.float32),
+            float(reward),
+            None if loss_mask is None else torch.tensor(loss_mask, dtype=torch.float32),
+            torch.tensor(versions, dtype=torch.long) if versions else None,
+        )
 
     def mask(self) -> torch.Tensor:
         return torch.ones(len(self.completion_ids)) if self.loss_mask is None else self.loss_mask
@@ -69,9 +80,9 @@ class StoreHandle(msgspec.Struct):
     """What a consumer needs to open a store: the transport and its payload (no secrets, no paths
     outside the transport's own naming)."""
 
-    kind: str        # "shm" | "tcp"
-    name: str        # shm: segment name in /dev/shm; tcp: the producer's tcp://ip:port
-    size: int = 0    # shm: segment bytes
+    kind: str  # "shm" | "tcp"
+    name: str  # shm: segment name in /dev/shm; tcp: the producer's tcp://ip:port
+    size: int = 0  # shm: segment bytes
     max_rows: int = 0
     timeout_s: float = 0.0  # tcp: a reader's deadline per request
 

@@ -46,8 +46,16 @@ SCHEMA_VERSION = 1
 FORMAT = "rlx-rollout-dump"
 MANIFEST = "manifest.json"
 _STEP_FILE = re.compile(r"step_[0-9]{6,}\.safetensors")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                    "tokenizer.model", "added_tokens.json", "chat_template.jinja")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
 
 
 def model_fingerprint(model_dir: str | Path) -> str:
@@ -83,13 +91,21 @@ class DumpWriter:
         self.dir = Path(cfg.rollout.dump_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         r = cfg.rollout
-        self.manifest = {"format": FORMAT, "schema_version": SCHEMA_VERSION,
-                         "model": {"path": str(Path(cfg.model.path).resolve()),
-                                   "sha256": model_fingerprint(cfg.model.path)},
-                         "tokenizer": {"sha256": tokenizer_fingerprint(cfg.model.path)},
-                         "sampling": {"n": r.n, "max_tokens": r.max_tokens, "temperature": r.temperature,
-                                      "top_p": r.top_p, "top_k": r.top_k},
-                         "task": {"name": cfg.task.name, "seed": cfg.task.seed}, "steps": {}}
+        self.manifest = {
+            "format": FORMAT,
+            "schema_version": SCHEMA_VERSION,
+            "model": {"path": str(Path(cfg.model.path).resolve()), "sha256": model_fingerprint(cfg.model.path)},
+            "tokenizer": {"sha256": tokenizer_fingerprint(cfg.model.path)},
+            "sampling": {
+                "n": r.n,
+                "max_tokens": r.max_tokens,
+                "temperature": r.temperature,
+                "top_p": r.top_p,
+                "top_k": r.top_k,
+            },
+            "task": {"name": cfg.task.name, "seed": cfg.task.seed},
+            "steps": {},
+        }
 
     def write(self, step: int, samples: list[Sample], metrics: dict[str, float], texts: list[str]) -> None:
         from safetensors.torch import save_file
@@ -99,8 +115,7 @@ class DumpWriter:
         tmp = self.dir / (name + ".tmp")
         save_file(_ragged(samples), str(tmp), metadata=metadata)
         os.replace(tmp, self.dir / name)
-        self.manifest["steps"][str(step)] = {"file": name, "sha256": file_sha256(self.dir / name),
-                                             "rows": len(samples)}
+        self.manifest["steps"][str(step)] = {"file": name, "sha256": file_sha256(self.dir / name), "rows": len(samples)}
         tmp = self.dir / (MANIFEST + ".tmp")
         tmp.write_text(json.dumps(self.manifest, indent=1))
         os.replace(tmp, self.dir / MANIFEST)
@@ -108,18 +123,23 @@ class DumpWriter:
 
 def _ragged(samples: list[Sample]) -> dict[str, torch.Tensor]:
     def cat(tensors, dtype):
-        return torch.cat([torch.as_tensor(t, dtype=dtype).reshape(-1) for t in tensors]) if tensors else \
-            torch.zeros(0, dtype=dtype)
+        return (
+            torch.cat([torch.as_tensor(t, dtype=dtype).reshape(-1) for t in tensors])
+            if tensors
+            else torch.zeros(0, dtype=dtype)
+        )
 
-    out = {"prompt_ids": cat([s.prompt_ids for s in samples], torch.long),
-           "prompt_lens": torch.tensor([len(s.prompt_ids) for s in samples], dtype=torch.long),
-           "completion_ids": cat([s.completion_ids for s in samples], torch.long),
-           "completion_lens": torch.tensor([len(s.completion_ids) for s in samples], dtype=torch.long),
-           "logprobs": cat([s.logprobs for s in samples], torch.float32),
-           "loss_mask": cat([s.mask() for s in samples], torch.float32),
-           "rewards": torch.tensor([s.reward for s in samples], dtype=torch.float32),
-           "groups": torch.tensor([s.group for s in samples], dtype=torch.long),
-           "status": torch.tensor([int(s.status) for s in samples], dtype=torch.long)}
+    out = {
+        "prompt_ids": cat([s.prompt_ids for s in samples], torch.long),
+        "prompt_lens": torch.tensor([len(s.prompt_ids) for s in samples], dtype=torch.long),
+        "completion_ids": cat([s.completion_ids for s in samples], torch.long),
+        "completion_lens": torch.tensor([len(s.completion_ids) for s in samples], dtype=torch.long),
+        "logprobs": cat([s.logprobs for s in samples], torch.float32),
+        "loss_mask": cat([s.mask() for s in samples], torch.float32),
+        "rewards": torch.tensor([s.reward for s in samples], dtype=torch.float32),
+        "groups": torch.tensor([s.group for s in samples], dtype=torch.long),
+        "status": torch.tensor([int(s.status) for s in samples], dtype=torch.long),
+    }
     if samples and all(s.versions is not None for s in samples):
         out["versions"] = cat([s.versions for s in samples], torch.long)
     return out
@@ -158,9 +178,17 @@ class Manifest(msgspec.Struct):
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _FIX = "regenerate the dump (a run with rollout.dump_dir) or restore the file from a copy"
-_TENSORS = {"prompt_ids": torch.long, "prompt_lens": torch.long, "completion_ids": torch.long,
-            "completion_lens": torch.long, "logprobs": torch.float32, "loss_mask": torch.float32,
-            "rewards": torch.float32, "groups": torch.long, "status": torch.long}
+_TENSORS = {
+    "prompt_ids": torch.long,
+    "prompt_lens": torch.long,
+    "completion_ids": torch.long,
+    "completion_lens": torch.long,
+    "logprobs": torch.float32,
+    "loss_mask": torch.float32,
+    "rewards": torch.float32,
+    "groups": torch.long,
+    "status": torch.long,
+}
 _PER_ROW = ("prompt_lens", "completion_lens", "rewards", "groups", "status")
 _PER_TOKEN = ("completion_ids", "logprobs", "loss_mask", "versions")
 
@@ -197,11 +225,15 @@ def read_manifest(path: Path) -> tuple[Manifest, dict[int, StepEntry]]:
     except msgspec.DecodeError as exc:
         raise DumpError(f"{file} is not valid JSON ({exc}); {_FIX}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise DumpError(f"{file} is not an rlx rollout dump manifest (no \"format\": \"{FORMAT}\"); set "
-                        "rollout.reuse_dir to the rollout.dump_dir of an rlx run")
+        raise DumpError(
+            f'{file} is not an rlx rollout dump manifest (no "format": "{FORMAT}"); set '
+            "rollout.reuse_dir to the rollout.dump_dir of an rlx run"
+        )
     if data.get("schema_version") != SCHEMA_VERSION:
-        raise DumpError(f"{where}: dump schema version {data.get('schema_version')!r}, this rlx reads version "
-                        f"{SCHEMA_VERSION}; regenerate the dump with this rlx")
+        raise DumpError(
+            f"{where}: dump schema version {data.get('schema_version')!r}, this rlx reads version "
+            f"{SCHEMA_VERSION}; regenerate the dump with this rlx"
+        )
     manifest = _decode(file, raw, Manifest, "")
     entries = {step: _decode(file, entry, StepEntry, f"steps.{step}") for step, entry in manifest.steps.items()}
     for step, entry in entries.items():
@@ -233,16 +265,19 @@ def _check_entry(file: Path, step: int, entry: StepEntry) -> None:
     if step < 1:
         raise DumpError(f"{file}: {field}: step numbers start at 1; {_FIX}")
     if not _STEP_FILE.fullmatch(entry.file):
-        raise DumpError(f"{file}: {field}.file={entry.file!r} is not a step file of this directory "
-                        f"(step_NNNNNN.safetensors); {_FIX}")
+        raise DumpError(
+            f"{file}: {field}.file={entry.file!r} is not a step file of this directory "
+            f"(step_NNNNNN.safetensors); {_FIX}"
+        )
     if not _SHA256.fullmatch(entry.sha256):
         raise DumpError(f"{file}: {field}.sha256={entry.sha256[:80]!r} is not a sha256 (64 hex digits); {_FIX}")
     if entry.rows < 1:
         raise DumpError(f"{file}: {field}.rows={entry.rows} must be >= 1; {_FIX}")
 
 
-def read_step(path: Path, step: int, entry: StepEntry, n: int, vocab_size: int
-              ) -> tuple[list[Sample], dict[str, float], list[str]]:
+def read_step(
+    path: Path, step: int, entry: StepEntry, n: int, vocab_size: int
+) -> tuple[list[Sample], dict[str, float], list[str]]:
     """One step file, its sha256 checked against the manifest and every tensor against the others (lengths,
     dtypes, token ids below ``vocab_size``); a ``DumpError`` names the file, the row and the fix."""
     from safetensors import SafetensorError
@@ -250,13 +285,17 @@ def read_step(path: Path, step: int, entry: StepEntry, n: int, vocab_size: int
 
     file = path / entry.file
     if not file.is_file():
-        raise DumpError(f"rollout.reuse_dir={str(path)!r}: {entry.file} is missing, the dump is incomplete; point "
-                        "rollout.reuse_dir at a complete dump")
+        raise DumpError(
+            f"rollout.reuse_dir={str(path)!r}: {entry.file} is missing, the dump is incomplete; point "
+            "rollout.reuse_dir at a complete dump"
+        )
     data = file.read_bytes()
     actual = hashlib.sha256(data).hexdigest()
     if actual != entry.sha256:
-        raise DumpError(f"rollout.reuse_dir={str(path)!r}: {entry.file} has sha256 {actual[:16]}..., the manifest "
-                        f"says {entry.sha256[:16]}...: the file was changed after it was written; {_FIX}")
+        raise DumpError(
+            f"rollout.reuse_dir={str(path)!r}: {entry.file} has sha256 {actual[:16]}..., the manifest "
+            f"says {entry.sha256[:16]}...: the file was changed after it was written; {_FIX}"
+        )
     try:
         tensors, metadata = load(data), _metadata(data)
     except (SafetensorError, ValueError, UnicodeDecodeError, struct.error) as exc:
@@ -268,7 +307,7 @@ def read_step(path: Path, step: int, entry: StepEntry, n: int, vocab_size: int
 
 def _metadata(data: bytes) -> dict:
     (size,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + size])
+    header = json.loads(data[8 : 8 + size])
     return header.get("__metadata__") or {}
 
 
@@ -278,8 +317,10 @@ def _check_tensors(file: Path, t: dict[str, torch.Tensor], rows: int, n: int, vo
         if key not in t:
             raise DumpError(f"{file} lacks the tensor {key!r}; it was not written by this rlx's dump: {_FIX}")
         if t[key].dtype != dtype or t[key].dim() != 1:
-            raise DumpError(f"{file}: tensor {key!r} is {t[key].dtype} of shape {list(t[key].shape)}, a dump "
-                            f"writes a 1-D {dtype}; {_FIX}")
+            raise DumpError(
+                f"{file}: tensor {key!r} is {t[key].dtype} of shape {list(t[key].shape)}, a dump "
+                f"writes a 1-D {dtype}; {_FIX}"
+            )
     for key in _PER_ROW:
         if len(t[key]) != rows:
             raise DumpError(f"{file}: tensor {key!r} has {len(t[key])} rows, the manifest says {rows}; {_FIX}")
@@ -288,20 +329,34 @@ def _check_tensors(file: Path, t: dict[str, torch.Tensor], rows: int, n: int, vo
     for lens, flat in (("prompt_lens", ("prompt_ids",)), ("completion_lens", _PER_TOKEN)):
         _check_lengths(file, t, lens, [k for k in flat if k in t])
     for ids, lens in (("prompt_ids", "prompt_lens"), ("completion_ids", "completion_lens")):
-        _check_rows(file, t, ids, lens, (t[ids] < 0) | (t[ids] >= (vocab_size or 1 << 62)),
-                    f"a token id outside the model's vocabulary [0, {vocab_size})")
+        _check_rows(
+            file,
+            t,
+            ids,
+            lens,
+            (t[ids] < 0) | (t[ids] >= (vocab_size or 1 << 62)),
+            f"a token id outside the model's vocabulary [0, {vocab_size})",
+        )
     _check_rows(file, t, "logprobs", "completion_lens", ~torch.isfinite(t["logprobs"]), "a logprob that is not finite")
     bad = torch.nonzero(~torch.isfinite(t["rewards"])).flatten()
     if len(bad):  # training on it would make the step's loss NaN
         raise DumpError(f"{file}: row {int(bad[0])}: reward {t['rewards'][bad[0]].item()!r} is not finite; {_FIX}")
     mask = t["loss_mask"]
-    _check_rows(file, t, "loss_mask", "completion_lens", ~torch.isfinite(mask) | (mask < 0) | (mask > 1),
-                "a loss mask value outside [0, 1]")
+    _check_rows(
+        file,
+        t,
+        "loss_mask",
+        "completion_lens",
+        ~torch.isfinite(mask) | (mask < 0) | (mask > 1),
+        "a loss mask value outside [0, 1]",
+    )
     statuses = torch.tensor([int(s) for s in Status])
     bad = torch.nonzero(~torch.isin(t["status"], statuses)).flatten()
     if len(bad):
-        raise DumpError(f"{file}: row {int(bad[0])}: status {int(t['status'][bad[0]])} is not one of "
-                        f"{[int(s) for s in Status]}; {_FIX}")
+        raise DumpError(
+            f"{file}: row {int(bad[0])}: status {int(t['status'][bad[0]])} is not one of "
+            f"{[int(s) for s in Status]}; {_FIX}"
+        )
 
 
 def _check_lengths(file: Path, t: dict[str, torch.Tensor], lens: str, flat: list[str]) -> None:
@@ -311,8 +366,10 @@ def _check_lengths(file: Path, t: dict[str, torch.Tensor], lens: str, flat: list
     total = int(t[lens].sum())
     for key in flat:
         if len(t[key]) != total:
-            raise DumpError(f"{file}: tensor {key!r} holds {len(t[key])} values, its rows' {lens} add up to {total} "
-                            f"(a truncated or altered file); {_FIX}")
+            raise DumpError(
+                f"{file}: tensor {key!r} holds {len(t[key])} values, its rows' {lens} add up to {total} "
+                f"(a truncated or altered file); {_FIX}"
+            )
 
 
 def _check_rows(file: Path, t: dict[str, torch.Tensor], key: str, lens: str, bad: torch.Tensor, what: str) -> None:
@@ -326,10 +383,13 @@ def _check_rows(file: Path, t: dict[str, torch.Tensor], key: str, lens: str, bad
 
 def _check_metadata(file: Path, metadata: dict, step: int) -> tuple[dict[str, float], list[str]]:
     if metadata.get("step") != str(step):
-        raise DumpError(f"{file}: its metadata says step {metadata.get('step')!r}, the manifest lists it as step "
-                        f"{step}; {_FIX}")
-    return (_metadata_field(file, metadata, "metrics", dict[str, float], "an object of numbers"),
-            _metadata_field(file, metadata, "texts", list[str], "a list of strings"))
+        raise DumpError(
+            f"{file}: its metadata says step {metadata.get('step')!r}, the manifest lists it as step {step}; {_FIX}"
+        )
+    return (
+        _metadata_field(file, metadata, "metrics", dict[str, float], "an object of numbers"),
+        _metadata_field(file, metadata, "texts", list[str], "a list of strings"),
+    )
 
 
 def _metadata_field(file: Path, metadata: dict, key: str, kind: type, what: str):
@@ -344,9 +404,20 @@ def _samples(t: dict[str, torch.Tensor]) -> list[Sample]:
     lens = t["completion_lens"].tolist()
     completions, logps, masks = (torch.split(t[k], lens) for k in ("completion_ids", "logprobs", "loss_mask"))
     versions = torch.split(t["versions"], lens) if "versions" in t else [None] * len(lens)
-    return [Sample(p, c, lp, float(r), m, v, -1, int(g), int(s))
-            for p, c, lp, m, v, r, g, s in zip(prompts, completions, logps, masks, versions, t["rewards"].tolist(),
-                                                t["groups"].tolist(), t["status"].tolist(), strict=True)]
+    return [
+        Sample(p, c, lp, float(r), m, v, -1, int(g), int(s))
+        for p, c, lp, m, v, r, g, s in zip(
+            prompts,
+            completions,
+            logps,
+            masks,
+            versions,
+            t["rewards"].tolist(),
+            t["groups"].tolist(),
+            t["status"].tolist(),
+            strict=True,
+        )
+    ]
 
 
 def model_vocab_size(model_dir: str | Path) -> int:
@@ -363,24 +434,32 @@ def check_dump(cfg: RunConfig, contents: bool = True) -> Dump:
     where = f"rollout.reuse_dir={r.reuse_dir!r}"
     manifest, entries = read_manifest(path)
     if manifest.model.sha256 != model_fingerprint(cfg.model.path):
-        raise DumpError(f"{where} was generated by the model at {manifest.model.path}, which differs from "
-                        f"model.path={cfg.model.path!r} (config or weight layout); reuse a dump of this model or "
-                        "set model.path to the dump's model")
+        raise DumpError(
+            f"{where} was generated by the model at {manifest.model.path}, which differs from "
+            f"model.path={cfg.model.path!r} (config or weight layout); reuse a dump of this model or "
+            "set model.path to the dump's model"
+        )
     if manifest.tokenizer.sha256 != tokenizer_fingerprint(cfg.model.path):
-        raise DumpError(f"{where} was tokenized by another tokenizer than model.path={cfg.model.path!r}'s; its "
-                        "token ids would mean other text: reuse a dump made with this tokenizer")
+        raise DumpError(
+            f"{where} was tokenized by another tokenizer than model.path={cfg.model.path!r}'s; its "
+            "token ids would mean other text: reuse a dump made with this tokenizer"
+        )
     if manifest.sampling.n != r.n:
-        raise DumpError(f"{where} holds groups of {manifest.sampling.n} samples, rollout.n={r.n}; set "
-                        f"rollout.n={manifest.sampling.n}")
+        raise DumpError(
+            f"{where} holds groups of {manifest.sampling.n} samples, rollout.n={r.n}; set "
+            f"rollout.n={manifest.sampling.n}"
+        )
     dump = Dump(path, manifest, entries, model_vocab_size(cfg.model.path))
     needed = r.reuse_steps if r.reuse == "first_k" else cfg.trainer.total_steps
     missing = [s for s in range(1, needed + 1) if s not in entries]
     if missing:
         held = f"steps {dump.steps[0]}..{dump.steps[-1]}" if dump.steps else "no step"
-        raise DumpError(f"{where} holds {held} ({len(dump.steps)} in all); rollout.reuse={r.reuse} needs steps "
-                        f"1..{needed} (step {missing[0]} is missing): lower "
-                        f"{'rollout.reuse_steps' if r.reuse == 'first_k' else 'trainer.total_steps'} or dump "
-                        "more steps")
+        raise DumpError(
+            f"{where} holds {held} ({len(dump.steps)} in all); rollout.reuse={r.reuse} needs steps "
+            f"1..{needed} (step {missing[0]} is missing): lower "
+            f"{'rollout.reuse_steps' if r.reuse == 'first_k' else 'trainer.total_steps'} or dump "
+            "more steps"
+        )
     for step in dump.steps:
         if contents:
             dump.step(step)
@@ -392,5 +471,6 @@ def check_dump(cfg: RunConfig, contents: bool = True) -> Dump:
 def _check_sha(path: Path, entry: StepEntry) -> None:
     file = path / entry.file
     if not file.is_file() or file_sha256(file) != entry.sha256:
-        raise DumpError(f"rollout.reuse_dir={str(path)!r}: {entry.file} is missing or changed since pre-flight "
-                        f"checked it; {_FIX}")
+        raise DumpError(
+            f"rollout.reuse_dir={str(path)!r}: {entry.file} is missing or changed since pre-flight checked it; {_FIX}"
+        )

@@ -30,9 +30,20 @@ from rlx.store.base import RowGone, Sample, SampleStore, StoreFull, StoreHandle,
 
 _NAME = re.compile(r"rlx-store-[0-9]+-[0-9a-f]+")
 _ALIGN = 64
-_ROW = np.dtype([("row_id", "<i8"), ("offset", "<i8"), ("prompt_len", "<i8"), ("completion_len", "<i8"),
-                 ("prompt_id", "<i8"), ("group", "<i8"), ("reward", "<f8"), ("loss_tokens", "<f8"),
-                 ("status", "<i4"), ("has_versions", "<i4")])
+_ROW = np.dtype(
+    [
+        ("row_id", "<i8"),
+        ("offset", "<i8"),
+        ("prompt_len", "<i8"),
+        ("completion_len", "<i8"),
+        ("prompt_id", "<i8"),
+        ("group", "<i8"),
+        ("reward", "<f8"),
+        ("loss_tokens", "<f8"),
+        ("status", "<i4"),
+        ("has_versions", "<i4"),
+    ]
+)
 
 
 def _layout(max_rows: int) -> int:
@@ -56,19 +67,29 @@ class _Table:
     def read(self, row: int) -> Sample:
         entry = self.rows[row % self.max_rows]
         if int(entry["row_id"]) != row:
-            raise RowGone(f"sample store row {row} was released (or never put); a consumer may only read rows "
-                          "announced to it and not yet released")
+            raise RowGone(
+                f"sample store row {row} was released (or never put); a consumer may only read rows "
+                "announced to it and not yet released"
+            )
         p, t = int(entry["prompt_len"]), int(entry["completion_len"])
         at = self.data_start + int(entry["offset"])
 
         def view(start: int, count: int, dtype: torch.dtype) -> torch.Tensor:
             width = torch.tensor([], dtype=dtype).element_size()
-            return self.bytes[at + start:at + start + count * width].view(dtype).clone()
+            return self.bytes[at + start : at + start + count * width].view(dtype).clone()
 
         versions = view(8 * p + 16 * t, t, torch.long) if entry["has_versions"] else None
-        return Sample(view(0, p, torch.long), view(8 * p, t, torch.long), view(8 * p + 8 * t, t, torch.float32),
-                      float(entry["reward"]), view(8 * p + 12 * t, t, torch.float32), versions,
-                      int(entry["prompt_id"]), int(entry["group"]), int(entry["status"]))
+        return Sample(
+            view(0, p, torch.long),
+            view(8 * p, t, torch.long),
+            view(8 * p + 8 * t, t, torch.float32),
+            float(entry["reward"]),
+            view(8 * p + 12 * t, t, torch.float32),
+            versions,
+            int(entry["prompt_id"]),
+            int(entry["group"]),
+            int(entry["status"]),
+        )
 
     def meta(self, rows: list[int]) -> np.ndarray:
         """The table entries of ``rows`` (a copy): lengths, reward, loss tokens, ids, status."""
@@ -81,13 +102,17 @@ class _Table:
     def write(self, row: int, offset: int, sample: Sample) -> None:
         p, t = len(sample.prompt_ids), len(sample.completion_ids)
         at = self.data_start + offset
-        parts = [(0, sample.prompt_ids, torch.long), (8 * p, sample.completion_ids, torch.long),
-                 (8 * p + 8 * t, sample.logprobs, torch.float32), (8 * p + 12 * t, sample.mask(), torch.float32)]
+        parts = [
+            (0, sample.prompt_ids, torch.long),
+            (8 * p, sample.completion_ids, torch.long),
+            (8 * p + 8 * t, sample.logprobs, torch.float32),
+            (8 * p + 12 * t, sample.mask(), torch.float32),
+        ]
         if sample.versions is not None:
             parts.append((8 * p + 16 * t, sample.versions, torch.long))
         for start, tensor, dtype in parts:
             width = torch.tensor([], dtype=dtype).element_size()
-            self.bytes[at + start:at + start + len(tensor) * width].view(dtype).copy_(torch.as_tensor(tensor))
+            self.bytes[at + start : at + start + len(tensor) * width].view(dtype).copy_(torch.as_tensor(tensor))
         entry = self.rows[row % self.max_rows]
         entry["offset"], entry["prompt_len"], entry["completion_len"] = offset, p, t
         entry["prompt_id"], entry["group"], entry["reward"] = sample.prompt_id, sample.group, sample.reward
@@ -105,8 +130,10 @@ class _Table:
 class ShmStore(SampleStore):
     def __init__(self, capacity_bytes: int, max_rows: int) -> None:
         if capacity_bytes < _ALIGN or max_rows < 1:
-            raise ValueError(f"a sample store needs capacity >= {_ALIGN} bytes and max_rows >= 1 "
-                             f"(got {capacity_bytes} bytes, {max_rows} rows); raise store.capacity_mb / store.max_rows")
+            raise ValueError(
+                f"a sample store needs capacity >= {_ALIGN} bytes and max_rows >= 1 "
+                f"(got {capacity_bytes} bytes, {max_rows} rows); raise store.capacity_mb / store.max_rows"
+            )
         self.max_rows = max_rows
         self.size = _layout(max_rows) + -(-capacity_bytes // _ALIGN) * _ALIGN
         self.name = f"rlx-store-{os.getpid()}-{os.urandom(6).hex()}"
@@ -137,8 +164,9 @@ class ShmStore(SampleStore):
 
     def _allocate(self, nbytes: int) -> int:
         if len(self._live) >= self.max_rows:
-            raise StoreFull(f"the sample store holds {len(self._live)} rows, its max; raise store.max_rows "
-                            "(or release rows sooner)")
+            raise StoreFull(
+                f"the sample store holds {len(self._live)} rows, its max; raise store.max_rows (or release rows sooner)"
+            )
         size = self._table.data_size
         if not self._live:
             self._head = 0
@@ -153,8 +181,10 @@ class ShmStore(SampleStore):
                 return self._take(nbytes)
         elif self._head + nbytes < tail:  # wrapped: free is [head, tail)
             return self._take(nbytes)
-        raise StoreFull(f"the sample store's {size / 2**20:.1f} MiB are taken by {len(self._live)} unreleased "
-                        "rows; raise store.capacity_mb")
+        raise StoreFull(
+            f"the sample store's {size / 2**20:.1f} MiB are taken by {len(self._live)} unreleased "
+            "rows; raise store.capacity_mb"
+        )
 
     def _take(self, nbytes: int) -> int:
         offset = self._head
@@ -182,8 +212,12 @@ class ShmStore(SampleStore):
     def stats(self) -> dict[str, float]:
         live = sum(nbytes for _, nbytes, released in self._live.values() if not released)
         put, self._bytes_put = self._bytes_put, 0
-        return {"store_rows_live": float(sum(not r for *_, r in self._live.values())), "store_bytes_live": float(live),
-                "store_occupancy": live / self._table.data_size, "store_bytes_put": float(put)}
+        return {
+            "store_rows_live": float(sum(not r for *_, r in self._live.values())),
+            "store_bytes_live": float(live),
+            "store_occupancy": live / self._table.data_size,
+            "store_bytes_put": float(put),
+        }
 
     def close(self) -> None:
         self._finalizer()
@@ -196,8 +230,9 @@ class ShmStore(SampleStore):
 class ShmStoreReader(StoreReader):
     def __init__(self, handle: StoreHandle) -> None:
         if not _NAME.fullmatch(handle.name):
-            raise ValueError(f"store handle names {handle.name!r}, which is not an rlx sample store segment "
-                             "(rlx-store-<pid>-<hex>)")
+            raise ValueError(
+                f"store handle names {handle.name!r}, which is not an rlx sample store segment (rlx-store-<pid>-<hex>)"
+            )
         if handle.max_rows < 1 or handle.size <= _layout(handle.max_rows):
             raise ValueError(f"store handle size {handle.size} cannot hold a table of {handle.max_rows} rows")
         self.path = os.path.join(SHM_DIR, handle.name)

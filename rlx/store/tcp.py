@@ -60,13 +60,13 @@ _DTYPES = {"<i8": torch.long, "<f4": torch.float32}
 
 class Request(msgspec.Struct, array_like=True):
     version: int
-    op: str          # "get" | "meta"
+    op: str  # "get" | "meta"
     rows: list[int]
     token: str = ""
 
 
 class TensorSpec(msgspec.Struct, array_like=True):
-    dtype: str       # numpy dtype string ("<i8", "<f4"; "row" for table entries)
+    dtype: str  # numpy dtype string ("<i8", "<f4"; "row" for table entries)
     shape: list[int]
 
 
@@ -100,8 +100,10 @@ def bind_host(host: str | None) -> str:
     try:
         return socket.gethostbyname(host)
     except OSError as exc:
-        raise ValueError(f"store.transport=tcp binds rank 0's host {host!r} (MASTER_ADDR), which does not resolve "
-                         f"({exc}); set MASTER_ADDR to rank 0's IP address") from None
+        raise ValueError(
+            f"store.transport=tcp binds rank 0's host {host!r} (MASTER_ADDR), which does not resolve "
+            f"({exc}); set MASTER_ADDR to rank 0's IP address"
+        ) from None
 
 
 class TcpStore(SampleStore):
@@ -113,19 +115,26 @@ class TcpStore(SampleStore):
     replies to it rather than blocking the others.
     """
 
-    def __init__(self, capacity_bytes: int, max_rows: int, host: str | None = None, token: str | None = None,
-                 timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        capacity_bytes: int,
+        max_rows: int,
+        host: str | None = None,
+        token: str | None = None,
+        timeout_s: float = 60.0,
+    ) -> None:
         ip = bind_host(host)
         self.token = token_from_env() if token is None else token
         if not is_loopback_host(ip) and not self.token:
-            raise ValueError(f"store.transport=tcp serves rows on {ip}, which is not loopback, and needs an auth "
-                             f"token: set rollout.auth_token (rlx train hands it to every rank as {TOKEN_ENV}), or export "
-                             f"{TOKEN_ENV} on every trainer rank started another way")
+            raise ValueError(
+                f"store.transport=tcp serves rows on {ip}, which is not loopback, and needs an auth "
+                f"token: set rollout.auth_token (rlx train hands it to every rank as {TOKEN_ENV}), or export "
+                f"{TOKEN_ENV} on every trainer rank started another way"
+            )
         self.timeout_s = timeout_s
         self._rows = ShmStore(capacity_bytes, max_rows)
         self._lock = threading.Lock()  # the server thread reads while the producer puts and releases
-        self._socket = rpc.router(zmq.Context.instance(), None, hwm=1000,
-                                  max_message_bytes=max_request_bytes(max_rows))
+        self._socket = rpc.router(zmq.Context.instance(), None, hwm=1000, max_message_bytes=max_request_bytes(max_rows))
         port = self._socket.bind_to_random_port(f"tcp://{ip}")
         self.address = f"tcp://{ip}:{port}"
         self.requests_served = 0
@@ -182,12 +191,21 @@ class TcpStore(SampleStore):
             return [_error(f"malformed sample store request: {exc}", "bad_request")]
         if self.token and not hmac.compare_digest(request.token.encode(), self.token.encode()):
             log.warning("sample store: refused a request with a bad or missing auth token")
-            return [_error("bad or missing auth token; set rollout.auth_token (or "
-                           f"{TOKEN_ENV}) on every trainer rank to rank 0's token", "auth")]
+            return [
+                _error(
+                    "bad or missing auth token; set rollout.auth_token (or "
+                    f"{TOKEN_ENV}) on every trainer rank to rank 0's token",
+                    "auth",
+                )
+            ]
         if request.version != VERSION or request.op not in ("get", "meta"):
-            return [_error(f"sample store request version {request.version} op {request.op!r}; this rank 0 "
-                           f"serves version {VERSION}, ops get and meta (every rank must run the same rlx)",
-                           "bad_request")]
+            return [
+                _error(
+                    f"sample store request version {request.version} op {request.op!r}; this rank 0 "
+                    f"serves version {VERSION}, ops get and meta (every rank must run the same rlx)",
+                    "bad_request",
+                )
+            ]
         problem = rows_problem(request.rows, self._rows.max_rows)
         if problem:
             log.warning("sample store: refused a request (%s)", problem)
@@ -195,8 +213,10 @@ class TcpStore(SampleStore):
         try:
             if request.op == "meta":
                 entries = self.meta(request.rows)
-                return [msgspec.msgpack.encode(Reply(VERSION, tensors=[TensorSpec("row", [len(entries)])])),
-                        entries.tobytes()]
+                return [
+                    msgspec.msgpack.encode(Reply(VERSION, tensors=[TensorSpec("row", [len(entries)])])),
+                    entries.tobytes(),
+                ]
             return _encode_samples(self.get(request.rows))
         except RowGone as exc:
             return [_error(str(exc), "row_gone")]
@@ -214,8 +234,10 @@ def rows_problem(rows: list[int], max_rows: int) -> str:
     """Why a request for ``rows`` is refused, or "": more rows than the store holds, or a row named twice (a
     reader asks for each row once; ``TcpStoreReader`` folds repeats itself)."""
     if len(rows) > max_rows:
-        return (f"a request for {len(rows)} rows; rank 0's store holds at most {max_rows} (store.max_rows), so a "
-                "request names at most that many rows")
+        return (
+            f"a request for {len(rows)} rows; rank 0's store holds at most {max_rows} (store.max_rows), so a "
+            "request names at most that many rows"
+        )
     repeats = len(rows) - len(set(rows))
     if repeats:
         return f"a request names {repeats} rows more than once; name each row once"
@@ -261,15 +283,20 @@ class TcpStoreReader(StoreReader):
         unique = list(dict.fromkeys(rows))  # each row crosses the wire once, however often it is asked for
         reply, buffers = self._call("get", unique)
         if len(reply.tensors) != len(buffers) or len(reply.rows) != len(unique):
-            raise StoreRefused(f"rank 0's sample store at {self.address} sent {len(buffers)} buffers for "
-                               f"{len(reply.tensors)} tensors and {len(reply.rows)} rows for {len(unique)}")
+            raise StoreRefused(
+                f"rank 0's sample store at {self.address} sent {len(buffers)} buffers for "
+                f"{len(reply.tensors)} tensors and {len(reply.rows)} rows for {len(unique)}"
+            )
         tensors = iter(_tensor(spec, buffer, self.address) for spec, buffer in zip(reply.tensors, buffers, strict=True))
         samples = []
         for head in reply.rows:
             prompt, completion, logprobs, mask = next(tensors), next(tensors), next(tensors), next(tensors)
             versions = next(tensors) if head.has_versions else None
-            samples.append(Sample(prompt, completion, logprobs, head.reward, mask, versions, head.prompt_id,
-                                  head.group, head.status))
+            samples.append(
+                Sample(
+                    prompt, completion, logprobs, head.reward, mask, versions, head.prompt_id, head.group, head.status
+                )
+            )
         by_row = dict(zip(unique, samples, strict=True))
         return [by_row[row] for row in rows]
 
@@ -278,8 +305,9 @@ class TcpStoreReader(StoreReader):
         _, buffers = self._call("meta", unique)
         entries = np.frombuffer(buffers[0], dtype=_ROW).copy() if buffers else np.zeros(0, dtype=_ROW)
         if len(entries) != len(unique):
-            raise StoreRefused(f"rank 0's sample store at {self.address} sent {len(entries)} table entries "
-                               f"for {len(unique)} rows")
+            raise StoreRefused(
+                f"rank 0's sample store at {self.address} sent {len(entries)} table entries for {len(unique)} rows"
+            )
         at = {row: i for i, row in enumerate(unique)}
         return entries[[at[row] for row in rows]]
 
@@ -318,15 +346,19 @@ class TcpStoreReader(StoreReader):
         return max(1, int(left * 1000))
 
     def _timeout(self, op: str):
-        raise TimeoutError(f"rank 0's sample store at {self.address} did not answer {op} within {self.timeout_s:g} s: "
-                           "rank 0 is dead, hung or unreachable from this host (check its log, and that this "
-                           "host reaches MASTER_ADDR; store.timeout_s sets the deadline)")
+        raise TimeoutError(
+            f"rank 0's sample store at {self.address} did not answer {op} within {self.timeout_s:g} s: "
+            "rank 0 is dead, hung or unreachable from this host (check its log, and that this "
+            "host reaches MASTER_ADDR; store.timeout_s sets the deadline)"
+        )
 
 
 def _tensor(spec: TensorSpec, buffer: bytes, address: str) -> torch.Tensor:
     dtype = _DTYPES.get(spec.dtype)
     count = int(np.prod(spec.shape)) if spec.shape else 1
     if dtype is None or len(buffer) != count * np.dtype(spec.dtype).itemsize:
-        raise StoreRefused(f"rank 0's sample store at {address} sent a {spec.dtype} tensor of shape {spec.shape} "
-                           f"in {len(buffer)} bytes")
+        raise StoreRefused(
+            f"rank 0's sample store at {address} sent a {spec.dtype} tensor of shape {spec.shape} "
+            f"in {len(buffer)} bytes"
+        )
     return torch.from_numpy(np.frombuffer(buffer, dtype=spec.dtype).copy()).reshape(spec.shape)

@@ -61,7 +61,9 @@ class WeightArena:
         params = list(module.parameters())
         devices = {p.device for p in params}
         if len(devices) != 1:
-            raise ValueError(f"a weight arena lives on one device; this module has parameters on {sorted(map(str, devices))}")
+            raise ValueError(
+                f"a weight arena lives on one device; this module has parameters on {sorted(map(str, devices))}"
+            )
         arena = cls.sized_for(params, devices.pop())
         with torch.no_grad():
             for param in params:
@@ -73,7 +75,7 @@ class WeightArena:
         nbytes = tensor.numel() * tensor.element_size()
         if self._used + nbytes > self.size:
             raise ValueError(f"the weight arena has {self.size - self._used} bytes left, {nbytes} are needed")
-        out = self._bytes[self._used:self._used + nbytes].view(tensor.dtype).view(tensor.shape)
+        out = self._bytes[self._used : self._used + nbytes].view(tensor.dtype).view(tensor.shape)
         out.copy_(tensor)
         self._used = align_up(self._used + nbytes)
         return out

@@ -61,8 +61,9 @@ class RpcSyncChannel:
         self.address = rpc.address  # where a gloo / nccl sender's group must reach
 
     @classmethod
-    def connect(cls, address: str, name: str | None = None,
-                context: zmq.asyncio.Context | None = None) -> RpcSyncChannel:
+    def connect(
+        cls, address: str, name: str | None = None, context: zmq.asyncio.Context | None = None
+    ) -> RpcSyncChannel:
         """A channel to the receiver process bound at ``address``, on a socket of its own."""
         return cls(RpcClient(address, name or f"receiver at {address}", decode_ack, context))
 

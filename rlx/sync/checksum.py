@@ -25,7 +25,7 @@ def tensor_checksum(t: torch.Tensor) -> int:
     words = raw.view(torch.int32)
     total = torch.zeros((), dtype=torch.int64, device=words.device)
     for start in range(0, words.numel(), _CHUNK_WORDS):
-        chunk = words[start:start + _CHUNK_WORDS].to(torch.int64)
+        chunk = words[start : start + _CHUNK_WORDS].to(torch.int64)
         odd = torch.arange(start, start + chunk.numel(), dtype=torch.int64, device=words.device) * 2 + 1
         total += ((chunk + _K) * odd).sum()
     return (int(total) & _MASK) ^ nbytes

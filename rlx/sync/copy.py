@@ -21,8 +21,14 @@ memmove_at = ctypes.memmove  # (dst_address, src_address, nbytes)
 
 def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
     """``dst.copy_(src)`` for tensors of the same dtype and shape, by ``memmove`` where it can."""
-    if (dst.device.type == "cpu" and src.device.type == "cpu" and dst.dtype == src.dtype
-            and dst.shape == src.shape and dst.is_contiguous() and src.is_contiguous()):
+    if (
+        dst.device.type == "cpu"
+        and src.device.type == "cpu"
+        and dst.dtype == src.dtype
+        and dst.shape == src.shape
+        and dst.is_contiguous()
+        and src.is_contiguous()
+    ):
         nbytes = src.numel() * src.element_size()
         if nbytes:
             memmove_at(dst.data_ptr(), src.data_ptr(), nbytes)

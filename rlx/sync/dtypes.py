@@ -9,9 +9,24 @@ from __future__ import annotations
 import torch
 
 _CANDIDATES = (
-    "float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64",
-    "bool", "complex64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-    "uint16", "uint32", "uint64",
+    "float32",
+    "float64",
+    "float16",
+    "bfloat16",
+    "int8",
+    "uint8",
+    "int16",
+    "int32",
+    "int64",
+    "bool",
+    "complex64",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "uint16",
+    "uint32",
+    "uint64",
 )
 DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, name) for name in _CANDIDATES if isinstance(getattr(torch, name, None), torch.dtype)

@@ -49,8 +49,13 @@ def pick_transport(kind: str, device: str, peers: Sequence[str] = ()) -> str:
     return shared_transport(device)
 
 
-def make_sender(cfg: SyncConfig, device: str, peers: Sequence[str] = (), module: torch.nn.Module | None = None,
-                arena: WeightArena | None = None) -> WeightSender:
+def make_sender(
+    cfg: SyncConfig,
+    device: str,
+    peers: Sequence[str] = (),
+    module: torch.nn.Module | None = None,
+    arena: WeightArena | None = None,
+) -> WeightSender:
     """A ``WeightSender`` configured by ``cfg`` (an ``rlx.config.schema.SyncConfig``) on ``device``.
 
     ``module``: the trainer's model when its tensors are sent as they are; with zero-copy possible
@@ -66,8 +71,9 @@ def make_sender(cfg: SyncConfig, device: str, peers: Sequence[str] = (), module:
     return WeightSender(transport, cfg.bucket_mb, cfg.num_buffers, cfg.timeout_s, cfg.verify, device, arena)
 
 
-def arena_for(transport: str, device: str, tensors: Iterable[tuple[str, torch.Tensor]]
-              ) -> tuple[WeightArena, list[tuple[str, torch.Tensor]]] | tuple[None, None]:
+def arena_for(
+    transport: str, device: str, tensors: Iterable[tuple[str, torch.Tensor]]
+) -> tuple[WeightArena, list[tuple[str, torch.Tensor]]] | tuple[None, None]:
     """An arena holding copies of ``tensors``, and those copies, when ``transport`` is the device's
     shared memory (the bench's zero-copy source); ``(None, None)`` otherwise."""
     if transport != shared_transport(device):

@@ -62,9 +62,12 @@ def pack_buckets(specs: Iterable[TensorSpec], slot_bytes: int) -> Iterator[Bucke
 
 
 def _split(spec: TensorSpec, slot_bytes: int) -> list[TensorChunk]:
-    return [TensorChunk(spec.name, spec.dtype, list(spec.shape), 0, min(slot_bytes, spec.nbytes - start),
-                        start, spec.nbytes)
-            for start in range(0, spec.nbytes, slot_bytes)]
+    return [
+        TensorChunk(
+            spec.name, spec.dtype, list(spec.shape), 0, min(slot_bytes, spec.nbytes - start), start, spec.nbytes
+        )
+        for start in range(0, spec.nbytes, slot_bytes)
+    ]
 
 
 def resident_buckets(placed: Iterable[tuple[TensorSpec, int]], bucket_bytes: int) -> Iterator[Bucket]:

@@ -22,14 +22,26 @@ from rlx.sync.errors import SyncTimeout
 from rlx.sync.messages import SyncPing
 
 
-def start_receiver(*extra_args: str, name: str = "receiver process",
-                   env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+def start_receiver(
+    *extra_args: str, name: str = "receiver process", env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str]:
     """Spawn the receiver process (``env``: variables set for it, e.g. its GPU); return it and its address."""
     address = f"ipc://{tempfile.gettempdir()}/rlx-sync-{os.getpid()}-{secrets.token_hex(4)}.sock"
-    cmd = [sys.executable, "-m", "rlx.sync.receiver_process", "--address", address, "--name", name,
-           "--parent-pid", str(os.getpid()), *extra_args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True,
-                            env={**os.environ, **env} if env else None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlx.sync.receiver_process",
+        "--address",
+        address,
+        "--name",
+        name,
+        "--parent-pid",
+        str(os.getpid()),
+        *extra_args,
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **env} if env else None
+    )
     return proc, address
 
 
@@ -50,8 +62,9 @@ async def wait_ready(channel: RpcSyncChannel, proc: subprocess.Popen, timeout_s:
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
-            raise RuntimeError(f"{channel.name} exited with code {proc.returncode} before serving "
-                               "(its stderr is above)")
+            raise RuntimeError(
+                f"{channel.name} exited with code {proc.returncode} before serving (its stderr is above)"
+            )
         try:
             await channel.call(SyncPing(), timeout_s=min(1.0, max(deadline - time.monotonic(), 0.01)))
             return
@@ -61,8 +74,9 @@ async def wait_ready(channel: RpcSyncChannel, proc: subprocess.Popen, timeout_s:
 
 
 @contextlib.asynccontextmanager
-async def local_receiver(*extra_args: str, name: str = "receiver process", ready_timeout_s: float = 60.0,
-                         env: dict[str, str] | None = None) -> AsyncIterator[tuple[RpcSyncChannel, subprocess.Popen]]:
+async def local_receiver(
+    *extra_args: str, name: str = "receiver process", ready_timeout_s: float = 60.0, env: dict[str, str] | None = None
+) -> AsyncIterator[tuple[RpcSyncChannel, subprocess.Popen]]:
     """A running receiver process and a channel to it, both ended on exit."""
     proc, address = start_receiver(*extra_args, name=name, env=env)
     channel = RpcSyncChannel.connect(address, name=f"{name} (pid {proc.pid}, {address})")

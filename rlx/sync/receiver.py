@@ -116,12 +116,22 @@ class SyncHandler:
         bucket_id = request.meta.bucket_id if isinstance(request, SyncBucket) else NO_ID
         label = request_label(request)
         if request.version != PROTOCOL_VERSION:
-            return self._failed(sync_id, bucket_id, label, f"sync protocol version {request.version} from the "
-                                f"sender, this receiver speaks {PROTOCOL_VERSION}; run the same rlx version on both sides")
+            return self._failed(
+                sync_id,
+                bucket_id,
+                label,
+                f"sync protocol version {request.version} from the "
+                f"sender, this receiver speaks {PROTOCOL_VERSION}; run the same rlx version on both sides",
+            )
         if isinstance(request, (SyncBucket, SyncEnd, SyncPlainBroadcast)) and sync_id != self._sync_id:
-            return BucketAck(sync_id, bucket_id, ok=False, in_sync=self.in_sync,
-                             error=f"{self.name}: {label} arrived, but the sync in progress is {self._sync_id} "
-                                   "(a message of a sync that was aborted or is over; start a new sync)")
+            return BucketAck(
+                sync_id,
+                bucket_id,
+                ok=False,
+                in_sync=self.in_sync,
+                error=f"{self.name}: {label} arrived, but the sync in progress is {self._sync_id} "
+                "(a message of a sync that was aborted or is over; start a new sync)",
+            )
         try:
             return self._dispatch(request)
         except Exception as exc:  # noqa: BLE001 - one error path for every failure, below
@@ -294,12 +304,17 @@ class WeightReceiver:
         """Acknowledge ``meta`` once the consumer is done with its tensors; drops the views."""
         self._require(meta.sync_id)
         if self._bucket != (meta.sync_id, meta.bucket_id, meta.slot):
-            raise ValueError(f"ack for bucket {meta.bucket_id} of sync {meta.sync_id}, but the tensors handed out "
-                             f"were of {self._bucket and self._bucket[:2]}; call tensors(meta) first")
+            raise ValueError(
+                f"ack for bucket {meta.bucket_id} of sync {meta.sync_id}, but the tensors handed out "
+                f"were of {self._bucket and self._bucket[:2]}; call tensors(meta) first"
+            )
         checksums = None
         if self._sync.verify:
-            checksums = loaded_checksums if loaded_checksums is not None else \
-                {name: tensor_checksum(t) for name, t in self._views}
+            checksums = (
+                loaded_checksums
+                if loaded_checksums is not None
+                else {name: tensor_checksum(t) for name, t in self._views}
+            )
         self._mapping.done_reading(meta.slot)
         self._views, self._bucket = [], None
         return BucketAck(meta.sync_id, meta.bucket_id, ok=True, checksums=checksums)
@@ -347,7 +362,7 @@ class WeightReceiver:
         direct = self._named_target(chunk, dtype) if self._mapping.moves_bytes else None
         if direct is not None:
             return direct.reshape(-1).view(torch.uint8), direct
-        raw = self._mapping.slot(slot)[chunk.offset:chunk.offset + chunk.nbytes]
+        raw = self._mapping.slot(slot)[chunk.offset : chunk.offset + chunk.nbytes]
         return raw, raw.view(dtype).view(chunk.shape)
 
     def _assemble(self, chunk: TensorChunk, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -360,9 +375,11 @@ class WeightReceiver:
                 target = torch.empty(chunk.shape, dtype=dtype, device=self._mapping.device)
             partial = _Partial(target, target.reshape(-1).view(torch.uint8), 0)
         if chunk.chunk_start != partial.received:
-            raise ValueError(f"chunk of tensor {chunk.name!r} at byte {chunk.chunk_start} arrived out of order "
-                             f"(expected byte {partial.received})")
-        land = partial.flat[chunk.chunk_start:chunk.chunk_start + chunk.nbytes]
+            raise ValueError(
+                f"chunk of tensor {chunk.name!r} at byte {chunk.chunk_start} arrived out of order "
+                f"(expected byte {partial.received})"
+            )
+        land = partial.flat[chunk.chunk_start : chunk.chunk_start + chunk.nbytes]
         received = partial.received + chunk.nbytes
         if received == chunk.total_nbytes:
             del self._partial[chunk.name]
@@ -376,10 +393,16 @@ class WeightReceiver:
         target = self._assemble_into(chunk.name, dtype, chunk.shape, device) if self._assemble_into else None
         if target is None:
             return None
-        if (target.dtype != dtype or list(target.shape) != chunk.shape or target.device != device
-                or not target.is_contiguous()):
-            raise ValueError(f"assemble_into gave {tuple(target.shape)} {target.dtype} on {target.device} for tensor "
-                             f"{chunk.name!r}, which needs a contiguous {tuple(chunk.shape)} {dtype} on {device}")
+        if (
+            target.dtype != dtype
+            or list(target.shape) != chunk.shape
+            or target.device != device
+            or not target.is_contiguous()
+        ):
+            raise ValueError(
+                f"assemble_into gave {tuple(target.shape)} {target.dtype} on {target.device} for tensor "
+                f"{chunk.name!r}, which needs a contiguous {tuple(chunk.shape)} {dtype} on {device}"
+            )
         return target
 
     def _require(self, sync_id: int) -> None:
@@ -404,8 +427,10 @@ class WeightReceiver:
 
 def _check_version(version: int) -> None:
     if version != PROTOCOL_VERSION:
-        raise ValueError(f"sync protocol version {version} from the sender, this receiver speaks "
-                         f"{PROTOCOL_VERSION}; run the same rlx version on both sides")
+        raise ValueError(
+            f"sync protocol version {version} from the sender, this receiver speaks "
+            f"{PROTOCOL_VERSION}; run the same rlx version on both sides"
+        )
 
 
 def _check_chunk(chunk: TensorChunk, slot_bytes: int) -> torch.dtype:
@@ -413,12 +438,18 @@ def _check_chunk(chunk: TensorChunk, slot_bytes: int) -> torch.dtype:
     itemsize = dtype.itemsize
     expected = math.prod(chunk.shape) * itemsize
     if chunk.total_nbytes != expected or min(chunk.shape, default=0) < 0:
-        raise ValueError(f"tensor {chunk.name!r}: shape {chunk.shape} of {chunk.dtype} is {expected} bytes, "
-                         f"the chunk says {chunk.total_nbytes}")
+        raise ValueError(
+            f"tensor {chunk.name!r}: shape {chunk.shape} of {chunk.dtype} is {expected} bytes, "
+            f"the chunk says {chunk.total_nbytes}"
+        )
     if chunk.offset < 0 or chunk.nbytes < 0 or chunk.offset + chunk.nbytes > slot_bytes or chunk.offset % itemsize:
-        raise ValueError(f"tensor {chunk.name!r}: bytes [{chunk.offset}, {chunk.offset + chunk.nbytes}) are not an "
-                         f"aligned range of a {slot_bytes}-byte slot")
+        raise ValueError(
+            f"tensor {chunk.name!r}: bytes [{chunk.offset}, {chunk.offset + chunk.nbytes}) are not an "
+            f"aligned range of a {slot_bytes}-byte slot"
+        )
     if chunk.chunk_start < 0 or chunk.chunk_start + chunk.nbytes > chunk.total_nbytes:
-        raise ValueError(f"tensor {chunk.name!r}: chunk [{chunk.chunk_start}, +{chunk.nbytes}) lies outside its "
-                         f"{chunk.total_nbytes} bytes")
+        raise ValueError(
+            f"tensor {chunk.name!r}: chunk [{chunk.chunk_start}, +{chunk.nbytes}) lies outside its "
+            f"{chunk.total_nbytes} bytes"
+        )
     return dtype

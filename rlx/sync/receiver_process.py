@@ -94,9 +94,14 @@ def frames_reply(frames: list[bytes], handler: SyncHandler) -> list[bytes]:
     other shape gets an error reply with an empty request id."""
     if len(frames) == 3:
         return reply_frames(frames, handler.handle_bytes(frames[2]))
-    error = BucketAck(NO_ID, NO_ID, ok=False, error=f"{handler.name}: malformed sync request: expected "
-                      f"[request_id, payload] frames, got {len(frames) - 1}")
+    error = BucketAck(
+        NO_ID,
+        NO_ID,
+        ok=False,
+        error=f"{handler.name}: malformed sync request: expected [request_id, payload] frames, got {len(frames) - 1}",
+    )
     return [frames[0], b"", encode(error)]
+
 
 def _own(device: torch.device) -> torch.device:
     """Where this receiver keeps its copy: its own GPU (cuda:0 of what it sees) for a buffer on a GPU, which may
@@ -123,12 +128,17 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process is no longer the parent")
     p.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads for the copies")
     p.add_argument("--hold-s", type=float, default=0.0, help="testing: sleep this long before each ack")
-    p.add_argument("--check-intact", action="store_true", help="testing: fail a bucket whose slot bytes changed before its ack")
-    p.add_argument("--assemble-in-place", action=argparse.BooleanOptionalAction, default=True,
-                   help="assemble split tensors straight into their destinations (saves one copy)")
+    p.add_argument(
+        "--check-intact", action="store_true", help="testing: fail a bucket whose slot bytes changed before its ack"
+    )
+    p.add_argument(
+        "--assemble-in-place",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="assemble split tensors straight into their destinations (saves one copy)",
+    )
     return p.parse_args(argv)
 
 
 if __name__ == "__main__":
     main()
-

@@ -103,19 +103,30 @@ class _Source(NamedTuple):
 
 
 class WeightSender:
-    def __init__(self, transport: str = "shm", bucket_mb: int = 64, num_buffers: int = 2,
-                 timeout_s: float = 120.0, verify: bool = False, device: str = "cpu",
-                 arena: WeightArena | None = None):
+    def __init__(
+        self,
+        transport: str = "shm",
+        bucket_mb: int = 64,
+        num_buffers: int = 2,
+        timeout_s: float = 120.0,
+        verify: bool = False,
+        device: str = "cpu",
+        arena: WeightArena | None = None,
+    ):
         if bucket_mb < 1:
-            raise ValueError(f"bucket_mb={bucket_mb} must be >= 1; set sync.bucket_mb to the transfer bucket size in MiB")
+            raise ValueError(
+                f"bucket_mb={bucket_mb} must be >= 1; set sync.bucket_mb to the transfer bucket size in MiB"
+            )
         if num_buffers < 1:
             raise ValueError(f"num_buffers={num_buffers} must be >= 1 (2 = double buffering, 1 = lock-step)")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s={timeout_s} must be > 0; set sync.timeout_s to the per-bucket ack deadline")
         self.transport = pick_transport(transport, device)
         if arena is not None and self.transport not in SHARED_TRANSPORTS:
-            raise ValueError(f"a weight arena is shared memory; transport {self.transport} sends from the tensors "
-                             "themselves already (set sync.zero_copy=false or use shm / cuda_ipc)")
+            raise ValueError(
+                f"a weight arena is shared memory; transport {self.transport} sends from the tensors "
+                "themselves already (set sync.zero_copy=false or use shm / cuda_ipc)"
+            )
         self.bucket_bytes = bucket_mb * MiB
         self.num_buffers, self.timeout_s, self.verify, self.device = num_buffers, timeout_s, verify, device
         self.arena = arena  # tensors inside it are sent where they are, without a copy
@@ -123,8 +134,7 @@ class WeightSender:
         self._sync_id = 0
         self._busy = False
 
-    async def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
-                   channels: list[SyncChannel]) -> SyncReport:
+    async def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], channels: list[SyncChannel]) -> SyncReport:
         """Transfer ``named_tensors`` to every channel's receiver; raises ``SyncError`` /
         ``SyncTimeout`` naming the peer (and tensor) when any receiver fails or falls silent."""
         if not channels:
@@ -161,8 +171,10 @@ class WeightSender:
         buffer = self._ensure_buffer(slot_bytes)
         handles = buffer.handles([getattr(ch, "address", ch.name) for ch in channels])
         # receivers map the buffer while the first bucket is being filled; its meta waits for them
-        begun = [asyncio.create_task(self._call(ch, SyncBegin(sync_id, handle, num_tensors, total_bytes, self.verify),
-                                                None)) for ch, handle in zip(channels, handles, strict=True)]
+        begun = [
+            asyncio.create_task(self._call(ch, SyncBegin(sync_id, handle, num_tensors, total_bytes, self.verify), None))
+            for ch, handle in zip(channels, handles, strict=True)
+        ]
         await asyncio.sleep(0)  # SyncBegin goes out before the first copy
         pending: dict[str, _Source] = {}
         counts: collections.Counter = collections.Counter()
@@ -183,18 +195,35 @@ class WeightSender:
             self.close()  # never overwrite bytes a slow receiver might still be reading
             await _cancel(begun)
             raise
-        return SyncReport(sync_id, self.transport, self.num_buffers, buffer.slot_bytes, len(channels),
-                          counts["tensors"], counts["buckets"], counts["bytes"], time.perf_counter() - start,
-                          verified=self.verify)
+        return SyncReport(
+            sync_id,
+            self.transport,
+            self.num_buffers,
+            buffer.slot_bytes,
+            len(channels),
+            counts["tensors"],
+            counts["buckets"],
+            counts["bytes"],
+            time.perf_counter() - start,
+            verified=self.verify,
+        )
 
-    async def _send_resident(self, sync_id: int, start: float, named: list[tuple[str, torch.Tensor]],
-                             offsets: list[int], channels: list[SyncChannel]) -> SyncReport:
+    async def _send_resident(
+        self,
+        sync_id: int,
+        start: float,
+        named: list[tuple[str, torch.Tensor]],
+        offsets: list[int],
+        channels: list[SyncChannel],
+    ) -> SyncReport:
         """Every tensor already sits in the arena: the buckets say where; nothing is copied here."""
         tensors = {name: tensor.detach() for name, tensor in named}
         if len(tensors) != len(named):
             raise ValueError("a tensor name appears twice in one sync; names must be unique")
-        placed = [(TensorSpec(name, dtype_name(t.dtype), list(t.shape), t.numel() * t.element_size()), offset)
-                  for (name, t), offset in zip(tensors.items(), offsets, strict=True)]
+        placed = [
+            (TensorSpec(name, dtype_name(t.dtype), list(t.shape), t.numel() * t.element_size()), offset)
+            for (name, t), offset in zip(tensors.items(), offsets, strict=True)
+        ]
         counts = collections.Counter(tensors=len(placed), bytes=sum(spec.nbytes for spec, _ in placed))
         self.arena.ready()
         begin = SyncBegin(sync_id, self.arena.handle(), counts["tensors"], counts["bytes"], self.verify)
@@ -203,16 +232,40 @@ class WeightSender:
         def checksums_only(bucket_id: int, bucket: Bucket) -> tuple[int, dict | None]:
             return 0, {c.name: tensor_checksum(tensors[c.name]) for c in bucket.chunks} if self.verify else None
 
-        await self._stream(sync_id, resident_buckets(placed, self.bucket_bytes), checksums_only, self.num_buffers,
-                           channels, counts, begun)
+        await self._stream(
+            sync_id,
+            resident_buckets(placed, self.bucket_bytes),
+            checksums_only,
+            self.num_buffers,
+            channels,
+            counts,
+            begun,
+        )
         await self._broadcast(SyncEnd(sync_id), channels)
-        return SyncReport(sync_id, f"{begin.handle.kind}-arena", self.num_buffers, self.arena.size, len(channels),
-                          counts["tensors"], counts["buckets"], counts["bytes"], time.perf_counter() - start,
-                          verified=self.verify)
+        return SyncReport(
+            sync_id,
+            f"{begin.handle.kind}-arena",
+            self.num_buffers,
+            self.arena.size,
+            len(channels),
+            counts["tensors"],
+            counts["buckets"],
+            counts["bytes"],
+            time.perf_counter() - start,
+            verified=self.verify,
+        )
 
-    async def _stream(self, sync_id: int, buckets: Iterator[Bucket], prepare: Prepare, window: int,
-                      channels: list[SyncChannel], counts: collections.Counter, begun: list[asyncio.Task],
-                      post: Callable[[int], None] | None = None) -> None:
+    async def _stream(
+        self,
+        sync_id: int,
+        buckets: Iterator[Bucket],
+        prepare: Prepare,
+        window: int,
+        channels: list[SyncChannel],
+        counts: collections.Counter,
+        begun: list[asyncio.Task],
+        post: Callable[[int], None] | None = None,
+    ) -> None:
         """Send each bucket once every receiver acknowledged the bucket ``window`` places before it
         (the one that last used its slot); ``prepare`` fills it and names its slot, ``post`` starts moving
         its bytes once its meta is on the wire."""
@@ -247,8 +300,7 @@ class WeightSender:
     async def _broadcast(self, request, channels: list[SyncChannel]) -> None:
         await _settle([asyncio.create_task(self._call(ch, request, None)) for ch in channels])
 
-    def _sources(self, named_tensors, pending: dict[str, _Source],
-                 counts: collections.Counter) -> Iterator[TensorSpec]:
+    def _sources(self, named_tensors, pending: dict[str, _Source], counts: collections.Counter) -> Iterator[TensorSpec]:
         seen: set[str] = set()
         for name, tensor in named_tensors:
             if name in seen:
@@ -271,13 +323,13 @@ class WeightSender:
             for c in bucket.chunks:
                 source = pending[c.name]
                 if buffer.sends_from_source:
-                    buffer.send_chunk(source.flat[c.chunk_start:c.chunk_start + c.nbytes], c.offset)
+                    buffer.send_chunk(source.flat[c.chunk_start : c.chunk_start + c.nbytes], c.offset)
                 elif base is not None and source.address is not None:  # CPU to CPU: one memmove, no views
                     if c.offset + c.nbytes > buffer.slot_bytes or c.chunk_start + c.nbytes > source.flat.numel():
                         raise SyncError(f"bucket layout error: chunk of {c.name!r} does not fit its slot or tensor")
                     memmove_at(base + c.offset, source.address + c.chunk_start, c.nbytes)
                 else:
-                    dst[c.offset:c.offset + c.nbytes].copy_(source.flat[c.chunk_start:c.chunk_start + c.nbytes])
+                    dst[c.offset : c.offset + c.nbytes].copy_(source.flat[c.chunk_start : c.chunk_start + c.nbytes])
                 if self.verify and c.chunk_start + c.nbytes == c.total_nbytes:
                     checksums[c.name] = tensor_checksum(source.tensor)
             buffer.ready(slot)
@@ -294,7 +346,9 @@ class WeightSender:
         bucket_id = request.meta.bucket_id if isinstance(request, SyncBucket) else NO_ID
         sync_id = request.meta.sync_id if isinstance(request, SyncBucket) else request.sync_id
         if (ack.sync_id, ack.bucket_id) != (sync_id, bucket_id):
-            raise SyncError(f"{channel.name} answered {label} with an ack for sync {ack.sync_id} bucket {ack.bucket_id}")
+            raise SyncError(
+                f"{channel.name} answered {label} with an ack for sync {ack.sync_id} bucket {ack.bucket_id}"
+            )
         if expected:
             _compare_checksums(channel.name, label, expected, ack.checksums or {})
             tracer.event("sync.verified", peer=channel.name, request=label, tensors=len(expected))
@@ -305,7 +359,9 @@ class WeightSender:
         if buffer is not None and buffer.slot_bytes >= slot_bytes and buffer.num_slots == self.num_buffers:
             return buffer
         self.close()
-        self._buffer = create_buffer(self.transport, align_up(slot_bytes), self.num_buffers, self.device, self.timeout_s)
+        self._buffer = create_buffer(
+            self.transport, align_up(slot_bytes), self.num_buffers, self.device, self.timeout_s
+        )
         return self._buffer
 
 
@@ -356,5 +412,7 @@ def _compare_checksums(peer: str, label: str, expected: dict[str, int], got: dic
         if name not in got:
             raise SyncError(f"{peer} reported no checksum for tensor {name!r} in {label}")
         if got[name] != value:
-            raise SyncError(f"checksum mismatch for tensor {name!r} on {peer} ({label}): "
-                            f"sender {value:#010x}, receiver {got[name]:#010x}")
+            raise SyncError(
+                f"checksum mismatch for tensor {name!r} on {peer} ({label}): "
+                f"sender {value:#010x}, receiver {got[name]:#010x}"
+            )

@@ -56,5 +56,7 @@ def build_task(cfg: TaskConfig, tokenizer_path: str = "") -> Task:
         from rlx.tasks.external import External
 
         return External()
-    raise ValueError(f"task.name={cfg.name!r} is unknown; use tiny_math, gsm8k, running_sum, calc, reasoning_gym, "
-                     "openenv or external")
+    raise ValueError(
+        f"task.name={cfg.name!r} is unknown; use tiny_math, gsm8k, running_sum, calc, reasoning_gym, "
+        "openenv or external"
+    )

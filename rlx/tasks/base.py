@@ -45,16 +45,17 @@ class Task(Protocol):
         """The task's own check of the completion against the ground truth (used for accuracy)."""
 
 
-def task_reward(reward_fn: RewardFn | None, correct: Callable[[], bool], completion: str,
-                problem: Problem) -> float:
+def task_reward(reward_fn: RewardFn | None, correct: Callable[[], bool], completion: str, problem: Problem) -> float:
     """The shared body of ``Task.reward``: the user's function, or 1.0/0.0 from ``correct()``."""
     if reward_fn is None:
         return 1.0 if correct() else 0.0
     value = reward_fn(completion, problem.answer)
     if not isinstance(value, Real) or not math.isfinite(value):
         name = getattr(reward_fn, "__qualname__", repr(reward_fn))
-        raise ValueError(f"reward function {name} (task.reward) returned {type(value).__name__} {value!r}; "
-                         "it must return a finite float")
+        raise ValueError(
+            f"reward function {name} (task.reward) returned {type(value).__name__} {value!r}; "
+            "it must return a finite float"
+        )
     return float(value)
 
 
@@ -62,14 +63,15 @@ PROMPTS_PER_CALL = 4096
 """Prompts tokenized per call when their lengths are checked (the ids of one call are held at once)."""
 
 
-def check_prompt_lengths(problems: list[Problem], count_tokens: Callable[[list[str]], list[int]],
-                         max_model_len: int) -> None:
+def check_prompt_lengths(
+    problems: list[Problem], count_tokens: Callable[[list[str]], list[int]], max_model_len: int
+) -> None:
     """Every prompt leaves room in the context for at least one completion token, as the rollout server
     requires; else a ``ConfigError`` naming the first prompt that does not (its file and row when it was read
     from one), how many do not, and the fix. ``count_tokens``: prompt texts -> their lengths in tokens."""
     too_long: list[tuple[Problem, int]] = []
     for start in range(0, len(problems), PROMPTS_PER_CALL):
-        chunk = problems[start:start + PROMPTS_PER_CALL]
+        chunk = problems[start : start + PROMPTS_PER_CALL]
         lengths = count_tokens([p.prompt for p in chunk])
         too_long += [(p, n) for p, n in zip(chunk, lengths, strict=True) if n >= max_model_len]
     if not too_long:
@@ -77,11 +79,14 @@ def check_prompt_lengths(problems: list[Problem], count_tokens: Callable[[list[s
     problem, length = too_long[0]
     where = problem.source or f"problem {problem.id} of the task"
     longest = max(n for _, n in too_long)
-    others = f" ({len(too_long) - 1} more prompts are too long, the longest {longest} tokens)" if len(too_long) > 1 \
-        else ""
-    raise ConfigError(f"{where}: the prompt is {length} tokens, and rollout.max_model_len={max_model_len} (prompt + "
-                      f"completion) leaves no room for a completion{others}; shorten or drop those prompts, or "
-                      f"raise rollout.max_model_len above {longest}")
+    others = (
+        f" ({len(too_long) - 1} more prompts are too long, the longest {longest} tokens)" if len(too_long) > 1 else ""
+    )
+    raise ConfigError(
+        f"{where}: the prompt is {length} tokens, and rollout.max_model_len={max_model_len} (prompt + "
+        f"completion) leaves no room for a completion{others}; shorten or drop those prompts, or "
+        f"raise rollout.max_model_len above {longest}"
+    )
 
 
 class DataStream:
@@ -121,8 +126,10 @@ class DataStream:
         """Continue from ``state``; it must come from a stream over the same problems and seed."""
         saved = (state.get("seed"), state.get("num_problems"))
         if saved != (self.seed, len(self.problems)):
-            raise ValueError(f"data position was saved with seed={saved[0]} over {saved[1]} problems, but this run "
-                             f"has seed={self.seed} over {len(self.problems)}; resume with the same task config")
+            raise ValueError(
+                f"data position was saved with seed={saved[0]} over {saved[1]} problems, but this run "
+                f"has seed={self.seed} over {len(self.problems)}; resume with the same task config"
+            )
         if not 0 <= state["index"] <= len(self.problems) or state["epoch"] < 0:
             raise ValueError(f"data position {state} is out of range for {len(self.problems)} problems")
         self.epoch, self.index = int(state["epoch"]), int(state["index"])

@@ -55,10 +55,12 @@ def messages(problem: Problem, num_examples: int = len(EXAMPLES)) -> list[dict]:
     turns = []
     for a, b in EXAMPLES[:num_examples]:
         call = {"name": "calc", "arguments": {"expression": f"{a}*{b}"}}
-        turns += [{"role": "user", "content": f"What is {a}*{b}?"},
-                  {"role": "assistant", "content": f"<tool_call>{json.dumps(call)}</tool_call>"},
-                  {"role": "tool", "content": str(a * b)},
-                  {"role": "assistant", "content": str(a * b)}]
+        turns += [
+            {"role": "user", "content": f"What is {a}*{b}?"},
+            {"role": "assistant", "content": f"<tool_call>{json.dumps(call)}</tool_call>"},
+            {"role": "tool", "content": str(a * b)},
+            {"role": "assistant", "content": str(a * b)},
+        ]
     return turns + [{"role": "user", "content": f"What is {problem.prompt.rstrip('=')}?"}]
 
 
@@ -95,14 +97,18 @@ class Calc:
         from rlx.config.errors import ConfigError
 
         if cfg.max_operand < 11 or cfg.max_operand > 99:
-            raise ConfigError(f"task.max_operand={cfg.max_operand}: the calc task multiplies 2-digit numbers; "
-                              "set task.max_operand in [11, 99]")
+            raise ConfigError(
+                f"task.max_operand={cfg.max_operand}: the calc task multiplies 2-digit numbers; "
+                "set task.max_operand in [11, 99]"
+            )
         rng, taken = random.Random(cfg.seed), set()
         eval_ = draw(cfg.num_eval, cfg.max_operand, rng, taken)
         train = draw(cfg.num_train, cfg.max_operand, rng, taken)
         if not train:
-            raise ConfigError(f"task.num_eval={cfg.num_eval} leaves no calc problems to train on with "
-                              f"task.max_operand={cfg.max_operand}; lower task.num_eval")
+            raise ConfigError(
+                f"task.num_eval={cfg.num_eval} leaves no calc problems to train on with "
+                f"task.max_operand={cfg.max_operand}; lower task.num_eval"
+            )
         return cls(train, eval_, reward_fn, cfg.num_examples)
 
     def transcript(self, problem: Problem) -> str:

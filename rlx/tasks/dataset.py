@@ -29,13 +29,17 @@ def read_dataset(path: str, fmt: str = "auto", config_key: str = "task.path") ->
 
     file = Path(path).expanduser()
     if not file.exists():
-        raise FileNotFoundError(f"{config_key}={path!r}: no such file or directory; set {config_key} to a local "
-                                ".jsonl or .parquet file or a datasets save_to_disk directory")
+        raise FileNotFoundError(
+            f"{config_key}={path!r}: no such file or directory; set {config_key} to a local "
+            ".jsonl or .parquet file or a datasets save_to_disk directory"
+        )
     if fmt == "auto":
         fmt = "hf_disk" if file.is_dir() else SUFFIX_FORMATS.get(file.suffix, "")
         if not fmt:
-            raise ConfigError(f"{config_key}={path!r}: cannot tell the format from {file.suffix!r}; use a .jsonl or "
-                              ".parquet file, or set task.format to jsonl, parquet or hf_disk")
+            raise ConfigError(
+                f"{config_key}={path!r}: cannot tell the format from {file.suffix!r}; use a .jsonl or "
+                ".parquet file, or set task.format to jsonl, parquet or hf_disk"
+            )
     if (fmt == "hf_disk") != file.is_dir():
         want = "a directory written by datasets' save_to_disk" if fmt == "hf_disk" else "a file"
         raise ConfigError(f"{config_key}={path!r} with task.format={fmt} must be {want}; fix task.format or the path")
@@ -46,24 +50,32 @@ def read_dataset(path: str, fmt: str = "auto", config_key: str = "task.path") ->
             pass
         return read_rows(str(file), config_key, fmt)
     except PermissionError:
-        raise ConfigError(f"{config_key}={path!r} is not readable (permission denied); fix its permissions or "
-                          "copy it somewhere you can read") from None
+        raise ConfigError(
+            f"{config_key}={path!r} is not readable (permission denied); fix its permissions or "
+            "copy it somewhere you can read"
+        ) from None
 
 
 def _read_hf_disk(directory: Path, config_key: str) -> list[dict]:
     try:
         import datasets
     except ImportError:
-        raise ConfigError(f"reading {directory} (task.format=hf_disk) needs the datasets library: "
-                          "pip install 'rlx[data]' (or pip install datasets)") from None
+        raise ConfigError(
+            f"reading {directory} (task.format=hf_disk) needs the datasets library: "
+            "pip install 'rlx[data]' (or pip install datasets)"
+        ) from None
     try:
         data = datasets.load_from_disk(str(directory))
     except (FileNotFoundError, ValueError, OSError) as exc:
-        raise ConfigError(f"{config_key}={str(directory)!r} is not a datasets save_to_disk directory "
-                          f"({str(exc).splitlines()[0]}); write it with Dataset.save_to_disk") from None
+        raise ConfigError(
+            f"{config_key}={str(directory)!r} is not a datasets save_to_disk directory "
+            f"({str(exc).splitlines()[0]}); write it with Dataset.save_to_disk"
+        ) from None
     if isinstance(data, datasets.DatasetDict):
-        raise ConfigError(f"{config_key}={str(directory)!r} holds the splits {sorted(data)}; point {config_key} at "
-                          f"one split's directory, e.g. {directory / next(iter(data))}")
+        raise ConfigError(
+            f"{config_key}={str(directory)!r} holds the splits {sorted(data)}; point {config_key} at "
+            f"one split's directory, e.g. {directory / next(iter(data))}"
+        )
     return data.to_list()
 
 
@@ -73,8 +85,10 @@ def check_columns(rows: list[dict], columns: dict[str, str], config_key: str) ->
         for column, key in columns.items():
             if not isinstance(row, dict) or column not in row:
                 found = ", ".join(sorted(row)) if isinstance(row, dict) else f"a {type(row).__name__}, not an object"
-                raise ConfigError(f"{config_key} row {i} has no column {column!r} (its columns: {found}); "
-                                  f"set {key} to the column that holds it")
+                raise ConfigError(
+                    f"{config_key} row {i} has no column {column!r} (its columns: {found}); "
+                    f"set {key} to the column that holds it"
+                )
 
 
 class PromptMaker:
@@ -105,8 +119,10 @@ class PromptMaker:
         if c.messages_key:
             messages = row[c.messages_key]
             if not (isinstance(messages, list) and all(isinstance(m, dict) and "role" in m for m in messages)):
-                raise ConfigError(f"{where}: column {c.messages_key!r} (task.messages_key) must hold a list of "
-                                  "{role, content} messages")
+                raise ConfigError(
+                    f"{where}: column {c.messages_key!r} (task.messages_key) must hold a list of "
+                    "{role, content} messages"
+                )
         else:
             messages = [{"role": "user", "content": c.prompt_template.format(question=row[c.question_key])}]
         return self.chat.render(messages, tools)

@@ -35,8 +35,9 @@ def read_rows(path: str, config_key: str = "task.path", fmt: str = "") -> list[d
     overrides the suffix."""
     file = Path(path).expanduser()
     if not file.is_file():
-        raise FileNotFoundError(f"{config_key}={path!r}: no such file; set {config_key} to a local "
-                                ".jsonl or .parquet file")
+        raise FileNotFoundError(
+            f"{config_key}={path!r}: no such file; set {config_key} to a local .jsonl or .parquet file"
+        )
     if fmt == "parquet" or (not fmt and file.suffix == ".parquet"):
         return _read_parquet(file, config_key)
     if not fmt and file.suffix not in (".jsonl", ".json"):
@@ -44,8 +45,9 @@ def read_rows(path: str, config_key: str = "task.path", fmt: str = "") -> list[d
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{config_key}={path!r} is not UTF-8 text (byte offset {exc.start}); save it as UTF-8 "
-                          "JSON lines") from None
+        raise ConfigError(
+            f"{config_key}={path!r} is not UTF-8 text (byte offset {exc.start}); save it as UTF-8 JSON lines"
+        ) from None
     rows = []
     for number, line in enumerate(text.splitlines(), start=1):
         if line.strip():
@@ -66,8 +68,10 @@ def _read_parquet(file: Path, config_key: str) -> list[dict]:
     try:
         return pq.read_table(file).to_pylist()
     except (pa.ArrowException, OSError) as exc:
-        raise ConfigError(f"{config_key}={str(file)!r} is not a readable Parquet file ({str(exc).splitlines()[0]}); "
-                          "re-copy or re-export it, or give a .jsonl file") from None
+        raise ConfigError(
+            f"{config_key}={str(file)!r} is not a readable Parquet file ({str(exc).splitlines()[0]}); "
+            "re-copy or re-export it, or give a .jsonl file"
+        ) from None
 
 
 def ground_truth(answer) -> str:
@@ -82,12 +86,20 @@ def ground_truth(answer) -> str:
     return plain
 
 
-def to_problems(rows: list[dict], cfg: TaskConfig, first_id: int, config_key: str, make_prompt: PromptMaker) -> list[Problem]:
+def to_problems(
+    rows: list[dict], cfg: TaskConfig, first_id: int, config_key: str, make_prompt: PromptMaker
+) -> list[Problem]:
     check_columns(rows, {**make_prompt.columns(), cfg.answer_key: "task.answer_key"}, config_key)
     path = getattr(cfg, config_key.rsplit(".", maxsplit=1)[-1])  # task.path or task.eval_path
-    return [Problem(id=first_id + i, prompt=make_prompt(row, f"{config_key} row {i}"),
-                    answer=ground_truth(row[cfg.answer_key]), source=f"{config_key}={path!r} row {i}")
-            for i, row in enumerate(rows)]
+    return [
+        Problem(
+            id=first_id + i,
+            prompt=make_prompt(row, f"{config_key} row {i}"),
+            answer=ground_truth(row[cfg.answer_key]),
+            source=f"{config_key}={path!r} row {i}",
+        )
+        for i, row in enumerate(rows)
+    ]
 
 
 def extract_answer(completion: str, pattern: re.Pattern) -> str | None:
@@ -124,10 +136,12 @@ class Gsm8k:
             eval_rows = read_dataset(cfg.eval_path, cfg.format, "task.eval_path")
             eval_ = to_problems(eval_rows, cfg, len(train), "task.eval_path", make_prompt)
         elif cfg.num_eval >= len(train):
-            raise ConfigError(f"task.num_eval={cfg.num_eval} leaves no training rows out of {len(train)} in "
-                              f"{cfg.path}; lower task.num_eval or set task.eval_path")
+            raise ConfigError(
+                f"task.num_eval={cfg.num_eval} leaves no training rows out of {len(train)} in "
+                f"{cfg.path}; lower task.num_eval or set task.eval_path"
+            )
         else:
-            train, eval_ = train[:len(train) - cfg.num_eval], train[len(train) - cfg.num_eval:]
+            train, eval_ = train[: len(train) - cfg.num_eval], train[len(train) - cfg.num_eval :]
         return cls(train, eval_, pattern, reward_fn)
 
     def is_correct(self, completion: str, problem: Problem) -> bool:
@@ -149,5 +163,7 @@ def _check_template(template: str) -> None:
     try:
         template.format(question="")
     except (KeyError, IndexError, ValueError) as exc:
-        raise ConfigError(f"task.prompt_template={template!r} cannot be filled: {exc!r}; use {{question}} for "
-                          "the question and double braces {{{{ }}}} for literal ones") from None
+        raise ConfigError(
+            f"task.prompt_template={template!r} cannot be filled: {exc!r}; use {{question}} for "
+            "the question and double braces {{{{ }}}} for literal ones"
+        ) from None

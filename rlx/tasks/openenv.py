@@ -25,7 +25,7 @@ class OpenEnvTask:
         """``task.num_eval`` held-out seeds (0, 1, ...), then ``task.num_train`` train seeds."""
         seeds = range(cfg.num_eval + cfg.num_train)
         problems = [Problem(id=s, prompt="", answer="", source=f"OpenEnv reset seed={s}") for s in seeds]
-        return cls(problems[cfg.num_eval:], problems[:cfg.num_eval])
+        return cls(problems[cfg.num_eval :], problems[: cfg.num_eval])
 
     def is_correct(self, completion: str, problem: Problem) -> bool:
         return False  # no ground truth: the environment's reward is the only judgement

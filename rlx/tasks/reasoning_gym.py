@@ -35,15 +35,19 @@ def generated_entries(cfg: TaskConfig) -> tuple:
     try:
         import reasoning_gym
     except ImportError:
-        raise ConfigError("task.name=reasoning_gym needs the reasoning-gym library: pip install reasoning-gym "
-                          "(or export its entries to JSONL where it is installed and use task.name=gsm8k)") from None
+        raise ConfigError(
+            "task.name=reasoning_gym needs the reasoning-gym library: pip install reasoning-gym "
+            "(or export its entries to JSONL where it is installed and use task.name=gsm8k)"
+        ) from None
     size = cfg.num_train + cfg.num_eval
     try:
         dataset = reasoning_gym.create_dataset(cfg.dataset, size=size, seed=cfg.seed, **dict(cfg.dataset_config))
     except (KeyError, ValueError, TypeError, AssertionError) as exc:
-        raise ConfigError(f"reasoning-gym refused task.dataset={cfg.dataset!r} with task.dataset_config="
-                          f"{dict(cfg.dataset_config)}: {exc}; see reasoning_gym.factory.DATASETS for the names "
-                          "and each dataset's config class for its options") from None
+        raise ConfigError(
+            f"reasoning-gym refused task.dataset={cfg.dataset!r} with task.dataset_config="
+            f"{dict(cfg.dataset_config)}: {exc}; see reasoning_gym.factory.DATASETS for the names "
+            "and each dataset's config class for its options"
+        ) from None
     return dataset, [dataset[i] for i in range(size)]
 
 
@@ -63,9 +67,11 @@ class ReasoningGym:
 
         dataset, entries = generated_entries(cfg)
         make_prompt = PromptMaker(cfg, tokenizer_path)
-        problems = [Problem(id=i, prompt=make_prompt({cfg.question_key: e["question"]}, f"entry {i}"),
-                            answer=str(e["answer"])) for i, e in enumerate(entries)]
-        train, eval_ = problems[:cfg.num_train], problems[cfg.num_train:]
+        problems = [
+            Problem(id=i, prompt=make_prompt({cfg.question_key: e["question"]}, f"entry {i}"), answer=str(e["answer"]))
+            for i, e in enumerate(entries)
+        ]
+        train, eval_ = problems[: cfg.num_train], problems[cfg.num_train :]
         return cls(train, eval_, _compile(cfg.answer_pattern), dataset, dict(enumerate(entries)), reward_fn)
 
     def score(self, completion: str, problem: Problem) -> float:

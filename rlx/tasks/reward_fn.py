@@ -20,16 +20,20 @@ def load_reward_fn(spec: str, config_key: str = "task.reward") -> RewardFn:
     if not sep or not module_name or not function_name:
         raise ConfigError(f"{config_key}={spec!r} must be 'module:function', e.g. 'my_rewards:score'")
     if module_name.startswith("."):
-        raise ConfigError(f"{config_key}={spec!r}: {module_name!r} is a relative module name; write the full "
-                          f"name of a module on PYTHONPATH, e.g. 'my_rewards:{function_name}'")
+        raise ConfigError(
+            f"{config_key}={spec!r}: {module_name!r} is a relative module name; write the full "
+            f"name of a module on PYTHONPATH, e.g. 'my_rewards:{function_name}'"
+        )
     module = _import(module_name, spec, config_key)
     try:
         function = getattr(module, function_name)
     except AttributeError as exc:
         raise ConfigError(f"{config_key}={spec!r}: module {module_name!r} has no function {function_name!r}") from exc
     if not callable(function):
-        raise ConfigError(f"{config_key}={spec!r}: {module_name}.{function_name} is a "
-                          f"{type(function).__name__}, not a function (completion, answer) -> float")
+        raise ConfigError(
+            f"{config_key}={spec!r}: {module_name}.{function_name} is a "
+            f"{type(function).__name__}, not a function (completion, answer) -> float"
+        )
     return function
 
 
@@ -39,14 +43,18 @@ def _import(module_name: str, spec: str, config_key: str):
         return importlib.import_module(module_name)
     except ImportError as exc:
         if exc.name is not None and (module_name + ".").startswith(exc.name + "."):  # the module itself is missing
-            raise ConfigError(f"{config_key}={spec!r}: cannot import module {module_name!r} ({exc}); "
-                              "put it on PYTHONPATH or fix the module name") from exc
+            raise ConfigError(
+                f"{config_key}={spec!r}: cannot import module {module_name!r} ({exc}); "
+                "put it on PYTHONPATH or fix the module name"
+            ) from exc
         failure = exc
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - user code may raise anything (even exit) while imported
         failure = exc
-    raise ConfigError(f"{config_key}={spec!r}: importing {module_name!r} failed at {_where(failure)}: "
-                      f"{type(failure).__name__}: {failure}; fix the module (or test it with "
-                      f"python -c 'import {module_name}')") from failure
+    raise ConfigError(
+        f"{config_key}={spec!r}: importing {module_name!r} failed at {_where(failure)}: "
+        f"{type(failure).__name__}: {failure}; fix the module (or test it with "
+        f"python -c 'import {module_name}')"
+    ) from failure
 
 
 def _where(exc: BaseException) -> str:

@@ -25,16 +25,22 @@ OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b
 
 def all_problems(max_operand: int, operators: str) -> list[Problem]:
     """Every problem, in a fixed order (operator, then a, then b); ids are positions in it."""
-    texts = [(f"{a}{op}{b}=", str(OPERATIONS[op](a, b)))
-             for op in operators for a in range(max_operand + 1) for b in range(max_operand + 1)]
+    texts = [
+        (f"{a}{op}{b}=", str(OPERATIONS[op](a, b)))
+        for op in operators
+        for a in range(max_operand + 1)
+        for b in range(max_operand + 1)
+    ]
     return [Problem(id=i, prompt=prompt, answer=answer) for i, (prompt, answer) in enumerate(texts)]
 
 
 def split(problems: list[Problem], num_eval: int, seed: int) -> tuple[list[Problem], list[Problem]]:
     """(train, eval): ``num_eval`` problems drawn with ``seed``, both kept in id order."""
     if num_eval >= len(problems):
-        raise ConfigError(f"task.num_eval={num_eval} leaves no training problems out of {len(problems)}; "
-                          "lower task.num_eval or raise task.max_operand")
+        raise ConfigError(
+            f"task.num_eval={num_eval} leaves no training problems out of {len(problems)}; "
+            "lower task.num_eval or raise task.max_operand"
+        )
     held_out = set(random.Random(seed).sample(range(len(problems)), num_eval))
     train = [p for p in problems if p.id not in held_out]
     return train, [p for p in problems if p.id in held_out]

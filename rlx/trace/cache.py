@@ -53,8 +53,16 @@ MAX_CACHE_BYTES = 2 << 30
 _ALIGN = 64
 _PREFIX = len(MAGIC) + 8  # magic, manifest length
 
-_SPAN_COLUMNS = {"proc": np.int32, "name": np.int32, "start": np.int64, "end": np.int64, "parent": np.int32,
-                 "depth": np.int16, "request": np.int32, "status": np.int8}
+_SPAN_COLUMNS = {
+    "proc": np.int32,
+    "name": np.int32,
+    "start": np.int64,
+    "end": np.int64,
+    "parent": np.int32,
+    "depth": np.int16,
+    "request": np.int32,
+    "status": np.int8,
+}
 _EVENT_COLUMNS = {"proc": np.int32, "name": np.int32, "time": np.int64, "parent": np.int32, "request": np.int32}
 _OTHER_ARRAYS = {"end_owner": np.int64, "request_offsets": np.int64, "request_blob": np.uint8}
 _ATTR_KINDS = ("begin_attrs", "end_attrs", "event_attrs")
@@ -107,8 +115,14 @@ def cache_dir() -> Path | None:
 
 def _source(path: Path) -> _Source:
     st = path.stat()
-    return _Source(path=str(path.resolve()), device=st.st_dev, inode=st.st_ino, size=st.st_size,
-                   mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
+    return _Source(
+        path=str(path.resolve()),
+        device=st.st_dev,
+        inode=st.st_ino,
+        size=st.st_size,
+        mtime_ns=st.st_mtime_ns,
+        ctime_ns=st.st_ctime_ns,
+    )
 
 
 class TraceCache:
@@ -177,18 +191,39 @@ class TraceCache:
         request_ids = PackedStrings(arrays["request_blob"], arrays["request_offsets"])
         lines = [FileLines(o.data, o.body_start, o.path) for o in opened]
         attrs = {kind: self._attr_column(manifest, kind, lines, arrays) for kind in _ATTR_KINDS}
-        if (len(attrs["begin_attrs"]), len(attrs["end_attrs"]), len(attrs["event_attrs"])) != \
-                (manifest.num_spans, len(owner), manifest.num_events):
+        if (len(attrs["begin_attrs"]), len(attrs["end_attrs"]), len(attrs["event_attrs"])) != (
+            manifest.num_spans,
+            len(owner),
+            manifest.num_events,
+        ):
             raise BadCache("attribute counts")
-        processes = [Process(index=k, name=o.header.name, role=o.header.role, pid=o.header.pid, host=o.header.host,
-                             path=o.path, offset_ns=manifest.offsets_ns[k], end_ns=manifest.end_ns[k])
-                     for k, o in enumerate(opened)]
+        processes = [
+            Process(
+                index=k,
+                name=o.header.name,
+                role=o.header.role,
+                pid=o.header.pid,
+                host=o.header.host,
+                path=o.path,
+                offset_ns=manifest.offsets_ns[k],
+                end_ns=manifest.end_ns[k],
+            )
+            for k, o in enumerate(opened)
+        ]
         return Trace(
-            processes=processes, names=manifest.names, request_ids=request_ids,
-            spans=Spans(**spans, begin_attrs=attrs["begin_attrs"], end_attrs=LaterAttrs(owner, attrs["end_attrs"]),
-                        errors=dict(manifest.span_errors)),
+            processes=processes,
+            names=manifest.names,
+            request_ids=request_ids,
+            spans=Spans(
+                **spans,
+                begin_attrs=attrs["begin_attrs"],
+                end_attrs=LaterAttrs(owner, attrs["end_attrs"]),
+                errors=dict(manifest.span_errors),
+            ),
             events=Events(**events, attrs=attrs["event_attrs"]),
-            origin_wall_ns=manifest.origin_wall_ns, warnings=manifest.warnings)
+            origin_wall_ns=manifest.origin_wall_ns,
+            warnings=manifest.warnings,
+        )
 
     @staticmethod
     def _attr_column(manifest: _Manifest, kind: str, lines: list[FileLines], arrays: dict) -> AttrColumn:
@@ -245,10 +280,19 @@ class TraceCache:
                 arrays[name] = segment.rows
                 segments.setdefault(kind, []).append((file_of[segment.lines.path], name))
         manifest = _Manifest(
-            version=CACHE_VERSION, sources=self.sources, offsets_ns=[p.offset_ns for p in trace.processes],
-            end_ns=[p.end_ns for p in trace.processes], names=list(trace.names), origin_wall_ns=trace.origin_wall_ns,
-            num_spans=len(spans), num_events=len(events), span_errors=sorted(spans.errors.items()),
-            segments=segments, arrays=[], warnings=list(trace.warnings))
+            version=CACHE_VERSION,
+            sources=self.sources,
+            offsets_ns=[p.offset_ns for p in trace.processes],
+            end_ns=[p.end_ns for p in trace.processes],
+            names=list(trace.names),
+            origin_wall_ns=trace.origin_wall_ns,
+            num_spans=len(spans),
+            num_events=len(events),
+            span_errors=sorted(spans.errors.items()),
+            segments=segments,
+            arrays=[],
+            warnings=list(trace.warnings),
+        )
         _write(f, manifest, arrays)
 
     def _remove(self) -> None:
@@ -305,7 +349,7 @@ class PackedStrings(Sequence):
             i += len(self)
         if not 0 <= i < len(self):
             raise IndexError(f"request id {i} out of range ({len(self)})")
-        return self._bytes[int(self.offsets[i]):int(self.offsets[i + 1])].decode("utf-8", "replace")
+        return self._bytes[int(self.offsets[i]) : int(self.offsets[i + 1])].decode("utf-8", "replace")
 
     def __iter__(self):
         return (self[k] for k in range(len(self)))
@@ -319,10 +363,10 @@ class PackedStrings(Sequence):
 def _count_lines(lines: FileLines) -> int:
     cached = lines.num_lines
     if cached is None:
-        data = memoryview(lines.data)[lines.body_start:] if len(lines.data) else memoryview(b"")
+        data = memoryview(lines.data)[lines.body_start :] if len(lines.data) else memoryview(b"")
         u = np.frombuffer(data, np.uint8)
         step = 1 << 20
-        cached = sum(int(np.count_nonzero(u[k:k + step] == 10)) for k in range(0, len(u), step))
+        cached = sum(int(np.count_nonzero(u[k : k + step] == 10)) for k in range(0, len(u), step))
         lines.num_lines = cached
     return cached
 
@@ -384,14 +428,14 @@ _manifest_decoder = msgspec.json.Decoder(_Manifest)
 
 
 def _read(buffer: bytes) -> tuple[_Manifest, dict[str, np.ndarray]]:
-    if len(buffer) < _PREFIX + 4 or buffer[:len(MAGIC)] != MAGIC:
+    if len(buffer) < _PREFIX + 4 or buffer[: len(MAGIC)] != MAGIC:
         raise BadCache("not a trace cache")
     if zlib.crc32(memoryview(buffer)[:-4]) != int.from_bytes(buffer[-4:], "little"):
         raise BadCache("checksum")
-    size = int.from_bytes(buffer[len(MAGIC):_PREFIX], "little")
+    size = int.from_bytes(buffer[len(MAGIC) : _PREFIX], "little")
     if _PREFIX + size > len(buffer) - 4:
         raise BadCache("manifest length")
-    manifest = _manifest_decoder.decode(memoryview(buffer)[_PREFIX:_PREFIX + size])
+    manifest = _manifest_decoder.decode(memoryview(buffer)[_PREFIX : _PREFIX + size])
     start = -(-(_PREFIX + size) // _ALIGN) * _ALIGN
     arrays = {}
     for entry in manifest.arrays:

@@ -46,6 +46,7 @@ def arrow() -> bool:
         pa, pj = pyarrow, pyarrow.json
     return True
 
+
 KINDS = ("X", "B", "E", "I")
 # what each kind must have (format.py's required fields)
 _REQUIRED = {"X": ("i", "n", "t", "d"), "B": ("i", "n", "t"), "E": ("i", "t"), "I": ("n", "t")}
@@ -70,7 +71,7 @@ class FileLines:
     @property
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
         if self._bounds is None:
-            starts, ends = _line_bounds(memoryview(self.data)[self.body_start:])
+            starts, ends = _line_bounds(memoryview(self.data)[self.body_start :])
             self._bounds = starts + self.body_start, ends + self.body_start
         return self._bounds
 
@@ -107,7 +108,7 @@ class LineAttrs:
         return len(self.rows)
 
     def __getitem__(self, k: int) -> msgspec.Raw:
-        line = memoryview(self.data)[int(self.starts[k]):int(self.ends[k])]
+        line = memoryview(self.data)[int(self.starts[k]) : int(self.ends[k])]
         return _attrs_decoder.decode(line).a
 
     def __iter__(self):
@@ -142,10 +143,10 @@ class KindColumns:
     t: np.ndarray
     d: np.ndarray
     p: np.ndarray
-    name_codes: np.ndarray      # int32 index into name_values
+    name_codes: np.ndarray  # int32 index into name_values
     name_values: list[str]
     requests: object
-    errors: dict[int, str]      # row -> error
+    errors: dict[int, str]  # row -> error
     attrs: object
 
     def __len__(self) -> int:
@@ -159,20 +160,32 @@ class KindColumns:
         def column(attr: str) -> np.ndarray:
             return np.fromiter((getattr(r, attr, 0) for r in records), np.int64, n)
 
-        return cls(i=column("i"), t=column("t"), d=column("d"), p=column("p"),
-                   name_codes=np.arange(n, dtype=np.int32), name_values=[getattr(r, "n", "") for r in records],
-                   requests=[r.r for r in records],
-                   errors={k: r.err for k, r in enumerate(records) if getattr(r, "err", None) is not None},
-                   attrs=[r.a for r in records])
+        return cls(
+            i=column("i"),
+            t=column("t"),
+            d=column("d"),
+            p=column("p"),
+            name_codes=np.arange(n, dtype=np.int32),
+            name_values=[getattr(r, "n", "") for r in records],
+            requests=[r.r for r in records],
+            errors={k: r.err for k, r in enumerate(records) if getattr(r, "err", None) is not None},
+            attrs=[r.a for r in records],
+        )
 
     def take(self, rows: np.ndarray) -> KindColumns:
         """The given rows (sorted), as columns of their own."""
         new_row = {int(old): k for k, old in enumerate(rows.tolist()) if int(old) in self.errors}
-        return KindColumns(i=self.i[rows], t=self.t[rows], d=self.d[rows], p=self.p[rows],
-                           name_codes=self.name_codes[rows], name_values=self.name_values,
-                           requests=take_values(self.requests, rows),
-                           errors={k: self.errors[old] for old, k in new_row.items()},
-                           attrs=take_values(self.attrs, rows))
+        return KindColumns(
+            i=self.i[rows],
+            t=self.t[rows],
+            d=self.d[rows],
+            p=self.p[rows],
+            name_codes=self.name_codes[rows],
+            name_values=self.name_values,
+            requests=take_values(self.requests, rows),
+            errors={k: self.errors[old] for old, k in new_row.items()},
+            attrs=take_values(self.attrs, rows),
+        )
 
 
 def take_values(values, rows: np.ndarray):
@@ -209,9 +222,11 @@ def read_columns(data, header: Header, body_start: int, path=None) -> ColumnarFi
         return None  # empty, or a last line cut short: the reader counts it
     body = memoryview(data)[body_start:]
     try:
-        table = pj.read_json(pa.py_buffer(body), read_options=pj.ReadOptions(block_size=4 << 20),
-                             parse_options=pj.ParseOptions(explicit_schema=_schema(),
-                                                           unexpected_field_behavior="ignore"))
+        table = pj.read_json(
+            pa.py_buffer(body),
+            read_options=pj.ReadOptions(block_size=4 << 20),
+            parse_options=pj.ParseOptions(explicit_schema=_schema(), unexpected_field_behavior="ignore"),
+        )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         return None
     if table.num_rows != _count_lines(body):
@@ -253,7 +268,7 @@ def _kind_letters(column) -> np.ndarray | None:
 def _count_lines(body: memoryview, step: int = 1 << 20) -> int:
     """Newlines in ``body``, a megabyte at a time (a mask of the whole file would be as large as it)."""
     u = np.frombuffer(body, np.uint8)
-    return sum(int(np.count_nonzero(u[k:k + step] == 10)) for k in range(0, len(u), step))
+    return sum(int(np.count_nonzero(u[k : k + step] == 10)) for k in range(0, len(u), step))
 
 
 def _line_bounds(body: memoryview) -> tuple[np.ndarray, np.ndarray]:
@@ -267,8 +282,9 @@ def _line_bounds(body: memoryview) -> tuple[np.ndarray, np.ndarray]:
         return np.r_[0, ends[:-1] + 1].astype(np.int64), ends
     import pyarrow.compute as pc
 
-    whole = pa.LargeBinaryArray.from_buffers(pa.large_binary(), 1, [None, pa.py_buffer(np.array([0, len(body)], np.int64)),
-                                                                    pa.py_buffer(body)])
+    whole = pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), 1, [None, pa.py_buffer(np.array([0, len(body)], np.int64)), pa.py_buffer(body)]
+    )
     pieces = pc.split_pattern(whole, b"\n").values  # the last piece is the empty one after the final newline
     offsets = np.frombuffer(pieces.buffers()[1], np.int64, len(pieces) + 1)
     shift = np.arange(len(pieces) - 1, dtype=np.int64)
@@ -282,10 +298,17 @@ def _kind_columns(x, attrs: LineAttrs) -> KindColumns:
     if err.null_count < len(err):
         rows = np.flatnonzero(valid_mask(err))
         errors = dict(zip(rows.tolist(), err.take(arrow_indices(rows)).to_pylist(), strict=True))
-    return KindColumns(i=_ints(x, "i"), t=_ints(x, "t"), d=_ints(x, "d"), p=_ints(x, "p"),
-                       name_codes=to_numpy(names.indices, np.int32, -1),
-                       name_values=names.dictionary.to_pylist(),
-                       requests=x.column("r").combine_chunks(), errors=errors, attrs=attrs)
+    return KindColumns(
+        i=_ints(x, "i"),
+        t=_ints(x, "t"),
+        d=_ints(x, "d"),
+        p=_ints(x, "p"),
+        name_codes=to_numpy(names.indices, np.int32, -1),
+        name_values=names.dictionary.to_pylist(),
+        requests=x.column("r").combine_chunks(),
+        errors=errors,
+        attrs=attrs,
+    )
 
 
 _NUMPY_TYPES = {"int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64}
@@ -318,7 +341,7 @@ def valid_mask(array) -> np.ndarray:
     if array.null_count == n:
         return np.zeros(n, bool)
     bits = np.unpackbits(np.frombuffer(validity, np.uint8), bitorder="little")
-    return bits[array.offset:array.offset + n].astype(bool)
+    return bits[array.offset : array.offset + n].astype(bool)
 
 
 def arrow_indices(rows: np.ndarray):
@@ -328,8 +351,18 @@ def arrow_indices(rows: np.ndarray):
 
 
 def _schema():
-    return pa.schema([("k", pa.string()), ("i", pa.int64()), ("n", pa.string()), ("t", pa.int64()),
-                      ("d", pa.int64()), ("p", pa.int64()), ("r", pa.string()), ("err", pa.string())])
+    return pa.schema(
+        [
+            ("k", pa.string()),
+            ("i", pa.int64()),
+            ("n", pa.string()),
+            ("t", pa.int64()),
+            ("d", pa.int64()),
+            ("p", pa.int64()),
+            ("r", pa.string()),
+            ("err", pa.string()),
+        ]
+    )
 
 
 def _ints(table, name: str) -> np.ndarray:

@@ -57,8 +57,7 @@ class Header(msgspec.Struct, tag="H", tag_field="k", kw_only=True):
     mono_ns: Int64
 
 
-class Begin(msgspec.Struct, tag="B", tag_field="k", kw_only=True, omit_defaults=True,
-             gc=False):
+class Begin(msgspec.Struct, tag="B", tag_field="k", kw_only=True, omit_defaults=True, gc=False):
     i: Int64
     n: str
     t: Int64
@@ -67,8 +66,7 @@ class Begin(msgspec.Struct, tag="B", tag_field="k", kw_only=True, omit_defaults=
     a: msgspec.Raw = NO_ATTRS
 
 
-class Complete(msgspec.Struct, tag="X", tag_field="k", kw_only=True, omit_defaults=True,
-               gc=False):
+class Complete(msgspec.Struct, tag="X", tag_field="k", kw_only=True, omit_defaults=True, gc=False):
     i: Int64
     n: str
     t: Int64
@@ -79,8 +77,7 @@ class Complete(msgspec.Struct, tag="X", tag_field="k", kw_only=True, omit_defaul
     err: str | None = None
 
 
-class End(msgspec.Struct, tag="E", tag_field="k", kw_only=True, omit_defaults=True,
-             gc=False):
+class End(msgspec.Struct, tag="E", tag_field="k", kw_only=True, omit_defaults=True, gc=False):
     i: Int64
     t: Int64
     r: str | int | None = None
@@ -88,8 +85,7 @@ class End(msgspec.Struct, tag="E", tag_field="k", kw_only=True, omit_defaults=Tr
     err: str | None = None
 
 
-class Instant(msgspec.Struct, tag="I", tag_field="k", kw_only=True, omit_defaults=True,
-             gc=False):
+class Instant(msgspec.Struct, tag="I", tag_field="k", kw_only=True, omit_defaults=True, gc=False):
     n: str
     t: Int64
     p: Int64 = 0

@@ -46,9 +46,11 @@ def find_trace_files(path: str | Path) -> list[Path]:
     if not path.exists():
         run_dir = path.parent if path.name == "trace" else None
         if run_dir is not None and (run_dir / "config.yaml").is_file():  # a run that recorded no trace
-            raise FileNotFoundError(f"no such trace file or directory: {path}; the run in {run_dir} recorded no "
-                                    "trace (trace.enabled is off in its config); run it again with "
-                                    "trace.enabled=true to record one")
+            raise FileNotFoundError(
+                f"no such trace file or directory: {path}; the run in {run_dir} recorded no "
+                "trace (trace.enabled is off in its config); run it again with "
+                "trace.enabled=true to record one"
+            )
         raise FileNotFoundError(f"no such trace file or directory: {path}")
     if path.is_file():
         return [path]
@@ -56,8 +58,10 @@ def find_trace_files(path: str | Path) -> list[Path]:
     if not files and (path / "trace").is_dir():
         files = [f for f in sorted((path / "trace").glob("*.jsonl")) if f.is_file() and is_trace_file(f)]
     if not files:
-        raise TraceError(f"no rlx trace files in {path} (looked for *.jsonl files that start with a "
-                         f"trace header); record one by setting trace.enabled=true in the run config")
+        raise TraceError(
+            f"no rlx trace files in {path} (looked for *.jsonl files that start with a "
+            f"trace header); record one by setting trace.enabled=true in the run config"
+        )
     return files
 
 
@@ -234,11 +238,17 @@ class _Completes:
         self.count = 0
 
     def __call__(self, done: list, has_requests: bool, has_errors: bool) -> None:
-        self.chunks.append({
-            "i": _column(done, "i"), "t": _column(done, "t"), "d": _column(done, "d"), "p": _column(done, "p"),
-            "n": self.names.ids(done, "n"),
-            # no request id or error in the chunk's bytes: skip that pass
-            "r": self.requests.add_of(done) if has_requests else self.requests.none(len(done))})
+        self.chunks.append(
+            {
+                "i": _column(done, "i"),
+                "t": _column(done, "t"),
+                "d": _column(done, "d"),
+                "p": _column(done, "p"),
+                "n": self.names.ids(done, "n"),
+                # no request id or error in the chunk's bytes: skip that pass
+                "r": self.requests.add_of(done) if has_requests else self.requests.none(len(done)),
+            }
+        )
         self.attrs += map(attrgetter("a"), done)
         if has_errors:
             self.errors.update({self.count + k: x.err for k, x in enumerate(done) if x.err is not None})
@@ -248,7 +258,9 @@ class _Completes:
     def from_columns(cls, x: KindColumns, names: _Interner, requests: _RequestIds) -> _Completes:
         """The complete spans of a file pyarrow read."""
         done = cls(names, requests)
-        done.chunks.append({"i": x.i, "t": x.t, "d": x.d, "p": x.p, "n": _name_ids(names, x), "r": requests.add(x.requests)})
+        done.chunks.append(
+            {"i": x.i, "t": x.t, "d": x.d, "p": x.p, "n": _name_ids(names, x), "r": requests.add(x.requests)}
+        )
         done.attrs, done.errors, done.count = x.attrs, x.errors, len(x)
         return done
 
@@ -281,16 +293,18 @@ class _FileColumns:
             begins, ends, instants = map(KindColumns.of_records, (rec.begins, rec.ends, rec.instants))
             self.skipped, self.examples = rec.skipped, rec.examples
         self.header = header = opened.header
-        self.process = Process(index=index, name=header.name, role=header.role, pid=header.pid, host=header.host,
-                               path=opened.path)
+        self.process = Process(
+            index=index, name=header.name, role=header.role, pid=header.pid, host=header.host, path=opened.path
+        )
         self._spans(done, begins, ends, names, requests)
         self._events(instants, names, requests)
         times = [a.max() for a in (self.start, self.end_known, self.time) if len(a)]
         self.last_t = int(max(times, default=0))
         self.end = np.where(self.status == STATUS_UNFINISHED, self.last_t, self.end_known)
 
-    def _spans(self, done: _Completes, begins: KindColumns, ends: KindColumns, names: _Interner,
-               requests: _RequestIds) -> None:
+    def _spans(
+        self, done: _Completes, begins: KindColumns, ends: KindColumns, names: _Interner, requests: _RequestIds
+    ) -> None:
         """Complete spans (one ``X`` line each) first, then the long ones (``B`` [+ ``E``])."""
         done_ids = done.column("i")
         raced = np.isin(begins.i, done_ids)  # a begin line that raced with its complete line: one span
@@ -307,14 +321,16 @@ class _FileColumns:
         self.errors = done.errors
         end_of_begin = _lookup(*_sorted(ends.i), begins.i)
         end_times = np.append(ends.t, 0)  # index -1 (no end) reads the 0
-        self.end_known = np.r_[self.start[:done.count] + done.column("d"), end_times[end_of_begin]]
-        self.status = np.r_[np.full(done.count, STATUS_OK),
-                            np.where(end_of_begin >= 0, STATUS_OK, STATUS_UNFINISHED)].astype(np.int8)
+        self.end_known = np.r_[self.start[: done.count] + done.column("d"), end_times[end_of_begin]]
+        self.status = np.r_[
+            np.full(done.count, STATUS_OK), np.where(end_of_begin >= 0, STATUS_OK, STATUS_UNFINISHED)
+        ].astype(np.int8)
         self._long_span_ends(ends, begins, end_of_begin, done.count, requests)
         self.status[list(self.errors)] = STATUS_ERROR
 
-    def _long_span_ends(self, ends: KindColumns, begins: KindColumns, end_of_begin: np.ndarray, base: int,
-                        requests: _RequestIds) -> None:
+    def _long_span_ends(
+        self, ends: KindColumns, begins: KindColumns, end_of_begin: np.ndarray, base: int, requests: _RequestIds
+    ) -> None:
         """Attributes, errors and late request ids from the end lines of long spans; orphans counted."""
         matched = np.flatnonzero(end_of_begin >= 0)
         rows = end_of_begin[matched]
@@ -362,8 +378,9 @@ def _assemble(parts: list[_FileColumns], names: list[str], request_ids: list) ->
     _propagate(spans)
     parent_request = np.append(spans.request, -1)[events.parent]  # parent -1 reads the -1
     events.request = np.where(events.request < 0, parent_request, events.request).astype(np.int32)
-    trace = Trace(processes=processes, names=names, request_ids=request_ids, spans=spans,
-                  events=events, origin_wall_ns=origin)
+    trace = Trace(
+        processes=processes, names=names, request_ids=request_ids, spans=spans, events=events, origin_wall_ns=origin
+    )
     for p in parts:
         trace.skipped.update(p.skipped)
         trace.skipped_examples.extend(p.examples)
@@ -390,11 +407,14 @@ def _concat_spans(parts: list[_FileColumns]) -> Spans:
         depth=np.zeros(sum(len(p.start) for p in parts), np.int16),
         request=cat([p.request for p in parts]).astype(np.int32),
         status=cat([p.status for p in parts]).astype(np.int8),
-        begin_attrs=AttrColumn([segment for p in parts for segment in p.begin_attrs]))
+        begin_attrs=AttrColumn([segment for p in parts for segment in p.begin_attrs]),
+    )
     for p, b in zip(parts, bases, strict=True):
         spans.errors.update({s + b: e for s, e in p.errors.items()})
-    spans.end_attrs = LaterAttrs(cat([p.end_owner + b for p, b in zip(parts, bases, strict=True)]).astype(np.int64),
-                                 AttrColumn([p.end_attrs for p in parts]))
+    spans.end_attrs = LaterAttrs(
+        cat([p.end_owner + b for p, b in zip(parts, bases, strict=True)]).astype(np.int64),
+        AttrColumn([p.end_attrs for p in parts]),
+    )
     return spans
 
 
@@ -407,7 +427,8 @@ def _concat_events(parts: list[_FileColumns]) -> Events:
         time=cat([p.time + p.process.offset_ns for p in parts]).astype(np.int64),
         parent=cat([_shift(p.event_parent, b) for p, b in zip(parts, bases, strict=True)]).astype(np.int32),
         request=cat([p.event_request for p in parts]).astype(np.int32),
-        attrs=AttrColumn([p.event_attrs for p in parts]))
+        attrs=AttrColumn([p.event_attrs for p in parts]),
+    )
 
 
 def _propagate(spans: Spans) -> None:

@@ -25,8 +25,11 @@ class Metrics:
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """(steps, values) of the lines that carry a number under ``key``."""
-        pairs = [(row["step"], float(row[key])) for row in self.rows
-                 if isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool)]
+        pairs = [
+            (row["step"], float(row[key]))
+            for row in self.rows
+            if isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool)
+        ]
         return [p[0] for p in pairs], [p[1] for p in pairs]
 
     def keys(self) -> list[str]:
@@ -53,8 +56,10 @@ def load_metrics(path: str | Path) -> Metrics:
     with open(path, "rb") as f:
         for line_no, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), start=1):
             if len(line) > MAX_LINE_BYTES:
-                raise ValueError(f"{path}:{line_no}: a line longer than {MAX_LINE_BYTES >> 20} MiB is no "
-                                 f"metrics row; pass --metrics PATH to a run's metrics.jsonl")
+                raise ValueError(
+                    f"{path}:{line_no}: a line longer than {MAX_LINE_BYTES >> 20} MiB is no "
+                    f"metrics row; pass --metrics PATH to a run's metrics.jsonl"
+                )
             if line.strip():
                 _add_row(metrics, line)
     return metrics

@@ -72,8 +72,11 @@ class AttrColumn:
         for segment, base in zip(self.segments, self.bases[:-1].tolist(), strict=True):
             lines = getattr(segment, "lines_containing", None)
             if lines is None:
-                out += [base + k for k, raw in enumerate(segment)
-                        if raw is not NO_ATTRS and needle in (text := bytes(raw)) and value in text]
+                out += [
+                    base + k
+                    for k, raw in enumerate(segment)
+                    if raw is not NO_ATTRS and needle in (text := bytes(raw)) and value in text
+                ]
                 continue
             ks = lines(needle).tolist()
             if value:
@@ -104,18 +107,18 @@ class LaterAttrs:
 class Spans:
     """Span columns; index i describes one span."""
 
-    proc: np.ndarray        # int32, index into Trace.processes
-    name: np.ndarray        # int32, index into Trace.names
-    start: np.ndarray       # int64 ns since origin
-    end: np.ndarray         # int64 ns since origin (process end for unfinished spans)
-    parent: np.ndarray      # int32 span index, -1 = none (or not in the file)
-    depth: np.ndarray       # int16 nesting depth, 0 = top level
-    request: np.ndarray     # int32 index into Trace.request_ids (own or inherited), -1 = none
-    status: np.ndarray      # int8 STATUS_*
+    proc: np.ndarray  # int32, index into Trace.processes
+    name: np.ndarray  # int32, index into Trace.names
+    start: np.ndarray  # int64 ns since origin
+    end: np.ndarray  # int64 ns since origin (process end for unfinished spans)
+    parent: np.ndarray  # int32 span index, -1 = none (or not in the file)
+    depth: np.ndarray  # int16 nesting depth, 0 = top level
+    request: np.ndarray  # int32 index into Trace.request_ids (own or inherited), -1 = none
+    status: np.ndarray  # int8 STATUS_*
     begin_attrs: AttrColumn  # msgspec.Raw per span (format.NO_ATTRS if none): all attributes of
-                            # a complete span, those given at begin for a long one
+    # a complete span, those given at begin for a long one
     end_attrs: LaterAttrs = field(default_factory=LaterAttrs)  # from long spans' end lines
-    errors: dict = field(default_factory=dict)      # span index -> "ExcType: message"
+    errors: dict = field(default_factory=dict)  # span index -> "ExcType: message"
 
     def attrs_set_later(self, i: int):
         return self.end_attrs.get(i)
@@ -137,7 +140,7 @@ class Events:
     time: np.ndarray
     parent: np.ndarray
     request: np.ndarray
-    attrs: AttrColumn       # msgspec.Raw per event
+    attrs: AttrColumn  # msgspec.Raw per event
 
     def __len__(self) -> int:
         return len(self.time)

@@ -31,8 +31,11 @@ def export_perfetto(trace: Trace, out: str | Path) -> int:
     """Write the trace as Chrome-trace JSON to ``out``; returns the number of events written."""
     tids = assign_tracks(trace)
     events = _metadata(trace, tids) + _span_events(trace, tids) + _instant_events(trace, tids)
-    doc = {"traceEvents": events, "displayTimeUnit": "ms",
-           "otherData": {"source": "rlx trace-view", "origin_unix_ns": trace.origin_wall_ns}}
+    doc = {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"source": "rlx trace-view", "origin_unix_ns": trace.origin_wall_ns},
+    }
     Path(out).write_bytes(msgspec.json.encode(doc))
     return len(events)
 
@@ -70,10 +73,22 @@ def _pack(starts: list[int], ends: list[int]) -> np.ndarray:
 def _metadata(trace: Trace, tids: np.ndarray) -> list[dict]:
     events = []
     for p in trace.processes:
-        events.append({"ph": "M", "name": "process_name", "pid": p.index,
-                       "args": {"name": f"{p.role}: {p.name} (pid {p.pid}, {p.host})"}})
-        events.append({"ph": "M", "name": "process_sort_index", "pid": p.index,
-                       "args": {"sort_index": role_rank(p.role) * 10_000 + p.index}})
+        events.append(
+            {
+                "ph": "M",
+                "name": "process_name",
+                "pid": p.index,
+                "args": {"name": f"{p.role}: {p.name} (pid {p.pid}, {p.host})"},
+            }
+        )
+        events.append(
+            {
+                "ph": "M",
+                "name": "process_sort_index",
+                "pid": p.index,
+                "args": {"sort_index": role_rank(p.role) * 10_000 + p.index},
+            }
+        )
         used = np.unique(np.r_[1, tids[trace.spans.proc == p.index]])
         for tid in used.tolist():
             name = f"requests {tid - _REQUEST_TID_BASE + 1}" if tid >= _REQUEST_TID_BASE else f"main {tid}"
@@ -92,8 +107,17 @@ def _span_events(trace: Trace, tids: np.ndarray) -> list[dict]:
             args["unfinished"] = True
         if i in spans.errors:
             args["error"] = spans.errors[i]
-        events.append({"ph": "X", "name": trace.names[names[i]], "pid": procs[i], "tid": tid_list[i],
-                       "ts": starts_us[i], "dur": durs_us[i], "args": args})
+        events.append(
+            {
+                "ph": "X",
+                "name": trace.names[names[i]],
+                "pid": procs[i],
+                "tid": tid_list[i],
+                "ts": starts_us[i],
+                "dur": durs_us[i],
+                "args": args,
+            }
+        )
     return events
 
 
@@ -102,7 +126,15 @@ def _instant_events(trace: Trace, tids: np.ndarray) -> list[dict]:
     events = []
     for i in range(len(ev)):
         parent = int(ev.parent[i])
-        events.append({"ph": "i", "s": "t", "name": trace.names[int(ev.name[i])], "pid": int(ev.proc[i]),
-                       "tid": int(tids[parent]) if parent >= 0 else 1, "ts": float(ev.time[i]) / 1000,
-                       "args": trace.event_attrs(i)})
+        events.append(
+            {
+                "ph": "i",
+                "s": "t",
+                "name": trace.names[int(ev.name[i])],
+                "pid": int(ev.proc[i]),
+                "tid": int(tids[parent]) if parent >= 0 else 1,
+                "ts": float(ev.time[i]) / 1000,
+                "args": trace.event_attrs(i),
+            }
+        )
     return events

@@ -30,8 +30,7 @@ from rlx.trace.safe_text import shown
 from rlx.trace.units import parse_duration_ns
 
 _TERM = re.compile(r"^([A-Za-z_][\w.\-]*)\s*(>=|<=|!=|=|>|<)\s*(.+)$")
-_OPS = {"=": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt,
-        ">=": operator.ge, "<=": operator.le}
+_OPS = {"=": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt, ">=": operator.ge, "<=": operator.le}
 _STATUS = {"ok": STATUS_OK, "error": STATUS_ERROR, "unfinished": STATUS_UNFINISHED}
 
 
@@ -78,9 +77,11 @@ def check_keys(trace: Trace, terms: list[Term]) -> None:
             known = attribute_keys(trace)
             close = difflib.get_close_matches(term.key, [*SPECIAL_KEYS, *known], n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ValueError(f"{term.key}{term.op}{term.value}: no span or event of this trace has {term.key!r}; "
-                             f"{hint}keys: {', '.join(SPECIAL_KEYS)}, and the attributes "
-                             f"{', '.join(known) or '(none)'}")
+            raise ValueError(
+                f"{term.key}{term.op}{term.value}: no span or event of this trace has {term.key!r}; "
+                f"{hint}keys: {', '.join(SPECIAL_KEYS)}, and the attributes "
+                f"{', '.join(known) or '(none)'}"
+            )
 
 
 def _attribute_columns(trace: Trace) -> list:
@@ -119,8 +120,15 @@ def match_spans(trace: Trace, text: str) -> np.ndarray:
         elif term.key == "status":
             mask &= _OPS[term.op](spans.status, _STATUS[term.value])
         else:
-            mask &= _common(trace, term, spans.name, spans.proc, spans.request,
-                            [(spans.begin_attrs, None), (spans.end_attrs.attrs, spans.end_attrs.owner)], len(spans))
+            mask &= _common(
+                trace,
+                term,
+                spans.name,
+                spans.proc,
+                spans.request,
+                [(spans.begin_attrs, None), (spans.end_attrs.attrs, spans.end_attrs.owner)],
+                len(spans),
+            )
     return mask
 
 
@@ -132,13 +140,13 @@ def match_events(trace: Trace, text: str) -> np.ndarray:
         if term.key in ("dur", "status"):
             mask[:] = False
         else:
-            mask &= _common(trace, term, events.name, events.proc, events.request,
-                            [(events.attrs, None)], len(events))
+            mask &= _common(trace, term, events.name, events.proc, events.request, [(events.attrs, None)], len(events))
     return mask
 
 
-def _common(trace: Trace, term: Term, names: np.ndarray, procs: np.ndarray, requests: np.ndarray,
-            raw_lists: list, n: int) -> np.ndarray:
+def _common(
+    trace: Trace, term: Term, names: np.ndarray, procs: np.ndarray, requests: np.ndarray, raw_lists: list, n: int
+) -> np.ndarray:
     if term.op == "contains":
         wanted = [k for k, name in enumerate(trace.names) if term.value.lower() in name.lower()]
         return np.isin(names, wanted)
@@ -175,8 +183,15 @@ def _by_attribute(term: Term, raw_lists: list, n: int) -> np.ndarray:
     value = term.value.encode() if plain else b""  # an equal string appears in the JSON text
     mask = np.zeros(n, bool)
     for raws, owner in raw_lists:
-        candidates = raws.candidates(needle, value) if hasattr(raws, "candidates") else \
-            [k for k, raw in enumerate(raws) if raw is not NO_ATTRS and needle in (text := bytes(raw)) and value in text]
+        candidates = (
+            raws.candidates(needle, value)
+            if hasattr(raws, "candidates")
+            else [
+                k
+                for k, raw in enumerate(raws)
+                if raw is not NO_ATTRS and needle in (text := bytes(raw)) and value in text
+            ]
+        )
         for k in candidates:
             attrs = decode_attrs(raws[k])
             if term.key in attrs and _compare(attrs[term.key], term.op, term.value):

@@ -114,7 +114,7 @@ def read_trace_file(source: Path | TraceBytes, sink: Callable | None = None) -> 
     data, start = opened.data, opened.body_start
     while start < len(data):
         end = _chunk_end(opened, start)
-        if data[end - 1:end] != b"\n":  # the last line, cut by a crash
+        if data[end - 1 : end] != b"\n":  # the last line, cut by a crash
             _read_last_line(records, data[start:end], 2 + _count_newlines(data, opened.body_start, start))
             break
         _read_chunk(records, data, start, end, sink)
@@ -133,14 +133,16 @@ def _chunk_end(opened: TraceBytes, start: int) -> int:
     if search_from + MAX_LINE_BYTES < size:
         line_start = data.rfind(b"\n", start, search_from) + 1 or start
         line_no = 2 + _count_newlines(data, opened.body_start, line_start)
-        raise TraceError(f"{opened.path}:{line_no}: a line longer than {MAX_LINE_BYTES >> 20} MiB is no "
-                         f"trace record; the file is damaged or not a trace (move it out of the trace directory)")
+        raise TraceError(
+            f"{opened.path}:{line_no}: a line longer than {MAX_LINE_BYTES >> 20} MiB is no "
+            f"trace record; the file is damaged or not a trace (move it out of the trace directory)"
+        )
     return data.rfind(b"\n", start, size) + 1 or size
 
 
 def _count_newlines(data, start: int, end: int) -> int:
     """Newlines in data[start:end], a chunk at a time (an mmap has no ``count``)."""
-    return sum(data[k:min(k + CHUNK_BYTES, end)].count(b"\n") for k in range(start, end, CHUNK_BYTES))
+    return sum(data[k : min(k + CHUNK_BYTES, end)].count(b"\n") for k in range(start, end, CHUNK_BYTES))
 
 
 def read_trace_columns(source: Path | TraceBytes) -> ColumnarFile | None:
@@ -157,13 +159,17 @@ def _decode_header(path: Path, line: bytes) -> Header:
     try:
         header = header_decoder.decode(line)
     except msgspec.DecodeError:
-        raise TraceError(f"{path} is not an rlx trace: its first line is not a trace header; "
-                         f"pass a trace directory or a <name>.<pid>.jsonl file it holds") from None
+        raise TraceError(
+            f"{path} is not an rlx trace: its first line is not a trace header; "
+            f"pass a trace directory or a <name>.<pid>.jsonl file it holds"
+        ) from None
     if header.format != FORMAT_NAME:
         raise TraceError(f"{path} has format {header.format!r}, not {FORMAT_NAME!r}")
     if header.version > FORMAT_VERSION:
-        raise TraceError(f"{path} uses trace format version {header.version}, newer than this rlx "
-                         f"reads ({FORMAT_VERSION}); upgrade rlx to view it")
+        raise TraceError(
+            f"{path} uses trace format version {header.version}, newer than this rlx "
+            f"reads ({FORMAT_VERSION}); upgrade rlx to view it"
+        )
     return header
 
 
@@ -178,7 +184,7 @@ def _read_last_line(records: FileRecords, line: bytes, line_no: int) -> None:
 def _read_chunk(records: FileRecords, data: bytes, start: int, end: int, sink: Callable | None) -> None:
     """Lines data[start:end] (ending in a newline) decoded as one JSON array: one msgspec call."""
     array = bytearray(b"[")
-    array += memoryview(data)[start:end - 1]
+    array += memoryview(data)[start : end - 1]
     array += b"]"
     try:
         decoded = records_decoder.decode(array.replace(b"\n", b","))

@@ -41,7 +41,9 @@ class TensorBoardSink:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:
-            raise ImportError("logging.tensorboard=true needs the tensorboard package: pip install tensorboard") from exc
+            raise ImportError(
+                "logging.tensorboard=true needs the tensorboard package: pip install tensorboard"
+            ) from exc
         self._writer = SummaryWriter(str(log_dir))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

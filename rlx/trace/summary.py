@@ -17,8 +17,10 @@ from rlx.trace.safe_text import shown
 from rlx.trace.units import format_ns
 
 SORT_KEYS = ("name", "count", "total", "mean", "p50", "p99", "max", "errors", "unfinished")
-SUMMARY_NOTE = ("total adds up every span's duration: spans that overlap (requests in flight together, a span "
-                "and its children) are each counted, so a total can exceed the wall time")
+SUMMARY_NOTE = (
+    "total adds up every span's duration: spans that overlap (requests in flight together, a span "
+    "and its children) are each counted, so a total can exceed the wall time"
+)
 
 
 @dataclass
@@ -49,7 +51,10 @@ def summarize(trace: Trace, mask: np.ndarray | None = None, sort: str = "total")
     names, durations = names[order], durations[order]
     starts = np.flatnonzero(np.r_[True, names[1:] != names[:-1]]) if len(names) else np.array([], int)
     bounds = np.r_[starts, len(names)]
-    rows = {int(names[a]): _row(trace.names[int(names[a])], durations[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)}
+    rows = {
+        int(names[a]): _row(trace.names[int(names[a])], durations[a:b])
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+    }
     errors = np.bincount(spans.name[selected & (spans.status == STATUS_ERROR)], minlength=len(trace.names))
     unfinished = np.bincount(spans.name[selected & (spans.status == STATUS_UNFINISHED)], minlength=len(trace.names))
     for k in np.flatnonzero(np.bincount(spans.name[selected], minlength=len(trace.names))):
@@ -63,8 +68,17 @@ def _row(name: str, sorted_durations: np.ndarray) -> SummaryRow:
     if n == 0:
         return SummaryRow(name, 0, 0, 0.0, 0, 0, 0, 0, 0)
     total = int(sorted_durations.sum())
-    return SummaryRow(name=name, count=n, total=total, mean=total / n, p50=int(_rank(sorted_durations, 0.50)),
-                      p99=int(_rank(sorted_durations, 0.99)), max=int(sorted_durations[-1]), errors=0, unfinished=0)
+    return SummaryRow(
+        name=name,
+        count=n,
+        total=total,
+        mean=total / n,
+        p50=int(_rank(sorted_durations, 0.50)),
+        p99=int(_rank(sorted_durations, 0.99)),
+        max=int(sorted_durations[-1]),
+        errors=0,
+        unfinished=0,
+    )
 
 
 def _rank(sorted_values: np.ndarray, q: float) -> int:

@@ -28,8 +28,16 @@ class _ProcessWriter:
     def __init__(self, name: str, role: str, pid: int, start_ns: int) -> None:
         self.name, self.start_ns, self._next_id = name, start_ns, 1
         self._open: dict[int, tuple] = {}
-        header = Header(format=FORMAT_NAME, version=FORMAT_VERSION, name=name, role=role, pid=pid,
-                        host="synthetic", wall_ns=_START_WALL_NS + start_ns, mono_ns=10**12 + start_ns)
+        header = Header(
+            format=FORMAT_NAME,
+            version=FORMAT_VERSION,
+            name=name,
+            role=role,
+            pid=pid,
+            host="synthetic",
+            wall_ns=_START_WALL_NS + start_ns,
+            mono_ns=10**12 + start_ns,
+        )
         self.lines = [encoder.encode(header)]
 
     def begin(self, name: str, t0: int, parent: int = 0, request=None, attrs=None) -> int:
@@ -43,21 +51,37 @@ class _ProcessWriter:
         name, t0, parent, request, attrs = self._open.pop(span_id)
         if t1 - t0 < OPEN_SPAN_FLUSH_S * 1e9:
             merged = {**(attrs or {}), **(end_attrs or {})}
-            self.lines.append(encoder.encode(Complete(i=span_id, n=name, t=t0 - self.start_ns, d=t1 - t0,
-                                                      p=parent, r=request, a=merged or NO_ATTRS, err=err)))
+            self.lines.append(
+                encoder.encode(
+                    Complete(
+                        i=span_id,
+                        n=name,
+                        t=t0 - self.start_ns,
+                        d=t1 - t0,
+                        p=parent,
+                        r=request,
+                        a=merged or NO_ATTRS,
+                        err=err,
+                    )
+                )
+            )
             return
-        self.lines.append(encoder.encode(Begin(i=span_id, n=name, t=t0 - self.start_ns, p=parent, r=request,
-                                               a=attrs or NO_ATTRS)))
+        self.lines.append(
+            encoder.encode(Begin(i=span_id, n=name, t=t0 - self.start_ns, p=parent, r=request, a=attrs or NO_ATTRS))
+        )
         self.lines.append(encoder.encode(End(i=span_id, t=t1 - self.start_ns, a=end_attrs or NO_ATTRS, err=err)))
 
-    def span(self, name: str, t0: int, t1: int, parent: int = 0, request=None, attrs=None,
-             end_attrs=None, err=None) -> int:
+    def span(
+        self, name: str, t0: int, t1: int, parent: int = 0, request=None, attrs=None, end_attrs=None, err=None
+    ) -> int:
         span_id = self.begin(name, t0, parent, request, attrs)
         self.end(span_id, t1, end_attrs, err)
         return span_id
 
     def instant(self, name: str, t: int, parent: int = 0, request=None, attrs=None) -> None:
-        self.lines.append(encoder.encode(Instant(n=name, t=t - self.start_ns, p=parent, r=request, a=attrs or NO_ATTRS)))
+        self.lines.append(
+            encoder.encode(Instant(n=name, t=t - self.start_ns, p=parent, r=request, a=attrs or NO_ATTRS))
+        )
 
     def write(self, trace_dir: Path) -> Path:
         path = trace_dir / f"{self.name}.{1000 + len(self.name)}.jsonl"
@@ -70,8 +94,9 @@ class _Run:
         self.rng = random.Random(seed)
         self.requests_per_step = requests_per_step
         self.servers = [_ProcessWriter(f"rollout{k}", "rollout", 2000 + k, k * _MS) for k in range(num_servers)]
-        self.receivers = [_ProcessWriter(f"rollout{k}-worker", "sync", 3000 + k, k * _MS + 3 * _MS)
-                          for k in range(num_servers)]
+        self.receivers = [
+            _ProcessWriter(f"rollout{k}-worker", "sync", 3000 + k, k * _MS + 3 * _MS) for k in range(num_servers)
+        ]
         self.trainers = [_ProcessWriter(f"trainer{k}", "trainer", 4000 + k, 5 * _MS) for k in range(2)]
         self.trace_dir = trace_dir
         self.num_entries = 0
@@ -107,8 +132,14 @@ class _Run:
             t_done = t_start + completion * self.rng.randint(150_000, 400_000)
             server.span("queued", t_arrive, t_start, request=rid)
             finish = "length" if completion == 256 else "stop"
-            server.span("generate", t_start, t_done, request=rid, attrs={"prompt_tokens": self.rng.randint(20, 200)},
-                        end_attrs={"completion_tokens": completion, "finish_reason": finish})
+            server.span(
+                "generate",
+                t_start,
+                t_done,
+                request=rid,
+                attrs={"prompt_tokens": self.rng.randint(20, 200)},
+                end_attrs={"completion_tokens": completion, "finish_reason": finish},
+            )
             if completion == 256:
                 server.instant("max_tokens_reached", t_done, request=rid)
             heapq.heappush(slots, t_done)
@@ -162,8 +193,9 @@ class _Run:
         return [w.write(self.trace_dir) for w in self.servers + self.receivers + self.trainers]
 
 
-def write_synthetic_trace(trace_dir: str | Path, num_entries: int = 10_000, num_servers: int = 2,
-                          requests_per_step: int = 256, seed: int = 0) -> list[Path]:
+def write_synthetic_trace(
+    trace_dir: str | Path, num_entries: int = 10_000, num_servers: int = 2, requests_per_step: int = 256, seed: int = 0
+) -> list[Path]:
     """Write a trace of at least ``num_entries`` spans plus events; returns the files written."""
     run = _Run(Path(trace_dir), num_servers, requests_per_step, seed)
     t, step = 10 * _MS, 0

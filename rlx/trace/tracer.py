@@ -96,8 +96,7 @@ class Span:
     """A live span. Written once at exit as a complete record, unless it stayed open long enough
     for the tracer's watcher to write its begin line (then the exit writes an end line)."""
 
-    __slots__ = ("_tracer", "_generation", "name", "attrs", "id", "parent", "start", "begun",
-                 "_token", "_extra")
+    __slots__ = ("_tracer", "_generation", "name", "attrs", "id", "parent", "start", "begun", "_token", "_extra")
 
     def __init__(self, tracer: Tracer, name: str, attrs: dict) -> None:
         self._tracer = tracer
@@ -184,8 +183,9 @@ class Tracer:
         """This process's name in the trace (``configure``'s ``name``), or "" when it was never configured."""
         return self._name
 
-    def configure(self, trace_dir: str | Path, role: str, name: str, *,
-                  open_span_flush_s: float = OPEN_SPAN_FLUSH_S) -> Path:
+    def configure(
+        self, trace_dir: str | Path, role: str, name: str, *, open_span_flush_s: float = OPEN_SPAN_FLUSH_S
+    ) -> Path:
         """Start writing this process's trace into ``trace_dir``; returns the file path.
 
         ``open_span_flush_s``: a span still open after this many seconds gets its begin line
@@ -275,8 +275,18 @@ class Tracer:
             return
         attrs = span.attrs if span._extra is None else {**span.attrs, **span._extra}
         rid = attrs.pop(REQUEST_KEY, None)  # the span is over: its attrs dict is ours to change
-        self._write(Complete(i=span.id, n=span.name, t=span.start, d=now - span.start, p=span.parent,
-                             r=rid, a=attrs or NO_ATTRS, err=err))
+        self._write(
+            Complete(
+                i=span.id,
+                n=span.name,
+                t=span.start,
+                d=now - span.start,
+                p=span.parent,
+                r=rid,
+                a=attrs or NO_ATTRS,
+                err=err,
+            )
+        )
 
     def _write(self, record: object) -> None:
         fd = self._fd
@@ -301,11 +311,21 @@ class Tracer:
             self.path = self._dir / f"{self._name}.{pid}.jsonl"
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         except OSError as exc:
-            raise ValueError(f"cannot write the trace into {self._dir}: {exc}; set trace.dir "
-                             f"(or {ENV_TRACE_DIR}) to a writable directory") from None
+            raise ValueError(
+                f"cannot write the trace into {self._dir}: {exc}; set trace.dir "
+                f"(or {ENV_TRACE_DIR}) to a writable directory"
+            ) from None
         self._mono0 = time.monotonic_ns()
-        header = Header(format=FORMAT_NAME, version=FORMAT_VERSION, name=self._name, role=self._role,
-                        pid=pid, host=socket.gethostname(), wall_ns=time.time_ns(), mono_ns=self._mono0)
+        header = Header(
+            format=FORMAT_NAME,
+            version=FORMAT_VERSION,
+            name=self._name,
+            role=self._role,
+            pid=pid,
+            host=socket.gethostname(),
+            wall_ns=time.time_ns(),
+            mono_ns=self._mono0,
+        )
         self._fd = fd
         self._generation += 1
         self._write(header)
@@ -351,6 +371,7 @@ def _watch_open_spans(tracer: Tracer) -> threading.Event:
 
 def _wrap(tracer: Tracer, fn: Callable, name: str, attrs: dict) -> Callable:
     if inspect.iscoroutinefunction(fn):
+
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             if tracer._fd is None:
@@ -378,8 +399,9 @@ def _without_attrs(record: Any, exc: Exception) -> Any:
 
 def _check_name(what: str, value: str) -> None:
     if not value or "/" in value or "\\" in value or value.startswith("."):
-        raise ValueError(f"trace {what}={value!r} must be a non-empty file-name part without '/' "
-                         f"or a leading '.', e.g. 'trainer0'")
+        raise ValueError(
+            f"trace {what}={value!r} must be a non-empty file-name part without '/' or a leading '.', e.g. 'trainer0'"
+        )
 
 
 def _warn(message: str) -> None:

@@ -64,8 +64,10 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
     """query/key/value [1, heads, N, head_dim] -> (output [1, N, heads, head_dim], None)."""
     cu_q = kwargs.get("cu_seq_lens_q")
     if cu_q is None or query.shape[0] != 1:
-        raise ValueError(f"attn_implementation={NAME!r} needs one packed row and cu_seq_lens_q; got a batch of "
-                         f"{query.shape[0]} rows: build micro-batches with rlx.trainer.packing")
+        raise ValueError(
+            f"attn_implementation={NAME!r} needs one packed row and cu_seq_lens_q; got a batch of "
+            f"{query.shape[0]} rows: build micro-batches with rlx.trainer.packing"
+        )
     blocks = kwargs.get(BLOCKS)
     if blocks is not None and not _varlen_ok(query, scaling):
         return _blocked(query, key, value, blocks, scaling, query.shape[1] != key.shape[1]), None
@@ -85,8 +87,11 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
     outputs = []
     for (qs, qe), (ks, ke) in zip(itertools.pairwise(cu_q.tolist()), itertools.pairwise(cu_k.tolist()), strict=True):
         causal = {"is_causal": True} if qe - qs == ke - ks else {"attn_mask": causal_lower_right(qe - qs, ke - ks)}
-        outputs.append(F.scaled_dot_product_attention(query[:, :, qs:qe], key[:, :, ks:ke], value[:, :, ks:ke],
-                                                      scale=scaling, enable_gqa=groups > 1, **causal))
+        outputs.append(
+            F.scaled_dot_product_attention(
+                query[:, :, qs:qe], key[:, :, ks:ke], value[:, :, ks:ke], scale=scaling, enable_gqa=groups > 1, **causal
+            )
+        )
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
 
@@ -98,18 +103,18 @@ def _padded(query, key, value, cu_q, cu_k, scaling, gqa: bool):
     q_len, k_len = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
     q_offsets = torch.arange(int(q_len.max()), device=query.device)
     k_offsets = torch.arange(int(k_len.max()), device=query.device)
-    q_valid = q_offsets[None, :] < q_len[:, None]                               # [S, Lq]
-    k_valid = k_offsets[None, :] < k_len[:, None]                               # [S, Lk]
+    q_valid = q_offsets[None, :] < q_len[:, None]  # [S, Lq]
+    k_valid = k_offsets[None, :] < k_len[:, None]  # [S, Lk]
     q_index = (cu_q[:-1, None] + q_offsets[None, :]).clamp(max=query.shape[2] - 1)
     k_index = (cu_k[:-1, None] + k_offsets[None, :]).clamp(max=key.shape[2] - 1)
-    rows_q = query[0][:, q_index].transpose(0, 1)                               # [S, heads, Lq, d]
-    rows_k, rows_v = (t[0][:, k_index].transpose(0, 1) for t in (key, value))   # [S, kv heads, Lk, d]
+    rows_q = query[0][:, q_index].transpose(0, 1)  # [S, heads, Lq, d]
+    rows_k, rows_v = (t[0][:, k_index].transpose(0, 1) for t in (key, value))  # [S, kv heads, Lk, d]
     # query i of a sequence sees its keys up to i + (keys - queries): the prompt it shares, then itself
     shift = (k_len - q_len)[:, None, None]
-    causal = k_offsets[None, None, :] <= q_offsets[None, :, None] + shift       # [S, Lq, Lk]
+    causal = k_offsets[None, None, :] <= q_offsets[None, :, None] + shift  # [S, Lq, Lk]
     mask = (causal & k_valid[:, None, :]).unsqueeze(1)
     out = F.scaled_dot_product_attention(rows_q, rows_k, rows_v, attn_mask=mask, scale=scaling, enable_gqa=gqa)
-    return out.transpose(1, 2)[q_valid].unsqueeze(0)                            # [1, N, heads, d]
+    return out.transpose(1, 2)[q_valid].unsqueeze(0)  # [1, N, heads, d]
 
 
 def _blocked(query, key, value, blocks, scaling, gqa: bool):
@@ -118,7 +123,7 @@ def _blocked(query, key, value, blocks, scaling, gqa: bool):
     row order. A block's tokens are both its queries and its keys, so no key is gathered twice."""
     rows_q, rows_k, rows_v = (t[0][:, blocks.index].transpose(0, 1) for t in (query, key, value))
     out = F.scaled_dot_product_attention(rows_q, rows_k, rows_v, attn_mask=blocks.mask, scale=scaling, enable_gqa=gqa)
-    out = out.transpose(1, 2)[blocks.valid]                                     # [N, heads, d], block order
+    out = out.transpose(1, 2)[blocks.valid]  # [N, heads, d], block order
     return (out if blocks.inverse is None else out[blocks.inverse]).unsqueeze(0)
 
 
@@ -153,6 +158,7 @@ def _varlen_fn():
     if not _VARLEN:
         try:
             from torch.nn.attention.varlen import varlen_attn
+
             _VARLEN.append((varlen_attn, set(inspect.signature(varlen_attn).parameters)))
         except ImportError:
             _VARLEN.append(None)

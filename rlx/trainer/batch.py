@@ -19,19 +19,18 @@ import torch.distributed as dist
 
 from rlx.store.base import Sample
 
-TENSOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "completion_ids", "mask", "rollout_logp",
-                 "rewards")
+TENSOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "completion_ids", "mask", "rollout_logp", "rewards")
 
 
 @dataclass
 class TrainBatch:
-    input_ids: torch.Tensor       # [B, P + T] long
+    input_ids: torch.Tensor  # [B, P + T] long
     attention_mask: torch.Tensor  # [B, P + T] long
-    position_ids: torch.Tensor    # [B, P + T] long
+    position_ids: torch.Tensor  # [B, P + T] long
     completion_ids: torch.Tensor  # [B, T] long
-    mask: torch.Tensor            # [B, T] float, 1 on real completion tokens
-    rollout_logp: torch.Tensor    # [B, T] float, the rollout engine's logprobs of the sampled tokens
-    rewards: torch.Tensor         # [B] float
+    mask: torch.Tensor  # [B, T] float, 1 on real completion tokens
+    rollout_logp: torch.Tensor  # [B, T] float, the rollout engine's logprobs of the sampled tokens
+    rewards: torch.Tensor  # [B] float
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
@@ -41,12 +40,22 @@ class TrainBatch:
         return self.input_ids.shape[0]
 
     def rows(self, index: slice | torch.Tensor) -> "TrainBatch":
-        return TrainBatch(**{f.name: (v[index] if isinstance(v, torch.Tensor) else v)
-                             for f in dataclasses.fields(self) for v in [getattr(self, f.name)]})
+        return TrainBatch(
+            **{
+                f.name: (v[index] if isinstance(v, torch.Tensor) else v)
+                for f in dataclasses.fields(self)
+                for v in [getattr(self, f.name)]
+            }
+        )
 
     def to(self, device: torch.device) -> "TrainBatch":
-        return TrainBatch(**{f.name: (v.to(device) if isinstance(v, torch.Tensor) else v)
-                             for f in dataclasses.fields(self) for v in [getattr(self, f.name)]})
+        return TrainBatch(
+            **{
+                f.name: (v.to(device) if isinstance(v, torch.Tensor) else v)
+                for f in dataclasses.fields(self)
+                for v in [getattr(self, f.name)]
+            }
+        )
 
 
 def collate(samples: list[Sample], pad_id: int, prompt_len: int = 0, completion_len: int = 0) -> TrainBatch:
@@ -59,22 +68,42 @@ def collate(samples: list[Sample], pad_id: int, prompt_len: int = 0, completion_
     completions, completion_lens = _aligned([s.completion_ids for s in samples], completion_len, pad_id, torch.long)
     input_ids = torch.cat([prompts, completions], dim=1)
     columns = torch.arange(prompt_len + completion_len)
-    attention = ((columns >= prompt_len - prompt_lens[:, None]) & (columns < prompt_len + completion_lens[:, None])).long()
+    attention = (
+        (columns >= prompt_len - prompt_lens[:, None]) & (columns < prompt_len + completion_lens[:, None])
+    ).long()
     mask = _aligned([s.mask() for s in samples], completion_len, 0.0, torch.float32)[0]
     rollout_logp = _aligned([s.logprobs for s in samples], completion_len, 0.0, torch.float32)[0]
     position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)
-    return TrainBatch(input_ids, attention, position_ids, completions, mask, rollout_logp,
-                      torch.tensor([s.reward for s in samples], dtype=torch.float32))
+    return TrainBatch(
+        input_ids,
+        attention,
+        position_ids,
+        completions,
+        mask,
+        rollout_logp,
+        torch.tensor([s.reward for s in samples], dtype=torch.float32),
+    )
 
 
-def build_batch(prompt_ids: list[list[int]], completion_ids: list[list[int]], rollout_logps: list[list[float]],
-                rewards: list[float], pad_id: int, token_masks: list[list[float]] | None = None) -> TrainBatch:
+def build_batch(
+    prompt_ids: list[list[int]],
+    completion_ids: list[list[int]],
+    rollout_logps: list[list[float]],
+    rewards: list[float],
+    pad_id: int,
+    token_masks: list[list[float]] | None = None,
+) -> TrainBatch:
     """``collate`` of samples given as lists: ``prompt_ids[i]`` is the prompt of sample ``i``; ``token_masks[i]``
     (one value per completion token) marks which completion tokens the loss covers, e.g. 0 on a multi-turn
     episode's observations (``rlx.agent.episode``); without it every completion token counts."""
     masks = token_masks if token_masks is not None else [None] * len(prompt_ids)
-    return collate([Sample.of(p, c, lp, r, m) for p, c, lp, r, m in
-                    zip(prompt_ids, completion_ids, rollout_logps, rewards, masks, strict=True)], pad_id)
+    return collate(
+        [
+            Sample.of(p, c, lp, r, m)
+            for p, c, lp, r, m in zip(prompt_ids, completion_ids, rollout_logps, rewards, masks, strict=True)
+        ],
+        pad_id,
+    )
 
 
 def _aligned(rows: list, width: int, fill, dtype: torch.dtype, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,9 +150,15 @@ def broadcast_batch(batch: TrainBatch | None, device: torch.device, src: int = 0
         header[:] = torch.tensor([batch.size, batch.input_ids.shape[1], batch.completion_ids.shape[1]], device=device)
     dist.broadcast(header, src)
     rows, total_len, completion_len = header.tolist()
-    shapes = {"input_ids": (rows, total_len), "attention_mask": (rows, total_len), "position_ids": (rows, total_len),
-              "completion_ids": (rows, completion_len), "mask": (rows, completion_len),
-              "rollout_logp": (rows, completion_len), "rewards": (rows,)}
+    shapes = {
+        "input_ids": (rows, total_len),
+        "attention_mask": (rows, total_len),
+        "position_ids": (rows, total_len),
+        "completion_ids": (rows, completion_len),
+        "mask": (rows, completion_len),
+        "rollout_logp": (rows, completion_len),
+        "rewards": (rows,),
+    }
     dtypes = {"mask": torch.float32, "rollout_logp": torch.float32, "rewards": torch.float32}
     tensors = {}
     for name in TENSOR_FIELDS:

@@ -44,8 +44,17 @@ from rlx.trainer.optim import live_implementation
 
 log = logging.getLogger(__name__)
 
-HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-            "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
+HF_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+)
 
 
 def _options():
@@ -54,9 +63,17 @@ def _options():
     return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-def save_checkpoint(root: Path, step: int, model, optimizer, scheduler, model_path: str,
-                    trainer_state: dict[str, Any], keep: int,
-                    before_manifest: Callable[[Path], None] | None = None) -> Path | None:
+def save_checkpoint(
+    root: Path,
+    step: int,
+    model,
+    optimizer,
+    scheduler,
+    model_path: str,
+    trainer_state: dict[str, Any],
+    keep: int,
+    before_manifest: Callable[[Path], None] | None = None,
+) -> Path | None:
     """All ranks call this (gathering is collective); rank 0 writes. Returns the new directory on rank 0."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
@@ -106,8 +123,9 @@ def _adapter_or_model_state(model, lora: bool) -> dict[str, torch.Tensor]:
     return model_sd
 
 
-def _write_staged(tmp: Path, model, model_sd, optim_sd, scheduler, model_path: str, trainer_state: dict,
-                  lora: bool) -> str:
+def _write_staged(
+    tmp: Path, model, model_sd, optim_sd, scheduler, model_path: str, trainer_state: dict, lora: bool
+) -> str:
     """Every file of the checkpoint but the manifest; returns the weights file's name."""
     model_file = ADAPTER_FILE if lora else "model.safetensors"
     _save_tensors({k: v.contiguous() for k, v in model_sd.items()}, tmp / model_file)
@@ -148,11 +166,16 @@ def resume_checkpoint(run_dir: Path) -> tuple[Path | None, list[str]]:
     ckpt, skipped = newest_complete_checkpoint(run_dir / "checkpoints")
     if ckpt is not None or not ((run_dir / "metrics.jsonl").exists() or skipped):
         return ckpt, skipped
-    why = (f"none of its {len(skipped)} checkpoints is complete ({'; '.join(skipped)})" if skipped
-           else "it has no checkpoint (it stopped before its first one)")
-    raise ConfigError(f"cannot resume the run in {run_dir}: {why}. Nothing was changed. To start again, run "
-                      "without --resume (the earlier run's outputs are moved to a sibling directory), or set "
-                      "trainer.output_dir to a new directory")
+    why = (
+        f"none of its {len(skipped)} checkpoints is complete ({'; '.join(skipped)})"
+        if skipped
+        else "it has no checkpoint (it stopped before its first one)"
+    )
+    raise ConfigError(
+        f"cannot resume the run in {run_dir}: {why}. Nothing was changed. To start again, run "
+        "without --resume (the earlier run's outputs are moved to a sibling directory), or set "
+        "trainer.output_dir to a new directory"
+    )
 
 
 def check_resumable(ckpt: Path, model_path: str, data_seed: int, num_problems: int, lora: bool = False) -> None:
@@ -164,23 +187,31 @@ def check_resumable(ckpt: Path, model_path: str, data_seed: int, num_problems: i
     if saved_lora != lora:
         held = "a LoRA adapter" if saved_lora else "full model weights"
         fix = "set model.lora as in that run" if saved_lora else "set model.lora.rank=0"
-        raise ConfigError(f"cannot resume from {ckpt}: it holds {held} and this config has model.lora.rank "
-                          f"{'> 0' if lora else '= 0'}; {fix}, or run without --resume")
+        raise ConfigError(
+            f"cannot resume from {ckpt}: it holds {held} and this config has model.lora.rank "
+            f"{'> 0' if lora else '= 0'}; {fix}, or run without --resume"
+        )
     changed = _config_changes(ckpt / "hf" / "config.json", Path(model_path) / "config.json")
     if changed:
-        raise ConfigError(f"cannot resume from {ckpt}: model.path={model_path!r} is not the model it was trained "
-                          f"from ({changed}); set model.path to that model, or run without --resume")
+        raise ConfigError(
+            f"cannot resume from {ckpt}: model.path={model_path!r} is not the model it was trained "
+            f"from ({changed}); set model.path to that model, or run without --resume"
+        )
     state = json.loads((ckpt / "trainer_state.json").read_bytes())  # hash-checked: as the trainer wrote it
     state = state if isinstance(state, dict) else {}
     missing = [k for k in ("data", "scheduler", "optimizer_param_groups") if k not in state]
     if missing:
-        raise ConfigError(f"cannot resume from {ckpt}: its trainer_state.json has no {', '.join(missing)} (not "
-                          "written by this rlx's trainer); convert it with `rlx convert-ckpt` and start a new run")
+        raise ConfigError(
+            f"cannot resume from {ckpt}: its trainer_state.json has no {', '.join(missing)} (not "
+            "written by this rlx's trainer); convert it with `rlx convert-ckpt` and start a new run"
+        )
     data = state["data"] if isinstance(state["data"], dict) else {}
     if (data.get("seed"), data.get("num_problems")) != (data_seed, num_problems):
-        raise ConfigError(f"cannot resume from {ckpt}: it was saved with task.seed={data.get('seed')} over "
-                          f"{data.get('num_problems')} training problems, this config gives task.seed={data_seed} "
-                          f"over {num_problems}; resume with the task config of that run, or run without --resume")
+        raise ConfigError(
+            f"cannot resume from {ckpt}: it was saved with task.seed={data.get('seed')} over "
+            f"{data.get('num_problems')} training problems, this config gives task.seed={data_seed} "
+            f"over {num_problems}; resume with the task config of that run, or run without --resume"
+        )
 
 
 _IGNORED_CONFIG_KEYS = frozenset({"transformers_version", "_name_or_path", "dtype", "torch_dtype", "use_cache"})

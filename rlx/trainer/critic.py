@@ -62,13 +62,15 @@ class ValueModel(torch.nn.Module):
 
 
 class Critic:
-    def __init__(self, a: AlgorithmConfig, m: ModelConfig, t: TrainerConfig, device: torch.device,
-                 packed_attention: bool) -> None:
+    def __init__(
+        self, a: AlgorithmConfig, m: ModelConfig, t: TrainerConfig, device: torch.device, packed_attention: bool
+    ) -> None:
         from transformers import AutoModelForCausalLM
 
         self.algorithm, self.max_grad_norm, self.device = a, t.max_grad_norm, device
-        lm = AutoModelForCausalLM.from_pretrained(m.path, dtype=getattr(torch, m.dtype),
-                                                  attn_implementation=m.attn_implementation)
+        lm = AutoModelForCausalLM.from_pretrained(
+            m.path, dtype=getattr(torch, m.dtype), attn_implementation=m.attn_implementation
+        )
         lm.config.use_cache = False
         if packed_attention:
             from rlx.trainer.attention import use_packed_attention
@@ -86,8 +88,9 @@ class Critic:
         return self.steps < self.algorithm.critic_warmup_steps
 
     @torch.no_grad()
-    def advantages(self, full_mask: torch.Tensor, rewards: torch.Tensor,
-                   micro: list[MicroBatch]) -> tuple[torch.Tensor, dict[str, float]]:
+    def advantages(
+        self, full_mask: torch.Tensor, rewards: torch.Tensor, micro: list[MicroBatch]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """Per-token GAE advantages [B, T] of the step batch, and the critic's metrics before its update."""
         a = self.algorithm
         self.model.eval()
@@ -100,8 +103,11 @@ class Critic:
         real = full_mask.bool()
         v, r = values[real], returns[real]
         explained = 1.0 - float((r - v).var() / r.var()) if r.numel() > 1 and r.var() > 0 else 0.0
-        return advantages, {"critic_explained_variance": explained, "value_mean": float(v.mean()) if v.numel() else 0.0,
-                            "return_mean": float(r.mean()) if r.numel() else 0.0}
+        return advantages, {
+            "critic_explained_variance": explained,
+            "value_mean": float(v.mean()) if v.numel() else 0.0,
+            "return_mean": float(r.mean()) if r.numel() else 0.0,
+        }
 
     def update(self, micro: list[MicroBatch]) -> dict[str, float]:
         """One optimizer step on the clipped value loss over the batch ``advantages`` was last called with."""
@@ -126,17 +132,25 @@ class Critic:
             loss = 0.5 * (loss_tokens * mask).sum() / total_tokens
             loss.backward()
             loss_sum += loss.item()
-        norm, stepped = step_if_finite(self.optimizer, list(self.model.parameters()), self.max_grad_norm,
-                                       math.isfinite(loss_sum), self.device)
+        norm, stepped = step_if_finite(
+            self.optimizer, list(self.model.parameters()), self.max_grad_norm, math.isfinite(loss_sum), self.device
+        )
         self.steps += 1
-        return {"value_loss": loss_sum, "value_clip_frac": clipped / total_tokens, "critic_grad_norm": norm,
-                "critic_skipped_nonfinite": float(not stepped)}
+        return {
+            "value_loss": loss_sum,
+            "value_clip_frac": clipped / total_tokens,
+            "critic_grad_norm": norm,
+            "critic_skipped_nonfinite": float(not stepped),
+        }
 
     def save(self, directory: Path) -> None:
         """Write the value model, its optimizer state and the step count into ``directory``."""
         state = self.optimizer.state_dict()
-        tensors = {f"{index}::{key}": torch.as_tensor(value).contiguous()
-                   for index, entry in state["state"].items() for key, value in entry.items()}
+        tensors = {
+            f"{index}::{key}": torch.as_tensor(value).contiguous()
+            for index, entry in state["state"].items()
+            for key, value in entry.items()
+        }
         save_file({k: v.detach().contiguous() for k, v in self.model.state_dict().items()}, str(directory / VALUE_FILE))
         save_file(tensors, str(directory / OPTIMIZER_FILE))
         groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in state["param_groups"]]
@@ -146,9 +160,11 @@ class Critic:
         """Restore what ``save`` wrote; a checkpoint without a critic is refused with the fix."""
         missing = [name for name in (VALUE_FILE, OPTIMIZER_FILE, STATE_FILE) if not (directory / name).is_file()]
         if missing:
-            raise ValueError(f"cannot resume algorithm.advantage=gae from {directory}: it has no critic "
-                             f"({', '.join(missing)} missing; it was saved by a run without a critic); resume with "
-                             "that run's algorithm.advantage, or start a new run")
+            raise ValueError(
+                f"cannot resume algorithm.advantage=gae from {directory}: it has no critic "
+                f"({', '.join(missing)} missing; it was saved by a run without a critic); resume with "
+                "that run's algorithm.advantage, or start a new run"
+            )
         self.model.load_state_dict(load_file(str(directory / VALUE_FILE)))
         saved = json.loads((directory / STATE_FILE).read_text())
         state: dict[int, dict[str, torch.Tensor]] = {}

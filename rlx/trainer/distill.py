@@ -47,23 +47,29 @@ def check_same_tokenizer(student_path: str, teacher_path: str) -> None:
     from rlx.trainer.model import check_model_dir, load_tokenizer
 
     if not Path(teacher_path, "config.json").is_file():
-        raise ConfigError(f"algorithm.distill.teacher={teacher_path!r} is not a model directory (no config.json); "
-                          "set it to a local Hugging Face directory of the teacher, or add "
-                          "algorithm.distill.teacher_build_if_missing=tiny_math_teacher to build the tiny-math "
-                          "teacher there first")
+        raise ConfigError(
+            f"algorithm.distill.teacher={teacher_path!r} is not a model directory (no config.json); "
+            "set it to a local Hugging Face directory of the teacher, or add "
+            "algorithm.distill.teacher_build_if_missing=tiny_math_teacher to build the tiny-math "
+            "teacher there first"
+        )
     check_model_dir(teacher_path, "algorithm.distill.teacher")
     student, teacher = load_tokenizer(student_path), load_tokenizer(teacher_path)
     s_vocab, t_vocab = student.get_vocab(), teacher.get_vocab()
     if s_vocab != t_vocab:
         differ = sorted(set(s_vocab.items()) ^ set(t_vocab.items()), key=lambda kv: kv[1])[:3]
-        raise ConfigError(f"algorithm.distill.teacher={teacher_path!r} has another tokenizer than model.path="
-                          f"{student_path!r} ({len(t_vocab)} vs {len(s_vocab)} tokens; e.g. {differ}); on-policy "
-                          "distillation scores the student's token ids with the teacher, so pick a teacher of the "
-                          "same tokenizer family")
+        raise ConfigError(
+            f"algorithm.distill.teacher={teacher_path!r} has another tokenizer than model.path="
+            f"{student_path!r} ({len(t_vocab)} vs {len(s_vocab)} tokens; e.g. {differ}); on-policy "
+            "distillation scores the student's token ids with the teacher, so pick a teacher of the "
+            "same tokenizer family"
+        )
     for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
         if getattr(student, name) != getattr(teacher, name):
-            raise ConfigError(f"algorithm.distill.teacher={teacher_path!r}: its {name} is {getattr(teacher, name)}, "
-                              f"the student's is {getattr(student, name)}; pick a teacher of the same tokenizer")
+            raise ConfigError(
+                f"algorithm.distill.teacher={teacher_path!r}: its {name} is {getattr(teacher, name)}, "
+                f"the student's is {getattr(student, name)}; pick a teacher of the same tokenizer"
+            )
 
 
 class ColocatedTeacher:
@@ -85,8 +91,9 @@ class ColocatedTeacher:
         out = torch.zeros(full.mask.shape, dtype=torch.float32)
         for start in range(0, full.size, self.micro_batch):
             mb = build(full, list(range(start, min(start + self.micro_batch, full.size))), packed=False)
-            logp, _ = completion_logprobs(self.model, mb.to(self.device), 1.0, self.chunk_size,
-                                          split_head=self.split_head)
+            logp, _ = completion_logprobs(
+                self.model, mb.to(self.device), 1.0, self.chunk_size, split_head=self.split_head
+            )
             out[mb.rows] = logp.float().cpu()
         return out
 
@@ -110,7 +117,7 @@ class ServedTeacher:
         scored = asyncio.run(self._score(sequences, starts)) if sequences else []
         out = torch.zeros(full.mask.shape, dtype=torch.float32)
         for i, row in zip(rows, scored, strict=True):
-            out[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
+            out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
         return out
 
     async def _score(self, sequences: list[list[int]], starts: list[int]) -> list[list[float]]:
@@ -136,8 +143,9 @@ def make_teacher(d: DistillConfig, auth_token: str, chunk_size: int, device: tor
     return ColocatedTeacher(d.teacher, device, d.teacher_micro_batch, chunk_size)
 
 
-def distill_advantages(teacher, full: TrainBatch, micro: list[MicroBatch], task_advantages: torch.Tensor,
-                       coef: float, reward_coef: float) -> tuple[torch.Tensor, dict[str, float]]:
+def distill_advantages(
+    teacher, full: TrainBatch, micro: list[MicroBatch], task_advantages: torch.Tensor, coef: float, reward_coef: float
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Per-token advantages [B, T] (see the module docstring) and the reverse-KL metrics.
 
     ``micro`` carries this rank's ``old_logp``; other ranks' rows arrive through an all-reduce."""
@@ -157,5 +165,7 @@ def distill_advantages(teacher, full: TrainBatch, micro: list[MicroBatch], task_
         task = task_advantages if task_advantages.dim() == 2 else task_advantages.unsqueeze(-1)
         advantages = advantages + reward_coef * task * mask
     tokens = mask.sum().clamp(min=1.0)
-    return advantages, {"distill_reverse_kl": float(reverse_kl.sum() / tokens),
-                        "teacher_logp_mean": float((teacher_logp * mask).sum() / tokens)}
+    return advantages, {
+        "distill_reverse_kl": float(reverse_kl.sum() / tokens),
+        "teacher_logp_mean": float((teacher_logp * mask).sum() / tokens),
+    }

@@ -28,12 +28,17 @@ def can_split_head(model) -> bool:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     base = getattr(model, getattr(model, "base_model_prefix", ""), None)
     transformed = any(getattr(model.config, name, None) not in (None, 1.0) for name in LOGIT_TRANSFORMS)
-    return (isinstance(head, torch.nn.Linear) and head.bias is None and isinstance(base, torch.nn.Module)
-            and not transformed)
+    return (
+        isinstance(head, torch.nn.Linear)
+        and head.bias is None
+        and isinstance(base, torch.nn.Module)
+        and not transformed
+    )
 
 
-def completion_logprobs(model, mb, temperature: float, chunk_size: int, *, split_head: bool,
-                        entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def completion_logprobs(
+    model, mb, temperature: float, chunk_size: int, *, split_head: bool, entropy_grad: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logp [b, T], entropy [b, T])`` of the micro-batch's completion tokens; 0 where the mask is 0.
 
     Entropy is detached unless ``entropy_grad``.
@@ -67,24 +72,26 @@ def _model_features(model, mb, split_head: bool) -> torch.Tensor:
             return hidden[0, packed.sources]
         return model(**packed.model_kwargs(), logits_to_keep=packed.sources).logits[0]
     num_completion = batch.completion_ids.shape[1]
-    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-              "position_ids": batch.position_ids}
+    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "position_ids": batch.position_ids}
     if split_head:
         hidden = getattr(model, model.base_model_prefix)(**inputs).last_hidden_state
-        return hidden[:, -num_completion - 1:-1][batch.mask.bool()]
+        return hidden[:, -num_completion - 1 : -1][batch.mask.bool()]
     return model(**inputs, logits_to_keep=num_completion + 1).logits[:, :-1][batch.mask.bool()]
 
 
-def chunked_logprobs(features: torch.Tensor, weight: torch.Tensor | None, targets: torch.Tensor,
-                     temperature: float, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def chunked_logprobs(
+    features: torch.Tensor, weight: torch.Tensor | None, targets: torch.Tensor, temperature: float, chunk_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token ``(logp [M], entropy [M])`` in float32, ``chunk_size`` tokens at a time."""
     if features.shape[0] == 0:  # a filler micro-batch: keep the graph so backward still reaches every layer
         empty = features.sum(dim=-1).float() * 0.0
         return empty, empty
     if weight is not None and features.dtype != weight.dtype:  # autocast's hidden states meet the float32 head
         features = features.to(weight.dtype)
-    pieces = [HeadLogprob.apply(features[s:s + chunk_size], weight, targets[s:s + chunk_size], temperature)
-              for s in range(0, features.shape[0], chunk_size)]
+    pieces = [
+        HeadLogprob.apply(features[s : s + chunk_size], weight, targets[s : s + chunk_size], temperature)
+        for s in range(0, features.shape[0], chunk_size)
+    ]
     return torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])
 
 
@@ -143,8 +150,7 @@ class HeadLogprob(torch.autograd.Function):
         if grad_logp is None:
             grad_logp = torch.zeros_like(lse)
         logits = F.linear(features, weight) if weight is not None else features
-        grad = _fused(_grad_logits, logits)(logits, targets, lse, entropy, grad_logp, grad_entropy,
-                                           ctx.temperature)
+        grad = _fused(_grad_logits, logits)(logits, targets, lse, entropy, grad_logp, grad_entropy, ctx.temperature)
         if weight is None:
             return grad, None, None, None
         grad_weight = grad.t() @ features if ctx.needs_input_grad[1] else None

@@ -37,8 +37,10 @@ def apply_lora(model, lora, base_model_path: str = ""):
 
     linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
     if not set(lora.target_modules) & set(linear):
-        raise ValueError(f"model.lora.target_modules={list(lora.target_modules)} matches no layer of the model; "
-                         f"set it to some of its linear layers: {', '.join(linear)}")
+        raise ValueError(
+            f"model.lora.target_modules={list(lora.target_modules)} matches no layer of the model; "
+            f"set it to some of its linear layers: {', '.join(linear)}"
+        )
     model = inject_adapter_in_model(peft_lora_config(lora, base_model_path), model, adapter_name=ADAPTER)
     return model
 
@@ -95,8 +97,11 @@ def _adapter_names(model) -> dict[str, str]:
     """PEFT's name without the prefix (``<module>.lora_A.weight``: the adapter's name taken out, as
     ``peft.get_peft_model_state_dict`` saves it) -> the model's own name, per adapter parameter."""
     tag = f".{ADAPTER}."
-    return {name.replace(tag, "."): name for name, _ in model.named_parameters()
-            if tag in name and (".lora_A." in name or ".lora_B." in name)}
+    return {
+        name.replace(tag, "."): name
+        for name, _ in model.named_parameters()
+        if tag in name and (".lora_A." in name or ".lora_B." in name)
+    }
 
 
 def adapter_named_tensors(model):
@@ -126,8 +131,10 @@ def load_adapter_state(model, state: dict[str, torch.Tensor]) -> None:
     expected = {PEFT_PREFIX + key for key in names}
     if set(state) != expected:
         missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
-        raise ValueError(f"the adapter in the checkpoint does not fit model.lora (missing: {missing[:3]}, "
-                         f"unexpected: {extra[:3]}); resume with that run's model.lora settings")
+        raise ValueError(
+            f"the adapter in the checkpoint does not fit model.lora (missing: {missing[:3]}, "
+            f"unexpected: {extra[:3]}); resume with that run's model.lora settings"
+        )
     full = {names[key.removeprefix(PEFT_PREFIX)]: value for key, value in sorted(state.items())}
     result = set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, strict=False))
     assert not result.unexpected_keys, result.unexpected_keys
@@ -144,5 +151,6 @@ def adapter_config(model, base_model_path: str) -> dict:
     config = model.peft_config[ADAPTER].to_dict()
     config["base_model_name_or_path"] = absolute_model_path(base_model_path)
     config["inference_mode"] = True
-    return {k: sorted(v) if isinstance(v, set) else (str(v.value) if hasattr(v, "value") else v)
-            for k, v in config.items()}
+    return {
+        k: sorted(v) if isinstance(v, set) else (str(v.value) if hasattr(v, "value") else v) for k, v in config.items()
+    }

@@ -40,8 +40,10 @@ def check_model_dir(path: str, key: str = "model.path") -> Path:
 
     model_dir = Path(path)
     if not (model_dir / "config.json").is_file():
-        raise FileNotFoundError(f"{key}={path!r} is not a Hugging Face model directory (no config.json); "
-                                f"set {key} to a local directory with config.json, tokenizer and safetensors")
+        raise FileNotFoundError(
+            f"{key}={path!r} is not a Hugging Face model directory (no config.json); "
+            f"set {key} to a local directory with config.json, tokenizer and safetensors"
+        )
     try:
         config = json.loads((model_dir / "config.json").read_bytes())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -50,8 +52,10 @@ def check_model_dir(path: str, key: str = "model.path") -> Path:
         raise ConfigError(f"{model_dir / 'config.json'} has no model_type; it is not a transformers model config")
     _check_weights(model_dir, path, key)
     if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
-        raise ConfigError(f"{key}={path!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
-                          "copy the model's tokenizer files into it")
+        raise ConfigError(
+            f"{key}={path!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+            "copy the model's tokenizer files into it"
+        )
     return model_dir
 
 
@@ -69,8 +73,10 @@ def _check_weights(model_dir: Path, path: str, key: str) -> None:
         except ConvertError as exc:
             raise ConfigError(f"{key}={path!r}: {exc}") from None
     elif not any(model_dir.glob("*.bin")):
-        raise ConfigError(f"{key}={path!r} has config.json but no weights (*.safetensors or *.bin); copy the "
-                          f"model's weight files into it, or set {key} to the complete model directory")
+        raise ConfigError(
+            f"{key}={path!r} has config.json but no weights (*.safetensors or *.bin); copy the "
+            f"model's weight files into it, or set {key} to the complete model directory"
+        )
 
 
 def load_tokenizer(path: str):
@@ -82,8 +88,13 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def load_model(m: ModelConfig, device: torch.device, trainable: bool = True, packed_attention: bool = False,
-               fused_kernels: str = "off"):
+def load_model(
+    m: ModelConfig,
+    device: torch.device,
+    trainable: bool = True,
+    packed_attention: bool = False,
+    fused_kernels: str = "off",
+):
     """The model on ``device``; ``packed_attention`` switches it to packed-sequence attention. A trainable
     model gets LoRA adapters when ``model.lora.rank > 0`` (``rlx.trainer.lora``) and the ``fused_kernels``
     (``trainer.fused_kernels``) that apply; a frozen one stays plain."""
@@ -91,7 +102,8 @@ def load_model(m: ModelConfig, device: torch.device, trainable: bool = True, pac
 
     check_model_dir(m.path)
     model = AutoModelForCausalLM.from_pretrained(
-        m.path, dtype=getattr(torch, m.dtype), attn_implementation=m.attn_implementation)
+        m.path, dtype=getattr(torch, m.dtype), attn_implementation=m.attn_implementation
+    )
     model.config.use_cache = False
     compute = m.compute_dtype
     model.rlx_compute_dtype = None if compute in ("auto", m.dtype) else getattr(torch, compute)
@@ -119,8 +131,9 @@ def load_model(m: ModelConfig, device: torch.device, trainable: bool = True, pac
 
 def has_dropout(model) -> bool:
     """Whether the model drops anything in train mode (a dropout module or a ``*dropout`` config value > 0)."""
-    in_config = any("dropout" in key and isinstance(value, float) and value > 0
-                    for key, value in model.config.to_dict().items())
+    in_config = any(
+        "dropout" in key and isinstance(value, float) and value > 0 for key, value in model.config.to_dict().items()
+    )
     return in_config or any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
 
 

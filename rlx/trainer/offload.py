@@ -18,8 +18,9 @@ import torch
 
 
 class Offloader:
-    def __init__(self, modules: list[torch.nn.Module], optimizer: torch.optim.Optimizer | None,
-                 device: torch.device) -> None:
+    def __init__(
+        self, modules: list[torch.nn.Module], optimizer: torch.optim.Optimizer | None, device: torch.device
+    ) -> None:
         self.modules = [m for m in modules if m is not None]
         self.optimizer = optimizer
         self.device = device

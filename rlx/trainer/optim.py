@@ -23,16 +23,22 @@ def adamw(params, lr: float, t: TrainerConfig) -> torch.optim.AdamW:
     per-tensor loop. Both compute the same update."""
     params = list(params)
     fused = bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
-    return torch.optim.AdamW(params, lr=lr, betas=tuple(t.betas), weight_decay=t.weight_decay,
-                             **({"fused": True} if fused else {"foreach": False}))
+    return torch.optim.AdamW(
+        params,
+        lr=lr,
+        betas=tuple(t.betas),
+        weight_decay=t.weight_decay,
+        **({"fused": True} if fused else {"foreach": False}),
+    )
 
 
 def build_optimizer(model, t: TrainerConfig) -> torch.optim.Optimizer:
     return adamw((p for p in model.parameters() if p.requires_grad), t.lr, t)
 
 
-def step_if_finite(optimizer: torch.optim.Optimizer, params: list, max_grad_norm: float, loss_finite: bool,
-                   device: torch.device) -> tuple[float, bool]:
+def step_if_finite(
+    optimizer: torch.optim.Optimizer, params: list, max_grad_norm: float, loss_finite: bool, device: torch.device
+) -> tuple[float, bool]:
     """Clip the gradients of ``params`` to ``max_grad_norm`` (0 = no clipping) and take the optimizer step,
     unless this rank's loss or the global gradient norm is NaN or inf: then the gradients are dropped and
     nothing else changes. Every rank decides alike (the norm is global; a rank's loss flag is all-reduced).
@@ -58,8 +64,10 @@ def live_implementation(saved_groups: list[dict], optimizer: torch.optim.Optimiz
     """``saved_groups`` (a checkpoint's param groups) with ``optimizer``'s own implementation flags, so a
     resumed run keeps the kernels it was built with whatever run wrote the checkpoint (loading a state dict
     otherwise takes every group key from the file)."""
-    return [{**saved, **{k: live[k] for k in IMPLEMENTATION_KEYS if k in live}}
-            for saved, live in zip(saved_groups, optimizer.param_groups, strict=True)]
+    return [
+        {**saved, **{k: live[k] for k in IMPLEMENTATION_KEYS if k in live}}
+        for saved, live in zip(saved_groups, optimizer.param_groups, strict=True)
+    ]
 
 
 def lr_factor(step: int, t: TrainerConfig) -> float:

@@ -41,11 +41,11 @@ from rlx.trainer.batch import TrainBatch
 
 @dataclass
 class Packed:
-    input_ids: torch.Tensor     # [1, N] long, the real tokens of every sequence back to back
+    input_ids: torch.Tensor  # [1, N] long, the real tokens of every sequence back to back
     position_ids: torch.Tensor  # [1, N] long, restarting at 0 per sequence
-    cu_seqlens: torch.Tensor    # [n + 1] int32, cumulative sequence lengths
-    max_len: int                # longest sequence
-    sources: torch.Tensor       # [M] long, the position whose hidden state scores each completion token
+    cu_seqlens: torch.Tensor  # [n + 1] int32, cumulative sequence lengths
+    max_len: int  # longest sequence
+    sources: torch.Tensor  # [M] long, the position whose hidden state scores each completion token
     kv_index: torch.Tensor | None = None  # shared prompts: [K] long, each sequence's key positions in turn
     cu_seqlens_k: torch.Tensor | None = None  # shared prompts: [n + 1] int32, cumulative key counts
     max_len_k: int = 0
@@ -55,8 +55,14 @@ class Packed:
         return _moved(self, device)
 
     def model_kwargs(self) -> dict:
-        kwargs = {"input_ids": self.input_ids, "position_ids": self.position_ids, "cu_seq_lens_q": self.cu_seqlens,
-                  "cu_seq_lens_k": self.cu_seqlens, "max_length_q": self.max_len, "max_length_k": self.max_len}
+        kwargs = {
+            "input_ids": self.input_ids,
+            "position_ids": self.position_ids,
+            "cu_seq_lens_q": self.cu_seqlens,
+            "cu_seq_lens_k": self.cu_seqlens,
+            "max_length_q": self.max_len,
+            "max_length_k": self.max_len,
+        }
         if self.kv_index is not None:
             kwargs.update({KV_INDEX: self.kv_index, "cu_seq_lens_k": self.cu_seqlens_k, "max_length_k": self.max_len_k})
         if self.blocks is not None:
@@ -83,24 +89,38 @@ class Blocks:
 
 def _moved(layout, device: torch.device):
     """A copy of the dataclass ``layout`` with its tensors (and nested ``Blocks``) on ``device``."""
-    return dataclasses.replace(layout, **{f.name: value.to(device) for f in dataclasses.fields(layout)
-                                          if isinstance(value := getattr(layout, f.name), (torch.Tensor, Blocks))})
+    return dataclasses.replace(
+        layout,
+        **{
+            f.name: value.to(device)
+            for f in dataclasses.fields(layout)
+            if isinstance(value := getattr(layout, f.name), (torch.Tensor, Blocks))
+        },
+    )
 
 
 @dataclass
 class MicroBatch:
-    rows: torch.Tensor       # [b] long, rows of the step batch (CPU)
-    batch: TrainBatch        # those rows; completion tokens scored where batch.mask is 1
-    packed: Packed | None    # None in the padded layout
-    num_tokens: int          # real (prompt + completion) tokens through the model; 0 for a filler
+    rows: torch.Tensor  # [b] long, rows of the step batch (CPU)
+    batch: TrainBatch  # those rows; completion tokens scored where batch.mask is 1
+    packed: Packed | None  # None in the padded layout
+    num_tokens: int  # real (prompt + completion) tokens through the model; 0 for a filler
 
     def to(self, device: torch.device) -> MicroBatch:
         packed = self.packed.to(device) if self.packed is not None else None
         return MicroBatch(self.rows, self.batch.to(device), packed, self.num_tokens)
 
 
-def micro_batches(full: TrainBatch, rank: int, world: int, micro_batch_tokens: int, micro_batch_size: int,
-                  group_size: int = 1, share_prompts: bool = False, rows: list[int] | None = None) -> list[MicroBatch]:
+def micro_batches(
+    full: TrainBatch,
+    rank: int,
+    world: int,
+    micro_batch_tokens: int,
+    micro_batch_size: int,
+    group_size: int = 1,
+    share_prompts: bool = False,
+    rows: list[int] | None = None,
+) -> list[MicroBatch]:
     """This rank's micro-batches of ``full`` (CPU), in the layout the config asks for. ``group_size``
     consecutive rows are one prompt's samples (``rollout.n``); with ``share_prompts`` (packed layout only)
     they are planned together and carry a prompt they share once. ``rows`` (ascending) are the rows to plan;
@@ -110,12 +130,15 @@ def micro_batches(full: TrainBatch, rank: int, world: int, micro_batch_tokens: i
         plan = plan_padded(len(rows), world, micro_batch_size)[rank]
         return [build(full, [rows[i] for i in mb], packed=False) for mb in plan]
     units, costs = plan_units(full, group_size if share_prompts else 1, micro_batch_tokens, rows)
-    plan = [sorted(row for unit in mb for row in units[unit]) for mb in plan_packed(costs, world, micro_batch_tokens)[rank]]
+    plan = [
+        sorted(row for unit in mb for row in units[unit]) for mb in plan_packed(costs, world, micro_batch_tokens)[rank]
+    ]
     return [build(full, mb, packed=True, share_prompts=share_prompts) for mb in plan]
 
 
-def plan_units(full: TrainBatch, group_size: int, budget: int,
-               rows: list[int] | None = None) -> tuple[list[list[int]], list[int]]:
+def plan_units(
+    full: TrainBatch, group_size: int, budget: int, rows: list[int] | None = None
+) -> tuple[list[list[int]], list[int]]:
     """The rows planned together and the tokens each such unit puts through the model: one row each, or a
     group's consecutive rows (split where they would pass ``budget``) counting a prompt of one length once.
     Only lengths are read, so ranks that hold the counts but not the tokens (``rlx.trainer.plane``) plan alike;
@@ -162,7 +185,7 @@ def plan_padded(num_rows: int, world: int, rows_per_batch: int) -> list[list[lis
     plans = []
     for rank in range(world):
         rows = list(range(rank * share, min((rank + 1) * share, num_rows)))
-        plans.append([rows[i * rows_per_batch:(i + 1) * rows_per_batch] for i in range(count)])
+        plans.append([rows[i * rows_per_batch : (i + 1) * rows_per_batch] for i in range(count)])
     return plans
 
 
@@ -201,8 +224,10 @@ def pack(batch: TrainBatch, share_prompts: bool = False, blocks: bool | None = N
     prompt_len = batch.input_ids.shape[1] - batch.completion_ids.shape[1]
     scored = batch.mask.bool()
     if (scored.any(dim=1) & ~keep[:, :prompt_len].any(dim=1)).any():
-        raise ValueError("a sample has a completion but an empty prompt; every sample needs at least one "
-                         "prompt token (the token that scores its first completion token)")
+        raise ValueError(
+            "a sample has a completion but an empty prompt; every sample needs at least one "
+            "prompt token (the token that scores its first completion token)"
+        )
     owners = _prompt_owners(batch, keep, prompt_len) if share_prompts else None
     shared = owners is not None
     own = keep.clone()  # the tokens each row adds to the packed row
@@ -211,22 +236,37 @@ def pack(batch: TrainBatch, share_prompts: bool = False, blocks: bool | None = N
     flat = (own.flatten().cumsum(0) - 1).view_as(own)
     where = torch.where(own, flat, flat[owners]) if shared else flat  # each real token's position in the row
     query_len, key_len = own.sum(dim=1), keep.sum(dim=1)
+
     def cumulative(lengths):
         return F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
-    packed = Packed(batch.input_ids[own].unsqueeze(0), batch.position_ids[own].unsqueeze(0), cumulative(query_len),
-                    int(query_len.max()), where[:, prompt_len - 1:-1][scored])
+
+    packed = Packed(
+        batch.input_ids[own].unsqueeze(0),
+        batch.position_ids[own].unsqueeze(0),
+        cumulative(query_len),
+        int(query_len.max()),
+        where[:, prompt_len - 1 : -1][scored],
+    )
     if shared:  # keys row by row: its prompt's positions, then its own tokens'
         packed.kv_index, packed.cu_seqlens_k, packed.max_len_k = where[keep], cumulative(key_len), int(key_len.max())
     adder = torch.arange(batch.size)[:, None].expand_as(own)[own]  # the row that put each token in the packed row
     block_of = owners[adder] if shared else adder
     is_prompt = (torch.arange(own.shape[1]) < prompt_len).expand_as(own)[own]
-    packed.blocks = blocks_layout(block_of, adder, is_prompt, int(query_len.numel()), int(query_len.max()),
-                                  int(key_len.max()), blocks)
+    packed.blocks = blocks_layout(
+        block_of, adder, is_prompt, int(query_len.numel()), int(query_len.max()), int(key_len.max()), blocks
+    )
     return packed
 
 
-def blocks_layout(block_of: torch.Tensor, sequence: torch.Tensor, is_prompt: torch.Tensor, num_sequences: int,
-                  max_q: int, max_k: int, force: bool | None = None) -> Blocks | None:
+def blocks_layout(
+    block_of: torch.Tensor,
+    sequence: torch.Tensor,
+    is_prompt: torch.Tensor,
+    num_sequences: int,
+    max_q: int,
+    max_k: int,
+    force: bool | None = None,
+) -> Blocks | None:
     """The ``Blocks`` of a packed row whose token ``i`` belongs to block ``block_of[i]`` and sequence
     ``sequence[i]`` and is a prompt token where ``is_prompt[i]``; None where one padded row per sequence
     costs less (``force`` overrides: True always, False never). The cost of an attention call counts each
@@ -236,7 +276,7 @@ def blocks_layout(block_of: torch.Tensor, sequence: torch.Tensor, is_prompt: tor
     sizes = torch.bincount(block, minlength=numbers.numel())
     longest = int(sizes.max())
     if force is None:
-        force = numbers.numel() * (longest ** 2 + BLOCK_PAIR_COST) < num_sequences * (max_q * max_k + BLOCK_PAIR_COST)
+        force = numbers.numel() * (longest**2 + BLOCK_PAIR_COST) < num_sequences * (max_q * max_k + BLOCK_PAIR_COST)
     if not force:
         return None
     order = torch.argsort(block, stable=True)  # block by block, each in row order

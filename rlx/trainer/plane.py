@@ -72,8 +72,9 @@ class DataPlane:
     """Rank 0's side: ``send`` before its train step, ``done`` after it."""
 
     def __init__(self, store_cfg: StoreConfig, pad_id: int, device: torch.device) -> None:
-        self.store: SampleStore = create_store(store_cfg.transport, store_cfg.capacity_mb, store_cfg.max_rows,
-                                               store_cfg.timeout_s)
+        self.store: SampleStore = create_store(
+            store_cfg.transport, store_cfg.capacity_mb, store_cfg.max_rows, store_cfg.timeout_s
+        )
         self.pad_id, self.device = pad_id, device
         self._rows: list[int] = []
 
@@ -82,8 +83,14 @@ class DataPlane:
         every step)."""
         self._rows = self.store.put(samples)
         completion_len = batch.completion_ids.shape[1]
-        notice = BatchNotice(self.store.handle(), self._rows[0], len(self._rows),
-                             batch.input_ids.shape[1] - completion_len, completion_len, self.pad_id)
+        notice = BatchNotice(
+            self.store.handle(),
+            self._rows[0],
+            len(self._rows),
+            batch.input_ids.shape[1] - completion_len,
+            completion_len,
+            self.pad_id,
+        )
         return broadcast_notice(notice, self.device)
 
     def done(self) -> dict[str, float]:
@@ -105,7 +112,7 @@ def broadcast_notice(notice: BatchNotice | None, device: torch.device) -> int:
         if len(encoded) + 2 > NOTICE_BYTES:
             raise ValueError(f"a batch notice of {len(encoded)} bytes does not fit the {NOTICE_BYTES}-byte frame")
         frame[:2] = torch.tensor([len(encoded) >> 8, len(encoded) & 0xFF], dtype=torch.uint8)
-        frame[2:2 + len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
+        frame[2 : 2 + len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
     frame = frame.to(device)
     dist.broadcast(frame, 0)
     return NOTICE_BYTES
@@ -123,15 +130,17 @@ class Puller:
         dist.broadcast(frame, 0)
         frame = frame.cpu()
         length = (int(frame[0]) << 8) | int(frame[1])
-        notice = msgspec.msgpack.decode(bytes(frame[2:2 + length].numpy()), type=BatchNotice)
+        notice = msgspec.msgpack.decode(bytes(frame[2 : 2 + length].numpy()), type=BatchNotice)
         key = (notice.handle.kind, notice.handle.name)
         if key not in self._readers:
             try:
                 self._readers[key] = open_reader(notice.handle)
             except FileNotFoundError as exc:
-                raise RuntimeError(f"trainer rank {dist.get_rank()} cannot open rank 0's sample store ({exc}); the "
-                                   "shm store needs every trainer rank on rank 0's host: set "
-                                   "store.transport=tcp when the ranks span hosts") from None
+                raise RuntimeError(
+                    f"trainer rank {dist.get_rank()} cannot open rank 0's sample store ({exc}); the "
+                    "shm store needs every trainer rank on rank 0's host: set "
+                    "store.transport=tcp when the ranks span hosts"
+                ) from None
         return StoredBatch.open(self._readers[key], notice)
 
     def close(self) -> None:

@@ -98,15 +98,25 @@ class RankGroup:
         self._announce(Command.SYNC)
         return self.trainer.named_tensors()
 
-    def checkpoint(self, step: int, state: dict[str, Any] | None = None,
-                   before_manifest: Callable[[Path], None] | None = None) -> None:
+    def checkpoint(
+        self, step: int, state: dict[str, Any] | None = None, before_manifest: Callable[[Path], None] | None = None
+    ) -> None:
         """Save step ``step`` (gathered from every rank, written by rank 0 with the run's ``state``)."""
         from rlx.trainer.checkpoint import save_checkpoint
 
         self._announce(Command.CHECKPOINT, step)
         t = self.trainer
-        save_checkpoint(self.ckpt_root, step, t.model, t.optimizer, t.scheduler, self.model_path, state or {},
-                        self.keep, before_manifest=before_manifest)
+        save_checkpoint(
+            self.ckpt_root,
+            step,
+            t.model,
+            t.optimizer,
+            t.scheduler,
+            self.model_path,
+            state or {},
+            self.keep,
+            before_manifest=before_manifest,
+        )
 
     def load(self, step: int) -> dict[str, Any]:
         """Restore step ``step``'s checkpoint on every rank; the state rank 0 saved with it."""

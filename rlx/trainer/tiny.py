@@ -33,16 +33,23 @@ def build_tokenizer(out_dir: str | Path):
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     backend.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-        unk_token="<unk>", clean_up_tokenization_spaces=False, model_max_length=4096)
+        tokenizer_object=backend,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        clean_up_tokenization_spaces=False,
+        model_max_length=4096,
+    )
     tokenizer.save_pretrained(str(out_dir))
     return tokenizer
 
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character table used by byte-level BPE."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     table, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -53,24 +60,50 @@ def _bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-def tiny_qwen2_config(vocab_size: int, hidden_size: int = 128, num_layers: int = 2,
-                      num_heads: int = 4, num_kv_heads: int = 2, intermediate_size: int | None = None,
-                      max_position_embeddings: int = 1024, tie_word_embeddings: bool = True):
+def tiny_qwen2_config(
+    vocab_size: int,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 1024,
+    tie_word_embeddings: bool = True,
+):
     from transformers import Qwen2Config
 
     return Qwen2Config(
-        vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
-        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
         intermediate_size=intermediate_size or 4 * hidden_size,
-        max_position_embeddings=max_position_embeddings, tie_word_embeddings=tie_word_embeddings,
-        rms_norm_eps=1e-6, rope_theta=10000.0, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-        torch_dtype="float32", use_sliding_window=False)
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        torch_dtype="float32",
+        use_sliding_window=False,
+    )
 
 
-def build_tiny_model(out_dir: str | Path, *, hidden_size: int = 128, num_layers: int = 2,
-                     num_heads: int = 4, num_kv_heads: int = 2, seed: int = 0,
-                     tie_word_embeddings: bool = True, dtype: str = "float32",
-                     intermediate_size: int | None = None, vocab_size: int | None = None) -> Path:
+def build_tiny_model(
+    out_dir: str | Path,
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    seed: int = 0,
+    tie_word_embeddings: bool = True,
+    dtype: str = "float32",
+    intermediate_size: int | None = None,
+    vocab_size: int | None = None,
+) -> Path:
     """Build a randomly initialised tiny Qwen2 model + tokenizer in ``out_dir`` and return it."""
     import torch
     from transformers import GenerationConfig, Qwen2ForCausalLM
@@ -79,8 +112,15 @@ def build_tiny_model(out_dir: str | Path, *, hidden_size: int = 128, num_layers:
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out_dir)
     vocab_size = vocab_size or _round_up(len(tokenizer), 64)
-    config = tiny_qwen2_config(vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
-                               intermediate_size=intermediate_size, tie_word_embeddings=tie_word_embeddings)
+    config = tiny_qwen2_config(
+        vocab_size,
+        hidden_size,
+        num_layers,
+        num_heads,
+        num_kv_heads,
+        intermediate_size=intermediate_size,
+        tie_word_embeddings=tie_word_embeddings,
+    )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
@@ -89,8 +129,9 @@ def build_tiny_model(out_dir: str | Path, *, hidden_size: int = 128, num_layers:
     return out_dir
 
 
-QWEN2_0P5B_SHAPE = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
-                        vocab_size=151936)
+QWEN2_0P5B_SHAPE = dict(
+    hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864, vocab_size=151936
+)
 
 
 def build_qwen2_0p5b_random(out_dir: str | Path, seed: int = 0) -> Path:
@@ -99,17 +140,31 @@ def build_qwen2_0p5b_random(out_dir: str | Path, seed: int = 0) -> Path:
     return build_tiny_model(out_dir, seed=seed, dtype="bfloat16", **QWEN2_0P5B_SHAPE)
 
 
-def planned_parameter_count(*, hidden_size: int = 128, num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
-                            intermediate_size: int | None = None, vocab_size: int | None = None,
-                            tie_word_embeddings: bool = True) -> int:
+def planned_parameter_count(
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int | None = None,
+    vocab_size: int | None = None,
+    tie_word_embeddings: bool = True,
+) -> int:
     """Parameters ``build_tiny_model`` with these arguments writes, counted on the meta device (nothing is
     allocated): `rlx doctor` sizes a model that `rlx train` has not built yet."""
     import torch
     from transformers import Qwen2ForCausalLM
 
     vocab_size = vocab_size or _round_up(len(SPECIAL_TOKENS) + len(CHARACTERS), 64)
-    config = tiny_qwen2_config(vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
-                               intermediate_size=intermediate_size, tie_word_embeddings=tie_word_embeddings)
+    config = tiny_qwen2_config(
+        vocab_size,
+        hidden_size,
+        num_layers,
+        num_heads,
+        num_kv_heads,
+        intermediate_size=intermediate_size,
+        tie_word_embeddings=tie_word_embeddings,
+    )
     with torch.device("meta"):
         model = Qwen2ForCausalLM(config)
     return sum(p.numel() for p in model.parameters())

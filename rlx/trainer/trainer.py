@@ -65,24 +65,43 @@ class Trainer:
         self.device = resolve_device(cfg.trainer.device)
         set_cpu_threads(cfg.trainer.cpu_threads, self.device)
         packed = cfg.trainer.micro_batch_tokens > 0
-        self.model = load_model(cfg.model, self.device, packed_attention=packed,
-                                fused_kernels=cfg.trainer.fused_kernels)
-        self.ref_model = (load_model(cfg.model, self.device, trainable=False, packed_attention=packed)
-                          if cfg.algorithm.kl_coef > 0 else None)
-        self.critic = Critic(cfg.algorithm, cfg.model, cfg.trainer, self.device, packed) if cfg.algorithm.advantage == "gae" else None
-        self.teacher = make_teacher(cfg.algorithm.distill, cfg.rollout.auth_token, cfg.trainer.logprob_chunk_size,
-                                    self.device)  # on-policy distillation (rlx.trainer.distill)
+        self.model = load_model(
+            cfg.model, self.device, packed_attention=packed, fused_kernels=cfg.trainer.fused_kernels
+        )
+        self.ref_model = (
+            load_model(cfg.model, self.device, trainable=False, packed_attention=packed)
+            if cfg.algorithm.kl_coef > 0
+            else None
+        )
+        self.critic = (
+            Critic(cfg.algorithm, cfg.model, cfg.trainer, self.device, packed)
+            if cfg.algorithm.advantage == "gae"
+            else None
+        )
+        self.teacher = make_teacher(
+            cfg.algorithm.distill, cfg.rollout.auth_token, cfg.trainer.logprob_chunk_size, self.device
+        )  # on-policy distillation (rlx.trainer.distill)
         self.optimizer = build_optimizer(self.model, cfg.trainer)
         self.scheduler = build_scheduler(self.optimizer, cfg.trainer)
         self.sampling = cfg.sampling
         """What the trainer must agree with of how the engines sampled: group size, temperature, length."""
         self.temperature = self.sampling.logprob_temperature
         self.split_head = self.world == 1 and can_split_head(self.model)
-        self.fused_logprobs = (cfg.trainer.epochs_per_step == 1 and self.ref_model is None and self.teacher is None and not has_dropout(self.model))
+        self.fused_logprobs = (
+            cfg.trainer.epochs_per_step == 1
+            and self.ref_model is None
+            and self.teacher is None
+            and not has_dropout(self.model)
+        )
         """The update's detached logprobs are the old ones (see the module docstring)."""
         a = cfg.algorithm
-        self.skip_no_signal = (cfg.trainer.skip_no_signal and self.ref_model is None and self.critic is None
-                               and self.teacher is None and not a.entropy_coef)
+        self.skip_no_signal = (
+            cfg.trainer.skip_no_signal
+            and self.ref_model is None
+            and self.critic is None
+            and self.teacher is None
+            and not a.entropy_coef
+        )
         """Rows whose advantage is zero give the loss nothing: they stay out of the update (``rows_with_signal``)."""
 
     def named_tensors(self):
@@ -110,9 +129,19 @@ class Trainer:
         if self.skip_no_signal:  # the advantages need no forward pass: know them first, plan only what trains
             advantages, metrics = self._advantages(full, [])
             rows, metrics["groups_no_signal"] = rows_with_signal(advantages, self.sampling.n)
-        micro = [mb.to(self.device) for mb in micro_batches(full, self.rank, self.world, t.micro_batch_tokens,
-                                                            t.micro_batch_size, self.sampling.n, t.share_prompts,
-                                                            rows)]
+        micro = [
+            mb.to(self.device)
+            for mb in micro_batches(
+                full,
+                self.rank,
+                self.world,
+                t.micro_batch_tokens,
+                t.micro_batch_size,
+                self.sampling.n,
+                t.share_prompts,
+                rows,
+            )
+        ]
         start = time.perf_counter()
         if not self.fused_logprobs:
             with tracer.span("logprob", rows=sum(mb.batch.size for mb in micro)):
@@ -122,8 +151,12 @@ class Trainer:
             advantages, metrics = self._advantages(full, micro)
         for mb in micro:
             mb.batch.advantages = advantages[mb.rows].to(self.device)
-        agg = LossAgg(a.loss_agg, global_tokens=float(full.mask.sum()), global_seqs=float(full.size),
-                      max_len=self.sampling.max_tokens)
+        agg = LossAgg(
+            a.loss_agg,
+            global_tokens=float(full.mask.sum()),
+            global_seqs=float(full.size),
+            max_len=self.sampling.max_tokens,
+        )
         start = time.perf_counter()
         if self.critic is None or not self.critic.warming_up:  # critic warm-up: only the critic trains
             metrics.update(self._update(micro, agg))
@@ -145,8 +178,9 @@ class Trainer:
             advantages = compute_advantages(a.advantage, rewards, self.sampling.n)
         if self.teacher is not None:
             with tracer.span("teacher_logprob", rows=full.size):
-                advantages, distilled = distill_advantages(self.teacher, full, micro, advantages, a.distill.coef,
-                                                           a.distill.reward_coef)
+                advantages, distilled = distill_advantages(
+                    self.teacher, full, micro, advantages, a.distill.coef, a.distill.reward_coef
+                )
             metrics.update(distilled)
         return advantages, metrics
 
@@ -171,8 +205,14 @@ class Trainer:
 
     def _logprobs(self, model, mb: MicroBatch, split_head: bool | None = None, entropy_grad: bool = False):
         split_head = self.split_head if split_head is None else split_head
-        return completion_logprobs(model, mb, self.temperature, self.cfg.trainer.logprob_chunk_size,
-                                   split_head=split_head, entropy_grad=entropy_grad)
+        return completion_logprobs(
+            model,
+            mb,
+            self.temperature,
+            self.cfg.trainer.logprob_chunk_size,
+            split_head=split_head,
+            entropy_grad=entropy_grad,
+        )
 
     def _shaped_rewards(self, full: TrainBatch, micro: list[MicroBatch]) -> torch.Tensor:
         """Rewards [B]; with KL in the reward, minus each sequence's KL penalty (summed over ranks)."""
@@ -229,11 +269,28 @@ class Trainer:
         logp, entropy = self._logprobs(self.model, mb, entropy_grad=bool(a.entropy_coef))
         old_logp = logp.detach() if self.fused_logprobs else b.old_logp
         weights, stats = rollout_correction(
-            old_logp, b.rollout_logp, b.mask, method=self.cfg.correction, level=a.correction_level,
-            tis_cap=a.tis_cap, icepop_low=a.icepop_low, icepop_high=a.icepop_high)
+            old_logp,
+            b.rollout_logp,
+            b.mask,
+            method=self.cfg.correction,
+            level=a.correction_level,
+            tis_cap=a.tis_cap,
+            icepop_low=a.icepop_low,
+            icepop_high=a.icepop_high,
+        )
         anchor = ratio_anchor(self.cfg.correction, old_logp, b.rollout_logp)
-        loss, loss_stats = policy_loss(a.policy_loss, logp, anchor, b.advantages, b.mask, clip_low=a.clip_low,
-                                       clip_high=a.clip_high, dual_clip=a.dual_clip, weights=weights, agg=agg)
+        loss, loss_stats = policy_loss(
+            a.policy_loss,
+            logp,
+            anchor,
+            b.advantages,
+            b.mask,
+            clip_low=a.clip_low,
+            clip_high=a.clip_high,
+            dual_clip=a.dual_clip,
+            weights=weights,
+            agg=agg,
+        )
         stats.update(loss_stats)
         denom = b.mask.sum().clamp(min=1.0)
         stats["entropy"] = float((entropy.detach() * b.mask).sum() / denom)

@@ -56,13 +56,30 @@ def build_warmstart(recipe: str, out_dir: str | Path, task_cfg: TaskConfig, seed
     """Build ``RECIPES[recipe]`` on ``task_cfg``'s train split into ``out_dir``."""
     r = RECIPES[recipe]
     seed = seed if r.seed is None else r.seed
-    return build_tiny_math_warmstart(out_dir, task_cfg, steps=r.steps, seed=seed, lr=r.lr, progress=progress,
-                                     hidden_size=r.hidden_size, num_layers=r.num_layers, batch_size=r.batch_size)
+    return build_tiny_math_warmstart(
+        out_dir,
+        task_cfg,
+        steps=r.steps,
+        seed=seed,
+        lr=r.lr,
+        progress=progress,
+        hidden_size=r.hidden_size,
+        num_layers=r.num_layers,
+        batch_size=r.batch_size,
+    )
 
 
-def build_tiny_math_warmstart(out_dir: str | Path, task_cfg: TaskConfig, steps: int = DEFAULT_STEPS, seed: int = 0,
-                              batch_size: int = 64, lr: float = 1e-3, progress=None, hidden_size: int = 128,
-                              num_layers: int = 2) -> Path:
+def build_tiny_math_warmstart(
+    out_dir: str | Path,
+    task_cfg: TaskConfig,
+    steps: int = DEFAULT_STEPS,
+    seed: int = 0,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    progress=None,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+) -> Path:
     """Write the warm-started model to ``out_dir`` atomically (build in a sibling, then rename)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -89,15 +106,18 @@ def build_tiny_math_warmstart(out_dir: str | Path, task_cfg: TaskConfig, steps: 
     return out_dir
 
 
-def _train(model, tokenizer, pairs: list[tuple[str, str]], steps: int, seed: int, batch_size: int, lr: float,
-           progress) -> None:
+def _train(
+    model, tokenizer, pairs: list[tuple[str, str]], steps: int, seed: int, batch_size: int, lr: float, progress
+) -> None:
     """Next-token loss on the answer and EOS only: the operands are not predictable, the sum is."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
+
     def encode(text):
         return tokenizer(text, add_special_tokens=False)["input_ids"]
+
     for step in range(steps):
         rows = []
         for prompt, answer in (rng.choice(pairs) for _ in range(batch_size)):
@@ -122,8 +142,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    build_tiny_math_warmstart(args.out_dir, TaskConfig(name="tiny_math"), steps=args.steps, seed=args.seed,
-                              progress=lambda s, n, loss: print(f"step {s}/{n} loss {loss:.3f}") if s % 50 == 0 else None)
+    build_tiny_math_warmstart(
+        args.out_dir,
+        TaskConfig(name="tiny_math"),
+        steps=args.steps,
+        seed=args.seed,
+        progress=lambda s, n, loss: print(f"step {s}/{n} loss {loss:.3f}") if s % 50 == 0 else None,
+    )
 
 
 if __name__ == "__main__":

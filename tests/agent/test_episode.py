@@ -56,8 +56,10 @@ def test_episodes_are_token_in_token_out_and_the_batch_holds_the_engines_tokens(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+
     def encode(text):
         return tokenizer(text, add_special_tokens=False)["input_ids"]
+
     sampling = SamplingSpec(temperature=1.0, max_tokens=6, seed=11)
 
     async def main() -> tuple[list[Episode], list[list[int]]]:
@@ -65,8 +67,18 @@ def test_episodes_are_token_in_token_out_and_the_batch_holds_the_engines_tokens(
         try:
             episodes = []
             for problem in PROBLEMS:  # one at a time, so the recorded prompts are in turn order
-                episodes.append(await run_episode(client, ScriptedEnv(), problem, PlainFraming(tokenizer), sampling,
-                                                  max_turns=4, max_total_tokens=200, timeout_s=120))
+                episodes.append(
+                    await run_episode(
+                        client,
+                        ScriptedEnv(),
+                        problem,
+                        PlainFraming(tokenizer),
+                        sampling,
+                        max_turns=4,
+                        max_total_tokens=200,
+                        timeout_s=120,
+                    )
+                )
             return episodes, client.prompts
         finally:
             client.close()
@@ -83,11 +95,17 @@ def test_episodes_are_token_in_token_out_and_the_batch_holds_the_engines_tokens(
             assert turn.observation_ids == (encode(f"<o>{k + 1}?</o>\n") if k < 2 else [])
             assert len(turn.logprobs) == len(turn.token_ids) >= 1
     for a, b in itertools.pairwise(prompts[:3]):  # turn k+1's prompt starts with turn k's exact ids
-        assert b[:len(a)] == a and len(b) > len(a)
+        assert b[: len(a)] == a and len(b) > len(a)
 
     rows = [e.row() for e in episodes]
-    batch = build_batch([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [1.0, 0.0],
-                        tokenizer.pad_token_id, token_masks=[r[3] for r in rows])
+    batch = build_batch(
+        [r[0] for r in rows],
+        [r[1] for r in rows],
+        [r[2] for r in rows],
+        [1.0, 0.0],
+        tokenizer.pad_token_id,
+        token_masks=[r[3] for r in rows],
+    )
     for i, episode in enumerate(episodes):
         policy = batch.mask[i].bool()
         sampled = [t for turn in episode.turns for t in turn.token_ids]

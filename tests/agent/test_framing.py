@@ -30,7 +30,8 @@ QWEN25_STYLE = (
     "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
     "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
     "{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,7 @@ def encode(tokenizer, text):
 
 
 def call(expression):
-    return f'<tool_call>{json.dumps({"name": "calc", "arguments": {"expression": expression}})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': 'calc', 'arguments': {'expression': expression}})}</tool_call>"
 
 
 def episode_ids(framing, tokenizer, prompt, turns):
@@ -76,18 +77,22 @@ def test_framed_turns_are_the_templates_rendering_of_the_conversation(tokenizer,
     assert framing.tools_in_system == (template == "smollm2")
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     # turn 1 calls twice and ends with its end token; turn 2 is cut by max_tokens (no end token); turn 3 ends
-    turns = [(encode(tokenizer, call("47*38") + call("1+1")) + [end], ["1786", "2"]),
-             (encode(tokenizer, call("1786+0")), ["1786"]),
-             (encode(tokenizer, "1786") + [end], [])]
+    turns = [
+        (encode(tokenizer, call("47*38") + call("1+1")) + [end], ["1786", "2"]),
+        (encode(tokenizer, call("1786+0")), ["1786"]),
+        (encode(tokenizer, "1786") + [end], []),
+    ]
     prompt = [{"role": "user", "content": "What is 47*38?"}]
     ids = episode_ids(framing, tokenizer, prompt, turns)
     rendered = encode(tokenizer, framing.render(conversation(framing, prompt, turns, tokenizer), False))
-    assert ids == rendered[:len(ids)] and tokenizer.decode(rendered[len(ids):]) == "\n"
+    assert ids == rendered[: len(ids)] and tokenizer.decode(rendered[len(ids) :]) == "\n"
     text = tokenizer.decode(ids)
     assert '"name": "python"' in text and "Answer with the number only." in text
     if template == "qwen25_style":  # the two results of turn 1 share one user turn, as the template groups them
-        assert "<|im_start|>user\n<tool_response>\n1786\n</tool_response>\n<tool_response>\n2\n</tool_response>" \
-               "<|im_end|>" in text
+        assert (
+            "<|im_start|>user\n<tool_response>\n1786\n</tool_response>\n<tool_response>\n2\n</tool_response>"
+            "<|im_end|>" in text
+        )
     else:
         assert text.count("<|im_start|>tool\n") == 3 and "<tools>" in text
     # the end token the policy did not sample is the framing's (context, never trained on)

@@ -10,18 +10,23 @@ from rlx.agent.tools import calc, network_isolation, python
 
 def test_plain_calls_closed_or_cut_at_the_stop_string():
     assert [(c.name, c.arguments) for c in parse_tool_calls("<calc>3*47+5</calc>", "plain")] == [
-        ("calc", {"expression": "3*47+5"})]
+        ("calc", {"expression": "3*47+5"})
+    ]
     cut = parse_tool_calls("sure: <calc>12*12", "plain")  # the engine dropped the stop string '</calc>'
     assert [(c.name, c.arguments, c.error) for c in cut] == [("calc", {"expression": "12*12"}, "")]
     assert parse_tool_calls("144", "plain") == []
 
 
 def test_hermes_calls_with_object_or_string_arguments_and_malformed_ones():
-    calls = parse_tool_calls('<tool_call>{"name": "calc", "arguments": {"expression": "1+1"}}</tool_call>'
-                             '<tool_call>{"name": "calc", "arguments": "{\\"expression\\": \\"2\\"}"}</tool_call>',
-                             "hermes")
-    assert [(c.name, c.arguments, c.error) for c in calls] == [("calc", {"expression": "1+1"}, ""),
-                                                               ("calc", {"expression": "2"}, "")]
+    calls = parse_tool_calls(
+        '<tool_call>{"name": "calc", "arguments": {"expression": "1+1"}}</tool_call>'
+        '<tool_call>{"name": "calc", "arguments": "{\\"expression\\": \\"2\\"}"}</tool_call>',
+        "hermes",
+    )
+    assert [(c.name, c.arguments, c.error) for c in calls] == [
+        ("calc", {"expression": "1+1"}, ""),
+        ("calc", {"expression": "2"}, ""),
+    ]
     [no_name] = parse_tool_calls('<tool_call>{"arguments": {}}</tool_call>', "hermes")
     assert no_name.error.startswith("malformed tool call")
     [bad_args] = parse_tool_calls('<tool_call>{"name": "calc", "arguments": [1]}</tool_call>', "hermes")
@@ -31,10 +36,15 @@ def test_hermes_calls_with_object_or_string_arguments_and_malformed_ones():
 
 
 def test_hermes_lists_of_calls_and_parameters_as_written_by_chat_models():
-    listed = parse_tool_calls('Let me compute.\n<tool_call>[{"name": "calc", "arguments": {"expression": "47*38"}}, '
-                              '{"name": "python", "parameters": {"code": "print(1)"}}]</tool_call>', "hermes")
-    assert [(c.name, c.arguments, c.error) for c in listed] == [("calc", {"expression": "47*38"}, ""),
-                                                                ("python", {"code": "print(1)"}, "")]
+    listed = parse_tool_calls(
+        'Let me compute.\n<tool_call>[{"name": "calc", "arguments": {"expression": "47*38"}}, '
+        '{"name": "python", "parameters": {"code": "print(1)"}}]</tool_call>',
+        "hermes",
+    )
+    assert [(c.name, c.arguments, c.error) for c in listed] == [
+        ("calc", {"expression": "47*38"}, ""),
+        ("python", {"code": "print(1)"}, ""),
+    ]
     [empty] = parse_tool_calls("<tool_call>[]</tool_call>", "hermes")
     assert empty.error.startswith("malformed tool call")
 

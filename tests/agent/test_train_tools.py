@@ -14,11 +14,14 @@ from tests.launch.test_train import assert_no_children_alive, read_metrics, run_
 
 pytestmark = pytest.mark.slow
 
-TOOLS_RUN = {"task": {"name": "calc", "num_eval": 8, "num_train": 64},
-             "rollout": {"backend": "hf", "n": 2, "max_tokens": 6},
-             "agent": {"max_turns": 2, "max_total_tokens": 32, "tool_workers": 1, "reward_workers": 1},
-             "trainer": {"prompts_per_step": 4, "micro_batch_size": 8, "total_steps": 2, "eval_every": 2},
-             "checkpoint": {"every": 0, "save_final": False}, "trace": {"enabled": True}}
+TOOLS_RUN = {
+    "task": {"name": "calc", "num_eval": 8, "num_train": 64},
+    "rollout": {"backend": "hf", "n": 2, "max_tokens": 6},
+    "agent": {"max_turns": 2, "max_total_tokens": 32, "tool_workers": 1, "reward_workers": 1},
+    "trainer": {"prompts_per_step": 4, "micro_batch_size": 8, "total_steps": 2, "eval_every": 2},
+    "checkpoint": {"every": 0, "save_final": False},
+    "trace": {"enabled": True},
+}
 
 
 def tools_config(tmp_path, model_dir, **agent):
@@ -28,11 +31,14 @@ def tools_config(tmp_path, model_dir, **agent):
     return write_config(tmp_path / "run.yaml", model_dir, **sections)
 
 
-@pytest.mark.parametrize("tools, message", [
-    (["no_such_tool_module_xyz:run"], "agent.tools='no_such_tool_module_xyz:run': cannot import module"),
-    (["calc", "os.path:no_such_function"], "module 'os.path' has no function 'no_such_function'"),
-    (["wolfram"], "agent.tools names 'wolfram', which is neither a built-in tool nor an installed one"),
-])
+@pytest.mark.parametrize(
+    "tools, message",
+    [
+        (["no_such_tool_module_xyz:run"], "agent.tools='no_such_tool_module_xyz:run': cannot import module"),
+        (["calc", "os.path:no_such_function"], "module 'os.path' has no function 'no_such_function'"),
+        (["wolfram"], "agent.tools names 'wolfram', which is neither a built-in tool nor an installed one"),
+    ],
+)
 def test_bad_tool_reference_fails_before_any_process_starts(tools, message, tiny_model_dir, tmp_path):
     config = tools_config(tmp_path, tiny_model_dir, tools=tools)
     result = CliRunner().invoke(app, ["train", str(config)])
@@ -49,8 +55,16 @@ def test_two_step_tool_run_logs_episode_metrics_and_turn_spans(tiny_model_dir, t
     run_dir = tmp_path / "run"
     rows = read_metrics(run_dir)
     for row in rows[1:]:
-        for key in ("turns_per_episode", "tool_calls_per_episode", "tool_call_success_rate", "tool_errors",
-                    "tool_timeouts", "reward_errors", "accuracy", "loss"):
+        for key in (
+            "turns_per_episode",
+            "tool_calls_per_episode",
+            "tool_call_success_rate",
+            "tool_errors",
+            "tool_timeouts",
+            "reward_errors",
+            "accuracy",
+            "loss",
+        ):
             assert key in row, key
         assert 1 <= row["turns_per_episode"] <= 2
     assert "eval_accuracy" in rows[0] and "eval_accuracy" in rows[-1]
@@ -65,8 +79,15 @@ def test_two_step_tool_run_logs_episode_metrics_and_turn_spans(tiny_model_dir, t
 
 def test_fully_async_trains_on_multi_turn_episodes_with_their_staleness(tiny_model_dir, tmp_path):
     config = tools_config(tmp_path, tiny_model_dir)
-    code, log = run_to_end(config, tmp_path, "trainer.mode=fully_async", "trainer.max_staleness=1",
-                           "trainer.total_steps=3", "trainer.eval_every=0", timeout_s=300)
+    code, log = run_to_end(
+        config,
+        tmp_path,
+        "trainer.mode=fully_async",
+        "trainer.max_staleness=1",
+        "trainer.total_steps=3",
+        "trainer.eval_every=0",
+        timeout_s=300,
+    )
     assert code == 0, log[-4000:]
     run_dir = tmp_path / "run"
     rows = read_metrics(run_dir)

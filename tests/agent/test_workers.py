@@ -12,7 +12,8 @@ from rlx.tasks.base import Problem
 
 T = "tests.agent.agent_tools"
 TOOLS = {name: f"{T}:{name}" for name in ("hang", "crash", "huge", "hog", "shout", "spew")} | {
-    "calc": "rlx.agent.tools:calc"}
+    "calc": "rlx.agent.tools:calc"
+}
 
 
 def alive(pid: int) -> bool:
@@ -36,8 +37,9 @@ def test_misbehaving_tools_become_error_observations_and_the_pool_goes_on():
                 return await env.step(Turn(token_ids=[], logprobs=[], text=text))
 
             # the hang, the crash and a good call run at once; the good one is not held up
-            hung, crashed, good = await asyncio.gather(step("<hang>1</hang>"), step("<crash>1</crash>"),
-                                                       step("<calc>6*7</calc>"))
+            hung, crashed, good = await asyncio.gather(
+                step("<hang>1</hang>"), step("<crash>1</crash>"), step("<calc>6*7</calc>")
+            )
             assert "timed out" in hung.observation and not hung.done
             assert "crashed" in crashed.observation
             assert good.observation == "=42\n" and good.tool_calls[0].ok
@@ -66,12 +68,19 @@ def test_hermes_calls_and_malformed_json():
     async def main():
         async with WorkerPool("tool", 1, timeout_s=5.0, memory_mb=512) as pool:
             env = ToolEnv(TOOLS, pool, "hermes", ToolStats())
-            ok = await env.step(Turn([], [], text='<tool_call>{"name": "calc", "arguments": {"expression": "3*47+5"}}'
-                                                 '</tool_call>'))
+            ok = await env.step(
+                Turn([], [], text='<tool_call>{"name": "calc", "arguments": {"expression": "3*47+5"}}</tool_call>')
+            )
             assert ok.observation == "<tool_response>\n146\n</tool_response>\n"
-            two = await env.step(Turn([], [], text='<tool_call>{"name": "calc", "arguments": {"expression": "2*3"}}'
-                                                  '</tool_call><tool_call>{"name": "shout", "arguments": '
-                                                  '{"expression": "hi"}}</tool_call>'))
+            two = await env.step(
+                Turn(
+                    [],
+                    [],
+                    text='<tool_call>{"name": "calc", "arguments": {"expression": "2*3"}}'
+                    '</tool_call><tool_call>{"name": "shout", "arguments": '
+                    '{"expression": "hi"}}</tool_call>',
+                )
+            )
             assert two.observation == "<tool_response>\n6\n</tool_response>\n<tool_response>\nHI\n</tool_response>\n"
             bad = await env.step(Turn([], [], text='<tool_call>{"name": calc}</tool_call>'))
             assert "malformed tool call: invalid JSON" in bad.observation and not bad.done

@@ -25,8 +25,10 @@ def test_help_lists_only_registered_commands():
 
 
 def test_cli_import_stays_light():
-    code = ("import sys, rlx.cli; heavy = [m for m in ('vllm', 'megatron', 'textual', 'torch') "
-            "if m in sys.modules]; print(','.join(heavy))")
+    code = (
+        "import sys, rlx.cli; heavy = [m for m in ('vllm', 'megatron', 'textual', 'torch') "
+        "if m in sys.modules]; print(','.join(heavy))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"importing rlx.cli pulled in: {out.stdout.strip()}"
 
@@ -41,10 +43,12 @@ def test_error_lines_show_bracketed_user_text_verbatim():
 def test_error_lines_show_escape_sequences_in_user_text_as_escapes(tmp_path):
     """A path, override or file name holding terminal escape sequences is quoted with them made visible,
     so an error line cannot clear the screen or retitle the terminal."""
-    cases = [["train", str(tmp_path / "no\x1b[2Jsuch.yaml")],
-             ["config", "check", "configs/quickstart.yaml", "rollout.backend=\x1b]0;title\x07x"],
-             ["trace-view", str(tmp_path / "trace\x1b[31m"), "--summary"],
-             ["convert-ckpt", str(tmp_path / "src\u202e"), str(tmp_path / "out")]]
+    cases = [
+        ["train", str(tmp_path / "no\x1b[2Jsuch.yaml")],
+        ["config", "check", "configs/quickstart.yaml", "rollout.backend=\x1b]0;title\x07x"],
+        ["trace-view", str(tmp_path / "trace\x1b[31m"), "--summary"],
+        ["convert-ckpt", str(tmp_path / "src\u202e"), str(tmp_path / "out")],
+    ]
     for args in cases:
         result = runner.invoke(app, args)
         assert result.exit_code == 2, result.output
@@ -67,14 +71,31 @@ def test_bad_output_paths_sizes_and_budgets_are_one_line(tmp_path):
     import json
 
     trace = tmp_path / "trainer0.1.jsonl"
-    trace.write_text(json.dumps({"k": "H", "format": "rlx-trace", "version": 1, "name": "trainer0", "role": "trainer",
-                                 "pid": 1, "host": "h", "wall_ns": 1, "mono_ns": 1}) + "\n"
-                     + json.dumps({"k": "X", "i": 1, "n": "step", "t": 0, "d": 5}) + "\n")
-    cases = [(["trace-view", str(trace), "--export", "perfetto", str(tmp_path)], "that is a directory"),
-             (["trace-view", str(trace), "--export", "perfetto", str(trace / "t.json")], "is a file, not a directory"),
-             (["trace-view", str(trace), "--screenshot", str(tmp_path / "s.svg"), "--size", "0x-5"], "must be in [1, 1000]"),
-             (["bench-sync", "--memory-gb", "nan"], "--memory-gb nan must be a positive number"),
-             (["bench-sync", "--target", "server", "--server", "garbage"], "must start with tcp:// or ipc://")]
+    trace.write_text(
+        json.dumps(
+            {
+                "k": "H",
+                "format": "rlx-trace",
+                "version": 1,
+                "name": "trainer0",
+                "role": "trainer",
+                "pid": 1,
+                "host": "h",
+                "wall_ns": 1,
+                "mono_ns": 1,
+            }
+        )
+        + "\n"
+        + json.dumps({"k": "X", "i": 1, "n": "step", "t": 0, "d": 5})
+        + "\n"
+    )
+    cases = [
+        (["trace-view", str(trace), "--export", "perfetto", str(tmp_path)], "that is a directory"),
+        (["trace-view", str(trace), "--export", "perfetto", str(trace / "t.json")], "is a file, not a directory"),
+        (["trace-view", str(trace), "--screenshot", str(tmp_path / "s.svg"), "--size", "0x-5"], "must be in [1, 1000]"),
+        (["bench-sync", "--memory-gb", "nan"], "--memory-gb nan must be a positive number"),
+        (["bench-sync", "--target", "server", "--server", "garbage"], "must start with tcp:// or ipc://"),
+    ]
     for args, expected in cases:
         result = runner.invoke(app, args)
         assert result.exit_code == 2 and expected in result.output and "Traceback" not in result.output, result.output
@@ -91,10 +112,13 @@ def test_rollout_serve_refuses_an_ipc_address_it_cannot_bind_before_loading(tiny
     busy.listen()
     taken = socket.create_server(("127.0.0.1", 0))  # a port another process listens on
     with busy, taken:
-        for args, expected in [(["--address", f"tcp://127.0.0.1:{taken.getsockname()[1]}"], "Address already in use"),(["--address", f"ipc://{tmp_path}/no/such/dir/s.sock"], "does not exist; create it"),
-                               (["--address", f"ipc://{tmp_path}/{'x' * 120}.sock"], "at most 107 bytes"),
-                               (["--address", f"ipc://{tmp_path}/busy.sock"], "another process is serving there"),
-                               (["--index", "-1"], "--index -1 must be >= 0")]:
+        for args, expected in [
+            (["--address", f"tcp://127.0.0.1:{taken.getsockname()[1]}"], "Address already in use"),
+            (["--address", f"ipc://{tmp_path}/no/such/dir/s.sock"], "does not exist; create it"),
+            (["--address", f"ipc://{tmp_path}/{'x' * 120}.sock"], "at most 107 bytes"),
+            (["--address", f"ipc://{tmp_path}/busy.sock"], "another process is serving there"),
+            (["--index", "-1"], "--index -1 must be >= 0"),
+        ]:
             result = runner.invoke(app, ["rollout-serve", config, *args])
             assert result.exit_code == 2 and expected in result.output, result.output
 

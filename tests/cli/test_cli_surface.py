@@ -16,8 +16,9 @@ SNAPSHOT = Path(__file__).with_name("cli_surface.txt")
 def surface(command, prefix: str = "rlx") -> list[str]:
     """One line per command: its arguments as <name> and its options by flag."""
     lines = []
-    params = sorted("/".join(p.opts + p.secondary_opts) if p.param_type_name == "option" else f"<{p.name}>"
-                    for p in command.params)
+    params = sorted(
+        "/".join(p.opts + p.secondary_opts) if p.param_type_name == "option" else f"<{p.name}>" for p in command.params
+    )
     lines.append(f"{prefix}: {' '.join(params)}".rstrip())
     if hasattr(command, "commands"):
         for name in sorted(command.commands):
@@ -31,4 +32,5 @@ def test_cli_surface_matches_snapshot():
         SNAPSHOT.write_text(current)
     assert current == SNAPSHOT.read_text(), (
         "the CLI surface changed; if that is intended, refresh tests/cli/cli_surface.txt "
-        "(RLX_UPDATE_CLI_SNAPSHOT=1) and review the diff")
+        "(RLX_UPDATE_CLI_SNAPSHOT=1) and review the diff"
+    )

@@ -18,18 +18,34 @@ def help_of(*command: str) -> str:
     return result.output
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["config", "show"], ["trace-view"], ["bench-sync"],
-                                     ["convert-ckpt"], ["fp8-convert"], ["rollout-serve"], ["plot"], ["doctor"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        [],
+        ["train"],
+        ["config", "show"],
+        ["trace-view"],
+        ["bench-sync"],
+        ["convert-ckpt"],
+        ["fp8-convert"],
+        ["rollout-serve"],
+        ["plot"],
+        ["doctor"],
+    ],
+)
 def test_flags_are_not_labelled_as_taking_a_value(command):
     assert "<bool>" not in help_of(*command)
 
 
-@pytest.mark.parametrize("command, choices", [
-    (["convert-ckpt"], ["hf|torch_dist|peft", "auto|float32|bfloat16|float16"]),
-    (["fp8-convert"], ["block|channel|tensor"]),
-    (["bench-sync"], ["process|server", "shm|cuda_ipc|gloo|nccl", "0.5b|1.5b|7b"]),
-    (["trace-view"], ["name|count|total|mean|p50|p99|max|errors|unfinished"]),
-])
+@pytest.mark.parametrize(
+    "command, choices",
+    [
+        (["convert-ckpt"], ["hf|torch_dist|peft", "auto|float32|bfloat16|float16"]),
+        (["fp8-convert"], ["block|channel|tensor"]),
+        (["bench-sync"], ["process|server", "shm|cuda_ipc|gloo|nccl", "0.5b|1.5b|7b"]),
+        (["trace-view"], ["name|count|total|mean|p50|p99|max|errors|unfinished"]),
+    ],
+)
 def test_options_with_fixed_values_list_them(command, choices):
     text = help_of(*command)
     for listed in choices:

@@ -30,10 +30,12 @@ def test_plot_refuses_unreadable_metrics_and_unwritable_images_in_one_line(tmp_p
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_bytes(b'{"step": 1, "reward_mean": 0.3}\n\xff\xfe\n')
     (tmp_path / "a_file").write_text("")
-    cases = [([str(tmp_path)], "is not UTF-8 text"),
-             ([str(tmp_path), "--out", str(tmp_path / "curve.txt")], "cannot tell the image format from .txt"),
-             ([str(tmp_path), "--out", str(tmp_path)], "cannot tell the image format"),
-             ([str(tmp_path), "--out", str(tmp_path / "a_file" / "curve.png")], "is a file, not a directory")]
+    cases = [
+        ([str(tmp_path)], "is not UTF-8 text"),
+        ([str(tmp_path), "--out", str(tmp_path / "curve.txt")], "cannot tell the image format from .txt"),
+        ([str(tmp_path), "--out", str(tmp_path)], "cannot tell the image format"),
+        ([str(tmp_path), "--out", str(tmp_path / "a_file" / "curve.png")], "is a file, not a directory"),
+    ]
     for args, expected in cases:
         result = runner.invoke(app, ["plot", *args])
         lines = result.output.strip().splitlines()
@@ -67,8 +69,10 @@ def test_plot_writes_into_the_run_directory_by_default(tmp_path, monkeypatch):
         (tmp_path / run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         assert runner.invoke(app, ["plot", run]).exit_code == 0
     assert runner.invoke(app, ["plot", "a", "-m", "kl"]).exit_code == 0
-    assert sorted(p.name for p in (tmp_path / "a").glob("*.png")) == ["metrics-kl.png",
-                                                                      "metrics-reward_mean-eval_accuracy.png"]
+    assert sorted(p.name for p in (tmp_path / "a").glob("*.png")) == [
+        "metrics-kl.png",
+        "metrics-reward_mean-eval_accuracy.png",
+    ]
     assert (tmp_path / "b" / "metrics-reward_mean-eval_accuracy.png").is_file()
     assert not list(tmp_path.glob("*.png"))
 

@@ -22,21 +22,36 @@ BUILT_ELSEWHERE = {"", "qwen2_0p5b_random", "smollm2_135m_instruct"}
 """model.build_if_missing values pre-flight builds without a warm-start recipe ('' = build nothing)."""
 
 
-@pytest.mark.parametrize("choices, handlers", [
-    (schema.ADVANTAGE_CHOICES, {**ESTIMATORS, **CRITIC_ADVANTAGES}),
-    (schema.POLICY_LOSS_CHOICES, LOSSES),
-    (schema.KL_CHOICES, KL_ESTIMATORS),
-    (schema.BACKEND_CHOICES, BACKENDS),
-    (tuple(c for c in schema.TRANSPORT_CHOICES if c != "auto"), TRANSPORTS),
-    (tuple(c for c in schema.BUILD_CHOICES if c not in BUILT_ELSEWHERE),
-     [r for r in RECIPES if r not in schema.TEACHER_BUILD_CHOICES]),
-    (tuple(c for c in schema.TEACHER_BUILD_CHOICES if c), [r for r in RECIPES if r not in schema.BUILD_CHOICES]),
-], ids=["advantage", "policy_loss", "kl_estimator", "backend", "transport", "build_if_missing",
-        "teacher_build_if_missing"])
+@pytest.mark.parametrize(
+    "choices, handlers",
+    [
+        (schema.ADVANTAGE_CHOICES, {**ESTIMATORS, **CRITIC_ADVANTAGES}),
+        (schema.POLICY_LOSS_CHOICES, LOSSES),
+        (schema.KL_CHOICES, KL_ESTIMATORS),
+        (schema.BACKEND_CHOICES, BACKENDS),
+        (tuple(c for c in schema.TRANSPORT_CHOICES if c != "auto"), TRANSPORTS),
+        (
+            tuple(c for c in schema.BUILD_CHOICES if c not in BUILT_ELSEWHERE),
+            [r for r in RECIPES if r not in schema.TEACHER_BUILD_CHOICES],
+        ),
+        (tuple(c for c in schema.TEACHER_BUILD_CHOICES if c), [r for r in RECIPES if r not in schema.BUILD_CHOICES]),
+    ],
+    ids=[
+        "advantage",
+        "policy_loss",
+        "kl_estimator",
+        "backend",
+        "transport",
+        "build_if_missing",
+        "teacher_build_if_missing",
+    ],
+)
 def test_every_choice_has_a_handler_and_every_handler_is_a_choice(choices, handlers):
     assert len(set(choices)) == len(choices), f"a choice is listed twice: {choices}"
-    assert set(choices) == set(handlers), (f"choices without a handler: {sorted(set(choices) - set(handlers))}; "
-                                           f"handlers no config can pick: {sorted(set(handlers) - set(choices))}")
+    assert set(choices) == set(handlers), (
+        f"choices without a handler: {sorted(set(choices) - set(handlers))}; "
+        f"handlers no config can pick: {sorted(set(handlers) - set(choices))}"
+    )
 
 
 def test_transport_auto_resolves_to_a_handled_transport():
@@ -66,15 +81,17 @@ def test_a_loss_aggregation_outside_the_choices_is_refused():
 @pytest.mark.parametrize("method", schema.CORRECTION_CHOICES)
 def test_every_rollout_correction_choice_is_applied(method):
     old, rollout, mask = _logps()
-    weights, metrics = rollout_correction(old, rollout, mask, method=method, level="token", tis_cap=2.0,
-                                          icepop_low=0.5, icepop_high=2.0)
+    weights, metrics = rollout_correction(
+        old, rollout, mask, method=method, level="token", tis_cap=2.0, icepop_low=0.5, icepop_high=2.0
+    )
     assert (weights is None) == (method in ("none", "bypass")) and metrics["logprob_diff_mean"] > 0
 
 
 def test_a_correction_or_kl_estimator_outside_the_choices_is_refused():
     old, rollout, mask = _logps()
     with pytest.raises(ValueError, match="algorithm.rollout_correction"):
-        rollout_correction(old, rollout, mask, method="clip", level="token", tis_cap=2.0, icepop_low=0.5,
-                           icepop_high=2.0)
+        rollout_correction(
+            old, rollout, mask, method="clip", level="token", tis_cap=2.0, icepop_low=0.5, icepop_high=2.0
+        )
     with pytest.raises(ValueError, match="algorithm.kl_estimator"):
         kl_estimate(old, rollout, "k4")

@@ -13,8 +13,17 @@ QUICKSTART = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
 
 
 def test_rollout_overrides_reach_the_sampling_view():
-    cfg = load_config(QUICKSTART, ["rollout.temperature=0.7", "rollout.n=3", "rollout.top_p=0.9", "rollout.top_k=5",
-                                   "rollout.max_tokens=12", "rollout.stop=[END]"])
+    cfg = load_config(
+        QUICKSTART,
+        [
+            "rollout.temperature=0.7",
+            "rollout.n=3",
+            "rollout.top_p=0.9",
+            "rollout.top_k=5",
+            "rollout.max_tokens=12",
+            "rollout.stop=[END]",
+        ],
+    )
     assert cfg.sampling == SamplingConfig(n=3, temperature=0.7, top_p=0.9, top_k=5, max_tokens=12, stop=("END",))
     assert cfg.rollout.sampling == cfg.sampling
 
@@ -23,8 +32,11 @@ def test_every_sampling_field_is_a_rollout_key_with_the_same_default():
     rollout = {f.name: f for f in dataclasses.fields(RolloutConfig)}
     for f in dataclasses.fields(SamplingConfig):
         assert f.name in rollout, f"SamplingConfig.{f.name} has no rollout.{f.name} key users can set"
-        default = rollout[f.name].default_factory() if rollout[f.name].default is dataclasses.MISSING \
+        default = (
+            rollout[f.name].default_factory()
+            if rollout[f.name].default is dataclasses.MISSING
             else rollout[f.name].default
+        )
         assert getattr(SamplingConfig(), f.name) == (tuple(default) if f.name == "stop" else default), f.name
     assert RolloutConfig().sampling == SamplingConfig()
 

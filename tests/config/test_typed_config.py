@@ -26,21 +26,33 @@ def untyped_config_params(path: Path, root: Path = RLX.parent) -> list[str]:
 
 
 def test_no_untyped_config_parameter_in_rlx():
-    offenders = [hit for path in sorted(RLX.rglob("*.py")) if path.relative_to(RLX).as_posix() not in BEING_TYPED
-                 for hit in untyped_config_params(path)]
-    assert not offenders, ("config parameters without a type (annotate each with RunConfig or the section it "
-                           "reads, imported under TYPE_CHECKING):\n" + "\n".join(offenders))
+    offenders = [
+        hit
+        for path in sorted(RLX.rglob("*.py"))
+        if path.relative_to(RLX).as_posix() not in BEING_TYPED
+        for hit in untyped_config_params(path)
+    ]
+    assert not offenders, (
+        "config parameters without a type (annotate each with RunConfig or the section it "
+        "reads, imported under TYPE_CHECKING):\n" + "\n".join(offenders)
+    )
 
 
 def test_the_modules_being_typed_still_need_their_exemption():
-    typed = [name for name in sorted(BEING_TYPED) if not (RLX / name).is_file() or
-             not untyped_config_params(RLX / name)]
+    typed = [
+        name for name in sorted(BEING_TYPED) if not (RLX / name).is_file() or not untyped_config_params(RLX / name)
+    ]
     assert not typed, f"remove from BEING_TYPED (no untyped config parameter left, or gone): {typed}"
 
 
 def test_the_counter_finds_an_untyped_parameter(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text("def f(cfg, x: int, *, store_cfg=None):\n    pass\n\n\ndef g(cfg: 'RunConfig'):\n    pass\n\n\n"
-                      "h = lambda config: config\n")
-    assert untyped_config_params(sample, tmp_path) == ["sample.py:1: f(cfg)", "sample.py:1: f(store_cfg)",
-                                                       "sample.py:9: lambda(config)"]
+    sample.write_text(
+        "def f(cfg, x: int, *, store_cfg=None):\n    pass\n\n\ndef g(cfg: 'RunConfig'):\n    pass\n\n\n"
+        "h = lambda config: config\n"
+    )
+    assert untyped_config_params(sample, tmp_path) == [
+        "sample.py:1: f(cfg)",
+        "sample.py:1: f(store_cfg)",
+        "sample.py:9: lambda(config)",
+    ]

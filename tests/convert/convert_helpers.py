@@ -17,25 +17,51 @@ from rlx.trainer.tiny import build_tiny_model, build_tokenizer
 _CLASSES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
 
 
-def build_family_model(out_dir: Path, family: str, *, hidden_size: int = 128, num_layers: int = 2,
-                       num_heads: int = 4, num_kv_heads: int = 2, head_dim: int | None = None,
-                       tie_word_embeddings: bool = False, dtype: str = "float32", seed: int = 0,
-                       lm_head_scale: float = 1.0) -> Path:
+def build_family_model(
+    out_dir: Path,
+    family: str,
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int | None = None,
+    tie_word_embeddings: bool = False,
+    dtype: str = "float32",
+    seed: int = 0,
+    lm_head_scale: float = 1.0,
+) -> Path:
     """``lm_head_scale`` > 1 makes the next-token distributions peaked (random models are near uniform)."""
     if family == "qwen2":
-        return build_tiny_model(out_dir, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
-                                num_kv_heads=num_kv_heads, tie_word_embeddings=tie_word_embeddings,
-                                dtype=dtype, seed=seed)
+        return build_tiny_model(
+            out_dir,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            tie_word_embeddings=tie_word_embeddings,
+            dtype=dtype,
+            seed=seed,
+        )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out_dir)
     config_cls, model_cls = _CLASSES[family]
-    config = config_cls(vocab_size=(len(tokenizer) + 63) // 64 * 64, hidden_size=hidden_size,
-                        intermediate_size=4 * hidden_size, num_hidden_layers=num_layers,
-                        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-                        head_dim=head_dim or hidden_size // num_heads, max_position_embeddings=1024,
-                        tie_word_embeddings=tie_word_embeddings, rms_norm_eps=1e-6, bos_token_id=1,
-                        eos_token_id=2, pad_token_id=0)
+    config = config_cls(
+        vocab_size=(len(tokenizer) + 63) // 64 * 64,
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim or hidden_size // num_heads,
+        max_position_embeddings=1024,
+        tie_word_embeddings=tie_word_embeddings,
+        rms_norm_eps=1e-6,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     torch.manual_seed(seed)
     model = model_cls(config).to(getattr(torch, dtype))
     _randomize_norms(model)
@@ -95,5 +121,8 @@ def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 def tree_digest(path: Path) -> dict[str, tuple[int, int, bytes]]:
     """(size, mtime_ns, content) of every file under ``path``: proves a source was not modified."""
-    return {str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes())
-            for p in sorted(Path(path).rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes())
+        for p in sorted(Path(path).rglob("*"))
+        if p.is_file()
+    }

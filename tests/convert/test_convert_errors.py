@@ -38,18 +38,27 @@ def write_safetensors(path, header: object, data_bytes: int) -> None:
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * data_bytes)
 
 
-@pytest.mark.parametrize("header, data_bytes, expected", [
-    ([1, 2], 0, "a JSON list, not an object of tensors"),
-    ({"a": {"dtype": "F32", "shape": [-1, -4], "data_offsets": [0, 16]}}, 16, "must be non-negative integers"),
-    ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [-16, 0]}}, 16, "must be non-negative integers"),
-    ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [100, 116]}}, 16, "is truncated"),
-    ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
-      "b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}}, 16, "overlaps the tensor before it"),
-    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}}, 16, "leaves a gap at byte 0"),
-    ({"__metadata__": [1], "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, 8, "__metadata__"),
-    ({"a": {"dtype": ["F32"], "shape": [2], "data_offsets": [0, 8]}}, 8, "which rlx does not convert"),
-    ({"a": [1]}, 8, "header entry for 'a' is malformed"),
-])
+@pytest.mark.parametrize(
+    "header, data_bytes, expected",
+    [
+        ([1, 2], 0, "a JSON list, not an object of tensors"),
+        ({"a": {"dtype": "F32", "shape": [-1, -4], "data_offsets": [0, 16]}}, 16, "must be non-negative integers"),
+        ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [-16, 0]}}, 16, "must be non-negative integers"),
+        ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [100, 116]}}, 16, "is truncated"),
+        (
+            {
+                "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+                "b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]},
+            },
+            16,
+            "overlaps the tensor before it",
+        ),
+        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}}, 16, "leaves a gap at byte 0"),
+        ({"__metadata__": [1], "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, 8, "__metadata__"),
+        ({"a": {"dtype": ["F32"], "shape": [2], "data_offsets": [0, 8]}}, 8, "which rlx does not convert"),
+        ({"a": [1]}, 8, "header entry for 'a' is malformed"),
+    ],
+)
 def test_malformed_safetensors_headers_are_refused(model, tmp_path, header, data_bytes, expected):
     src = tmp_path / "src"
     src.mkdir()
@@ -60,14 +69,18 @@ def test_malformed_safetensors_headers_are_refused(model, tmp_path, header, data
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("config_text, expected", [
-    ("{not json", "config.json is not valid JSON"),
-    ("[1, 2]", "config.json holds a JSON list"),
-    (None, "holds safetensors weights but no config.json"),
-])
+@pytest.mark.parametrize(
+    "config_text, expected",
+    [
+        ("{not json", "config.json is not valid JSON"),
+        ("[1, 2]", "config.json holds a JSON list"),
+        (None, "holds safetensors weights but no config.json"),
+    ],
+)
 @pytest.mark.parametrize("target", ["hf", "torch_dist"])
-def test_broken_or_missing_config_is_named_and_an_existing_output_is_kept(model, tmp_path, config_text, expected,
-                                                                          target):
+def test_broken_or_missing_config_is_named_and_an_existing_output_is_kept(
+    model, tmp_path, config_text, expected, target
+):
     src = tmp_path / "src"
     shutil.copytree(model, src)
     if config_text is None:
@@ -84,15 +97,18 @@ def test_broken_or_missing_config_is_named_and_an_existing_output_is_kept(model,
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging directory left
 
 
-@pytest.mark.parametrize("edit, expected", [
-    (lambda m: [m], "holds a JSON list, not the manifest object"),
-    (lambda m: dict(m, files={}), "lists no files"),
-    (lambda m: dict(m, model_files=[]), "lists no model_files"),
-    (lambda m: dict(m, model_files=["elsewhere.safetensors"]), "does not list it among its files"),
-    (lambda m: dict(m, files={"../../etc/passwd": {"bytes": 1, "sha256": "0"}}), "a path outside the checkpoint"),
-    (lambda m: dict(m, files={k: [v] for k, v in m["files"].items()}), "the checkpoint is corrupt"),
-    (lambda m: dict(m, step="ten"), "not a step number"),
-])
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda m: [m], "holds a JSON list, not the manifest object"),
+        (lambda m: dict(m, files={}), "lists no files"),
+        (lambda m: dict(m, model_files=[]), "lists no model_files"),
+        (lambda m: dict(m, model_files=["elsewhere.safetensors"]), "does not list it among its files"),
+        (lambda m: dict(m, files={"../../etc/passwd": {"bytes": 1, "sha256": "0"}}), "a path outside the checkpoint"),
+        (lambda m: dict(m, files={k: [v] for k, v in m["files"].items()}), "the checkpoint is corrupt"),
+        (lambda m: dict(m, step="ten"), "not a step number"),
+    ],
+)
 def test_malformed_trainer_manifest_is_refused(model, tmp_path, edit, expected):
     from transformers import AutoModelForCausalLM
 
@@ -153,8 +169,10 @@ def test_huge_sparse_manifest_and_config_are_refused_without_reading_them(model,
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("flag, expected", [(["--workers", "-1"], "--workers -1 must be >= 1"),
-                                            (["--iteration", "-1"], "--iteration -1 must be >= 0")])
+@pytest.mark.parametrize(
+    "flag, expected",
+    [(["--workers", "-1"], "--workers -1 must be >= 1"), (["--iteration", "-1"], "--iteration -1 must be >= 0")],
+)
 def test_out_of_range_counts_are_refused(model, tmp_path, flag, expected):
     code, output = convert(model, tmp_path / "out", "--to", "torch_dist", *flag)
     assert_refused(code, output, expected)
@@ -178,6 +196,7 @@ def test_torch_dist_without_megatron_core_is_one_line_naming_the_install(model, 
     source.mkdir()
     (source / "latest_checkpointed_iteration.txt").write_text("0\n")
     code, output = convert(source, tmp_path / "hf", *(["--dry-run"] if dry_run else []))
-    assert_refused(code, output, f"converting {source} from torch_dist needs megatron-core",
-                   'pip install -e ".[megatron]"')
+    assert_refused(
+        code, output, f"converting {source} from torch_dist needs megatron-core", 'pip install -e ".[megatron]"'
+    )
     assert not (tmp_path / "hf").exists()

@@ -77,8 +77,10 @@ def llama(tmp_path_factory):
 def _with_extra_tensors(src, dst):
     """A copy of ``src`` in two shards plus a MoE router, a vision tower tensor and a 2-D norm-free bias."""
     build_job(src, ConvertOptions(to="hf", shard_bytes=1_500_000)).run(dst, Console(quiet=True), show_progress=False)
-    extra = {"model.layers.0.mlp.gate.weight": torch.randn(8, 256, dtype=torch.bfloat16),
-             "model.visual.blocks.0.attn.qkv.weight": torch.randn(384, 128, dtype=torch.bfloat16)}
+    extra = {
+        "model.layers.0.mlp.gate.weight": torch.randn(8, 256, dtype=torch.bfloat16),
+        "model.visual.blocks.0.attn.qkv.weight": torch.randn(384, 128, dtype=torch.bfloat16),
+    }
     save_file(extra, dst / "extra.safetensors", metadata={"format": "pt"})
     index = json.loads((dst / "model.safetensors.index.json").read_text())
     index["weight_map"].update({name: "extra.safetensors" for name in extra})
@@ -96,13 +98,20 @@ def test_block_conversion_writes_what_vllm_reads(llama, tmp_path):
     weights, original = read_hf_weights(out), read_hf_weights(src)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in weights.values())
-    assert sorted(set(index["weight_map"].values())) == sorted(set(json.loads(
-        (src / "model.safetensors.index.json").read_text())["weight_map"].values()))
+    assert sorted(set(index["weight_map"].values())) == sorted(
+        set(json.loads((src / "model.safetensors.index.json").read_text())["weight_map"].values())
+    )
     q = weights["model.layers.0.self_attn.q_proj.weight"]
     scale = weights["model.layers.0.self_attn.q_proj.weight_scale_inv"]
     assert q.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32 and scale.shape == (2, 2)
-    kept = {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight", "model.layers.0.mlp.gate.weight",
-            "model.visual.blocks.0.attn.qkv.weight", "model.layers.1.mlp.down_proj.weight"}
+    kept = {
+        "model.embed_tokens.weight",
+        "lm_head.weight",
+        "model.norm.weight",
+        "model.layers.0.mlp.gate.weight",
+        "model.visual.blocks.0.attn.qkv.weight",
+        "model.layers.1.mlp.down_proj.weight",
+    }
     for name in kept:
         assert torch.equal(weights[name], original[name]), name
     reasons = dict(report.kept)
@@ -113,8 +122,13 @@ def test_block_conversion_writes_what_vllm_reads(llama, tmp_path):
     assert qconfig["quant_method"] == "fp8" and qconfig["fmt"] == "e4m3"
     assert qconfig["activation_scheme"] == "dynamic" and qconfig["weight_block_size"] == [128, 128]
     assert qconfig["ignored_layers"] == qconfig["modules_to_not_convert"]
-    assert {"lm_head", "model.embed_tokens", "model.layers.0.mlp.gate", "model.visual.blocks.0.attn.qkv",
-            "model.layers.1.mlp.down_proj"} <= set(qconfig["ignored_layers"])
+    assert {
+        "lm_head",
+        "model.embed_tokens",
+        "model.layers.0.mlp.gate",
+        "model.visual.blocks.0.attn.qkv",
+        "model.layers.1.mlp.down_proj",
+    } <= set(qconfig["ignored_layers"])
     assert len(report.quantized) == 13 and all(s.max_rel <= 2.0**-4 for s in report.quantized)
     assert report.bytes_out < report.bytes_in
 
@@ -220,8 +234,9 @@ def test_a_failing_task_leaves_no_destination(llama, tmp_path, monkeypatch):
 def test_a_shard_missing_a_part_is_not_closed_as_complete(tmp_path):
     from rlx.convert.safetensors_writer import OutTensor, Shard, ShardFile
 
-    shard = Shard("model.safetensors", [OutTensor("a", torch.float32, (4, 2), None),
-                                        OutTensor("b", torch.bfloat16, (3,), None)])
+    shard = Shard(
+        "model.safetensors", [OutTensor("a", torch.float32, (4, 2), None), OutTensor("b", torch.bfloat16, (3,), None)]
+    )
     out = ShardFile(tmp_path / shard.file_name, shard)
     out.write("b", 0, torch.ones(3, dtype=torch.bfloat16))
     out.write("a", 8 * 4 // 2, torch.full((2, 2), 2.0))  # rows 2 and 3 first: parts go in any order
@@ -237,12 +252,15 @@ def test_a_shard_missing_a_part_is_not_closed_as_complete(tmp_path):
     assert torch.equal(written["b"], torch.ones(3, dtype=torch.bfloat16))
 
 
-@pytest.mark.parametrize("content,message", [
-    ('{"model_type": "llama", ', "config.json is not valid JSON (Expecting property name"),
-    ("[1, 2]", "config.json holds a JSON list, not a model config object"),
-    ('{"num_key_value_heads": "two"}', "config.json: num_key_value_heads='two' is not a positive integer"),
-    (None, "src has no config.json; pass the Hugging Face directory"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ('{"model_type": "llama", ', "config.json is not valid JSON (Expecting property name"),
+        ("[1, 2]", "config.json holds a JSON list, not a model config object"),
+        ('{"num_key_value_heads": "two"}', "config.json: num_key_value_heads='two' is not a positive integer"),
+        (None, "src has no config.json; pass the Hugging Face directory"),
+    ],
+)
 def test_broken_config_is_one_line_and_keeps_an_existing_output(llama, tmp_path, content, message):
     import shutil
 

@@ -17,8 +17,10 @@ from rlx.convert.fp8.job import Fp8Options, fp8_job
 pytestmark = [
     pytest.mark.slow,
     # vLLM's CPU FP8 linear kernels are AMX kernels; on other CPUs the engine refuses the checkpoint
-    pytest.mark.skipif(not torch.cpu._is_amx_tile_supported(),
-                       reason="vLLM serves FP8 on the CPU only with AMX (Sapphire Rapids or newer)"),
+    pytest.mark.skipif(
+        not torch.cpu._is_amx_tile_supported(),
+        reason="vLLM serves FP8 on the CPU only with AMX (Sapphire Rapids or newer)",
+    ),
 ]
 
 PROMPT_IDS = [5, 17, 3, 40, 41, 12, 9, 33, 60, 2, 44, 45, 30, 31]
@@ -58,13 +60,18 @@ def test_vllm_serves_the_fp8_checkpoint_close_to_its_dequantized_weights(tmp_pat
     dequantize_dir(tmp_path / "fp8", tmp_path / "deq")
     script = tmp_path / "serve_fp8.py"
     script.write_text(VLLM_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "fp8"), json.dumps(PROMPT_IDS)],
-                          capture_output=True, text=True, timeout=500, check=False,
-                          env={**__import__("os").environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "fp8"), json.dumps(PROMPT_IDS)],
+        capture_output=True,
+        text=True,
+        timeout=500,
+        check=False,
+        env={**__import__("os").environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
     result = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and result, proc.stderr[-3000:]
     assert "Fp8LinearMethod" in proc.stderr + proc.stdout  # vLLM ran the FP8 kernels, not a fallback
-    served = torch.tensor(json.loads(result[0][len("RESULT "):])[1:])
+    served = torch.tensor(json.loads(result[0][len("RESULT ") :])[1:])
     expected, original = _prompt_logprobs(tmp_path / "deq"), _prompt_logprobs(src)
     assert expected.min() < -5 and expected.std() > 1  # peaked distributions: the comparison means something
     assert (served - expected).abs().max() < 0.15, (served, expected)

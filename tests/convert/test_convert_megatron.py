@@ -33,8 +33,9 @@ def _convert(src, dst, **options):
 def round_trip(request, tmp_path_factory):
     family, tied, multiple = CASES[request.param]
     root = tmp_path_factory.mktemp(request.param)
-    hf_dir = build_family_model(root / "hf", family, tie_word_embeddings=tied,
-                                head_dim=48 if family == "qwen3" else None)
+    hf_dir = build_family_model(
+        root / "hf", family, tie_word_embeddings=tied, head_dim=48 if family == "qwen3" else None
+    )
     before = tree_digest(hf_dir)
     _convert(hf_dir, root / "megatron", to="torch_dist", vocab_multiple=multiple, iteration=7)
     _convert(root / "megatron", root / "back", shard_bytes=200_000)

@@ -18,15 +18,22 @@ def _bytes(t):
 
 def _tensors():
     torch.manual_seed(0)
-    return {"a.weight": torch.randn(37, 11), "b.bias": torch.randn(5).to(torch.bfloat16),
-            "c.idx": torch.arange(7, dtype=torch.int64), "d.scalar": torch.tensor(3.5),
-            "e.fp8": torch.randn(4, 8).to(torch.float8_e4m3fn), "f.empty": torch.zeros(0, 3)}
+    return {
+        "a.weight": torch.randn(37, 11),
+        "b.bias": torch.randn(5).to(torch.bfloat16),
+        "c.idx": torch.arange(7, dtype=torch.int64),
+        "d.scalar": torch.tensor(3.5),
+        "e.fp8": torch.randn(4, 8).to(torch.float8_e4m3fn),
+        "f.empty": torch.zeros(0, 3),
+    }
 
 
 def test_streamed_shards_read_back_with_the_safetensors_library(tmp_path):
     tensors = _tensors()
-    outs = [OutTensor(n, t.dtype, tuple(t.shape), (lambda t=t: [t[:2], t[2:]] if t.dim() and len(t) > 2 else [t]))
-            for n, t in tensors.items()]
+    outs = [
+        OutTensor(n, t.dtype, tuple(t.shape), (lambda t=t: [t[:2], t[2:]] if t.dim() and len(t) > 2 else [t]))
+        for n, t in tensors.items()
+    ]
     shards = plan_shards(outs, shard_bytes=600)
     assert len(shards) > 1
     for shard in shards:
@@ -60,8 +67,10 @@ def test_reader_reads_library_files_whole_and_by_rows(tmp_path):
 def _sharded_dir(tmp_path):
     save_file({"x": torch.ones(4, 4)}, tmp_path / "model-00001-of-00002.safetensors")
     save_file({"y": torch.ones(8)}, tmp_path / "model-00002-of-00002.safetensors")
-    index = {"metadata": {"total_size": 96}, "weight_map": {"x": "model-00001-of-00002.safetensors",
-                                                            "y": "model-00002-of-00002.safetensors"}}
+    index = {
+        "metadata": {"total_size": 96},
+        "weight_map": {"x": "model-00001-of-00002.safetensors", "y": "model-00002-of-00002.safetensors"},
+    }
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     return index
 

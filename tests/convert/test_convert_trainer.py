@@ -92,5 +92,6 @@ def test_dtype_cast_writes_bf16_and_says_so_in_config(trained, tmp_path):
     expected = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
     assert all(torch.equal(weights[k], expected[k]) for k in weights)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", dtype=torch.float32)
-    torch.testing.assert_close(_logits(loaded, tmp_path / "bf16"), _logits(model, tmp_path / "bf16"),
-                               atol=0.05, rtol=0.05)
+    torch.testing.assert_close(
+        _logits(loaded, tmp_path / "bf16"), _logits(model, tmp_path / "bf16"), atol=0.05, rtol=0.05
+    )

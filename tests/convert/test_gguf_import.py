@@ -27,8 +27,10 @@ def gguf_model():
     pytest.importorskip("gguf", reason="transformers reads GGUF files with the gguf package (pip install gguf)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return (AutoModelForCausalLM.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name),
-            AutoTokenizer.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name))
+    return (
+        AutoModelForCausalLM.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name),
+        AutoTokenizer.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name),
+    )
 
 
 @needs_smollm2
@@ -41,7 +43,8 @@ def test_cli_import_holds_the_gguf_weights_tokenizer_and_chat_template(gguf_mode
     assert code == 0, text
     out = tmp_path / "smollm2"
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= {
-        p.name for p in out.iterdir()}
+        p.name for p in out.iterdir()
+    }
     reference, reference_tokenizer = gguf_model
     model = AutoModelForCausalLM.from_pretrained(out)
     expected = reference.state_dict()
@@ -50,8 +53,9 @@ def test_cli_import_holds_the_gguf_weights_tokenizer_and_chat_template(gguf_mode
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert tokenizer.chat_template == reference_tokenizer.chat_template and "<|im_start|>" in tokenizer.chat_template
     messages = [{"role": "user", "content": "What is 47*38?"}]
-    assert (tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            == reference_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+    assert tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    ) == reference_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert tokenizer.eos_token == "<|im_end|>"
     assert GenerationConfig.from_pretrained(out).eos_token_id == tokenizer.eos_token_id
     assert json.loads((out / "config.json").read_text())["torch_dtype"] == "float32"

@@ -22,8 +22,16 @@ def lora_run(tiny_model_dir, tmp_path_factory):
     for seed in (1, 2):
         trainer.step(ragged_batch(seed=seed))
     root = tmp_path_factory.mktemp("lora_run") / "checkpoints"
-    ckpt = save_checkpoint(root, 2, trainer.model, trainer.optimizer, trainer.scheduler, str(tiny_model_dir),
-                           {"step": 2, "data": {}}, keep=2)
+    ckpt = save_checkpoint(
+        root,
+        2,
+        trainer.model,
+        trainer.optimizer,
+        trainer.scheduler,
+        str(tiny_model_dir),
+        {"step": 2, "data": {}},
+        keep=2,
+    )
     return trainer, ckpt
 
 
@@ -50,8 +58,9 @@ def test_exported_adapter_loads_in_peft_with_the_trainers_logits(lora_run, tiny_
     ids = torch.randint(4, 40, (3, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected, got = merged(input_ids=ids).logits, peft_model(input_ids=ids).logits
-    assert not torch.allclose(expected, AutoModelForCausalLM.from_pretrained(tiny_model_dir)(input_ids=ids).logits,
-                              atol=1e-4)  # the adapter changes the model: the comparison means something
+    assert not torch.allclose(
+        expected, AutoModelForCausalLM.from_pretrained(tiny_model_dir)(input_ids=ids).logits, atol=1e-4
+    )  # the adapter changes the model: the comparison means something
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
@@ -69,8 +78,16 @@ def test_full_checkpoint_refuses_peft(tiny_model_dir, tmp_path):
     from rlx.trainer.trainer import Trainer
 
     trainer = Trainer(RunConfig(model=ModelConfig(path=str(tiny_model_dir)), trainer=TrainerConfig(device="cpu")))
-    ckpt = save_checkpoint(tmp_path / "checkpoints", 1, trainer.model, trainer.optimizer, trainer.scheduler,
-                           str(tiny_model_dir), {"step": 1, "data": {}}, keep=1)
+    ckpt = save_checkpoint(
+        tmp_path / "checkpoints",
+        1,
+        trainer.model,
+        trainer.optimizer,
+        trainer.scheduler,
+        str(tiny_model_dir),
+        {"step": 1, "data": {}},
+        keep=1,
+    )
     code, text = _convert(ckpt, tmp_path / "adapter", "--to", "peft")
     assert code == 2 and "holds full model weights, not a LoRA adapter" in text
 
@@ -85,8 +102,16 @@ def test_the_adapter_names_its_base_model_by_an_absolute_path(lora_run, tiny_mod
     trainer, _ = lora_run
     shutil.copytree(tiny_model_dir, tmp_path / "work" / "models" / "base")
     monkeypatch.chdir(tmp_path / "work")
-    ckpt = save_checkpoint(tmp_path / "run" / "checkpoints", 2, trainer.model, trainer.optimizer, trainer.scheduler,
-                           "models/base", {"step": 2, "data": {}}, keep=1)
+    ckpt = save_checkpoint(
+        tmp_path / "run" / "checkpoints",
+        2,
+        trainer.model,
+        trainer.optimizer,
+        trainer.scheduler,
+        "models/base",
+        {"step": 2, "data": {}},
+        keep=1,
+    )
     base = str(tmp_path / "work" / "models" / "base")
     assert json.loads((ckpt / "adapter_config.json").read_text())["base_model_name_or_path"] == base
     _rewrite_as_older_rlx(ckpt, base_model="models/base")

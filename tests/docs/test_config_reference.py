@@ -30,8 +30,13 @@ def _generator():
 
 
 def _check(out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), "--check", "--out", str(out)], capture_output=True,
-                          text=True, cwd=ROOT, check=False)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--check", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
 
 
 def test_the_committed_reference_is_current():
@@ -53,16 +58,32 @@ def test_check_names_a_stale_reference(tmp_path):
 def test_every_field_of_every_section_has_a_docstring():
     generator = _generator()
     found = generator.sections()
-    assert {s.path for s in found} >= {"model", "model.lora", "task", "task.reward_model", "rollout", "trainer",
-                                       "agent", "store", "filters", "algorithm.distill", "placement", "ray"}
+    assert {s.path for s in found} >= {
+        "model",
+        "model.lora",
+        "task",
+        "task.reward_model",
+        "rollout",
+        "trainer",
+        "agent",
+        "store",
+        "filters",
+        "algorithm.distill",
+        "placement",
+        "ray",
+    }
     missing = generator.missing_docstrings(found)
     assert not missing, f"add a one-line docstring after each of these fields in rlx/config/: {missing}"
 
 
 def _choice_keys() -> list[tuple[str, tuple]]:
     generator = _generator()
-    return [(f"{s.path + '.' if s.path else ''}{k.name}", k.choices) for s in generator.sections()
-            for k in s.keys if k.choices]
+    return [
+        (f"{s.path + '.' if s.path else ''}{k.name}", k.choices)
+        for s in generator.sections()
+        for k in s.keys
+        if k.choices
+    ]
 
 
 def test_the_reference_finds_the_choice_lists():

@@ -40,17 +40,24 @@ SKIP = [
     (r"rlx train CONFIG\b", "a template (CONFIG is the user's config) of a multi-GPU layout"),
     (r"rlx train configs/gpu_colocated_0p5b\.yaml\b", "needs a GPU (colocated engine and trainer)"),
     (r"python benchmarks/gpu_colocate\.py\b", "needs a GPU (measures device memory)"),
-    (r"(export RAY_AUTH_MODE=|ray get-auth-token|ray start|ray job submit)\b",
-     "needs a Ray cluster of several nodes (HEAD_IP); tests/launch/test_ray.py runs the launcher on a local one"),
+    (
+        r"(export RAY_AUTH_MODE=|ray get-auth-token|ray start|ray job submit)\b",
+        "needs a Ray cluster of several nodes (HEAD_IP); tests/launch/test_ray.py runs the launcher on a local one",
+    ),
     (r"python benchmarks/bench_convert\.py\b", "a benchmark of minutes: writes and converts 1.7-4 GB checkpoints"),
     (r"python benchmarks/bench_trace\.py\b", "a benchmark of minutes: opens a million-entry trace repeatedly"),
-    (r"rlx trace-view runs/quickstart\s*(#.*)?$",
-     "opens the interactive viewer (a terminal and keys); the --summary / --export / --screenshot lines run it "
-     "headless"),
+    (
+        r"rlx trace-view runs/quickstart\s*(#.*)?$",
+        "opens the interactive viewer (a terminal and keys); the --summary / --export / --screenshot lines run it "
+        "headless",
+    ),
 ]
 STAND_INS = [
-    (r"make quickstart\b", "rlx train configs/quickstart.yaml",
-     "its set-up half creates .venv with pip; its training half is this command"),
+    (
+        r"make quickstart\b",
+        "rlx train configs/quickstart.yaml",
+        "its set-up half creates .venv with pip; its training half is this command",
+    ),
 ]
 SLOW = [
     (r"rlx train configs/quickstart\.yaml(\s+trace\.enabled=true)?\s*(#.*)?$", "the whole 60-step quickstart"),
@@ -156,15 +163,19 @@ def scratch(tmp_path_factory) -> dict:
     for name, argv in (("rlx", f'"{sys.executable}" -m rlx'), ("python", f'"{sys.executable}"')):
         (bin_dir / name).write_text(f'#!/bin/sh\nexec {argv} "$@"\n')
         (bin_dir / name).chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    env = dict(
+        os.environ,
+        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    )
     return {"dir": work, "env": env}
 
 
 def run(argv: list[str], cwd: Path, env: dict, timeout_s: float) -> tuple[int, str]:
     """``argv`` in its own process group, which is ended afterwards (a block's background server with it)."""
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, text=True)
+    proc = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, text=True
+    )
     try:
         output, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -226,5 +237,4 @@ def test_the_runner_finds_the_blocks_and_keeps_heredocs_whole():
     that happens to start like one) is not touched."""
     assert len(BLOCKS) >= 10 and all(block.lines for block in BLOCKS)
     block = Block(ROOT / "README.md", 1, ["python - <<'EOF'", "make test = 1", "EOF", "make test"])
-    assert block.script().splitlines() == ["python - <<'EOF'", "make test = 1", "EOF",
-                                           ": skipped here: 'make test'"]
+    assert block.script().splitlines() == ["python - <<'EOF'", "make test = 1", "EOF", ": skipped here: 'make test'"]

@@ -55,11 +55,15 @@ def test_every_relative_link_of_the_docs_resolves():
 def test_the_checker_sees_a_broken_file_and_a_broken_anchor(tmp_path):
     (tmp_path / "other.md").write_text("# Other page\n\n## Fully-async training (`trainer.mode=fully_async`)\n")
     doc = tmp_path / "page.md"
-    doc.write_text("[ok](other.md#fully-async-training-trainermodefully_async) [gone](missing.md) "
-                   "[bad](other.md#nowhere) `[code](ignored.md)` [web](https://example.org/x)\n")
+    doc.write_text(
+        "[ok](other.md#fully-async-training-trainermodefully_async) [gone](missing.md) "
+        "[bad](other.md#nowhere) `[code](ignored.md)` [web](https://example.org/x)\n"
+    )
     problems = broken_links(doc, root=tmp_path)
-    assert problems == ["page.md: missing.md -> no such file missing.md",
-                        "page.md: other.md#nowhere -> no heading #nowhere in other.md"]
+    assert problems == [
+        "page.md: missing.md -> no such file missing.md",
+        "page.md: other.md#nowhere -> no heading #nowhere in other.md",
+    ]
 
 
 def test_every_raw_result_is_linked_from_the_benchmarks_page():

@@ -33,27 +33,73 @@ STEPS = 2
 N = 4  # samples per prompt
 PROMPTS_PER_STEP = 4
 MAX_TOKENS = 4
-BASE = {"task": {"max_operand": 9, "num_eval": 8, "reward": "tests.launch.test_algorithms_e2e:digit_share"},
-        "rollout": {"backend": "hf", "n": N, "max_tokens": MAX_TOKENS},
-        "trainer": {"prompts_per_step": PROMPTS_PER_STEP, "micro_batch_size": 8, "lr": 1e-3, "eval_every": 0,
-                    "total_steps": STEPS, "seed": 3}}
+BASE = {
+    "task": {"max_operand": 9, "num_eval": 8, "reward": "tests.launch.test_algorithms_e2e:digit_share"},
+    "rollout": {"backend": "hf", "n": N, "max_tokens": MAX_TOKENS},
+    "trainer": {
+        "prompts_per_step": PROMPTS_PER_STEP,
+        "micro_batch_size": 8,
+        "lr": 1e-3,
+        "eval_every": 0,
+        "total_steps": STEPS,
+        "seed": 3,
+    },
+}
 KL_COEF = 0.1
 RUNS = {
-    "grpo": ["algorithm.advantage=grpo", "algorithm.policy_loss=ppo", f"algorithm.kl_coef={KL_COEF}",
-             "algorithm.kl_in_reward=false", "logging.tensorboard=true", "rollout.num_servers=2", "sync.verify=true",
-             "trace.enabled=true"],
-    "drgrpo": ["algorithm.advantage=drgrpo", "algorithm.policy_loss=gspo", "algorithm.clip_low=0.003",
-               "algorithm.clip_high=0.004", f"algorithm.kl_coef={KL_COEF}", "algorithm.kl_in_reward=true"],
-    "rloo": ["algorithm.advantage=rloo", "algorithm.policy_loss=ppo", "trainer.mode=one_step_off",
-             "algorithm.rollout_correction=icepop", "algorithm.correction_level=sequence",
-             "algorithm.icepop_low=0.95", "algorithm.icepop_high=1.05"],
-    "reinforce_pp": ["algorithm.advantage=reinforce_pp", "algorithm.policy_loss=gspo", "trainer.mode=one_step_off",
-                     "algorithm.rollout_correction=icepop", "algorithm.correction_level=token", "sync.verify=true"],
+    "grpo": [
+        "algorithm.advantage=grpo",
+        "algorithm.policy_loss=ppo",
+        f"algorithm.kl_coef={KL_COEF}",
+        "algorithm.kl_in_reward=false",
+        "logging.tensorboard=true",
+        "rollout.num_servers=2",
+        "sync.verify=true",
+        "trace.enabled=true",
+    ],
+    "drgrpo": [
+        "algorithm.advantage=drgrpo",
+        "algorithm.policy_loss=gspo",
+        "algorithm.clip_low=0.003",
+        "algorithm.clip_high=0.004",
+        f"algorithm.kl_coef={KL_COEF}",
+        "algorithm.kl_in_reward=true",
+    ],
+    "rloo": [
+        "algorithm.advantage=rloo",
+        "algorithm.policy_loss=ppo",
+        "trainer.mode=one_step_off",
+        "algorithm.rollout_correction=icepop",
+        "algorithm.correction_level=sequence",
+        "algorithm.icepop_low=0.95",
+        "algorithm.icepop_high=1.05",
+    ],
+    "reinforce_pp": [
+        "algorithm.advantage=reinforce_pp",
+        "algorithm.policy_loss=gspo",
+        "trainer.mode=one_step_off",
+        "algorithm.rollout_correction=icepop",
+        "algorithm.correction_level=token",
+        "sync.verify=true",
+    ],
 }
 TWO_SERVER_RUN = "reinforce_pp"  # generates on two servers started here, which the last test inspects
 LAUNCHED_TWO_SERVER_RUN = "grpo"  # rlx train launches two servers; their traces show what each did
-ALWAYS = ("reward_mean", "reward_std", "loss", "grad_norm", "entropy", "clip_frac", "ratio_mean", "lr",
-          "is_weight_mean", "logprob_diff_mean", "logprob_k3", "time_update", "time_sync")
+ALWAYS = (
+    "reward_mean",
+    "reward_std",
+    "loss",
+    "grad_norm",
+    "entropy",
+    "clip_frac",
+    "ratio_mean",
+    "lr",
+    "is_weight_mean",
+    "logprob_diff_mean",
+    "logprob_k3",
+    "time_update",
+    "time_sync",
+)
 GREEDY_PROMPTS = ["3+4=", "9-2=", "5+5="]
 
 
@@ -100,9 +146,16 @@ def servers(tiny_model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, servers, tmp_path_factory) -> dict[str, Run]:
     work = tmp_path_factory.mktemp("algorithms")
-    return {name: train(work, tiny_model_dir, name, overrides,
-                        **({"rollout": {"servers": servers}} if name == TWO_SERVER_RUN else {}))
-            for name, overrides in RUNS.items()}
+    return {
+        name: train(
+            work,
+            tiny_model_dir,
+            name,
+            overrides,
+            **({"rollout": {"servers": servers}} if name == TWO_SERVER_RUN else {}),
+        )
+        for name, overrides in RUNS.items()
+    }
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -199,8 +252,13 @@ async def ask_servers(addresses: list[str]):
     greedy_spec = p.SamplingSpec(n=1, temperature=0.0, max_tokens=MAX_TOKENS)
     try:
         stats = await client.stats()  # before the greedy requests below add to the counts
-        greedy = [[(await client.call(i, p.Generate(prompts=[prompt], sampling=greedy_spec))).results[0]
-                   for prompt in GREEDY_PROMPTS] for i in range(len(addresses))]
+        greedy = [
+            [
+                (await client.call(i, p.Generate(prompts=[prompt], sampling=greedy_spec))).results[0]
+                for prompt in GREEDY_PROMPTS
+            ]
+            for i in range(len(addresses))
+        ]
     finally:
         client.close()
     return stats, greedy
@@ -228,7 +286,7 @@ def reference_logprobs(model, results) -> list[tuple[list[int], list[float]]]:
     for result in results:
         prompt, completion = result.prompt_token_ids, result.samples[0].token_ids
         with torch.no_grad():
-            logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1]
+            logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
         logp = logits.float().log_softmax(-1)
         out.append((logp.argmax(-1).tolist(), logp.gather(-1, torch.tensor(completion)[:, None])[:, 0].tolist()))
     return out

@@ -25,8 +25,7 @@ def one_line(output: str) -> str:
 
 
 def test_closing_lines_of_a_run_resumed_twice(tiny_model_dir, tmp_path):
-    config = small_config(tmp_path, tiny_model_dir, "hf", checkpoint={"every": 1, "keep": 3},
-                          trainer={"eval_every": 1})
+    config = small_config(tmp_path, tiny_model_dir, "hf", checkpoint={"every": 1, "keep": 3}, trainer={"eval_every": 1})
     run_dir = tmp_path / "run"
     code, output = run_to_end(config, tmp_path, "trainer.total_steps=2")
     assert code == 0, output[-4000:]
@@ -64,8 +63,12 @@ def test_ctrl_c_names_the_checkpoint_left_and_the_resume_command(tiny_model_dir,
     log = tmp_path / "train.log"
     proc = start_rlx(["train", str(config), "trainer.total_steps=2000", "trainer.eval_every=0"], log)
     try:
-        wait_for(lambda: any((c / "manifest.json").exists() for c in (run_dir / "checkpoints").glob("step_*")),
-                 300, proc, log)
+        wait_for(
+            lambda: any((c / "manifest.json").exists() for c in (run_dir / "checkpoints").glob("step_*")),
+            300,
+            proc,
+            log,
+        )
         os.kill(proc.pid, signal.SIGINT)
         proc.wait(60)
     finally:

@@ -27,8 +27,14 @@ def spans(trace_dir: Path, process: str) -> list[dict]:
 
 
 def test_colocated_run_takes_turns_and_syncs_verified(tiny_model_dir, tmp_path):
-    config = small_config(tmp_path, tiny_model_dir, "hf", trace={"enabled": True},
-                          placement={"mode": "colocated"}, checkpoint={"save_final": False})
+    config = small_config(
+        tmp_path,
+        tiny_model_dir,
+        "hf",
+        trace={"enabled": True},
+        placement={"mode": "colocated"},
+        checkpoint={"save_final": False},
+    )
     code, output = run_to_end(config, tmp_path, "trainer.total_steps=2", "trainer.eval_every=0", "sync.verify=true")
     assert code == 0, output[-4000:]
     run_dir = tmp_path / "run"
@@ -39,21 +45,33 @@ def test_colocated_run_takes_turns_and_syncs_verified(tiny_model_dir, tmp_path):
             assert row[f"mem_peak_{phase}_gb"] == 0.0 and row[f"mem_engine_peak_{phase}_gb"] == 0.0  # CPU host
         assert row["logprob_diff_mean"] < 0.05  # the engine generated with the weights the trainer holds
 
-    server = [(s["n"], s.get("a", {})) for s in spans(run_dir / "trace", "rollout0")
-              if s["n"] in ("engine.sleep", "engine.wake_up", "sync.load", "generate")]
+    server = [
+        (s["n"], s.get("a", {}))
+        for s in spans(run_dir / "trace", "rollout0")
+        if s["n"] in ("engine.sleep", "engine.wake_up", "sync.load", "generate")
+    ]
     order = []
     for name, attrs in server:  # collapse the runs of generate / sync.load spans into one entry each
         entry = f"{name}:{attrs['asleep']}" if name.startswith("engine.") else name
         if not order or order[-1] != entry:
             order.append(entry)
-    one_step = ["generate", "engine.sleep:kv_cache,weights", "engine.wake_up:kv_cache", "sync.load",
-                "engine.wake_up:"]
+    one_step = ["generate", "engine.sleep:kv_cache,weights", "engine.wake_up:kv_cache", "sync.load", "engine.wake_up:"]
     assert order == one_step * 2
 
-    trainer = [s["n"] for s in spans(run_dir / "trace", "trainer0")
-               if s["n"].startswith("colocate.") or s["n"] in ("sync", "update.micro_batch")]
+    trainer = [
+        s["n"]
+        for s in spans(run_dir / "trace", "trainer0")
+        if s["n"].startswith("colocate.") or s["n"] in ("sync", "update.micro_batch")
+    ]
     trainer = [n for i, n in enumerate(trainer) if i == 0 or trainer[i - 1] != n]
-    turn = ["colocate.engine_sleep", "colocate.onload", "update.micro_batch", "colocate.engine_wake", "sync",
-            "colocate.offload", "colocate.engine_wake"]
+    turn = [
+        "colocate.engine_sleep",
+        "colocate.onload",
+        "update.micro_batch",
+        "colocate.engine_wake",
+        "sync",
+        "colocate.offload",
+        "colocate.engine_wake",
+    ]
     assert trainer == ["colocate.offload"] + turn * 2
     assert_no_children_alive(run_dir)

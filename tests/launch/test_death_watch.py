@@ -86,7 +86,8 @@ def test_death_stops_a_run_whose_clean_up_awaits_the_dead_server():
     deaths = StopWatch()
     with deaths.installed():
         task, clean_ups = run_absorbing_one_cancellation(
-            deaths, lambda: deaths.report("rollout0 (pid 1) exited with code -9"))
+            deaths, lambda: deaths.report("rollout0 (pid 1) exited with code -9")
+        )
     with pytest.raises(ChildDied, match="rollout0"):
         task.result()
     assert clean_ups == ["started"]

@@ -22,11 +22,12 @@ STEPS = 2
 TOKEN = "disaggregated-test-token"
 ENV = {"RLX_ROLLOUT_AUTH_TOKEN": TOKEN}
 TOKEN_OVERRIDE = "rollout.auth_token=${oc.env:RLX_ROLLOUT_AUTH_TOKEN}"
-SECTIONS = {"task": {"max_operand": 9, "num_eval": 8},
-            "rollout": {"backend": "hf", "n": 4, "max_tokens": 4},
-            "trainer": {"prompts_per_step": 4, "micro_batch_size": 8, "lr": 1e-3, "eval_every": 0,
-                        "total_steps": STEPS},
-            "sync": {"transport": "gloo", "verify": True, "bucket_mb": 1, "timeout_s": 30}}
+SECTIONS = {
+    "task": {"max_operand": 9, "num_eval": 8},
+    "rollout": {"backend": "hf", "n": 4, "max_tokens": 4},
+    "trainer": {"prompts_per_step": 4, "micro_batch_size": 8, "lr": 1e-3, "eval_every": 0, "total_steps": STEPS},
+    "sync": {"transport": "gloo", "verify": True, "bucket_mb": 1, "timeout_s": 30},
+}
 
 
 def free_port() -> int:
@@ -63,8 +64,11 @@ def tcp_servers(tiny_model_dir, tmp_path):
         procs = []
         for index, address in enumerate(addresses):
             env = {**ENV, ENV_TRACE_DIR: str(tmp_path / "server-trace")}
-            proc = start_rlx(["rollout-serve", str(config), "--address", address, "--index", str(index),
-                              TOKEN_OVERRIDE], tmp_path / f"server{index}.log", env)
+            proc = start_rlx(
+                ["rollout-serve", str(config), "--address", address, "--index", str(index), TOKEN_OVERRIDE],
+                tmp_path / f"server{index}.log",
+                env,
+            )
             stack.callback(stop_group, proc)
             procs.append(proc)
         asyncio.run(wait_ready(addresses, procs))
@@ -73,8 +77,11 @@ def tcp_servers(tiny_model_dir, tmp_path):
 
 def test_trainer_syncs_two_tcp_servers_over_gloo_with_verified_weights(tiny_model_dir, tmp_path, tcp_servers):
     addresses, server_trace = tcp_servers
-    config = write_config(tmp_path / "train.yaml", tiny_model_dir, **dict(
-        SECTIONS, trainer=dict(SECTIONS["trainer"], output_dir=str(tmp_path / "run")), trace={"enabled": True}))
+    config = write_config(
+        tmp_path / "train.yaml",
+        tiny_model_dir,
+        **dict(SECTIONS, trainer=dict(SECTIONS["trainer"], output_dir=str(tmp_path / "run")), trace={"enabled": True}),
+    )
     log = tmp_path / "train.log"
     proc = start_rlx(["train", str(config), f"rollout.servers=[{','.join(addresses)}]", TOKEN_OVERRIDE], log, ENV)
     try:
@@ -103,11 +110,15 @@ def test_launched_and_external_servers_mix_and_both_receive_weights(tiny_model_d
     the run uses both, and every sync reaches both with verified weights."""
     addresses, _ = tcp_servers
     external = addresses[0]
-    config = write_config(tmp_path / "train.yaml", tiny_model_dir, **dict(
-        SECTIONS, trainer=dict(SECTIONS["trainer"], output_dir=str(tmp_path / "run")), trace={"enabled": True}))
+    config = write_config(
+        tmp_path / "train.yaml",
+        tiny_model_dir,
+        **dict(SECTIONS, trainer=dict(SECTIONS["trainer"], output_dir=str(tmp_path / "run")), trace={"enabled": True}),
+    )
     log = tmp_path / "train.log"
-    proc = start_rlx(["train", str(config), f"rollout.servers=[{external}]", "rollout.num_servers=1",
-                      TOKEN_OVERRIDE], log, ENV)
+    proc = start_rlx(
+        ["train", str(config), f"rollout.servers=[{external}]", "rollout.num_servers=1", TOKEN_OVERRIDE], log, ENV
+    )
     try:
         proc.wait(400)
     finally:

@@ -21,11 +21,19 @@ from tests.helpers import write_config
 
 
 def run_doctor(config, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    code = ("import sys; from typer.testing import CliRunner; from rlx.cli import app; import rlx.launch.launcher; "
-            "result = CliRunner().invoke(app, ['doctor', *sys.argv[1:]]); print(result.output); "
-            "print('ray imported:', 'ray' in sys.modules); sys.exit(result.exit_code)")
-    return subprocess.run([sys.executable, "-c", code, str(config), "--broadcast-mb", "2", *overrides],
-                          check=False, capture_output=True, text=True, timeout=120, env=dict(os.environ, **(env or {})))
+    code = (
+        "import sys; from typer.testing import CliRunner; from rlx.cli import app; import rlx.launch.launcher; "
+        "result = CliRunner().invoke(app, ['doctor', *sys.argv[1:]]); print(result.output); "
+        "print('ray imported:', 'ray' in sys.modules); sys.exit(result.exit_code)"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, str(config), "--broadcast-mb", "2", *overrides],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, **(env or {})),
+    )
 
 
 def test_doctor_passes_a_local_layout_without_importing_ray(tiny_model_dir, tmp_path):
@@ -57,8 +65,9 @@ def test_doctor_names_a_busy_openai_port_and_a_port_two_keys_would_bind(tiny_mod
         port = busy.getsockname()[1]
         taken = run_doctor(config, f"rollout.openai_port={port}")  # server 0's endpoint; server 1's is port + 1
     assert taken.returncode == 1, taken.stdout + taken.stderr
-    assert f"port {port} is taken on this host" in taken.stdout and "set rollout.openai_port to a free" in \
-        taken.stdout, taken.stdout
+    assert (
+        f"port {port} is taken on this host" in taken.stdout and "set rollout.openai_port to a free" in taken.stdout
+    ), taken.stdout
     clash = run_doctor(config, f"rollout.port={port + 10}", f"rollout.openai_port={port + 11}")
     assert clash.returncode == 1, clash.stdout + clash.stderr
     assert f"port {port + 11} is both rollout.port and rollout.openai_port" in " ".join(clash.stdout.split())
@@ -109,8 +118,9 @@ def test_broadcast_ends_prove_the_runs_token_before_forming_a_group(receiver_tok
         except RuntimeError as exc:
             results[rank] = str(exc)
 
-    threads = [threading.Thread(target=side, args=args)
-               for args in ((sender, 0, "run-token"), (receiver, 1, receiver_token))]
+    threads = [
+        threading.Thread(target=side, args=args) for args in ((sender, 0, "run-token"), (receiver, 1, receiver_token))
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -121,8 +131,9 @@ def test_broadcast_ends_prove_the_runs_token_before_forming_a_group(receiver_tok
         assert all("did not prove the run's token" in str(r) for r in results.values()) and len(results) == 2, results
 
 
-@pytest.mark.parametrize("build, size", [("tiny_math_warmstart", "0.5M parameters"),
-                                         ("smollm2_135m_instruct", "134.5M parameters")])
+@pytest.mark.parametrize(
+    "build, size", [("tiny_math_warmstart", "0.5M parameters"), ("smollm2_135m_instruct", "134.5M parameters")]
+)
 def test_doctor_sizes_a_model_that_train_will_build(tmp_path, build, size):
     """A fresh clone: the quickstart's model is not built yet, and `rlx train` would build it; the doctor says so
     and sizes the model it will build instead of calling the directory invalid."""

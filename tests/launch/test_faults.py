@@ -78,8 +78,11 @@ def score(completion, answer):
 def test_a_fault_mid_run_is_one_line_and_a_logged_traceback(fault, tiny_model_dir, tmp_path):
     (tmp_path / "faulty_reward.py").write_text(REWARD)
     # a stop that lands in a weight sync is noticed at the sync's deadline: as short as the requests'
-    extra = {"task": {"reward": "faulty_reward:score"}} if fault == "reward_raises" else \
-        {"rollout": {"request_timeout_s": 5.0}, "sync": {"timeout_s": 5.0}}
+    extra = (
+        {"task": {"reward": "faulty_reward:score"}}
+        if fault == "reward_raises"
+        else {"rollout": {"request_timeout_s": 5.0}, "sync": {"timeout_s": 5.0}}
+    )
     config = small_config(tmp_path, tiny_model_dir, "hf", **extra)
     run_dir = tmp_path / "run"
     log = tmp_path / "train.log"
@@ -167,8 +170,13 @@ def test_modules_in_the_working_directory_are_not_imported(tiny_model_dir, tmp_p
     rlx = Path(sys.executable).with_name("rlx")  # the installed entry point, as users start it
     log = tmp_path / "train.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([str(rlx), "train", str(config), "trainer.total_steps=1", "trainer.eval_every=0"],
-                                cwd=work, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(rlx), "train", str(config), "trainer.total_steps=1", "trainer.eval_every=0"],
+            cwd=work,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         proc.wait(300)
     finally:
@@ -180,8 +188,9 @@ def test_modules_in_the_working_directory_are_not_imported(tiny_model_dir, tmp_p
 def test_the_auth_token_reaches_the_server_and_no_file_of_the_run(tiny_model_dir, tmp_path):
     token = "tok-" + os.urandom(8).hex()
     config = small_config(tmp_path, tiny_model_dir, "hf", trace={"enabled": True})
-    code, output = run_to_end(config, tmp_path, "trainer.total_steps=1", "trainer.eval_every=0",
-                              f"rollout.auth_token={token}")
+    code, output = run_to_end(
+        config, tmp_path, "trainer.total_steps=1", "trainer.eval_every=0", f"rollout.auth_token={token}"
+    )
     assert code == 0, output[-3000:]  # the server got the token: a wrong one is refused
     run_dir = tmp_path / "run"
     assert "auth_token: '***'" in (run_dir / "config.yaml").read_text()
@@ -194,8 +203,10 @@ def test_the_auth_token_reaches_the_server_and_no_file_of_the_run(tiny_model_dir
 def test_sigterm_stops_a_run_whose_reward_function_hangs(tiny_model_dir, tmp_path):
     """The user's reward runs off the event loop, so a hung one does not leave the launcher deaf to signals."""
     entered = tmp_path / "reward-entered"
-    (tmp_path / "hanging_reward.py").write_text(f"import pathlib, time\n\ndef score(completion, answer):\n"
-                                                f"    pathlib.Path({str(entered)!r}).touch()\n    time.sleep(3600)\n")
+    (tmp_path / "hanging_reward.py").write_text(
+        f"import pathlib, time\n\ndef score(completion, answer):\n"
+        f"    pathlib.Path({str(entered)!r}).touch()\n    time.sleep(3600)\n"
+    )
     config = small_config(tmp_path, tiny_model_dir, "hf", task={"reward": "hanging_reward:score"})
     run_dir, log = tmp_path / "run", tmp_path / "train.log"
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
@@ -230,18 +241,24 @@ def test_a_reward_function_that_never_returns_stops_the_run_after_its_timeout(ti
     assert_no_children_alive(run_dir)
 
 
-def test_steps_whose_loss_is_not_finite_are_skipped_then_stop_the_run_with_finite_checkpoints(tiny_model_dir,
-                                                                                               tmp_path):
+def test_steps_whose_loss_is_not_finite_are_skipped_then_stop_the_run_with_finite_checkpoints(tiny_model_dir, tmp_path):
     """A reward so large (finite, as reward functions must return) that the loss overflows: each such step is
     skipped with a note and a metric, and trainer.max_nonfinite_steps in a row stop the run; the checkpoint
     written on the way holds the starting weights, no NaN."""
     from safetensors.torch import load_file
 
-    (tmp_path / "huge_reward.py").write_text("def score(completion, answer):\n"
-                                             "    return 3e38 if sum(map(ord, completion)) % 2 else -3e38\n")
-    config = small_config(tmp_path, tiny_model_dir, "hf", task={"reward": "huge_reward:score"},
-                          algorithm={"advantage": "drgrpo"}, checkpoint={"every": 1},
-                          trainer={"eval_every": 0, "total_steps": 4, "max_nonfinite_steps": 2})
+    (tmp_path / "huge_reward.py").write_text(
+        "def score(completion, answer):\n    return 3e38 if sum(map(ord, completion)) % 2 else -3e38\n"
+    )
+    config = small_config(
+        tmp_path,
+        tiny_model_dir,
+        "hf",
+        task={"reward": "huge_reward:score"},
+        algorithm={"advantage": "drgrpo"},
+        checkpoint={"every": 1},
+        trainer={"eval_every": 0, "total_steps": 4, "max_nonfinite_steps": 2},
+    )
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     log = tmp_path / "train.log"
     proc = start_rlx(["train", str(config)], log, env)
@@ -252,8 +269,12 @@ def test_steps_whose_loss_is_not_finite_are_skipped_then_stop_the_run_with_finit
     output, run_dir = log.read_text(), tmp_path / "run"
     assert proc.returncode == 1, output[-3000:]
     assert re.search(r"step 1: loss \S+ and gradient norm \S+ are not both finite; the update was skipped", output)
-    assert_one_line_failure(output, run_dir, "NonFiniteSteps: steps 1..2: the loss or gradient norm was NaN or inf "
-                            "in 2 steps in a row (trainer.max_nonfinite_steps=2)")
+    assert_one_line_failure(
+        output,
+        run_dir,
+        "NonFiniteSteps: steps 1..2: the loss or gradient norm was NaN or inf "
+        "in 2 steps in a row (trainer.max_nonfinite_steps=2)",
+    )
     assert [(m["step"], m["skipped_nonfinite"]) for m in read_metrics(run_dir)] == [(1, 1.0), (2, 1.0)]
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert checkpoints == ["step_00000001"]  # step 2 stopped the run before its checkpoint

@@ -62,8 +62,14 @@ def test_auto_transport_falls_back_to_nccl_where_gpus_are_not_peers_and_keeps_a_
 
 def test_colocated_engines_away_from_the_senders_gpu_see_it(tmp_path):
     """Two ranks on two GPUs, one engine on each: the engine on GPU 1 opens rank 0's buffer peer-to-peer."""
-    c = cfg(tmp_path, "placement.mode=colocated", "trainer.num_ranks=2", "rollout.num_servers=2",
-            "placement.offload=false", "rollout.backend=vllm")
+    c = cfg(
+        tmp_path,
+        "placement.mode=colocated",
+        "trainer.num_ranks=2",
+        "rollout.num_servers=2",
+        "placement.offload=false",
+        "rollout.backend=vllm",
+    )
     p = placement.plan(c, 2, peers)
     assert [s.devices for s in p.rollout] == [(0,), (1,)]
     assert [s.env(None)["CUDA_VISIBLE_DEVICES"] for s in p.rollout] == ["0", "1,0"]
@@ -80,37 +86,71 @@ def test_colocated_shares_the_trainers_gpus_and_the_memory_follows_the_turns(tmp
     assert [s.memory_fraction for s in p.rollout] == [placement.TURN_FRACTION / 2] * 2
     kept = placement.plan(cfg(tmp_path, *base, "placement.offload=false"), 1)
     assert kept.rollout[0].memory_fraction == placement.SHARED_FRACTION / 2  # the trainer keeps its state there
-    two = placement.plan(cfg(tmp_path, "placement.mode=colocated", "trainer.num_ranks=2", "placement.offload=false",
-                             "rollout.backend=vllm", "rollout.tensor_parallel_size=2"), 2)
+    two = placement.plan(
+        cfg(
+            tmp_path,
+            "placement.mode=colocated",
+            "trainer.num_ranks=2",
+            "placement.offload=false",
+            "rollout.backend=vllm",
+            "rollout.tensor_parallel_size=2",
+        ),
+        2,
+    )
     assert two.rollout[0].devices == (0, 1) and two.rollout[0].memory_fraction == placement.SHARED_FRACTION
 
 
-@pytest.mark.parametrize("overrides, gpus, fix", [
-    (("trainer.num_ranks=2", "rollout.num_servers=2"), 3, "needs 4 GPUs"),
-    (("rollout.tensor_parallel_size=2", "placement.rollout_gpus=3"), 8, "does not divide placement.rollout_gpus=3"),
-    (("rollout.tensor_parallel_size=2", "placement.rollout_gpus=4"), 8, "set rollout.num_servers=2"),
-    (("trainer.device=cuda",), 0, "sees no GPU"),
-    (("placement.mode=colocated", "rollout.num_servers=2", "placement.sleep_level=0"), 1, "placement.sleep_level=1"),
-    (("placement.mode=colocated", "trainer.num_ranks=3", "placement.offload=false", "rollout.num_servers=2",
-      "rollout.tensor_parallel_size=2"), 4, "does not divide the 3 colocated GPUs"),
-    (("placement.mode=colocated", "rollout.tensor_parallel_size=2"), 4, "spans more GPUs than the 1"),
-    (("placement.mode=colocated", "trainer.num_ranks=2", "placement.offload=false"), 1, "set trainer.num_ranks <= 1"),
-])
+@pytest.mark.parametrize(
+    "overrides, gpus, fix",
+    [
+        (("trainer.num_ranks=2", "rollout.num_servers=2"), 3, "needs 4 GPUs"),
+        (("rollout.tensor_parallel_size=2", "placement.rollout_gpus=3"), 8, "does not divide placement.rollout_gpus=3"),
+        (("rollout.tensor_parallel_size=2", "placement.rollout_gpus=4"), 8, "set rollout.num_servers=2"),
+        (("trainer.device=cuda",), 0, "sees no GPU"),
+        (
+            ("placement.mode=colocated", "rollout.num_servers=2", "placement.sleep_level=0"),
+            1,
+            "placement.sleep_level=1",
+        ),
+        (
+            (
+                "placement.mode=colocated",
+                "trainer.num_ranks=3",
+                "placement.offload=false",
+                "rollout.num_servers=2",
+                "rollout.tensor_parallel_size=2",
+            ),
+            4,
+            "does not divide the 3 colocated GPUs",
+        ),
+        (("placement.mode=colocated", "rollout.tensor_parallel_size=2"), 4, "spans more GPUs than the 1"),
+        (
+            ("placement.mode=colocated", "trainer.num_ranks=2", "placement.offload=false"),
+            1,
+            "set trainer.num_ranks <= 1",
+        ),
+    ],
+)
 def test_layout_errors_name_the_fix(tmp_path, overrides, gpus, fix):
     c = cfg(tmp_path, "rollout.backend=vllm", *overrides)
     with pytest.raises(ConfigError, match=fix):
         placement.check(c, gpus, peers)
 
 
-@pytest.mark.parametrize("overrides, fix", [
-    (("placement.mode=colocated", "trainer.mode=one_step_off"), "set trainer.mode=sync"),
-    (("placement.mode=colocated", "rollout.servers=[tcp://10.0.0.1:5555]", "rollout.auth_token=x"),
-     "empty rollout.servers"),
-    (("placement.mode=colocated", "trainer.num_ranks=2"), "placement.offload=false"),
-    (("rollout.backend=hf", "rollout.tensor_parallel_size=2"), "needs rollout.backend=vllm"),
-    (("placement.mode=stacked",), "placement.mode"),
-    (("placement.sleep_level=3",), "placement.sleep_level"),
-])
+@pytest.mark.parametrize(
+    "overrides, fix",
+    [
+        (("placement.mode=colocated", "trainer.mode=one_step_off"), "set trainer.mode=sync"),
+        (
+            ("placement.mode=colocated", "rollout.servers=[tcp://10.0.0.1:5555]", "rollout.auth_token=x"),
+            "empty rollout.servers",
+        ),
+        (("placement.mode=colocated", "trainer.num_ranks=2"), "placement.offload=false"),
+        (("rollout.backend=hf", "rollout.tensor_parallel_size=2"), "needs rollout.backend=vllm"),
+        (("placement.mode=stacked",), "placement.mode"),
+        (("placement.sleep_level=3",), "placement.sleep_level"),
+    ],
+)
 def test_config_errors_whatever_the_host(tmp_path, overrides, fix):
     with pytest.raises(ConfigError, match=fix):
         cfg(tmp_path, *overrides)

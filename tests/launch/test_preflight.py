@@ -33,8 +33,9 @@ def assert_refused_before_start(code: int, output: str, run_dir: Path, *fragment
 
 @pytest.fixture
 def config(tmp_path, tiny_model_dir):
-    return write_config(tmp_path / "run.yaml", tiny_model_dir, rollout={"backend": "hf"},
-                        trainer={"output_dir": str(tmp_path / "run")})
+    return write_config(
+        tmp_path / "run.yaml", tiny_model_dir, rollout={"backend": "hf"}, trainer={"output_dir": str(tmp_path / "run")}
+    )
 
 
 def test_output_dir_that_is_a_file_or_under_one(config, tmp_path):
@@ -46,11 +47,14 @@ def test_output_dir_that_is_a_file_or_under_one(config, tmp_path):
     assert (tmp_path / "taken").read_text() == "not a directory"
 
 
-@pytest.mark.parametrize("name, content, expected", [
-    ("data.parquet", b"PAR1 not really parquet PAR1", "is not a readable Parquet file"),
-    ("data.jsonl", b'{"question": "1+1", "answer": "2"}\n{"question": "\xff\xfe"}\n', "is not UTF-8 text"),
-    ("data.jsonl", b'{"question": "1+1", "answer": "2"}\n{"question": \n', "line 2 is not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "name, content, expected",
+    [
+        ("data.parquet", b"PAR1 not really parquet PAR1", "is not a readable Parquet file"),
+        ("data.jsonl", b'{"question": "1+1", "answer": "2"}\n{"question": "\xff\xfe"}\n', "is not UTF-8 text"),
+        ("data.jsonl", b'{"question": "1+1", "answer": "2"}\n{"question": \n', "line 2 is not valid JSON"),
+    ],
+)
 def test_unreadable_task_file(config, tmp_path, name, content, expected):
     data = tmp_path / name
     data.write_bytes(content)
@@ -58,12 +62,15 @@ def test_unreadable_task_file(config, tmp_path, name, content, expected):
     assert_refused_before_start(code, output, tmp_path / "run", "task.path=", expected)
 
 
-@pytest.mark.parametrize("source, spec, expected", [
-    ("def score(completion, answer:\n    return 1.0\n", "broken_syntax:score", "SyntaxError"),
-    ("raise RuntimeError('no GPU here')\n", "raises_on_import:score", "RuntimeError: no GPU here"),
-    ("import no_such_dependency_xyz\n", "needs_missing_dep:score", "No module named 'no_such_dependency_xyz'"),
-    ("", ".relative:score", "is a relative module name"),
-])
+@pytest.mark.parametrize(
+    "source, spec, expected",
+    [
+        ("def score(completion, answer:\n    return 1.0\n", "broken_syntax:score", "SyntaxError"),
+        ("raise RuntimeError('no GPU here')\n", "raises_on_import:score", "RuntimeError: no GPU here"),
+        ("import no_such_dependency_xyz\n", "needs_missing_dep:score", "No module named 'no_such_dependency_xyz'"),
+        ("", ".relative:score", "is a relative module name"),
+    ],
+)
 def test_reward_module_that_cannot_be_imported(config, tmp_path, source, spec, expected):
     module_dir = tmp_path / "rewards"
     module_dir.mkdir()
@@ -80,12 +87,15 @@ def test_reward_module_that_cannot_be_imported(config, tmp_path, source, spec, e
         assert f"{module}.py:" in output  # the file and line to fix
 
 
-@pytest.mark.parametrize("damage, expected", [
-    (lambda d: [p.unlink() for p in d.glob("*.safetensors")], "has config.json but no weights"),
-    (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-64]), "is truncated"),
-    (lambda d: (d / "config.json").write_text("{oops"), "config.json is not valid JSON"),
-    (lambda d: [(d / n).unlink() for n in ("tokenizer.json", "tokenizer_config.json")], "has no tokenizer"),
-])
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        (lambda d: [p.unlink() for p in d.glob("*.safetensors")], "has config.json but no weights"),
+        (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-64]), "is truncated"),
+        (lambda d: (d / "config.json").write_text("{oops"), "config.json is not valid JSON"),
+        (lambda d: [(d / n).unlink() for n in ("tokenizer.json", "tokenizer_config.json")], "has no tokenizer"),
+    ],
+)
 def test_incomplete_model_directory(config, tmp_path, tiny_model_dir, damage, expected):
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)
@@ -110,27 +120,60 @@ def test_an_output_dir_with_a_name_too_long_for_the_file_system_is_refused(tmp_p
 
 def test_a_dataset_prompt_longer_than_the_context_names_its_file_and_row(config, tmp_path):
     data = tmp_path / "data.jsonl"
-    rows = [{"question": "1+1", "answer": "2"}] * 3 + [{"question": "1+" * 300, "answer": "2"}] \
-        + [{"question": "2+2", "answer": "4"}] + [{"question": "3+" * 400, "answer": "3"}]
+    rows = (
+        [{"question": "1+1", "answer": "2"}] * 3
+        + [{"question": "1+" * 300, "answer": "2"}]
+        + [{"question": "2+2", "answer": "4"}]
+        + [{"question": "3+" * 400, "answer": "3"}]
+    )
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    code, output = train(config, "task.name=gsm8k", f"task.path={data}", "task.num_eval=1", "task.chat_template=off",
-                         "rollout.max_model_len=512")
-    assert_refused_before_start(code, output, tmp_path / "run", f"task.path={str(data)!r} row 3: the prompt is 600 "
-                                "tokens", "rollout.max_model_len=512", "1 more prompts are too long, the longest 800",
-                                "raise rollout.max_model_len above 800")
+    code, output = train(
+        config,
+        "task.name=gsm8k",
+        f"task.path={data}",
+        "task.num_eval=1",
+        "task.chat_template=off",
+        "rollout.max_model_len=512",
+    )
+    assert_refused_before_start(
+        code,
+        output,
+        tmp_path / "run",
+        f"task.path={str(data)!r} row 3: the prompt is 600 tokens",
+        "rollout.max_model_len=512",
+        "1 more prompts are too long, the longest 800",
+        "raise rollout.max_model_len above 800",
+    )
     data.write_text("".join(json.dumps(row) + "\n" for row in rows[:3]))  # the train rows fit; one held-out does not
     held_out = tmp_path / "held_out.jsonl"
     held_out.write_text(json.dumps(rows[0]) + "\n" + json.dumps(rows[-1]) + "\n")
-    code, output = train(config, "task.name=gsm8k", f"task.path={data}", f"task.eval_path={held_out}",
-                         "task.chat_template=off", "rollout.max_model_len=700")
-    assert_refused_before_start(code, output, tmp_path / "run", f"task.eval_path={str(held_out)!r} row 1: the prompt "
-                                "is 800 tokens", "raise rollout.max_model_len above 800")
+    code, output = train(
+        config,
+        "task.name=gsm8k",
+        f"task.path={data}",
+        f"task.eval_path={held_out}",
+        "task.chat_template=off",
+        "rollout.max_model_len=700",
+    )
+    assert_refused_before_start(
+        code,
+        output,
+        tmp_path / "run",
+        f"task.eval_path={str(held_out)!r} row 1: the prompt is 800 tokens",
+        "raise rollout.max_model_len above 800",
+    )
 
 
 def test_a_missing_teacher_names_how_to_build_it(config, tmp_path):
     code, output = train(config, f"algorithm.distill.teacher={tmp_path / 'teacher'}")
-    assert_refused_before_start(code, output, tmp_path / "run", "algorithm.distill.teacher=", "no config.json",
-                                "algorithm.distill.teacher_build_if_missing=tiny_math_teacher")
+    assert_refused_before_start(
+        code,
+        output,
+        tmp_path / "run",
+        "algorithm.distill.teacher=",
+        "no config.json",
+        "algorithm.distill.teacher_build_if_missing=tiny_math_teacher",
+    )
 
 
 def test_the_teacher_is_built_when_missing(config, tmp_path, monkeypatch):
@@ -145,11 +188,16 @@ def test_the_teacher_is_built_when_missing(config, tmp_path, monkeypatch):
     from rlx.launch.preflight import preflight
     from rlx.trainer import warmstart
 
-    monkeypatch.setitem(warmstart.RECIPES, "tiny_math_teacher",
-                        warmstart.Recipe(hidden_size=128, num_layers=2, steps=3, lr=1e-3, seed=1))
+    monkeypatch.setitem(
+        warmstart.RECIPES,
+        "tiny_math_teacher",
+        warmstart.Recipe(hidden_size=128, num_layers=2, steps=3, lr=1e-3, seed=1),
+    )
     monkeypatch.chdir(tmp_path)
-    cfg = load_config(str(config), ["algorithm.distill.teacher=models/teacher",
-                                    "algorithm.distill.teacher_build_if_missing=tiny_math_teacher"])
+    cfg = load_config(
+        str(config),
+        ["algorithm.distill.teacher=models/teacher", "algorithm.distill.teacher_build_if_missing=tiny_math_teacher"],
+    )
     out = io.StringIO()
     preflight(cfg, Display(1, console=Console(file=out, width=200)))
     assert (tmp_path / "models" / "teacher" / "config.json").is_file()

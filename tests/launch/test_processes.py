@@ -83,8 +83,14 @@ def test_python_children_do_not_import_from_the_working_directory(tmp_path):
     try:
         child = procs.start("child", python_argv("json.tool", "--help"))
         child.proc.wait(60)
-        grandchild = procs.start("grandchild", [sys.executable, "-c", "import subprocess, sys; "
-                                                "subprocess.run([sys.executable, '-c', 'import json'], check=True)"])
+        grandchild = procs.start(
+            "grandchild",
+            [
+                sys.executable,
+                "-c",
+                "import subprocess, sys; subprocess.run([sys.executable, '-c', 'import json'], check=True)",
+            ],
+        )
         grandchild.proc.wait(60)
     finally:
         os.chdir(cwd)
@@ -97,15 +103,30 @@ def test_a_child_traceback_reaches_the_console_as_its_last_line_and_the_log_path
     lines: list[str] = []
     log = tmp_path / "trainer1.log"
     folder = TracebackFolder(lines.append, log)
-    output = ["starting", "Traceback (most recent call last):", '  File "a.py", line 1, in <module>',
-              "    f()", "    ^^^", "KeyError: 'x'", "", "During handling of the above exception, another "
-              "exception occurred:", "", "Traceback (most recent call last):", '  File "a.py", line 3',
-              "RuntimeError: gloo connection closed", "after"]
+    output = [
+        "starting",
+        "Traceback (most recent call last):",
+        '  File "a.py", line 1, in <module>',
+        "    f()",
+        "    ^^^",
+        "KeyError: 'x'",
+        "",
+        "During handling of the above exception, another exception occurred:",
+        "",
+        "Traceback (most recent call last):",
+        '  File "a.py", line 3',
+        "RuntimeError: gloo connection closed",
+        "after",
+    ]
     for line in output:
         folder.feed(line)
     folder.feed("Traceback (most recent call last):")
     folder.feed('  File "b.py", line 9')
     folder.feed("ValueError: last words")
     folder.flush()  # the child's output ended
-    assert lines == ["starting", f"RuntimeError: gloo connection closed (traceback in {log})", "after",
-                     f"ValueError: last words (traceback in {log})"]
+    assert lines == [
+        "starting",
+        f"RuntimeError: gloo connection closed (traceback in {log})",
+        "after",
+        f"ValueError: last words (traceback in {log})",
+    ]

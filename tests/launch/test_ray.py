@@ -19,12 +19,20 @@ from tests.helpers import start_rlx, stop_group, write_config
 pytestmark = pytest.mark.slow
 
 STEPS = 2
-SECTIONS = {"task": {"max_operand": 9, "num_eval": 8},
-            "rollout": {"backend": "hf", "n": 4, "max_tokens": 4, "num_servers": 2},
-            "trainer": {"prompts_per_step": 4, "micro_batch_size": 8, "lr": 1e-3, "eval_every": 0,
-                        "total_steps": STEPS, "num_ranks": 2},
-            "sync": {"transport": "gloo", "verify": True, "bucket_mb": 1, "timeout_s": 60},
-            "ray": {"trainer_resources": {"CPU": 1, "node_a": 1}, "rollout_resources": {"CPU": 1, "node_b": 1}}}
+SECTIONS = {
+    "task": {"max_operand": 9, "num_eval": 8},
+    "rollout": {"backend": "hf", "n": 4, "max_tokens": 4, "num_servers": 2},
+    "trainer": {
+        "prompts_per_step": 4,
+        "micro_batch_size": 8,
+        "lr": 1e-3,
+        "eval_every": 0,
+        "total_steps": STEPS,
+        "num_ranks": 2,
+    },
+    "sync": {"transport": "gloo", "verify": True, "bucket_mb": 1, "timeout_s": 60},
+    "ray": {"trainer_resources": {"CPU": 1, "node_a": 1}, "rollout_resources": {"CPU": 1, "node_b": 1}},
+}
 
 
 def pid_alive(pid: int) -> bool:
@@ -41,12 +49,14 @@ def ray_cluster():
     """Two Ray nodes on this machine, node_a (the head) and node_b; every Ray process it started ends by pid."""
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "resources": {"node_a": 4},
-                                                             "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 3, "resources": {"node_a": 4}, "include_dashboard": False}
+    )
     cluster.add_node(num_cpus=3, resources={"node_b": 4})
     cluster.wait_for_nodes()
-    pids = [info.process.pid for node in cluster.list_all_nodes()
-            for infos in node.all_processes.values() for info in infos]
+    pids = [
+        info.process.pid for node in cluster.list_all_nodes() for infos in node.all_processes.values() for info in infos
+    ]
     try:
         yield cluster
     finally:
@@ -72,7 +82,8 @@ def recorded_processes(run_dir) -> dict:
 
 
 def test_ray_run_places_roles_on_their_nodes_syncs_verified_weights_and_leaves_nothing(
-        ray_cluster, tiny_model_dir, tmp_path):
+    ray_cluster, tiny_model_dir, tmp_path
+):
     from tests.launch.test_disaggregated import (
         trainer_parameter_names,
         verified_tensors_per_server,
@@ -107,8 +118,9 @@ def test_ray_run_places_roles_on_their_nodes_syncs_verified_weights_and_leaves_n
 
 
 def test_sigkilled_rank_stops_the_ray_run_naming_it(ray_cluster, tiny_model_dir, tmp_path):
-    config = ray_config(tmp_path, tiny_model_dir, ray_cluster.address,
-                        rollout={"num_servers": 1}, trainer={"total_steps": 50})
+    config = ray_config(
+        tmp_path, tiny_model_dir, ray_cluster.address, rollout={"num_servers": 1}, trainer={"total_steps": 50}
+    )
     log = tmp_path / "train.log"
     proc = start_rlx(["train", str(config)], log)
     run_dir = tmp_path / "run"
@@ -131,20 +143,28 @@ def test_sigkilled_rank_stops_the_ray_run_naming_it(ray_cluster, tiny_model_dir,
     assert not leftover, f"processes of the run still alive: {leftover}"
 
 
-
-def test_doctor_checks_the_cluster_and_names_a_missing_resource_and_a_busy_port(ray_cluster, tiny_model_dir,
-                                                                                tmp_path):
+def test_doctor_checks_the_cluster_and_names_a_missing_resource_and_a_busy_port(ray_cluster, tiny_model_dir, tmp_path):
     import socket
 
     with socket.socket() as busy:
         busy.bind((ray_cluster.head_node.node_ip_address, 0))
         busy.listen()
         port = busy.getsockname()[1]
-        broken = ray_config(tmp_path, tiny_model_dir, ray_cluster.address, rollout={"port": port},
-                            ray={"trainer_resources": {"CPU": 1, "node_c": 1}})
-        result = subprocess.run([sys.executable, "-m", "rlx", "doctor", str(broken), "--broadcast-mb", "1"],
-                                check=False, capture_output=True, text=True, timeout=180,
-                                env=dict(os.environ, COLUMNS="250"))  # table rows unwrapped
+        broken = ray_config(
+            tmp_path,
+            tiny_model_dir,
+            ray_cluster.address,
+            rollout={"port": port},
+            ray={"trainer_resources": {"CPU": 1, "node_c": 1}},
+        )
+        result = subprocess.run(
+            [sys.executable, "-m", "rlx", "doctor", str(broken), "--broadcast-mb", "1"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=dict(os.environ, COLUMNS="250"),
+        )  # table rows unwrapped
     assert result.returncode == 1, result.stdout + result.stderr
     assert "no node of the cluster has resource 'node_c'" in result.stdout, result.stdout
     assert f"port {port} is taken on {ray_cluster.head_node.node_ip_address}" in result.stdout, result.stdout

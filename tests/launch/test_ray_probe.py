@@ -41,8 +41,13 @@ def silent_port():
 
 
 def run(tmp_path, model_dir, command: str, *overrides: str, env: dict | None = None) -> tuple[int, str]:
-    config = write_config(tmp_path / "run.yaml", model_dir, launcher="ray", rollout={"backend": "hf"},
-                          trainer={"output_dir": str(tmp_path / "run")})
+    config = write_config(
+        tmp_path / "run.yaml",
+        model_dir,
+        launcher="ray",
+        rollout={"backend": "hf"},
+        trainer={"output_dir": str(tmp_path / "run")},
+    )
     log = tmp_path / f"{command}.log"
     proc = start_rlx([command, str(config), *overrides], log, env)
     try:
@@ -65,6 +70,8 @@ def test_an_address_that_refuses_is_named_with_the_fix(tiny_model_dir, tmp_path,
 def test_a_port_that_is_not_a_ray_cluster_is_named(tiny_model_dir, tmp_path, silent_port):
     code, output = run(tmp_path, tiny_model_dir, "doctor", env={"RAY_ADDRESS": f"ray://127.0.0.1:{silent_port}"})
     assert code == 2, output[-3000:]
-    assert f"error: RAY_ADDRESS='ray://127.0.0.1:{silent_port}': 127.0.0.1:{silent_port} accepts connections but " \
-           "does not answer as a Ray cluster (a gRPC server) does" in output, output[-3000:]
+    assert (
+        f"error: RAY_ADDRESS='ray://127.0.0.1:{silent_port}': 127.0.0.1:{silent_port} accepts connections but "
+        "does not answer as a Ray cluster (a gRPC server) does" in output
+    ), output[-3000:]
     assert "leave RAY_ADDRESS empty" in output

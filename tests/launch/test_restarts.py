@@ -48,19 +48,31 @@ def trace_records(path: Path) -> list[dict]:
 
 def start_run(tmp_path: Path, tiny_model_dir: Path, *overrides: str):
     (tmp_path / "held_reward.py").write_text(REWARD)
-    config = small_config(tmp_path, tiny_model_dir, "hf", trace={"enabled": True}, task={"reward": "held_reward:score"},
-                          rollout={"restart_on_failure": True}, sync={"verify": True})
+    config = small_config(
+        tmp_path,
+        tiny_model_dir,
+        "hf",
+        trace={"enabled": True},
+        task={"reward": "held_reward:score"},
+        rollout={"restart_on_failure": True},
+        sync={"verify": True},
+    )
     log = tmp_path / "train.log"
-    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-           "HELD": str(tmp_path / "held"), "GO": str(tmp_path / "go")}
-    proc = start_rlx(["train", str(config), f"trainer.total_steps={STEPS}", "trainer.eval_every=0", *overrides],
-                     log, env)
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        "HELD": str(tmp_path / "held"),
+        "GO": str(tmp_path / "go"),
+    }
+    proc = start_rlx(
+        ["train", str(config), f"trainer.total_steps={STEPS}", "trainer.eval_every=0", *overrides], log, env
+    )
     return proc, tmp_path / "run", log
 
 
 @pytest.mark.parametrize("num_servers", [1, 2])
-def test_a_killed_server_is_restarted_with_the_newest_weights_and_the_run_finishes(num_servers, tiny_model_dir,
-                                                                                   tmp_path):
+def test_a_killed_server_is_restarted_with_the_newest_weights_and_the_run_finishes(
+    num_servers, tiny_model_dir, tmp_path
+):
     """One server: generation waits for it. Two: the other generates and takes the syncs meanwhile. The run
     is held (in its reward) until the restarted server answers, so that it rejoins before the run ends."""
     proc, run_dir, log = start_run(tmp_path, tiny_model_dir, f"rollout.num_servers={num_servers}")
@@ -89,7 +101,9 @@ def test_a_killed_server_is_restarted_with_the_newest_weights_and_the_run_finish
     [rejoined] = [r for r in trainer if r.get("n") == "rollout.rejoined"]
     assert restart["a"]["server"] == "rollout0" and rejoined["a"]["weight_version"] == 1
     # every sync after the rejoin reached the restarted server and was verified there
-    syncs_after = [r for r in trainer if r.get("n") == "sync" and r["t"] > rejoined["t"] and "server" not in r.get("a", {})]
+    syncs_after = [
+        r for r in trainer if r.get("n") == "sync" and r["t"] > rejoined["t"] and "server" not in r.get("a", {})
+    ]
     assert syncs_after, "the run ended before a regular sync reached the restarted server"
     server = trace_records(run_dir / "trace" / f"rollout0.{restarted}.jsonl")
     versions = [r["a"]["weight_version"] for r in server if r.get("n") == "sync.end"]
@@ -137,8 +151,11 @@ def test_requests_in_flight_to_a_dead_server_are_reissued_to_a_live_one(sig, tin
     from tests.helpers import serve_with
 
     sections = {"rollout": {"backend": "hf", "max_model_len": 256}}
-    with serve_with(tiny_model_dir, tmp_path, "a", **sections) as (live, _), \
-            serve_with(tiny_model_dir, tmp_path, "b", **sections) as (doomed, doomed_proc):
+    with (
+        serve_with(tiny_model_dir, tmp_path, "a", **sections) as (live, _),
+        serve_with(tiny_model_dir, tmp_path, "b", **sections) as (doomed, doomed_proc),
+    ):
+
         async def go():
             client = RolloutClient([live, doomed], timeout_s=120.0, awaits_restarts=True)
             try:

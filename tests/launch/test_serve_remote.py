@@ -63,8 +63,14 @@ def test_host_serves_every_interface_with_the_token_from_the_environment(variabl
     env.update({variable: token, "PYTHONUNBUFFERED": "1"})
     log = tmp_path / "serve.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "rlx", *args], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlx", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
     try:
         address = f"tcp://127.0.0.1:{port}"
         wait_until_healthy(address, token, proc, log)

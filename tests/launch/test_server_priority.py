@@ -36,10 +36,22 @@ def test_launched_servers_yield_the_cpu_to_the_trainer(yield_cpu, tiny_model_dir
     (tmp_path / "policy_reward.py").write_text(REWARD)
     config = small_config(tmp_path, tiny_model_dir, "hf", task={"reward": "policy_reward:score"})
     out = tmp_path / "policies.json"
-    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-           "POLICIES": str(out), "RUN_DIR": str(tmp_path / "run")}
-    proc = start_rlx(["train", str(config), "trainer.total_steps=1", "trainer.eval_every=0",
-                      f"rollout.yield_cpu={str(yield_cpu).lower()}"], tmp_path / "train.log", env)
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        "POLICIES": str(out),
+        "RUN_DIR": str(tmp_path / "run"),
+    }
+    proc = start_rlx(
+        [
+            "train",
+            str(config),
+            "trainer.total_steps=1",
+            "trainer.eval_every=0",
+            f"rollout.yield_cpu={str(yield_cpu).lower()}",
+        ],
+        tmp_path / "train.log",
+        env,
+    )
     try:
         proc.wait(300)
     finally:

@@ -17,9 +17,11 @@ from tests.helpers import group_alive, start_rlx, stop_group, write_config
 
 pytestmark = pytest.mark.slow
 
-SMALL = {"task": {"max_operand": 9, "num_eval": 16},
-         "rollout": {"n": 4, "max_tokens": 4},
-         "trainer": {"prompts_per_step": 4, "micro_batch_size": 8, "lr": 1e-4, "eval_every": 2}}
+SMALL = {
+    "task": {"max_operand": 9, "num_eval": 16},
+    "rollout": {"n": 4, "max_tokens": 4},
+    "trainer": {"prompts_per_step": 4, "micro_batch_size": 8, "lr": 1e-4, "eval_every": 2},
+}
 
 
 def small_config(tmp_path: Path, model_dir: Path, backend: str, **extra) -> Path:
@@ -73,8 +75,7 @@ def run_to_end(config: Path, tmp_path: Path, *args: str, timeout_s: float = 400.
 
 @pytest.mark.parametrize("mode", ["sync", "one_step_off"])
 def test_two_step_run_with_vllm(mode, tiny_model_dir, tmp_path):
-    config = small_config(tmp_path, tiny_model_dir, "vllm", trace={"enabled": True},
-                          checkpoint={"every": 1, "keep": 1})
+    config = small_config(tmp_path, tiny_model_dir, "vllm", trace={"enabled": True}, checkpoint={"every": 1, "keep": 1})
     code, output = run_to_end(config, tmp_path, f"trainer.mode={mode}", "trainer.total_steps=2", "sync.verify=true")
     assert code == 0, output[-4000:]
     assert "leaked shared_memory" not in output  # the resource tracker's warning about vLLM's queues
@@ -83,8 +84,21 @@ def test_two_step_run_with_vllm(mode, tiny_model_dir, tmp_path):
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2]
     for row in rows[1:]:
-        for key in ("reward_mean", "accuracy", "response_len_mean", "entropy", "grad_norm", "lr", "clip_frac",
-                    "logprob_diff_mean", "logprob_k3", "tokens_per_s", "time_generate", "time_update", "time_sync"):
+        for key in (
+            "reward_mean",
+            "accuracy",
+            "response_len_mean",
+            "entropy",
+            "grad_norm",
+            "lr",
+            "clip_frac",
+            "logprob_diff_mean",
+            "logprob_k3",
+            "tokens_per_s",
+            "time_generate",
+            "time_update",
+            "time_sync",
+        ):
             assert key in row, key
         assert row["logprob_diff_mean"] < 0.05  # rollout engine and trainer agree (same weights each step)
         assert row["sync_zero_copy"] == 1.0  # one CPU rank: vLLM copied the weights straight out of the trainer's
@@ -109,8 +123,11 @@ def test_resume_after_kill_continues_at_the_right_step(tiny_model_dir, tmp_path)
 
     def checkpointed_step_2_or_later() -> bool:
         ckpts = list_checkpoints(run_dir / "checkpoints")
-        steps = [int(c.name.split("_")[1]) for c in ckpts if c.name.split("_")[1].isdigit()
-                 and (c / "manifest.json").exists()]
+        steps = [
+            int(c.name.split("_")[1])
+            for c in ckpts
+            if c.name.split("_")[1].isdigit() and (c / "manifest.json").exists()
+        ]
         return any(step >= 2 for step in steps)
 
     try:
@@ -195,11 +212,14 @@ def test_ctrl_c_leaves_no_child_alive(tiny_model_dir, tmp_path):
     assert_no_children_alive(run_dir)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("model.path=/nonexistent/model", "model.path='/nonexistent/model' is not a Hugging Face model directory"),
-    ("task.reward=no_such_module_xyz:score", "no_such_module_xyz"),
-    ("trainer.learning_rate=1e-3", "did you mean 'trainer.lr'"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.path=/nonexistent/model", "model.path='/nonexistent/model' is not a Hugging Face model directory"),
+        ("task.reward=no_such_module_xyz:score", "no_such_module_xyz"),
+        ("trainer.learning_rate=1e-3", "did you mean 'trainer.lr'"),
+    ],
+)
 def test_bad_config_fails_before_any_process_starts(override, message, tiny_model_dir, tmp_path):
     config = small_config(tmp_path, tiny_model_dir, "hf")
     result = CliRunner().invoke(app, ["train", str(config), override])

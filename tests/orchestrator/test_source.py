@@ -19,9 +19,13 @@ class Rounds:
 
     async def collect(self, problems: list, seed: int) -> Collected:
         self.calls += 1
-        samples = [Sample.of([1, 2], [3] * (self.max_tokens if j == 0 else 2), [-0.5] * (self.max_tokens if j == 0
-                                                                                         else 2), 1.0)
-                   for _ in problems for j in range(self.n)]
+        samples = [
+            Sample.of(
+                [1, 2], [3] * (self.max_tokens if j == 0 else 2), [-0.5] * (self.max_tokens if j == 0 else 2), 1.0
+            )
+            for _ in problems
+            for j in range(self.n)
+        ]
         return Collected(samples, {"reward_mean": 1.0}, [f"text {i}" for i in range(len(samples))])
 
 

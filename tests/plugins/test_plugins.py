@@ -30,8 +30,10 @@ def site(tmp_path_factory) -> Path:
     info = site / f"rlx_example_plugin-{project['version']}.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
-    lines = [f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items())
-             for group, eps in project["entry-points"].items()]
+    lines = [
+        f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items())
+        for group, eps in project["entry-points"].items()
+    ]
     (info / "entry_points.txt").write_text("\n".join(lines))
     return site
 
@@ -56,8 +58,9 @@ def hooks(tmp_path: Path) -> list[tuple]:
 
 
 def test_hooks_fire_in_order_through_a_run_and_its_resume(site, tiny_model_dir, tmp_path):
-    config = small_config(tmp_path, tiny_model_dir, "hf", checkpoint={"every": 1, "keep": 3,
-                                                                        "plugins": ["example_recorder"]})
+    config = small_config(
+        tmp_path, tiny_model_dir, "hf", checkpoint={"every": 1, "keep": 3, "plugins": ["example_recorder"]}
+    )
     code, output = run(config, tmp_path, site, "trainer.total_steps=2", "trainer.eval_every=0")
     assert code == 0, output[-3000:]
     assert hooks(tmp_path) == [("on_save", 1), ("after_step", 1), ("on_save", 2), ("after_step", 2)]
@@ -83,12 +86,19 @@ def test_raising_plugin_fails_the_run_and_keeps_the_newest_checkpoint(site, tiny
     from rlx.config.schema import LoraConfig
     from tests.trainer.test_lora import lora_trainer
 
-    config = small_config(tmp_path, tiny_model_dir, "hf", checkpoint={
-        "every": 1, "keep": 3, "plugins": ["example_recorder", "example_failing"]}, model={"lora": {"rank": 4}})
+    config = small_config(
+        tmp_path,
+        tiny_model_dir,
+        "hf",
+        checkpoint={"every": 1, "keep": 3, "plugins": ["example_recorder", "example_failing"]},
+        model={"lora": {"rank": 4}},
+    )
     code, output = run(config, tmp_path, site, "trainer.total_steps=3", "trainer.eval_every=0")
     assert code == 1, output[-3000:]
-    assert "checkpoint plugin 'example_failing' failed in on_save: OSError: example upload of step 2 failed" \
+    assert (
+        "checkpoint plugin 'example_failing' failed in on_save: OSError: example upload of step 2 failed"
         in " ".join(output.split())
+    )
     root = tmp_path / "run" / "checkpoints"
     assert [p.name for p in list_checkpoints(root)] == ["step_00000001"] and not list(root.glob(".tmp-*"))
     ckpt, skipped = newest_complete_checkpoint(root)
@@ -99,8 +109,11 @@ def test_raising_plugin_fails_the_run_and_keeps_the_newest_checkpoint(site, tiny
     assert hooks(tmp_path) == [("on_save", 1), ("after_step", 1), ("on_save", 2)]
 
 
-BROKEN = {"missing_module": "rlx_no_such_plugin_module:Plugin", "raising_factory": "rlx_broken_plugin:Raising",
-          "missing_name": "rlx_broken_plugin:NoSuchClass"}
+BROKEN = {
+    "missing_module": "rlx_no_such_plugin_module:Plugin",
+    "raising_factory": "rlx_broken_plugin:Raising",
+    "missing_name": "rlx_broken_plugin:NoSuchClass",
+}
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +122,8 @@ def broken_site(tmp_path_factory) -> Path:
     module lacks."""
     site = tmp_path_factory.mktemp("broken_site")
     (site / "rlx_broken_plugin.py").write_text(
-        "class Raising:\n    def __init__(self):\n        raise RuntimeError('RLX_BROKEN_TOKEN is not set')\n")
+        "class Raising:\n    def __init__(self):\n        raise RuntimeError('RLX_BROKEN_TOKEN is not set')\n"
+    )
     info = site / "rlx_broken_plugin-0.1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rlx-broken-plugin\nVersion: 0.1.0\n")
@@ -117,17 +131,34 @@ def broken_site(tmp_path_factory) -> Path:
     return site
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("missing_module", ["checkpoint plugin 'missing_module' (rlx_no_such_plugin_module:Plugin) cannot be imported",
-                        "No module named 'rlx_no_such_plugin_module'", "reinstall the package that provides it"]),
-    ("missing_name", ["checkpoint plugin 'missing_name' (rlx_broken_plugin:NoSuchClass) cannot be imported",
-                      "AttributeError"]),
-    ("raising_factory", ["checkpoint plugin 'raising_factory': making it (rlx_broken_plugin:Raising, called with no "
-                         "arguments) raised RuntimeError: RLX_BROKEN_TOKEN is not set", "fix the plugin or its "
-                         "environment"]),
-])
-def test_a_plugin_that_cannot_be_made_fails_before_any_process_starts(broken_site, tiny_model_dir, tmp_path, name,
-                                                                      expected):
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        (
+            "missing_module",
+            [
+                "checkpoint plugin 'missing_module' (rlx_no_such_plugin_module:Plugin) cannot be imported",
+                "No module named 'rlx_no_such_plugin_module'",
+                "reinstall the package that provides it",
+            ],
+        ),
+        (
+            "missing_name",
+            ["checkpoint plugin 'missing_name' (rlx_broken_plugin:NoSuchClass) cannot be imported", "AttributeError"],
+        ),
+        (
+            "raising_factory",
+            [
+                "checkpoint plugin 'raising_factory': making it (rlx_broken_plugin:Raising, called with no "
+                "arguments) raised RuntimeError: RLX_BROKEN_TOKEN is not set",
+                "fix the plugin or its environment",
+            ],
+        ),
+    ],
+)
+def test_a_plugin_that_cannot_be_made_fails_before_any_process_starts(
+    broken_site, tiny_model_dir, tmp_path, name, expected
+):
     config = small_config(tmp_path, tiny_model_dir, "hf", checkpoint={"plugins": [name]})
     code, output = run(config, tmp_path, broken_site)
     text = " ".join(output.split())

@@ -11,11 +11,15 @@ from rlx.tasks import build_task
 from rlx.tasks.dataset import read_dataset
 
 # Only characters of the tiny tokenizer's alphabet, so every rendered prompt tokenizes without <unk>.
-TEMPLATE = ("{% if tools %}tools:{% for t in tools %} {{ t.function.name }}{% endfor %}{{ '\n' }}{% endif %}"
-            "{% for m in messages %}<{{ m.role }}>{{ m.content }}<eos>\n{% endfor %}"
-            "{% if add_generation_prompt %}<assistant>{% endif %}")
-ROWS = [{"q": "What is 2+3?", "a": "#### 5", "chat": [{"role": "user", "content": "2+3="}]},
-        {"q": "What is 4+4?", "a": "#### 8", "chat": [{"role": "user", "content": "4+4="}]}]
+TEMPLATE = (
+    "{% if tools %}tools:{% for t in tools %} {{ t.function.name }}{% endfor %}{{ '\n' }}{% endif %}"
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}<eos>\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+ROWS = [
+    {"q": "What is 2+3?", "a": "#### 5", "chat": [{"role": "user", "content": "2+3="}]},
+    {"q": "What is 4+4?", "a": "#### 8", "chat": [{"role": "user", "content": "4+4="}]},
+]
 TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
 
 
@@ -92,12 +96,31 @@ def test_every_format_with_column_mapping_and_chat_prompts(tmp_path, templated_d
     files = write_all_formats(tmp_path)
     for fmt, path in files.items():
         assert read_dataset(str(path)) == ROWS, fmt  # format "auto" picks the reader
-        plain = build_task(TaskConfig(name="gsm8k", path=str(path), format=fmt, question_key="q", answer_key="a",
-                                      num_eval=0, prompt_template="Q: {question}"))
+        plain = build_task(
+            TaskConfig(
+                name="gsm8k",
+                path=str(path),
+                format=fmt,
+                question_key="q",
+                answer_key="a",
+                num_eval=0,
+                prompt_template="Q: {question}",
+            )
+        )
         assert [p.prompt for p in plain.train] == ["Q: What is 2+3?", "Q: What is 4+4?"]
         assert [p.answer for p in plain.train] == ["5", "8"]
-        chat = build_task(TaskConfig(name="gsm8k", path=str(path), messages_key="chat", answer_key="a", num_eval=1,
-                                     system_prompt="Add.", chat_template="on"), tokenizer_path=templated_dir)
+        chat = build_task(
+            TaskConfig(
+                name="gsm8k",
+                path=str(path),
+                messages_key="chat",
+                answer_key="a",
+                num_eval=1,
+                system_prompt="Add.",
+                chat_template="on",
+            ),
+            tokenizer_path=templated_dir,
+        )
         assert chat.train[0].prompt == "<system>Add.<eos>\n<user>2+3=<eos>\n<assistant>"
         assert chat.eval[0].prompt.endswith("<user>4+4=<eos>\n<assistant>") and chat.eval[0].answer == "8"
 
@@ -105,7 +128,9 @@ def test_every_format_with_column_mapping_and_chat_prompts(tmp_path, templated_d
 def test_missing_column_names_the_columns_the_data_has(tmp_path):
     files = write_all_formats(tmp_path)
     for path in files.values():
-        with pytest.raises(ConfigError, match=r"no column 'question' \(its columns: a, chat, q\); set task.question_key"):
+        with pytest.raises(
+            ConfigError, match=r"no column 'question' \(its columns: a, chat, q\); set task.question_key"
+        ):
             build_task(TaskConfig(name="gsm8k", path=str(path), num_eval=0, answer_key="a"))
         with pytest.raises(ConfigError, match=r"no column 'msgs'.*set task.messages_key"):
             build_task(TaskConfig(name="gsm8k", path=str(path), num_eval=0, answer_key="a", messages_key="msgs"))

@@ -23,8 +23,9 @@ def _collector(address: str, tmp_path, tiny_model_dir) -> tuple[Collector, Rollo
     from rlx.config import load_config
     from tests.helpers import write_config
 
-    cfg = load_config(write_config(tmp_path / "c.yaml", tiny_model_dir,
-                                   rollout={"n": 4, "max_tokens": 6, "temperature": 1.0}))
+    cfg = load_config(
+        write_config(tmp_path / "c.yaml", tiny_model_dir, rollout={"n": 4, "max_tokens": 6, "temperature": 1.0})
+    )
     client = RolloutClient([address])
     return Collector(cfg, client, _Task()), client
 
@@ -47,14 +48,17 @@ def test_the_same_prompt_twice_in_a_step_gets_different_samples(server, tmp_path
     collector, client = _collector(server, tmp_path, tiny_model_dir)
     try:
         problems = [Problem(id=i, prompt="3+4=", answer="7") for i in range(3)]
+
         async def twice():
             return await collector.collect(problems, seed=11), await collector.collect(problems, seed=11)
 
         first, again = asyncio.run(twice())
     finally:
         client.close()
-    groups = [first.completions[i * 4:(i + 1) * 4] for i in range(3)]
-    token_groups = [tuple(tuple(s.completion_ids.tolist()) for s in first.samples[i * 4:(i + 1) * 4]) for i in range(3)]
+    groups = [first.completions[i * 4 : (i + 1) * 4] for i in range(3)]
+    token_groups = [
+        tuple(tuple(s.completion_ids.tolist()) for s in first.samples[i * 4 : (i + 1) * 4]) for i in range(3)
+    ]
     assert len(set(token_groups)) == 3, f"copies of one prompt drew the same samples: {groups}"
     assert first.completions == again.completions, "the same step seed must give the same samples"
 
@@ -66,8 +70,9 @@ def test_a_seeded_step_larger_than_one_engine_step_generates(vllm_server, tmp_pa
     collector, client = _collector(vllm_server, tmp_path, tiny_model_dir)
     prompt = "+".join(["7"] * 40) + "="  # 80 tokens; 48 prompts x 4 samples is about 15k prompt tokens
     try:
-        collected = asyncio.run(collector.collect([Problem(id=i, prompt=prompt, answer="280") for i in range(48)],
-                                                  seed=5))
+        collected = asyncio.run(
+            collector.collect([Problem(id=i, prompt=prompt, answer="280") for i in range(48)], seed=5)
+        )
     finally:
         client.close()
     assert len(collected.samples) == 48 * 4
@@ -87,8 +92,9 @@ def test_a_reward_still_scoring_when_the_run_stops_ends_without_a_traceback():
         release.wait(10)
         return "scored"
 
-    collector = types.SimpleNamespace(cfg=types.SimpleNamespace(task=types.SimpleNamespace(reward_timeout_s=0)),
-                                      score=score)
+    collector = types.SimpleNamespace(
+        cfg=types.SimpleNamespace(task=types.SimpleNamespace(reward_timeout_s=0)), score=score
+    )
 
     async def stopped_while_scoring():
         collector._score_lock = asyncio.Lock()
@@ -147,11 +153,16 @@ def test_rewards_are_scored_as_groups_finish_each_sample_a_span(vllm_server, tmp
         client.close()
     assert [s.reward for s in collected.samples] == [0.0, 0.0, 1.0, 1.0]
     assert collected.metrics["time_reward"] >= 0
-    records = [json.loads(line) for path in (tmp_path / "trace").rglob("*.jsonl")
-               for line in path.read_text().splitlines()[1:]]
+    records = [
+        json.loads(line) for path in (tmp_path / "trace").rglob("*.jsonl") for line in path.read_text().splitlines()[1:]
+    ]
     rewards = [r for r in records if r.get("n") == "reward"]
     assert sorted((r["a"]["problem"], r["a"]["sample"], r["a"]["reward"]) for r in rewards) == [
-        (0, 0, 0.0), (0, 1, 0.0), (1, 0, 1.0), (1, 1, 1.0)]
+        (0, 0, 0.0),
+        (0, 1, 0.0),
+        (1, 0, 1.0),
+        (1, 1, 1.0),
+    ]
     assert all(r["d"] >= 0 for r in rewards)
 
 

@@ -62,7 +62,8 @@ def test_non_loopback_bind_is_refused_without_flag_and_token(tiny_model_dir, tmp
     result = CliRunner().invoke(app, ["rollout-serve", str(config), "--address", "tcp://0.0.0.0:5999"])
     assert result.exit_code == 2
     assert "--allow-remote" in result.output
-    result = CliRunner().invoke(app, ["rollout-serve", str(config), "--address", "tcp://0.0.0.0:5999",
-                                      "--allow-remote"])
+    result = CliRunner().invoke(
+        app, ["rollout-serve", str(config), "--address", "tcp://0.0.0.0:5999", "--allow-remote"]
+    )
     assert result.exit_code == 2
     assert "auth_token" in result.output

@@ -45,7 +45,9 @@ def test_worker_queue_readers_spin_briefly_and_still_wake(no_spin):
     env = {k: v for k, v in os.environ.items() if k != ENV_NO_SPIN}
     if no_spin:
         env[ENV_NO_SPIN] = "1"
-    proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=180, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=180, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["received"] == [0, 1, 2]

@@ -20,8 +20,9 @@ def hf_server(tiny_model_dir, tmp_path_factory):
         yield served[0]
 
 
-async def _ask(address: str, requests: list[tuple[list[int], p.SamplingSpec]],
-               queue_behind_busy: bool = False) -> list[p.PromptResult]:
+async def _ask(
+    address: str, requests: list[tuple[list[int], p.SamplingSpec]], queue_behind_busy: bool = False
+) -> list[p.PromptResult]:
     """The requests sent together; ``queue_behind_busy``: while the server runs a long request, so they wait in
     its queue and run as one batch."""
     client = RolloutClient([address])
@@ -42,7 +43,7 @@ async def _ask(address: str, requests: list[tuple[list[int], p.SamplingSpec]],
 
 def _full_forward_logprobs(model, prompt: list[int], tokens: list[int], temperature: float) -> torch.Tensor:
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
+        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
     return (logits / temperature).log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
 
 
@@ -63,8 +64,10 @@ def test_samples_carry_the_models_logprobs_with_the_prompt_prefilled_once(hf_ser
 def test_a_requests_samples_do_not_depend_on_the_batch_it_runs_in(hf_server):
     spec = p.SamplingSpec(n=4, temperature=1.0, max_tokens=8, seed=77)
     alone = asyncio.run(_ask(hf_server, [(PROMPTS[0], spec)]))[0]
-    others = [(PROMPTS[1], p.SamplingSpec(n=4, temperature=1.0, max_tokens=8, seed=5)),
-              (PROMPTS[2], p.SamplingSpec(n=4, temperature=1.0, max_tokens=8, seed=None))]
+    others = [
+        (PROMPTS[1], p.SamplingSpec(n=4, temperature=1.0, max_tokens=8, seed=5)),
+        (PROMPTS[2], p.SamplingSpec(n=4, temperature=1.0, max_tokens=8, seed=None)),
+    ]
     batched = asyncio.run(_ask(hf_server, [*others, (PROMPTS[0], spec)], queue_behind_busy=True))[-1]
     again = asyncio.run(_ask(hf_server, [(PROMPTS[0], spec)]))[0]
     for a, b, c in zip(alone.samples, batched.samples, again.samples, strict=True):
@@ -75,8 +78,9 @@ def test_a_requests_samples_do_not_depend_on_the_batch_it_runs_in(hf_server):
 
 def test_top_k_one_samples_the_greedy_tokens(hf_server):
     greedy = asyncio.run(_ask(hf_server, [(PROMPTS[0], p.SamplingSpec(n=1, temperature=0.0, max_tokens=8))]))[0]
-    top1 = asyncio.run(_ask(hf_server, [(PROMPTS[0], p.SamplingSpec(n=3, temperature=1.0, top_k=1, max_tokens=8,
-                                                                     seed=3))]))[0]
+    top1 = asyncio.run(
+        _ask(hf_server, [(PROMPTS[0], p.SamplingSpec(n=3, temperature=1.0, top_k=1, max_tokens=8, seed=3))])
+    )[0]
     for sample in top1.samples:
         assert sample.token_ids == greedy.samples[0].token_ids
         assert all(abs(lp) < 1e-6 for lp in sample.logprobs)  # one token left: probability 1
@@ -143,7 +147,9 @@ def test_a_pad_token_the_model_draws_is_one_of_the_samples_tokens(hf_server, tin
     spec = p.SamplingSpec(n=16, temperature=1.0, max_tokens=96, seed=11)
     results = asyncio.run(_ask(hf_server, [(prompt, spec) for prompt in PROMPTS]))
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    drew_pad = [(prompt, s) for prompt, r in zip(PROMPTS, results, strict=True) for s in r.samples if pad in s.token_ids[:-1]]
+    drew_pad = [
+        (prompt, s) for prompt, r in zip(PROMPTS, results, strict=True) for s in r.samples if pad in s.token_ids[:-1]
+    ]
     assert drew_pad, "the random model drew no pad in 48 samples of 96 tokens"
     for prompt, sample in drew_pad:
         assert len(sample.logprobs) == len(sample.token_ids) == len(sample.versions)

@@ -17,8 +17,10 @@ from rlx.rollout.client import RolloutClient
 from tests.helpers import start_rlx, stop_group, write_config
 
 TOKEN = "test-secret-token"
-TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}<eos>\n{% endfor %}"
-            "{% if add_generation_prompt %}<assistant>{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}<eos>\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MAX_BODY_MB = 0.25
 
@@ -69,13 +71,14 @@ def endpoint(chat_model_dir, openai_work):
     """A real hf-backend server whose OpenAI endpoint binds every interface, which needs the token."""
     work = openai_work
     port = free_port()
-    config = write_config(work / "serve.yaml", chat_model_dir,
-                          rollout={"backend": "hf", "openai_host": "0.0.0.0", "openai_port": port,
-                                   "openai_max_body_mb": MAX_BODY_MB})
+    config = write_config(
+        work / "serve.yaml",
+        chat_model_dir,
+        rollout={"backend": "hf", "openai_host": "0.0.0.0", "openai_port": port, "openai_max_body_mb": MAX_BODY_MB},
+    )
     address = f"ipc://{work}/serve.sock"
     log = work / "serve.log"
-    proc = start_rlx(["rollout-serve", str(config), "--address", address], log,
-                     env={"RLX_ROLLOUT_AUTH_TOKEN": TOKEN})
+    proc = start_rlx(["rollout-serve", str(config), "--address", address], log, env={"RLX_ROLLOUT_AUTH_TOKEN": TOKEN})
     try:
         url = f"http://127.0.0.1:{port}"
         wait_http(url, proc, log, AUTH)
@@ -97,8 +100,12 @@ def zmq_call(address: str, body):
 
 def chat(url: str, messages, episode: str | None = None, **extra) -> dict:
     headers = dict(AUTH, **({"X-Episode-Id": episode} if episode else {}))
-    reply = httpx.post(f"{url}/v1/chat/completions", headers=headers, timeout=60.0,
-                       json={"model": "tiny", "messages": messages, **extra})
+    reply = httpx.post(
+        f"{url}/v1/chat/completions",
+        headers=headers,
+        timeout=60.0,
+        json={"model": "tiny", "messages": messages, **extra},
+    )
     assert reply.status_code == 200, reply.text
     return reply.json()
 
@@ -146,20 +153,20 @@ def test_two_requests_form_one_token_in_token_out_episode(endpoint, chat_model_d
     follow_up = first + [{"role": "assistant", "content": answer}, {"role": "user", "content": "+1="}]
     two = chat(url, follow_up, user="two", max_tokens=4)  # the `user` field names the episode too
     context = one["rlx"]["prompt_token_ids"] + one["rlx"]["completion_token_ids"][0]
-    assert two["rlx"]["prompt_token_ids"][:len(context)] == context  # the model's own tokens, not re-tokenized
+    assert two["rlx"]["prompt_token_ids"][: len(context)] == context  # the model's own tokens, not re-tokenized
     assert httpx.post(f"{url}/v1/episodes/two/finish", headers=AUTH, json={"reward": 1.0}).status_code == 200
 
     (episode,) = zmq_call(address, p.TakeEpisodes(max_episodes=8)).episodes
     (row,) = episode_rows(episode)
     prompt, completion, logps, mask = row.row()
-    observation = two["rlx"]["prompt_token_ids"][len(context):]
+    observation = two["rlx"]["prompt_token_ids"][len(context) :]
     assert prompt == one["rlx"]["prompt_token_ids"]
     tokenizer = AutoTokenizer.from_pretrained(chat_model_dir)
     # the template's close of the answer (less the <eos> the model sampled itself, if it did), the new turn
     closing = "\n" if context[-1] == tokenizer.eos_token_id else "<eos>\n"
     assert tokenizer.decode(observation) == closing + "<user>+1=<eos>\n<assistant>"
     n1, n2 = len(one["rlx"]["completion_token_ids"][0]), len(two["rlx"]["completion_token_ids"][0])
-    assert completion == context[len(prompt):] + observation + two["rlx"]["completion_token_ids"][0]
+    assert completion == context[len(prompt) :] + observation + two["rlx"]["completion_token_ids"][0]
     assert mask == [1.0] * n1 + [0.0] * len(observation) + [1.0] * n2
     assert len(logps) == len(completion) and all(lp == 0.0 for lp, m in zip(logps, mask, strict=True) if m == 0.0)
     sampled = [lp for lp, m in zip(logps, mask, strict=True) if m == 1.0]  # the engine's logprobs of the sampled tokens
@@ -176,14 +183,18 @@ def test_n_in_the_first_request_opens_a_group_of_episodes(endpoint):
     first = [{"role": "user", "content": "2+3="}]
     forked = chat(url, first, episode="g", n=2, max_tokens=4, seed=5)
     assert forked["rlx"]["episode_ids"] == ["g.0", "g.1"] and len(forked["choices"]) == 2
-    refused = httpx.post(f"{url}/v1/chat/completions", headers=dict(AUTH, **{"X-Episode-Id": "g.0"}), timeout=60.0,
-                         json={"messages": first, "n": 2})
+    refused = httpx.post(
+        f"{url}/v1/chat/completions",
+        headers=dict(AUTH, **{"X-Episode-Id": "g.0"}),
+        timeout=60.0,
+        json={"messages": first, "n": 2},
+    )
     assert refused.status_code == 400 and "allowed on a new episode id only" in refused.text
     answer = forked["choices"][0]["message"]["content"]
     follow = first + [{"role": "assistant", "content": answer}, {"role": "user", "content": "+1="}]
     two = chat(url, follow, episode="g.0", max_tokens=4)  # each sample goes on as its own episode
     context = forked["rlx"]["prompt_token_ids"] + forked["rlx"]["completion_token_ids"][0]
-    assert two["rlx"]["prompt_token_ids"][:len(context)] == context
+    assert two["rlx"]["prompt_token_ids"][: len(context)] == context
     finish(url, "g.0", 1.0)
     assert zmq_call(address, p.TakeEpisodes(max_episodes=8, group_size=2)).episodes == []  # half a group waits
     finish(url, "g.1", 0.0)
@@ -194,8 +205,9 @@ def test_n_in_the_first_request_opens_a_group_of_episodes(endpoint):
     # or the agent names each episode's group; an episode of no group is never taken as part of one
     for episode, group in (("x", "h"), ("lone", ""), ("y", "h")):
         headers = dict(AUTH, **{"X-Episode-Id": episode}, **({"X-Group-Id": group} if group else {}))
-        reply = httpx.post(f"{url}/v1/chat/completions", headers=headers, timeout=60.0,
-                           json={"messages": first, "max_tokens": 2})
+        reply = httpx.post(
+            f"{url}/v1/chat/completions", headers=headers, timeout=60.0, json={"messages": first, "max_tokens": 2}
+        )
         assert reply.status_code == 200, reply.text
         finish(url, episode, 0.5)
     grouped = zmq_call(address, p.TakeEpisodes(max_episodes=8, group_size=2)).episodes
@@ -211,13 +223,19 @@ def test_auth_and_request_errors_are_clear(endpoint):
         assert reply.status_code == 401 and "Authorization: Bearer" in reply.json()["error"]["message"]
     reply = httpx.post(f"{url}/v1/episodes/nope/finish", headers=AUTH, json={"reward": 1.0})
     assert reply.status_code == 404 and "no open episode 'nope'" in reply.json()["error"]["message"]
-    assert httpx.post(f"{url}/v1/chat/completions", headers=dict(AUTH, **{"X-Episode-Id": "e"}), json=body,
-                      timeout=60.0).status_code == 200
-    reply = httpx.post(f"{url}/v1/chat/completions", headers=dict(AUTH, **{"X-Episode-Id": "e"}), json=dict(body, n=2),
-                       timeout=60.0)  # n > 1 in the middle of an episode (branching) is left out
+    assert (
+        httpx.post(
+            f"{url}/v1/chat/completions", headers=dict(AUTH, **{"X-Episode-Id": "e"}), json=body, timeout=60.0
+        ).status_code
+        == 200
+    )
+    reply = httpx.post(
+        f"{url}/v1/chat/completions", headers=dict(AUTH, **{"X-Episode-Id": "e"}), json=dict(body, n=2), timeout=60.0
+    )  # n > 1 in the middle of an episode (branching) is left out
     assert reply.status_code == 400 and "send n=1" in reply.json()["error"]["message"]
-    reply = httpx.post(f"{url}/v1/chat/completions", headers=dict(AUTH, **{"X-Episode-Id": "refused"}),
-                       json=dict(body, max_tokens=0))
+    reply = httpx.post(
+        f"{url}/v1/chat/completions", headers=dict(AUTH, **{"X-Episode-Id": "refused"}), json=dict(body, max_tokens=0)
+    )
     assert reply.status_code == 400 and "max_tokens" in reply.json()["error"]["message"]
     reply = httpx.post(f"{url}/v1/episodes/refused/finish", headers=AUTH, json={"reward": 1.0})
     assert reply.status_code == 404  # a refused first request opened no episode
@@ -228,9 +246,12 @@ def test_a_client_that_hangs_up_mid_body_costs_one_log_line(endpoint, openai_wor
     port = int(url.rsplit(":", 1)[1])
     for _ in range(2):
         with socket.create_connection(("127.0.0.1", port)) as client:
-            client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                           b"Content-Length: 100000\r\nAuthorization: Bearer " + TOKEN.encode() +
-                           b"\r\n\r\n{\"messages\": [{\"role\": \"user\", \"content\": \"hel")
+            client.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100000\r\nAuthorization: Bearer "
+                + TOKEN.encode()
+                + b'\r\n\r\n{"messages": [{"role": "user", "content": "hel'
+            )
             time.sleep(0.3)  # the body is being read when the client goes
     response = httpx.get(f"{url}/v1/models", headers=AUTH, timeout=10.0)  # the server stays up
     assert response.status_code == 200
@@ -250,14 +271,15 @@ def test_a_body_over_the_limit_is_refused_unread_and_the_server_goes_on(endpoint
 
     def chunked():  # no Content-Length: the limit holds on the stream itself
         for start in range(0, len(data), 65536):
-            yield data[start:start + 65536]
+            yield data[start : start + 65536]
 
     for content in (data, chunked()):
         reply = httpx.post(f"{url}/v1/chat/completions", headers=AUTH, content=content, timeout=60.0)
         assert reply.status_code == 413, reply.text
         assert reply.json()["error"]["message"] == (
             f"the request body is larger than rollout.openai_max_body_mb={MAX_BODY_MB:g} MiB; send a shorter "
-            "conversation, or raise rollout.openai_max_body_mb on the rollout server")
+            "conversation, or raise rollout.openai_max_body_mb on the rollout server"
+        )
     assert chat(url, [{"role": "user", "content": "1+1="}], max_tokens=2)["choices"]
     assert zmq_call(address, p.Health()).weight_version >= 0
 
@@ -269,8 +291,9 @@ def test_off_loopback_endpoint_without_a_token_is_refused_before_start(tiny_mode
 
     monkeypatch.delenv("RLX_ROLLOUT_AUTH_TOKEN", raising=False)
     config = write_config(tmp_path / "c.yaml", tiny_model_dir, rollout={"backend": "hf", "openai_host": "0.0.0.0"})
-    result = CliRunner().invoke(app, ["rollout-serve", str(config), "--address", f"ipc://{tmp_path}/s.sock",
-                                      "--openai-port", str(free_port())])
+    result = CliRunner().invoke(
+        app, ["rollout-serve", str(config), "--address", f"ipc://{tmp_path}/s.sock", "--openai-port", str(free_port())]
+    )
     assert result.exit_code == 2, result.output
     assert "binding the OpenAI endpoint to 0.0.0.0 needs an auth token" in result.output
 
@@ -288,10 +311,13 @@ def test_train_on_episodes_an_external_client_finished(endpoint, chat_model_dir,
     url, address = endpoint
     run_dir = tmp_path / "run"
     config = write_config(
-        tmp_path / "run.yaml", chat_model_dir, task={"name": "external"},
+        tmp_path / "run.yaml",
+        chat_model_dir,
+        task={"name": "external"},
         rollout={"backend": "hf", "n": 1, "max_tokens": 4, "servers": [address], "num_servers": 0},
         algorithm={"advantage": "reinforce_pp"},
-        trainer={"prompts_per_step": 2, "total_steps": 1, "micro_batch_size": 2, "output_dir": str(run_dir)})
+        trainer={"prompts_per_step": 2, "total_steps": 1, "micro_batch_size": 2, "output_dir": str(run_dir)},
+    )
     log = tmp_path / "train.log"
     proc = start_rlx(["train", str(config)], log, env={"RLX_ROLLOUT_AUTH_TOKEN": TOKEN})
     try:
@@ -303,8 +329,10 @@ def test_train_on_episodes_an_external_client_finished(endpoint, chat_model_dir,
         for episode, reward in (("a", 1.0), ("b", 0.0)):
             first = [{"role": "user", "content": "3+4="}]
             one = chat(url, first, episode=episode, max_tokens=4)
-            follow = first + [{"role": "assistant", "content": one["choices"][0]["message"]["content"]},
-                              {"role": "user", "content": "+2="}]
+            follow = first + [
+                {"role": "assistant", "content": one["choices"][0]["message"]["content"]},
+                {"role": "user", "content": "+2="},
+            ]
             chat(url, follow, episode=episode, max_tokens=4)
             finish = httpx.post(f"{url}/v1/episodes/{episode}/finish", headers=AUTH, json={"reward": reward})
             assert finish.status_code == 200
@@ -324,13 +352,15 @@ def test_external_task_needs_groups_or_a_groupless_advantage(tiny_model_dir, tmp
     from rlx.config.errors import ConfigError
     from rlx.orchestrator.external import check_config
 
-    config = write_config(tmp_path / "run.yaml", tiny_model_dir, task={"name": "external"},
-                          rollout={"n": 1, "openai_port": 8000})
+    config = write_config(
+        tmp_path / "run.yaml", tiny_model_dir, task={"name": "external"}, rollout={"n": 1, "openai_port": 8000}
+    )
     with pytest.raises(ConfigError, match="set algorithm.advantage=reinforce_pp .* or rollout.n to the group size"):
         check_config(load_config(str(config), ["algorithm.advantage=grpo"]))
     check_config(load_config(str(config), ["algorithm.advantage=reinforce_pp"]))
-    check_config(load_config(str(config), ["rollout.n=4", "algorithm.advantage=grpo",
-                                           "trainer.mode=fully_async"]))  # groups of 4, as the agent asks for them
+    check_config(
+        load_config(str(config), ["rollout.n=4", "algorithm.advantage=grpo", "trainer.mode=fully_async"])
+    )  # groups of 4, as the agent asks for them
     launched = load_config(str(config), ["rollout.openai_port=0", "algorithm.advantage=reinforce_pp"])
     with pytest.raises(ConfigError, match="set rollout.openai_port"):
         check_config(launched)
@@ -365,14 +395,17 @@ def test_a_prompt_is_tokenized_while_the_server_goes_on_answering(chat_model_dir
         backend = make_backend(cfg)
         await backend.start()
         server = RolloutServer(backend, "ipc://unused")
-        endpoint = OpenAIEndpoint(server, AutoTokenizer.from_pretrained(chat_model_dir),
-                                  p.SamplingSpec(max_tokens=2), "tiny")
+        endpoint = OpenAIEndpoint(
+            server, AutoTokenizer.from_pretrained(chat_model_dir), p.SamplingSpec(max_tokens=2), "tiny"
+        )
         endpoint.chat = WaitsForTheLoop(endpoint.chat, server, asyncio.get_running_loop())
         try:
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=endpoint.app()),
-                                         base_url="http://rlx") as client:
-                reply = await client.post("/v1/chat/completions", timeout=60.0,
-                                          json={"messages": [{"role": "user", "content": "1+1="}]})
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=endpoint.app()), base_url="http://rlx"
+            ) as client:
+                reply = await client.post(
+                    "/v1/chat/completions", timeout=60.0, json={"messages": [{"role": "user", "content": "1+1="}]}
+                )
         finally:
             await backend.close()
         return reply, endpoint.chat.answered
@@ -393,11 +426,20 @@ def test_fully_async_grpo_trains_on_groups_an_external_client_asked_for(endpoint
             finish(url, episode, float(i))
     run_dir = tmp_path / "run"
     config = write_config(
-        tmp_path / "run.yaml", chat_model_dir, task={"name": "external"},
+        tmp_path / "run.yaml",
+        chat_model_dir,
+        task={"name": "external"},
         rollout={"backend": "hf", "n": 2, "max_tokens": 4, "servers": [address], "num_servers": 0},
         algorithm={"advantage": "grpo"},
-        trainer={"mode": "fully_async", "max_staleness": 1, "prompts_per_step": 2, "total_steps": 1,
-                 "micro_batch_size": 4, "output_dir": str(run_dir)})
+        trainer={
+            "mode": "fully_async",
+            "max_staleness": 1,
+            "prompts_per_step": 2,
+            "total_steps": 1,
+            "micro_batch_size": 4,
+            "output_dir": str(run_dir),
+        },
+    )
     log = tmp_path / "train.log"
     proc = start_rlx(["train", str(config)], log, env={"RLX_ROLLOUT_AUTH_TOKEN": TOKEN})
     try:

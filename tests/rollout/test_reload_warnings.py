@@ -6,8 +6,9 @@ from rlx.rollout.backends.vllm import _ExpectedReloadWarnings
 
 
 def record(layer: str, msg: str = "%s: Failed to load weights") -> logging.LogRecord:
-    return logging.LogRecord("vllm.model_executor.model_loader.reload.layerwise", logging.WARNING, __file__, 1,
-                             msg, (layer,), None)
+    return logging.LogRecord(
+        "vllm.model_executor.model_loader.reload.layerwise", logging.WARNING, __file__, 1, msg, (layer,), None
+    )
 
 
 def test_rotary_and_a_tied_head_are_quiet_and_everything_else_is_reported():

@@ -33,8 +33,10 @@ def judge_server(tiny_model_dir, tmp_path_factory):
     """The tiny model as a judge on the hf backend, tracing every request it queues."""
     work = tmp_path_factory.mktemp("judge")
     trace_dir = work / "trace"
-    with serve_with(tiny_model_dir, work, "judge", {"RLX_TRACE_DIR": str(trace_dir)},
-                    rollout={"backend": "hf"}) as (address, _):
+    with serve_with(tiny_model_dir, work, "judge", {"RLX_TRACE_DIR": str(trace_dir)}, rollout={"backend": "hf"}) as (
+        address,
+        _,
+    ):
         yield address, trace_dir
 
 
@@ -49,14 +51,17 @@ def queued(trace_dir) -> list[str]:
 
 def test_the_judge_scores_a_step_in_one_generate_request(judge_server):
     address, trace_dir = judge_server
-    judge = Judge(RewardModelConfig(kind="judge", server=address, max_tokens=6,
-                                    template="Q: {question} A: {response} (truth {answer}) score:"))
+    judge = Judge(
+        RewardModelConfig(
+            kind="judge", server=address, max_tokens=6, template="Q: {question} A: {response} (truth {answer}) score:"
+        )
+    )
     before = len(queued(trace_dir))
     replies = asyncio.run(judge.generate(judge.prompts(QUESTIONS, RESPONSES, ANSWERS)))
     new = queued(trace_dir)[before:]
     assert len(new) == len(QUESTIONS) and len(set(new)) == 1, new  # six prompts, one request
     scored = asyncio.run(judge.score(QUESTIONS, RESPONSES, ANSWERS))
-    new = queued(trace_dir)[before + len(QUESTIONS):]
+    new = queued(trace_dir)[before + len(QUESTIONS) :]
     assert len(new) == len(QUESTIONS) and len(set(new)) == 1, new
     assert len(scored.scores) == len(QUESTIONS)
     numbers = [re.search(r"-?\d+(?:\.\d+)?", reply) for reply in replies]  # greedy: score saw the same replies
@@ -73,8 +78,11 @@ def test_an_unparsable_judge_reply_is_reward_0_and_counted(judge_server):
 
 
 def test_judge_templates_and_reply_parsing():
-    judge = Judge(RewardModelConfig(kind="judge", server="tcp://127.0.0.1:5555",
-                                    template="{{json}} Q={question} R={response} A={answer}"))
+    judge = Judge(
+        RewardModelConfig(
+            kind="judge", server="tcp://127.0.0.1:5555", template="{{json}} Q={question} R={response} A={answer}"
+        )
+    )
     assert judge.prompts(["2+2="], ["4 {x}"], ["4"]) == ["{json} Q=2+2= R=4 {x} A=4"]
     assert [judge.parse(r) for r in ("8/10", "score: -1.5 of 3", "no idea")] == [8.0, -1.5, None]
     grouped = Judge(RewardModelConfig(kind="judge", server="ipc:///x.sock", score_pattern=r"\[(\d)\]"))
@@ -94,13 +102,16 @@ def test_a_dead_judge_fails_the_step_naming_its_address(tmp_path):
         check_judge_up(judge.rm, timeout_s=0.5)
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    ({"template": "{question} {respnse}"}, "unknown placeholder {respnse}"),
-    ({"template": "{question} only"}, "has no {response}"),
-    ({"server": "localhost:5555"}, "is not a rollout server address"),
-    ({"server": "tcp://127.0.0.1:http"}, "is not a rollout server address"),
-    ({"score_pattern": "(\\d"}, "is not a regex"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"template": "{question} {respnse}"}, "unknown placeholder {respnse}"),
+        ({"template": "{question} only"}, "has no {response}"),
+        ({"server": "localhost:5555"}, "is not a rollout server address"),
+        ({"server": "tcp://127.0.0.1:http"}, "is not a rollout server address"),
+        ({"score_pattern": "(\\d"}, "is not a regex"),
+    ],
+)
 def test_bad_judge_settings_are_config_errors(kwargs, fragment):
     settings = {"kind": "judge", "server": "tcp://127.0.0.1:5555", **kwargs}
     with pytest.raises(ConfigError, match=re.escape(fragment)):
@@ -164,9 +175,13 @@ def test_bad_classifiers_are_refused_naming_the_fix(tiny_model_dir, tmp_path):
 
 def test_train_refuses_a_missing_classifier_before_starting(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
-    config = write_config(tmp_path / "run.yaml", tiny_model_dir, rollout={"backend": "hf"},
-                          trainer={"output_dir": str(run_dir)},
-                          task={"reward_model": {"kind": "classifier", "path": str(tmp_path / "nowhere")}})
+    config = write_config(
+        tmp_path / "run.yaml",
+        tiny_model_dir,
+        rollout={"backend": "hf"},
+        trainer={"output_dir": str(run_dir)},
+        task={"reward_model": {"kind": "classifier", "path": str(tmp_path / "nowhere")}},
+    )
     code, output = train(config)
     assert_refused_before_start(code, output, run_dir, "task.reward_model.path=", "has no config.json")
 
@@ -179,18 +194,28 @@ def test_the_collector_mixes_classifier_scores_into_rewards(tiny_model_dir, judg
     from rlx.tasks import Problem
 
     path = save_classifier(tiny_model_dir, tmp_path / "rm")
-    cfg = load_config(write_config(tmp_path / "c.yaml", tiny_model_dir, rollout={"n": 2, "max_tokens": 4},
-                                   task={"reward_model": {"kind": "classifier", "path": str(path), "weight": 0.25}}))
+    cfg = load_config(
+        write_config(
+            tmp_path / "c.yaml",
+            tiny_model_dir,
+            rollout={"n": 2, "max_tokens": 4},
+            task={"reward_model": {"kind": "classifier", "path": str(path), "weight": 0.25}},
+        )
+    )
     task = SimpleNamespace(reward=lambda completion, problem: 1.0, is_correct=lambda completion, problem: False)
     client = RolloutClient([judge_server[0]])
     try:
         collector = Collector(cfg, client, task)
-        problems = [Problem(id=i, prompt=q, answer=a) for i, (q, a) in enumerate(zip(QUESTIONS[:3], ANSWERS[:3], strict=True))]
+        problems = [
+            Problem(id=i, prompt=q, answer=a) for i, (q, a) in enumerate(zip(QUESTIONS[:3], ANSWERS[:3], strict=True))
+        ]
         collected = asyncio.run(collector.collect(problems, seed=1))
     finally:
         client.close()
     prompts = [p.prompt for p in problems for _ in range(2)]
-    scores = reference_scores(cfg.task.reward_model, [q + c for q, c in zip(prompts, collected.completions, strict=True)])
+    scores = reference_scores(
+        cfg.task.reward_model, [q + c for q, c in zip(prompts, collected.completions, strict=True)]
+    )
     expected = torch.tensor([0.25 * s + 0.75 for s in scores])
     torch.testing.assert_close(torch.tensor([s.reward for s in collected.samples]), expected, rtol=0, atol=1e-5)
     assert collected.metrics["reward_model_mean"] == pytest.approx(sum(scores) / len(scores), abs=1e-5)
@@ -223,11 +248,19 @@ def test_fully_async_mixes_classifier_scores_into_the_groups_a_step_takes(tiny_m
     from rlx.tasks import DataStream, Problem
 
     path = save_classifier(tiny_model_dir, tmp_path / "rm")
-    cfg = load_config(write_config(tmp_path / "c.yaml", tiny_model_dir, rollout={"n": 2, "max_tokens": 4},
-                                   trainer={"mode": "fully_async", "prompts_per_step": 3, "total_steps": 1},
-                                   task={"reward_model": {"kind": "classifier", "path": str(path), "weight": 0.5}}))
+    cfg = load_config(
+        write_config(
+            tmp_path / "c.yaml",
+            tiny_model_dir,
+            rollout={"n": 2, "max_tokens": 4},
+            trainer={"mode": "fully_async", "prompts_per_step": 3, "total_steps": 1},
+            task={"reward_model": {"kind": "classifier", "path": str(path), "weight": 0.5}},
+        )
+    )
     task = SimpleNamespace(reward=lambda completion, problem: 1.0, is_correct=lambda completion, problem: False)
-    problems = [Problem(id=i, prompt=q, answer=a) for i, (q, a) in enumerate(zip(QUESTIONS[:3], ANSWERS[:3], strict=True))]
+    problems = [
+        Problem(id=i, prompt=q, answer=a) for i, (q, a) in enumerate(zip(QUESTIONS[:3], ANSWERS[:3], strict=True))
+    ]
 
     async def one_step():
         client = RolloutClient([judge_server[0]])
@@ -244,7 +277,9 @@ def test_fully_async_mixes_classifier_scores_into_the_groups_a_step_takes(tiny_m
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompts = [tokenizer.decode(s.prompt_ids.tolist()) for s in collected.samples]
     assert sorted(prompts) == sorted(p.prompt for p in problems for _ in range(2))  # the three groups, two samples
-    scores = reference_scores(cfg.task.reward_model, [q + c for q, c in zip(prompts, collected.completions, strict=True)])
+    scores = reference_scores(
+        cfg.task.reward_model, [q + c for q, c in zip(prompts, collected.completions, strict=True)]
+    )
     expected = torch.tensor([0.5 * s + 0.5 for s in scores])
     torch.testing.assert_close(torch.tensor([s.reward for s in collected.samples]), expected, rtol=0, atol=1e-5)
     assert collected.metrics["reward_model_mean"] == pytest.approx(sum(scores) / len(scores), abs=1e-5)

@@ -61,8 +61,11 @@ def test_malformed_messages_get_error_replies_and_server_keeps_serving(vllm_serv
     sock.setsockopt(zmq.RCVTIMEO, 10_000)
     sock.connect(vllm_server)
     try:
-        for garbage in (b"\x00\x01not msgpack", msgspec.msgpack.encode({"id": 1, "body": {"type": "format_disk"}}),
-                        msgspec.msgpack.encode([1, 2, 3])):
+        for garbage in (
+            b"\x00\x01not msgpack",
+            msgspec.msgpack.encode({"id": 1, "body": {"type": "format_disk"}}),
+            msgspec.msgpack.encode([1, 2, 3]),
+        ):
             sock.send(garbage)
             reply = p.decode_reply(sock.recv())
             assert not reply.ok and "malformed request" in reply.error
@@ -102,7 +105,8 @@ def test_update_weights_from_a_trainer_process(vllm_server, tiny_model_dir, tmp_
     prompts = ["12+7=", "3*3=", "hello", "20-5="]
     before = run(with_client(vllm_server, lambda c: c.generate(prompts, greedy)))
     script = tmp_path / "push.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import asyncio, sys, torch
         from transformers import AutoModelForCausalLM
         from rlx.rollout.client import RolloutClient
@@ -123,11 +127,17 @@ def test_update_weights_from_a_trainer_process(vllm_server, tiny_model_dir, tmp_
                 client.close()
 
         asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
-    """))
+    """)
+    )
 
     def push(scale):
-        out = subprocess.run([sys.executable, str(script), vllm_server, str(tiny_model_dir), str(scale)],
-                             capture_output=True, text=True, timeout=120, check=False)
+        out = subprocess.run(
+            [sys.executable, str(script), vllm_server, str(tiny_model_dir), str(scale)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         line = next(x for x in out.stdout.splitlines() if x.startswith("SENT"))
         _, tensors, buckets, verified = line.split()
@@ -152,9 +162,27 @@ def test_bench_sync_into_a_live_server_verifies_checksums(vllm_server, tiny_mode
     from rlx.cli import app
 
     out = tmp_path / "bench.json"
-    result = CliRunner().invoke(app, ["bench-sync", "--target", "server", "--server", vllm_server, "--model",
-                                      str(tiny_model_dir), "--bucket-mb", "1", "--repeats", "1", "--verify",
-                                      "--dtype", "float32", "--json", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench-sync",
+            "--target",
+            "server",
+            "--server",
+            vllm_server,
+            "--model",
+            str(tiny_model_dir),
+            "--bucket-mb",
+            "1",
+            "--repeats",
+            "1",
+            "--verify",
+            "--dtype",
+            "float32",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())["rows"]
     modes = {row["mode"] for row in rows}

@@ -31,8 +31,13 @@ class Server(NamedTuple):
 @pytest.fixture(scope="module")
 def hf_server(tiny_model_dir, tmp_path_factory):
     work = tmp_path_factory.mktemp("faults")
-    with serve_with(tiny_model_dir, work, "hf", rollout={"backend": "hf", "max_model_len": HF_MAX_MODEL_LEN},
-                    sync={"timeout_s": SYNC_TIMEOUT_S}) as (address, _):
+    with serve_with(
+        tiny_model_dir,
+        work,
+        "hf",
+        rollout={"backend": "hf", "max_model_len": HF_MAX_MODEL_LEN},
+        sync={"timeout_s": SYNC_TIMEOUT_S},
+    ) as (address, _):
         yield address
 
 
@@ -107,8 +112,14 @@ def test_every_failed_weight_update_leaves_the_server_generating_and_syncing(ser
 
 
 def test_out_of_range_generate_requests_are_refused_naming_the_field(server):
-    bad_sampling = {"n": [0, -1, 10**6], "top_p": [1.5, 0.0, float("nan")], "temperature": [-0.5, float("inf"), 1e-40, 0.005],
-                    "top_k": [-2], "max_tokens": [0, 10**9], "seed": [-1]}
+    bad_sampling = {
+        "n": [0, -1, 10**6],
+        "top_p": [1.5, 0.0, float("nan")],
+        "temperature": [-0.5, float("inf"), 1e-40, 0.005],
+        "top_k": [-2],
+        "max_tokens": [0, 10**9],
+        "seed": [-1],
+    }
     long_prompt = "1+" * server.max_model_len
 
     async def scenario(client):
@@ -122,8 +133,10 @@ def test_out_of_range_generate_requests_are_refused_naming_the_field(server):
             await client.generate([[5] * server.max_model_len], GREEDY)
         with pytest.raises(RolloutServerError, match="negative token id"):
             await client.call(0, p.Generate(prompt_token_ids=[[5, -3]], sampling=GREEDY))
-        for request in (p.Generate(prompt_token_ids=[[5, 2**40]], sampling=GREEDY),
-                        p.ScoreTokens(token_ids=[[5, 6, 10**6]], start=[1])):  # would index past the embedding
+        for request in (
+            p.Generate(prompt_token_ids=[[5, 2**40]], sampling=GREEDY),
+            p.ScoreTokens(token_ids=[[5, 6, 10**6]], start=[1]),
+        ):  # would index past the embedding
             with pytest.raises(RolloutServerError, match="past the model's vocabulary; token ids are in"):
                 await client.call(0, request)
         # max_tokens within range but past the room the prompt leaves: capped, not refused
@@ -139,11 +152,16 @@ def test_malformed_messages_get_an_error_reply_fast_and_the_server_stays_up(serv
     deep = b"\x91" * 200_000 + b"\xc0"  # a msgpack array nested 200k deep
     nested = msgspec.msgpack.encode({"id": 41, "body": {"type": "generate", "prompts": "DEEP"}})
     nested = nested.replace(msgspec.msgpack.encode("DEEP"), deep)
-    messages = [(b"\x00\x01not msgpack", -1, "malformed request"),
-                (msgspec.msgpack.encode({"id": 42, "body": {"type": "format_disk"}}), 42, "malformed request"),
-                (msgspec.msgpack.encode({"id": 43, "body": {"type": "generate", "sampling": {"stop": [[[]]]}}}),
-                 43, "malformed request"),
-                (nested, -1, "malformed request")]  # refused at the first level that has the wrong type
+    messages = [
+        (b"\x00\x01not msgpack", -1, "malformed request"),
+        (msgspec.msgpack.encode({"id": 42, "body": {"type": "format_disk"}}), 42, "malformed request"),
+        (
+            msgspec.msgpack.encode({"id": 43, "body": {"type": "generate", "sampling": {"stop": [[[]]]}}}),
+            43,
+            "malformed request",
+        ),
+        (nested, -1, "malformed request"),
+    ]  # refused at the first level that has the wrong type
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -184,6 +202,7 @@ def test_empty_prompts_and_bad_sleep_requests_are_refused_and_sigterm_removes_th
     from pathlib import Path
 
     with serve_with(tiny_model_dir, tmp_path, "server-hf", rollout={"backend": "hf"}) as (address, proc):
+
         async def scenario(client):
             with pytest.raises(RolloutServerError, match="prompt 0 is empty"):
                 await client.generate([""], GREEDY)

@@ -24,7 +24,9 @@ def sleep_and_wake(address: str) -> None:
             with pytest.raises(RolloutServerError, match="did not answer Generate|deadline"):  # queued, never scheduled
                 await client.generate(["1+2="], SAMPLING, timeout_s=1.5)
             assert (await client.call(0, p.WakeUp(tags=["weights"]))).asleep == ["kv_cache"]
-            with pytest.raises(RolloutServerError, match="did not answer Generate|deadline"):  # the KV cache still sleeps
+            with pytest.raises(
+                RolloutServerError, match="did not answer Generate|deadline"
+            ):  # the KV cache still sleeps
                 await client.generate(["1+2="], SAMPLING, timeout_s=1.0)
             assert (await client.call(0, p.WakeUp(tags=["kv_cache"]))).asleep == []
             result = (await client.generate(["1+2="], SAMPLING, timeout_s=60.0))[0]

@@ -47,7 +47,7 @@ def _logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
     """Temperature-1 logprob of each completion token from one full forward pass, as a trainer computes it."""
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
     return logits.log_softmax(-1).gather(-1, torch.tensor(completion).unsqueeze(-1)).squeeze(-1)
 
 
@@ -102,8 +102,16 @@ def test_sample_across_a_weight_update_carries_both_versions_and_their_logprobs(
 
         # the trainer holds v1: per-token weights are exp(v1 - v0) before the split and 1 after it
         batch = build_batch([prompt], [sample.token_ids], [sample.logprobs], [1.0], pad_id=0)
-        weights, metrics = rollout_correction(new.unsqueeze(0), batch.rollout_logp, batch.mask, method="tis",
-                                              level="token", tis_cap=1e6, icepop_low=0.0, icepop_high=2.0)
+        weights, metrics = rollout_correction(
+            new.unsqueeze(0),
+            batch.rollout_logp,
+            batch.mask,
+            method="tis",
+            level="token",
+            tis_cap=1e6,
+            icepop_low=0.0,
+            icepop_high=2.0,
+        )
         torch.testing.assert_close(weights[0, :split], (new[:split] - old[:split]).exp(), atol=1e-2, rtol=1e-2)
         torch.testing.assert_close(weights[0, split:], torch.ones(len(sample.token_ids) - split), atol=1e-2, rtol=0)
         assert metrics["logprob_diff_mean"] > 0
@@ -116,8 +124,10 @@ def test_kept_kv_cache_reads_the_old_weights_keys_and_values_after_an_update(tin
     from tests.helpers import serve_with
 
     v0, v1 = _models(tiny_model_dir)
-    with serve_with(tiny_model_dir, tmp_path, "server-keep", rollout={"backend": "hf", "kv_after_sync": "keep"}) \
-            as (address, _):
+    with serve_with(tiny_model_dir, tmp_path, "server-keep", rollout={"backend": "hf", "kv_after_sync": "keep"}) as (
+        address,
+        _,
+    ):
         for seed in range(1, 7):
             result = asyncio.run(_generate_across_update(address, v1, seed))
             spanning = [s for s in result.samples if 0 in s.versions and NEW_VERSION in s.versions]
@@ -130,8 +140,8 @@ def test_kept_kv_cache_reads_the_old_weights_keys_and_values_after_an_update(tin
         split, tokens = sample.versions.index(NEW_VERSION), sample.token_ids
         engine = torch.tensor(sample.logprobs)
         with torch.no_grad():  # v0's cache up to the token the last v0 step sampled, which v1 then feeds
-            cache = v0(input_ids=torch.tensor([prompt + tokens[:split - 1]]), use_cache=True).past_key_values
-            logits = v1(input_ids=torch.tensor([tokens[split - 1:-1]]), past_key_values=cache).logits[0].float()
+            cache = v0(input_ids=torch.tensor([prompt + tokens[: split - 1]]), use_cache=True).past_key_values
+            logits = v1(input_ids=torch.tensor([tokens[split - 1 : -1]]), past_key_values=cache).logits[0].float()
         kept = logits.log_softmax(-1).gather(-1, torch.tensor(tokens[split:]).unsqueeze(-1)).squeeze(-1)
         torch.testing.assert_close(engine[:split], _logprobs(v0, prompt, tokens)[:split], atol=2e-3, rtol=0)
         torch.testing.assert_close(engine[split:], kept, atol=2e-3, rtol=0)
@@ -156,7 +166,6 @@ async def _restore(address: str, v0) -> None:
             await client.broadcast(p.Resume(weight_version=0))
     finally:
         client.close()
-
 
 
 async def _paused_mid_request(client: RolloutClient, seed: int) -> tuple[int, asyncio.Task]:
@@ -207,8 +216,9 @@ def test_vllm_request_kept_across_an_update_returns_the_version_of_each_token(ve
         try:
             before, request = await _paused_mid_request(client, seed)
             with WeightSender(transport="shm", bucket_mb=1, num_buffers=2) as sender:
-                await sender.send([(n, t.detach().contiguous()) for n, t in model.named_parameters()],
-                                  client.channels())
+                await sender.send(
+                    [(n, t.detach().contiguous()) for n, t in model.named_parameters()], client.channels()
+                )
             await client.broadcast(p.Resume(weight_version=before + NEW_VERSION))
             return before, (await request)[0]
         finally:
@@ -263,8 +273,10 @@ def test_vllm_request_kept_across_an_update_recomputes_its_kv_with_the_new_weigh
         spanning = [s for s in result.samples if after in s.versions and s.versions[0] != after]
         if spanning:
             break
-    assert spanning, ("no sample was still generating when the weight update landed: "
-                      f"{[(len(s.token_ids), s.versions[:1], s.versions[-1:]) for s in result.samples]}")
+    assert spanning, (
+        "no sample was still generating when the weight update landed: "
+        f"{[(len(s.token_ids), s.versions[:1], s.versions[-1:]) for s in result.samples]}"
+    )
     for sample in spanning:
         split = sample.versions.index(after)
         engine = torch.tensor(sample.logprobs)

@@ -24,9 +24,14 @@ def test_versions_in_the_range_are_supported(installed):
     assert verdict(installed) == ""
 
 
-@pytest.mark.parametrize("installed, says", [("0.24.2", "older than rlx supports; pip install 'vllm>=0.25.1,<0.33'"),
-                                             ("0.33.0", "newer than rlx was tested with"),
-                                             ("main", "no release version rlx knows")])
+@pytest.mark.parametrize(
+    "installed, says",
+    [
+        ("0.24.2", "older than rlx supports; pip install 'vllm>=0.25.1,<0.33'"),
+        ("0.33.0", "newer than rlx was tested with"),
+        ("main", "no release version rlx knows"),
+    ],
+)
 def test_versions_outside_the_range_say_what_is_wrong(installed, says):
     assert says in verdict(installed)
     assert "0.25.1 (GPU)" in verdict(installed)

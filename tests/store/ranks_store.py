@@ -22,8 +22,9 @@ def batches():
         for i in range(rows):
             prompt = torch.randint(4, 40, (2 + i % 3,), generator=generator).tolist()
             completion = torch.randint(4, 40, (1 + (i * 7) % longest,), generator=generator).tolist()
-            samples.append(Sample.of(prompt, completion, [-1.0 - 0.1 * j for j in range(len(completion))],
-                                     float((i * 5) % 3 == 0)))
+            samples.append(
+                Sample.of(prompt, completion, [-1.0 - 0.1 * j for j in range(len(completion))], float((i * 5) % 3 == 0))
+            )
         out.append(samples)
     return out
 
@@ -39,9 +40,17 @@ def main(model_dir: str, output_dir: str) -> None:
     results = {}
     for plane in ("broadcast", "store", "store_tcp"):  # store_tcp: store.transport=tcp
         torch.manual_seed(0)
-        cfg = RunConfig(model=ModelConfig(path=model_dir),
-                        trainer=TrainerConfig(micro_batch_size=3, micro_batch_tokens=64, lr=1e-3, num_ranks=2,
-                                              data_plane=plane.split("_")[0], output_dir=output_dir))
+        cfg = RunConfig(
+            model=ModelConfig(path=model_dir),
+            trainer=TrainerConfig(
+                micro_batch_size=3,
+                micro_batch_tokens=64,
+                lr=1e-3,
+                num_ranks=2,
+                data_plane=plane.split("_")[0],
+                output_dir=output_dir,
+            ),
+        )
         cfg.rollout.n = 4
         cfg.store.transport = "tcp" if plane == "store_tcp" else "shm"
         results[plane] = lead(cfg) if dist.get_rank() == 0 else follow_recording(cfg)
@@ -70,8 +79,14 @@ def lead(cfg) -> dict:
         plans.append([sorted(r for mb in rank for r in mb) for rank in plan_packed(lengths, 2, 64)])
     served, kind = getattr(store, "requests_served", 0), store.handle().kind if store else ""
     group.stop()
-    return {"loss": losses, "control_bytes": control_bytes, "plans": plans, "store": store_stats,
-            "handle_kind": kind, "requests_served": served}
+    return {
+        "loss": losses,
+        "control_bytes": control_bytes,
+        "plans": plans,
+        "store": store_stats,
+        "handle_kind": kind,
+        "requests_served": served,
+    }
 
 
 def follow_recording(cfg) -> dict:

@@ -21,16 +21,29 @@ def run_world(model_dir, output_dir) -> list[dict]:
         port = s.getsockname()[1]
     procs = []
     for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, str(SCRIPT), str(model_dir), str(output_dir)],
-                                      env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(SCRIPT), str(model_dir), str(output_dir)],
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
     results = []
     try:
         for proc in procs:
             out, err = proc.communicate(timeout=300)
             assert proc.returncode == 0, err[-3000:]
-            results.append(json.loads(next(l for l in out.splitlines() if l.startswith("RESULT"))[len("RESULT"):]))
+            results.append(json.loads(next(l for l in out.splitlines() if l.startswith("RESULT"))[len("RESULT") :]))
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -18,11 +18,19 @@ from tests.helpers import start_rlx, stop_group, write_config
 
 pytestmark = pytest.mark.slow
 
-RUN = {"task": {"max_operand": 9, "num_eval": 16},
-       "rollout": {"n": 4, "max_tokens": 6, "backend": "hf"},
-       "trainer": {"prompts_per_step": 4, "micro_batch_size": 8, "lr": 1e-3, "eval_every": 0, "total_steps": 2,
-                   "num_ranks": 2},
-       "checkpoint": {"save_final": False}}
+RUN = {
+    "task": {"max_operand": 9, "num_eval": 16},
+    "rollout": {"n": 4, "max_tokens": 6, "backend": "hf"},
+    "trainer": {
+        "prompts_per_step": 4,
+        "micro_batch_size": 8,
+        "lr": 1e-3,
+        "eval_every": 0,
+        "total_steps": 2,
+        "num_ranks": 2,
+    },
+    "checkpoint": {"save_final": False},
+}
 
 
 def config(tmp_path: Path, model_dir: Path, name: str, **rollout) -> Path:
@@ -57,8 +65,9 @@ def test_a_replayed_dump_repeats_the_losses_exactly(dumped, tiny_model_dir):
     tmp_path, first = dumped
     manifest = json.loads((tmp_path / "dump" / "manifest.json").read_text())
     assert sorted(manifest["steps"]) == ["1", "2"] and manifest["schema_version"] == 1
-    replay = train(config(tmp_path, tiny_model_dir, "replay", reuse="replay", reuse_dir=str(tmp_path / "dump")),
-                   tmp_path)
+    replay = train(
+        config(tmp_path, tiny_model_dir, "replay", reuse="replay", reuse_dir=str(tmp_path / "dump")), tmp_path
+    )
     assert [r["step"] for r in replay] == [1, 2]
     for a, b in zip(first, replay):
         assert (a["loss"], a["grad_norm"], a["reward_mean"]) == (b["loss"], b["grad_norm"], b["reward_mean"])

@@ -28,16 +28,20 @@ def samples(vocab: int) -> list[Sample]:
     rows = []
     for i in range(2 * N):
         completion = torch.tensor([(5 + i + k) % vocab for k in range(3 + i)])
-        rows.append(Sample(torch.tensor([1, 2, 3 + i]), completion, -torch.rand(len(completion)), reward=float(i % 2),
-                           group=i // N))
+        rows.append(
+            Sample(
+                torch.tensor([1, 2, 3 + i]), completion, -torch.rand(len(completion)), reward=float(i % 2), group=i // N
+            )
+        )
     return rows
 
 
 @pytest.fixture(scope="module")
 def dump(tiny_model_dir, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("dump_checks")
-    config = write_config(root / "writer.yaml", tiny_model_dir, rollout={"backend": "hf", "n": N,
-                                                                          "dump_dir": str(root / "dump")})
+    config = write_config(
+        root / "writer.yaml", tiny_model_dir, rollout={"backend": "hf", "n": N, "dump_dir": str(root / "dump")}
+    )
     writer = DumpWriter(load_config(str(config)))
     for step in (1, 2):
         writer.write(step, samples(model_vocab_size(tiny_model_dir)), {"reward_mean": 0.5}, ["a", "b", "c", "d"])
@@ -45,10 +49,12 @@ def dump(tiny_model_dir, tmp_path_factory) -> Path:
 
 
 def replay(case: Path, model_dir: Path) -> tuple[int, str]:
-    config = write_config(case / "run.yaml", model_dir, rollout={"backend": "hf", "n": N, "reuse": "replay",
-                                                                  "reuse_dir": str(case / "dump")},
-                          trainer={"prompts_per_step": 2, "micro_batch_size": 4, "total_steps": 2,
-                                   "output_dir": str(case / "run")})
+    config = write_config(
+        case / "run.yaml",
+        model_dir,
+        rollout={"backend": "hf", "n": N, "reuse": "replay", "reuse_dir": str(case / "dump")},
+        trainer={"prompts_per_step": 2, "micro_batch_size": 4, "total_steps": 2, "output_dir": str(case / "run")},
+    )
     result = CliRunner().invoke(app, ["train", str(config)])
     return result.exit_code, result.output
 
@@ -68,19 +74,26 @@ def edit_manifest(dump: Path, edit) -> None:
     (dump / "manifest.json").write_text(json.dumps(manifest))
 
 
-@pytest.mark.parametrize("edit, expected", [
-    (lambda m: m.pop("model"), "manifest.json: field model is missing"),
-    (lambda m: m["model"].pop("sha256"), "manifest.json: field model.sha256 is missing"),
-    (lambda m: m.update(steps={k: v["file"] for k, v in m["steps"].items()}),
-     "manifest.json: field steps.1: expected object, got str"),
-    (lambda m: m.update(steps=list(m["steps"].values())), "manifest.json: field steps: expected object, got array"),
-    (lambda m: m["steps"]["1"].update(rows="4"), "manifest.json: field steps.1.rows: expected int, got str"),
-    (lambda m: m["steps"].update(first=m["steps"].pop("1")), "manifest.json: a key of field steps: expected int"),
-    (lambda m: m["sampling"].update(n=None), "manifest.json: field sampling.n: expected int, got null"),
-    (lambda m: m["steps"]["1"].update(file="../outside.safetensors"),
-     "field steps.1.file='../outside.safetensors' is not a step"),
-    (lambda m: m["steps"]["1"].update(rows=5), "has 4 rows, the manifest says 5"),
-])
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda m: m.pop("model"), "manifest.json: field model is missing"),
+        (lambda m: m["model"].pop("sha256"), "manifest.json: field model.sha256 is missing"),
+        (
+            lambda m: m.update(steps={k: v["file"] for k, v in m["steps"].items()}),
+            "manifest.json: field steps.1: expected object, got str",
+        ),
+        (lambda m: m.update(steps=list(m["steps"].values())), "manifest.json: field steps: expected object, got array"),
+        (lambda m: m["steps"]["1"].update(rows="4"), "manifest.json: field steps.1.rows: expected int, got str"),
+        (lambda m: m["steps"].update(first=m["steps"].pop("1")), "manifest.json: a key of field steps: expected int"),
+        (lambda m: m["sampling"].update(n=None), "manifest.json: field sampling.n: expected int, got null"),
+        (
+            lambda m: m["steps"]["1"].update(file="../outside.safetensors"),
+            "field steps.1.file='../outside.safetensors' is not a step",
+        ),
+        (lambda m: m["steps"]["1"].update(rows=5), "has 4 rows, the manifest says 5"),
+    ],
+)
 def test_a_manifest_that_is_not_one_is_refused_naming_the_field(dump, tiny_model_dir, tmp_path, edit, expected):
     shutil.copytree(dump, tmp_path / "dump")
     edit_manifest(tmp_path / "dump", edit)
@@ -93,6 +106,7 @@ def tensors(edit):
         t = load_file(path)
         metadata = edit(t) or {"step": "1", "metrics": "{}", "texts": "[]"}
         save_file(t, path, metadata=metadata)
+
     return spoil
 
 
@@ -103,28 +117,43 @@ def truncate_bytes(path: Path) -> None:
 def set_at(key: str, index: int, value):
     def edit(t):
         t[key][index] = value
+
     return edit
 
 
-@pytest.mark.parametrize("spoil, expected", [
-    (truncate_bytes, f"{STEP} is not a readable safetensors file"),
-    (tensors(lambda t: t.update(completion_ids=t["completion_ids"][:-3])),
-     "tensor 'completion_ids' holds 15 values, its rows' completion_lens add up to 18"),
-    (tensors(set_at("prompt_lens", 2, -1)), "row 2: prompt_lens is -1"),
-    (tensors(set_at("completion_lens", 1, 5)), "completion_lens add up to 19"),
-    (tensors(lambda t: t.update(rewards=t["rewards"][:3])), "tensor 'rewards' has 3 rows, the manifest says 4"),
-    (tensors(set_at("completion_ids", 8, 10**6)), "row 2: completion_ids holds a token id outside the model's vocab"),
-    (tensors(set_at("prompt_ids", 0, -4)), "row 0: prompt_ids holds a token id outside"),
-    (tensors(set_at("logprobs", 17, float("nan"))), "row 3: logprobs holds a logprob that is not finite"),
-    (tensors(set_at("rewards", 2, float("nan"))), "row 2: reward nan is not finite"),
-    (tensors(set_at("rewards", 3, float("-inf"))), "row 3: reward -inf is not finite"),
-    (tensors(set_at("status", 1, 9)), "row 1: status 9 is not one of"),
-    (tensors(lambda t: t.update(logprobs=t["logprobs"].double())), "tensor 'logprobs' is torch.float64"),
-    (tensors(lambda t: t.__delitem__("groups")), "lacks the tensor 'groups'"),
-    (tensors(lambda t: {"step": "7", "metrics": "{}", "texts": "[]"}), "its metadata says step '7'"),
-    (tensors(lambda t: {"step": "1", "metrics": "not json", "texts": "[]"}), "metadata 'metrics' is not an object of"),
-    (tensors(lambda t: {"step": "1", "metrics": "{}", "texts": "[1, 2]"}), "metadata 'texts' is not a list of strings"),
-])
+@pytest.mark.parametrize(
+    "spoil, expected",
+    [
+        (truncate_bytes, f"{STEP} is not a readable safetensors file"),
+        (
+            tensors(lambda t: t.update(completion_ids=t["completion_ids"][:-3])),
+            "tensor 'completion_ids' holds 15 values, its rows' completion_lens add up to 18",
+        ),
+        (tensors(set_at("prompt_lens", 2, -1)), "row 2: prompt_lens is -1"),
+        (tensors(set_at("completion_lens", 1, 5)), "completion_lens add up to 19"),
+        (tensors(lambda t: t.update(rewards=t["rewards"][:3])), "tensor 'rewards' has 3 rows, the manifest says 4"),
+        (
+            tensors(set_at("completion_ids", 8, 10**6)),
+            "row 2: completion_ids holds a token id outside the model's vocab",
+        ),
+        (tensors(set_at("prompt_ids", 0, -4)), "row 0: prompt_ids holds a token id outside"),
+        (tensors(set_at("logprobs", 17, float("nan"))), "row 3: logprobs holds a logprob that is not finite"),
+        (tensors(set_at("rewards", 2, float("nan"))), "row 2: reward nan is not finite"),
+        (tensors(set_at("rewards", 3, float("-inf"))), "row 3: reward -inf is not finite"),
+        (tensors(set_at("status", 1, 9)), "row 1: status 9 is not one of"),
+        (tensors(lambda t: t.update(logprobs=t["logprobs"].double())), "tensor 'logprobs' is torch.float64"),
+        (tensors(lambda t: t.__delitem__("groups")), "lacks the tensor 'groups'"),
+        (tensors(lambda t: {"step": "7", "metrics": "{}", "texts": "[]"}), "its metadata says step '7'"),
+        (
+            tensors(lambda t: {"step": "1", "metrics": "not json", "texts": "[]"}),
+            "metadata 'metrics' is not an object of",
+        ),
+        (
+            tensors(lambda t: {"step": "1", "metrics": "{}", "texts": "[1, 2]"}),
+            "metadata 'texts' is not a list of strings",
+        ),
+    ],
+)
 def test_altered_contents_are_refused_naming_the_file_and_row(dump, tiny_model_dir, tmp_path, spoil, expected):
     shutil.copytree(dump, tmp_path / "dump")
     spoil(tmp_path / "dump" / STEP)
@@ -137,9 +166,12 @@ def test_the_unspoiled_dump_passes_the_checks(dump, tiny_model_dir, tmp_path):
     from rlx.store.dump import check_dump
 
     shutil.copytree(dump, tmp_path / "dump")
-    config = write_config(tmp_path / "run.yaml", tiny_model_dir, rollout={"backend": "hf", "n": N, "reuse": "replay",
-                                                                           "reuse_dir": str(tmp_path / "dump")},
-                          trainer={"prompts_per_step": 2, "micro_batch_size": 4, "total_steps": 2})
+    config = write_config(
+        tmp_path / "run.yaml",
+        tiny_model_dir,
+        rollout={"backend": "hf", "n": N, "reuse": "replay", "reuse_dir": str(tmp_path / "dump")},
+        trainer={"prompts_per_step": 2, "micro_batch_size": 4, "total_steps": 2},
+    )
     loaded = check_dump(load_config(str(config)))
     rows, metrics, texts = loaded.step(2)
     assert [len(r.completion_ids) for r in rows] == [3, 4, 5, 6] and metrics == {"reward_mean": 0.5}

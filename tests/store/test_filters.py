@@ -8,9 +8,9 @@ from rlx.config.store import FiltersConfig
 
 def groups():
     return [
-        filters.Group([1.0, 1.0, 1.0, 1.0], [3, 4, 5, 2], [False] * 4),      # uniform (all right)
+        filters.Group([1.0, 1.0, 1.0, 1.0], [3, 4, 5, 2], [False] * 4),  # uniform (all right)
         filters.Group([0.0, 1.0, 0.0, 0.0], [3, 8, 8, 6], [False, True, True, False]),  # two cut at max_tokens=8
-        filters.Group([0.0, 0.0, 0.0, 0.0], [8, 8, 8, 8], [True] * 4),        # uniform (all wrong), all cut
+        filters.Group([0.0, 0.0, 0.0, 0.0], [8, 8, 8, 8], [True] * 4),  # uniform (all wrong), all cut
         filters.Group([1.0, 0.0, 1.0, 0.0], [2, 2, 7, 1], [False] * 4),
     ]
 
@@ -49,11 +49,14 @@ def test_token_cap_per_group_comes_before_the_uniform_check():
     assert counts["groups_dropped_long"] == 2.0 and counts["groups_dropped_uniform"] == 1.0  # 25 and 32 tokens
 
 
-@pytest.mark.parametrize("override, message", [
-    ({"overlong": "soft"}, "filters.overlong_buffer >= 1"),
-    ({"overlong": "truncate"}, "filters.overlong='truncate' is not allowed"),
-    ({"max_group_tokens": -1}, "filters.max_group_tokens=-1"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"overlong": "soft"}, "filters.overlong_buffer >= 1"),
+        ({"overlong": "truncate"}, "filters.overlong='truncate' is not allowed"),
+        ({"max_group_tokens": -1}, "filters.max_group_tokens=-1"),
+    ],
+)
 def test_bad_filter_config_names_the_key(override, message):
     from rlx.config.errors import ConfigError
 

@@ -14,9 +14,17 @@ from rlx.store.shm import ShmStore, ShmStoreReader, remove_stale_segments
 
 
 def sample(i: int, length: int = 5) -> Sample:
-    return Sample(torch.arange(3) + i, torch.arange(length) * i, -torch.rand(length), float(i),
-                  torch.tensor([1.0, 0.0] * (length // 2) + [1.0] * (length % 2)), torch.full((length,), i),
-                  prompt_id=100 + i, group=i // 2, status=i % 3)
+    return Sample(
+        torch.arange(3) + i,
+        torch.arange(length) * i,
+        -torch.rand(length),
+        float(i),
+        torch.tensor([1.0, 0.0] * (length // 2) + [1.0] * (length % 2)),
+        torch.full((length,), i),
+        prompt_id=100 + i,
+        group=i // 2,
+        status=i % 3,
+    )
 
 
 def test_rows_round_trip_through_a_reader_and_released_rows_are_refused():
@@ -58,8 +66,10 @@ def test_space_is_reused_after_release_and_a_full_store_names_the_fix():
 
 
 def test_a_killed_producers_segment_is_removed():
-    code = ("import sys, time; from rlx.store.shm import ShmStore; s = ShmStore(4096, 4); "
-            "print(s.path, flush=True); time.sleep(60)")
+    code = (
+        "import sys, time; from rlx.store.shm import ShmStore; s = ShmStore(4096, 4); "
+        "print(s.path, flush=True); time.sleep(60)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     path = proc.stdout.readline().strip()
     assert os.path.exists(path)

@@ -29,9 +29,17 @@ reader.close()
 
 
 def sample(i: int, length: int = 5) -> Sample:
-    return Sample(torch.arange(3) + i, torch.arange(length) * i, -torch.rand(length), float(i),
-                  torch.tensor([1.0, 0.0] * (length // 2) + [1.0] * (length % 2)), torch.full((length,), i),
-                  prompt_id=100 + i, group=i // 2, status=i % 3)
+    return Sample(
+        torch.arange(3) + i,
+        torch.arange(length) * i,
+        -torch.rand(length),
+        float(i),
+        torch.tensor([1.0, 0.0] * (length // 2) + [1.0] * (length % 2)),
+        torch.full((length,), i),
+        prompt_id=100 + i,
+        group=i // 2,
+        status=i % 3,
+    )
 
 
 def test_a_reader_process_gets_exact_rows_and_released_rows_are_refused():
@@ -44,9 +52,14 @@ def test_a_reader_process_gets_exact_rows_and_released_rows_are_refused():
         assert handle.kind == "tcp" and handle.name.startswith("tcp://127.0.0.1:")
         env = dict(os.environ)
         env.pop("RLX_ROLLOUT_AUTH_TOKEN", None)
-        done = subprocess.run([sys.executable, "-c", READER, msgspec.json.encode(handle).decode(),
-                               json.dumps(rows[2:])], check=False, env=env, capture_output=True, text=True,
-                               timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-c", READER, msgspec.json.encode(handle).decode(), json.dumps(rows[2:])],
+            check=False,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         got = json.loads(done.stdout)
         for want, g in zip(store.get(rows[2:]), got["rows"]):  # the producer's own bytes

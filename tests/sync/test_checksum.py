@@ -11,7 +11,9 @@ def test_equal_bytes_give_equal_checksums_across_views_and_copies():
     t = torch.randn(1000, 33)
     assert tensor_checksum(t) == tensor_checksum(t.clone()) == tensor_checksum(t.T.contiguous().T.contiguous())
     assert tensor_checksum(t[:, :5]) == tensor_checksum(t[:, :5].contiguous())
-    assert tensor_checksum(torch.zeros(7, dtype=torch.bfloat16)) != tensor_checksum(torch.zeros(8, dtype=torch.bfloat16))
+    assert tensor_checksum(torch.zeros(7, dtype=torch.bfloat16)) != tensor_checksum(
+        torch.zeros(8, dtype=torch.bfloat16)
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])

@@ -30,8 +30,11 @@ START = [2, 1, 4]
 
 def lora_trainer(model_dir, backend: str) -> Trainer:
     sync = "auto" if backend == "hf" else "adapter"  # auto: adapter on hf, merged on vllm
-    cfg = RunConfig(model=ModelConfig(path=str(model_dir), lora=LoraConfig(**LORA, sync=sync)),
-                    rollout=RolloutConfig(backend=backend), trainer=TrainerConfig(device="cpu"))
+    cfg = RunConfig(
+        model=ModelConfig(path=str(model_dir), lora=LoraConfig(**LORA, sync=sync)),
+        rollout=RolloutConfig(backend=backend),
+        trainer=TrainerConfig(device="cpu"),
+    )
     assert cfg.lora_sync == "adapter"
     return Trainer(cfg)
 
@@ -57,7 +60,7 @@ def merged_logprobs(trainer: Trainer, model_dir) -> list[list[float]]:
     for ids, start in zip(SEQUENCES, START, strict=True):
         x = torch.tensor([ids])
         logp = plain(input_ids=x).logits.float()[0, :-1].log_softmax(-1).gather(-1, x[0, 1:, None]).squeeze(-1)
-        out.append(logp[start - 1:].tolist())
+        out.append(logp[start - 1 :].tolist())
     return out
 
 
@@ -94,8 +97,13 @@ def test_adapter_sync_equals_merged_sync_and_moves_only_the_adapter(backend, tin
         finally:
             client.close()
 
-    with serve_with(tiny_model_dir, tmp_path, f"{backend}-lora", rollout={"backend": backend},
-                    model={"lora": {**LORA, "sync": "adapter"}}) as (address, _):
+    with serve_with(
+        tiny_model_dir,
+        tmp_path,
+        f"{backend}-lora",
+        rollout={"backend": backend},
+        model={"lora": {**LORA, "sync": "adapter"}},
+    ) as (address, _):
         asyncio.run(scenario(address))
 
 
@@ -113,8 +121,9 @@ def _score_request():
 
 def test_adapter_sync_that_cannot_run_is_a_config_error(tiny_model_dir):
     def config(backend="vllm", **lora):
-        return RunConfig(model=ModelConfig(path=str(tiny_model_dir), lora=LoraConfig(**lora)),
-                         rollout=RolloutConfig(backend=backend))
+        return RunConfig(
+            model=ModelConfig(path=str(tiny_model_dir), lora=LoraConfig(**lora)), rollout=RolloutConfig(backend=backend)
+        )
 
     with pytest.raises(ConfigError, match="vLLM serves LoRA adapters up to rank 512; set model.lora.sync=merged"):
         config(rank=1024, sync="adapter")
@@ -136,12 +145,29 @@ def test_bench_sync_lora_rows_move_the_adapter_bytes(tiny_model_dir, tmp_path, o
     from rlx.cli import app
 
     out = tmp_path / "bench.json"
-    result = CliRunner().invoke(app, ["bench-sync", "--model", str(tiny_model_dir), "--bucket-mb", "1",
-                                      "--repeats", "1", "--lora-rank", "4", "--json", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench-sync",
+            "--model",
+            str(tiny_model_dir),
+            "--bucket-mb",
+            "1",
+            "--repeats",
+            "1",
+            "--lora-rank",
+            "4",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = {row["mode"]: row for row in json.loads(out.read_text())["rows"]}
-    linear = [m for name, m in AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_modules()
-              if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in LORA_TARGETS]
+    linear = [
+        m
+        for name, m in AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_modules()
+        if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in LORA_TARGETS
+    ]
     assert len(linear) == 2 * 7
     assert rows["adapter r4"]["bytes"] == sum(4 * (m.in_features + m.out_features) * 4 for m in linear)
     assert rows["merged r4"]["bytes"] == rows["ceiling"]["bytes"]  # the whole model

@@ -16,9 +16,14 @@ from rlx.sync.sender import WeightSender
 
 def sample_tensors() -> list[tuple[str, torch.Tensor]]:
     torch.manual_seed(0)
-    return [("embed", torch.randn(300, 64)), ("big", torch.randn(600_000)),  # over 2 MiB: larger than a bucket
-            ("bf16", torch.randn(33, 7).to(torch.bfloat16)), ("scalar", torch.tensor(2.5)),
-            ("empty", torch.empty(0, 3)), ("int", torch.arange(1000, dtype=torch.int64))]
+    return [
+        ("embed", torch.randn(300, 64)),
+        ("big", torch.randn(600_000)),  # over 2 MiB: larger than a bucket
+        ("bf16", torch.randn(33, 7).to(torch.bfloat16)),
+        ("scalar", torch.tensor(2.5)),
+        ("empty", torch.empty(0, 3)),
+        ("int", torch.arange(1000, dtype=torch.int64)),
+    ]
 
 
 async def sync_rounds(sender: WeightSender, tensors, address: str, rounds: int, between=lambda round_: None):
@@ -133,8 +138,10 @@ def test_receiver_keeps_the_arena_mapped_but_not_a_view_held_past_the_end():
 
 
 def test_resident_buckets_group_whole_tensors_at_their_offsets():
-    specs = [(TensorSpec(f"t{i}", "float32", [n // 4], n), offset)
-             for i, (n, offset) in enumerate([(400, 0), (3000, 512), (500, 3584), (100, 4096)])]
+    specs = [
+        (TensorSpec(f"t{i}", "float32", [n // 4], n), offset)
+        for i, (n, offset) in enumerate([(400, 0), (3000, 512), (500, 3584), (100, 4096)])
+    ]
     buckets = list(resident_buckets(specs, 1024))
     assert [[c.name for c in b.chunks] for b in buckets] == [["t0"], ["t1"], ["t2", "t3"]]
     assert [c.offset for b in buckets for c in b.chunks] == [0, 512, 3584, 4096]

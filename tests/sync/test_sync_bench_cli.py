@@ -11,8 +11,21 @@ runner = CliRunner()
 
 def test_bench_sync_on_a_model_directory_writes_verified_rows(tiny_model_dir, tmp_path, our_segments):
     out = tmp_path / "bench.json"
-    result = runner.invoke(app, ["bench-sync", "--model", str(tiny_model_dir), "--bucket-mb", "1", "--repeats", "1",
-                                 "--verify", "--json", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "bench-sync",
+            "--model",
+            str(tiny_model_dir),
+            "--bucket-mb",
+            "1",
+            "--repeats",
+            "1",
+            "--verify",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     modes = [row["mode"] for row in data["rows"]]

@@ -9,8 +9,11 @@ import torch
 def gpu_tensors():
     g = torch.Generator(device="cuda").manual_seed(0)
     tensors = [(f"layer{i}.w", torch.randn(300, 257, device="cuda", generator=g).to(torch.bfloat16)) for i in range(10)]
-    tensors += [("embed", torch.randn(700_000, device="cuda", generator=g)),  # 2.8 MB: split over 1 MiB slots
-                ("scalar", torch.tensor(1.5, device="cuda")), ("empty", torch.empty(0, 4, device="cuda"))]
+    tensors += [
+        ("embed", torch.randn(700_000, device="cuda", generator=g)),  # 2.8 MB: split over 1 MiB slots
+        ("scalar", torch.tensor(1.5, device="cuda")),
+        ("empty", torch.empty(0, 4, device="cuda")),
+    ]
     return tensors
 
 
@@ -19,16 +22,29 @@ def gpu_tensors():
 def test_cuda_ipc_round_trip_with_checksums(spawn_receiver, sync_send, num_buffers):
     _, address = spawn_receiver()
     tensors = gpu_tensors()
-    reports = asyncio.run(sync_send(tensors, [address], transport="cuda_ipc", device="cuda", bucket_mb=1,
-                                    num_buffers=num_buffers, verify=True, timeout_s=60))
+    reports = asyncio.run(
+        sync_send(
+            tensors,
+            [address],
+            transport="cuda_ipc",
+            device="cuda",
+            bucket_mb=1,
+            num_buffers=num_buffers,
+            verify=True,
+            timeout_s=60,
+        )
+    )
     for report in reports:
         assert report.transport == "cuda_ipc" and report.verified and report.num_tensors == len(tensors)
         assert report.num_buckets >= 3
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(reason="on torch 2.11 a closed sender's IPC buffer stays allocated in the sender process, "
-                          "although every receiver's release is counted", strict=False)
+@pytest.mark.xfail(
+    reason="on torch 2.11 a closed sender's IPC buffer stays allocated in the sender process, "
+    "although every receiver's release is counted",
+    strict=False,
+)
 def test_closed_cuda_ipc_sender_frees_its_buffer(spawn_receiver, sync_send):
     _, address = spawn_receiver()
     tensors = gpu_tensors()
@@ -42,8 +58,18 @@ def test_closed_cuda_ipc_sender_frees_its_buffer(spawn_receiver, sync_send):
 def test_cuda_ipc_slot_is_never_overwritten_before_its_ack(spawn_receiver, sync_send):
     _, address = spawn_receiver("--hold-s", "0.05", "--check-intact")
     tensors = [(f"w{i}", torch.full((200_000,), float(i), device="cuda")) for i in range(8)]
-    reports = asyncio.run(sync_send(tensors, [address], transport="cuda_ipc", device="cuda", bucket_mb=1,
-                                    num_buffers=2, verify=True, timeout_s=60))
+    reports = asyncio.run(
+        sync_send(
+            tensors,
+            [address],
+            transport="cuda_ipc",
+            device="cuda",
+            bucket_mb=1,
+            num_buffers=2,
+            verify=True,
+            timeout_s=60,
+        )
+    )
     assert reports[-1].verified and reports[-1].num_buckets == 8
 
 

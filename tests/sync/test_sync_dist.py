@@ -72,8 +72,10 @@ def test_a_checksum_mismatch_names_the_tensor_and_the_receiver(receiver_address,
 @pytest.fixture(scope="module")
 def hf_server(tiny_model_dir, tmp_path_factory):
     work = tmp_path_factory.mktemp("dist_faults")
-    with serve_with(tiny_model_dir, work, "hf", rollout={"backend": "hf"},
-                    sync={"timeout_s": SYNC_TIMEOUT_S}) as (address, _):
+    with serve_with(tiny_model_dir, work, "hf", rollout={"backend": "hf"}, sync={"timeout_s": SYNC_TIMEOUT_S}) as (
+        address,
+        _,
+    ):
         yield address
 
 
@@ -87,8 +89,12 @@ def test_begin_bucket_and_end_failures_leave_the_server_syncing_over_gloo(hf_ser
     async def scenario(client):
         version = (await client.health())[0].weight_version
         # begin: a group whose sender is not there fails within its timeout, naming the sender
-        nobody = TransportHandle("gloo", 4096, 2, {"host": "127.0.0.1", "port": 9, "group": "g", "rank": 1,
-                                                   "world_size": 2, "timeout_s": 1.0})
+        nobody = TransportHandle(
+            "gloo",
+            4096,
+            2,
+            {"host": "127.0.0.1", "port": 9, "group": "g", "rank": 1, "world_size": 2, "timeout_s": 1.0},
+        )
         ack = await client.channel(0).call(SyncBegin(7001, nobody, -1, -1, False), 30.0)
         assert not ack.ok and "cannot join the sender at 127.0.0.1:9" in ack.error and not ack.in_sync
         assert (await client.generate(["3+4="], greedy, timeout_s=60))[0].samples
@@ -144,13 +150,16 @@ def test_buckets_cross_whole_or_chunk_by_chunk_and_land_exactly(spawn_receiver, 
 
     posted = []
     real_post_all = dist._post_all
-    monkeypatch.setattr(dist, "_post_all", lambda group, tensors: posted.append(len(tensors)) or
-                        real_post_all(group, tensors))
+    monkeypatch.setattr(
+        dist, "_post_all", lambda group, tensors: posted.append(len(tensors)) or real_post_all(group, tensors)
+    )
     _, in_slots = spawn_receiver("--no-assemble-in-place", name="slot receiver")
     _, in_place = spawn_receiver(name="in-place receiver")
     gen = torch.Generator().manual_seed(0)
-    tensors = [(f"small{i}", torch.randn(1000 + 37 * i, generator=gen).to(dtype))
-               for i, dtype in zip(range(60), [torch.float32, torch.bfloat16, torch.float16] * 20, strict=True)]
+    tensors = [
+        (f"small{i}", torch.randn(1000 + 37 * i, generator=gen).to(dtype))
+        for i, dtype in zip(range(60), [torch.float32, torch.bfloat16, torch.float16] * 20, strict=True)
+    ]
     tensors += [("empty", torch.empty(0)), ("big", torch.randn(3 * 262_144 + 5, generator=gen))]
 
     async def run():

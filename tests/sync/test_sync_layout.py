@@ -13,8 +13,16 @@ def spec(name, nbytes, dtype="uint8"):
 
 def sizes_mix():
     # small, odd, exactly a slot, larger than a slot (split), empty, then small again
-    return [spec("a", 10), spec("b", 1001), spec("c", SLOT), spec("big", 3 * SLOT + 77), spec("empty", 0),
-            spec("d", SLOT - 5), spec("e", 300), spec("f", 2 * SLOT)]
+    return [
+        spec("a", 10),
+        spec("b", 1001),
+        spec("c", SLOT),
+        spec("big", 3 * SLOT + 77),
+        spec("empty", 0),
+        spec("d", SLOT - 5),
+        spec("e", 300),
+        spec("f", 2 * SLOT),
+    ]
 
 
 def test_offsets_aligned_in_bounds_and_disjoint():
@@ -54,19 +62,24 @@ def test_only_tensors_larger_than_a_slot_are_split():
 
 def test_split_tensor_reassembles_bit_exactly_through_slots():
     torch.manual_seed(0)
-    tensors = {"w": torch.randn(3 * SLOT // 4 + 13, dtype=torch.float32), "b": torch.randn(7, dtype=torch.bfloat16),
-               "h": torch.randn(40_000, dtype=torch.float16)}
-    specs = [TensorSpec(n, dtype_name(t.dtype), list(t.shape), t.numel() * t.element_size()) for n, t in tensors.items()]
+    tensors = {
+        "w": torch.randn(3 * SLOT // 4 + 13, dtype=torch.float32),
+        "b": torch.randn(7, dtype=torch.bfloat16),
+        "h": torch.randn(40_000, dtype=torch.float16),
+    }
+    specs = [
+        TensorSpec(n, dtype_name(t.dtype), list(t.shape), t.numel() * t.element_size()) for n, t in tensors.items()
+    ]
     slot = torch.empty(SLOT, dtype=torch.uint8)
     rebuilt = {n: torch.empty_like(t) for n, t in tensors.items()}
     for bucket in pack_buckets(specs, SLOT):
         slot.fill_(0xAB)  # whatever a previous bucket left must not leak through
         for c in bucket.chunks:
             src = tensors[c.name].view(-1).view(torch.uint8)
-            slot[c.offset:c.offset + c.nbytes].copy_(src[c.chunk_start:c.chunk_start + c.nbytes])
+            slot[c.offset : c.offset + c.nbytes].copy_(src[c.chunk_start : c.chunk_start + c.nbytes])
         for c in bucket.chunks:
             dst = rebuilt[c.name].view(-1).view(torch.uint8)
-            dst[c.chunk_start:c.chunk_start + c.nbytes].copy_(slot[c.offset:c.offset + c.nbytes])
+            dst[c.chunk_start : c.chunk_start + c.nbytes].copy_(slot[c.offset : c.offset + c.nbytes])
     for name, t in tensors.items():
         assert torch.equal(rebuilt[name].view(torch.uint8), t.view(torch.uint8)), name
 

@@ -58,7 +58,7 @@ def test_views_are_zero_copy_and_split_tensors_are_assembled(buffer):
     small = torch.arange(4, dtype=torch.float32)
     big = torch.arange(1536, dtype=torch.float32)  # 6144 bytes: two chunks of a 4096-byte slot
     buffer.slot(0)[:16].copy_(small.view(torch.uint8))
-    buffer.slot(0)[256:256 + 4096 - 256].copy_(big.view(torch.uint8)[:3840])
+    buffer.slot(0)[256 : 256 + 4096 - 256].copy_(big.view(torch.uint8)[:3840])
     first = meta([chunk(), chunk("big", shape=(1536,), offset=256, nbytes=3840, total=6144)])
     got = receiver.tensors(first)
     assert [n for n, _ in got] == ["w"] and torch.equal(got[0][1], small)
@@ -74,13 +74,16 @@ def test_views_are_zero_copy_and_split_tensors_are_assembled(buffer):
     assert receiver.end(SyncEnd(1)).ok
 
 
-@pytest.mark.parametrize("bad, match", [
-    (chunk(offset=SLOT - 8), "aligned range"),
-    (chunk(offset=2), "aligned range"),
-    (chunk(dtype="object"), "unknown dtype"),
-    (chunk(shape=(5,)), "is 20 bytes"),
-    (chunk(start=8, nbytes=8, total=16), "before its start"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (chunk(offset=SLOT - 8), "aligned range"),
+        (chunk(offset=2), "aligned range"),
+        (chunk(dtype="object"), "unknown dtype"),
+        (chunk(shape=(5,)), "is 20 bytes"),
+        (chunk(start=8, nbytes=8, total=16), "before its start"),
+    ],
+)
 def test_bad_chunks_are_refused_before_reading(buffer, bad, match):
     receiver = WeightReceiver()
     receiver.begin(begin(buffer))
@@ -95,7 +98,9 @@ def test_out_of_order_split_and_incomplete_end_are_errors(buffer):
     receiver.tensors(meta([chunk("big", shape=(1536,), offset=0, nbytes=4096, total=6144)]))
     receiver.ack(meta([], bucket_id=0))
     with pytest.raises(ValueError, match="out of order"):
-        receiver.tensors(meta([chunk("big", shape=(1536,), offset=0, nbytes=1024, start=5120, total=6144)], bucket_id=1))
+        receiver.tensors(
+            meta([chunk("big", shape=(1536,), offset=0, nbytes=1024, start=5120, total=6144)], bucket_id=1)
+        )
     ack = receiver.end(SyncEnd(1))
     assert not ack.ok and "incomplete" in ack.error and "big" in ack.error
 
@@ -133,8 +138,13 @@ def test_foreign_shm_names_are_refused():
 
 def test_handler_answers_malformed_bytes_and_keeps_serving(buffer):
     handler = SyncHandler(WeightReceiver(name="h"), CopyConsumer())
-    for junk in (b"", b"\xc1", encode(TensorChunk("x", "float32", [1], 0, 4, 0, 4)), b'{"json": 1}',
-                 b"\x91" * 200_000 + b"\xc0"):
+    for junk in (
+        b"",
+        b"\xc1",
+        encode(TensorChunk("x", "float32", [1], 0, 4, 0, 4)),
+        b'{"json": 1}',
+        b"\x91" * 200_000 + b"\xc0",
+    ):
         ack = decode_ack(handler.handle_bytes(junk))
         assert not ack.ok and "malformed" in ack.error
     assert decode_ack(handler.handle_bytes(encode(SyncPing()))).ok
@@ -157,8 +167,10 @@ def _killed_sender_segment() -> tuple[str, int]:
     import subprocess
     import sys
 
-    code = ("import os, sys, time; from rlx.sync.transports.shm import ShmBuffer; b = ShmBuffer(4096, 2); "
-            "print(b.path, flush=True); time.sleep(60)")
+    code = (
+        "import os, sys, time; from rlx.sync.transports.shm import ShmBuffer; b = ShmBuffer(4096, 2); "
+        "print(b.path, flush=True); time.sleep(60)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     path = proc.stdout.readline().strip()
     proc.send_signal(signal.SIGKILL)

@@ -19,9 +19,13 @@ def tiny_state_dict(model_dir) -> list[tuple[str, torch.Tensor]]:
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     tensors = list(model.state_dict().items())
     # one tensor over 1 MiB so that bucket_mb=1 splits it across slots, plus odd shapes and dtypes
-    tensors += [("extra.big", torch.randn(700_000)), ("extra.bf16", torch.randn(33, 7).to(torch.bfloat16)),
-                ("extra.scalar", torch.tensor(2.5)), ("extra.empty", torch.empty(0, 3)),
-                ("extra.int", torch.arange(1000, dtype=torch.int64))]
+    tensors += [
+        ("extra.big", torch.randn(700_000)),
+        ("extra.bf16", torch.randn(33, 7).to(torch.bfloat16)),
+        ("extra.scalar", torch.tensor(2.5)),
+        ("extra.empty", torch.empty(0, 3)),
+        ("extra.int", torch.arange(1000, dtype=torch.int64)),
+    ]
     return tensors
 
 
@@ -30,11 +34,21 @@ TRANSPORTS = ["shm", "gloo"]
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("num_buffers", [1, 2], ids=["lock-step", "double-buffered"])
-def test_tiny_model_round_trip_with_checksums(tiny_model_dir, receiver_address, num_buffers, transport, our_segments,
-                                              sync_send):
+def test_tiny_model_round_trip_with_checksums(
+    tiny_model_dir, receiver_address, num_buffers, transport, our_segments, sync_send
+):
     tensors = tiny_state_dict(tiny_model_dir)
-    reports = asyncio.run(sync_send(tensors, [receiver_address], bucket_mb=1, num_buffers=num_buffers, verify=True,
-                               timeout_s=30, transport=transport))
+    reports = asyncio.run(
+        sync_send(
+            tensors,
+            [receiver_address],
+            bucket_mb=1,
+            num_buffers=num_buffers,
+            verify=True,
+            timeout_s=30,
+            transport=transport,
+        )
+    )
     total = sum(t.numel() * t.element_size() for _, t in tensors)
     for report in reports:
         assert report.verified and report.num_tensors == len(tensors) and report.total_bytes == total
@@ -43,12 +57,16 @@ def test_tiny_model_round_trip_with_checksums(tiny_model_dir, receiver_address, 
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_streamed_tensors_and_two_receivers_get_the_same_bytes(tiny_model_dir, receiver_address, spawn_receiver,
-                                                               sync_send, transport):
+def test_streamed_tensors_and_two_receivers_get_the_same_bytes(
+    tiny_model_dir, receiver_address, spawn_receiver, sync_send, transport
+):
     tensors = tiny_state_dict(tiny_model_dir)
     _, second = spawn_receiver(name="second receiver")
-    reports = asyncio.run(sync_send(iter(tensors), [receiver_address, second], bucket_mb=1, verify=True, timeout_s=60,
-                                    transport=transport))
+    reports = asyncio.run(
+        sync_send(
+            iter(tensors), [receiver_address, second], bucket_mb=1, verify=True, timeout_s=60, transport=transport
+        )
+    )
     assert reports[0].num_receivers == 2 and reports[0].verified
     assert reports[0].num_tensors == len(tensors)
 

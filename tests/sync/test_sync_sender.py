@@ -9,12 +9,15 @@ from rlx.sync.factory import pick_transport
 from rlx.sync.sender import WeightSender
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"bucket_mb": 0}, "sync.bucket_mb"),
-    ({"num_buffers": 0}, "lock-step"),
-    ({"timeout_s": 0}, "sync.timeout_s"),
-    ({"transport": "carrier-pigeon"}, "auto, shm, cuda_ipc"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"bucket_mb": 0}, "sync.bucket_mb"),
+        ({"num_buffers": 0}, "lock-step"),
+        ({"timeout_s": 0}, "sync.timeout_s"),
+        ({"transport": "carrier-pigeon"}, "auto, shm, cuda_ipc"),
+    ],
+)
 def test_bad_arguments_name_the_fix(kwargs, match):
     with pytest.raises(ValueError, match=match):
         WeightSender(**kwargs)

@@ -22,7 +22,8 @@ def two_gpus():
 def test_a_sync_to_a_receiver_on_another_gpu_is_verified(spawn_receiver, sync_send, transport):
     _, address = spawn_receiver(env=receiver_env(1))
     tensors = gpu_tensors()
-    reports = asyncio.run(sync_send(tensors, [address], transport=transport, device="cuda", bucket_mb=1,
-                                    verify=True, timeout_s=60))
+    reports = asyncio.run(
+        sync_send(tensors, [address], transport=transport, device="cuda", bucket_mb=1, verify=True, timeout_s=60)
+    )
     for report in reports:
         assert report.transport == transport and report.verified and report.num_tensors == len(tensors)

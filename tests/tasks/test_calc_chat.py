@@ -20,7 +20,7 @@ def test_messages_hold_the_examples_asked_for_then_the_question(num_examples):
     assert len(messages) == 4 * num_examples + 1
     assert messages[-1] == {"role": "user", "content": f"What is {problem.prompt.rstrip('=')}?"}
     for k, (a, b) in enumerate(EXAMPLES[:num_examples]):
-        user, call, tool, answer = messages[4 * k:4 * k + 4]
+        user, call, tool, answer = messages[4 * k : 4 * k + 4]
         assert user["content"] == f"What is {a}*{b}?" and tool == {"role": "tool", "content": str(a * b)}
         body = call["content"].removeprefix("<tool_call>").removesuffix("</tool_call>")
         assert json.loads(body) == {"name": "calc", "arguments": {"expression": f"{a}*{b}"}}

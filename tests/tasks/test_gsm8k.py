@@ -33,13 +33,16 @@ def test_loads_rows_with_template_and_ground_truth_after_hashes(data):
     assert [(p.id, p.answer) for p in task.eval] == [(3, "-2")]  # the last num_eval rows
 
 
-@pytest.mark.parametrize("completion, correct", [
-    ("3 + 4 = 7", True),                     # the last number is the answer
-    ("7 apples, not 8", False),
-    ("The answer is 7.0", True),             # numeric comparison
-    ("I think 7", True),
-    ("no idea", False),
-])
+@pytest.mark.parametrize(
+    "completion, correct",
+    [
+        ("3 + 4 = 7", True),  # the last number is the answer
+        ("7 apples, not 8", False),
+        ("The answer is 7.0", True),  # numeric comparison
+        ("I think 7", True),
+        ("no idea", False),
+    ],
+)
 def test_last_number_in_the_completion_is_compared(data, completion, correct):
     task = build_task(TaskConfig(name="gsm8k", path=data, num_eval=1))
     assert task.is_correct(completion, task.train[0]) is correct
@@ -63,8 +66,9 @@ def test_custom_answer_pattern_uses_its_group(data):
 def test_eval_path_gives_the_eval_split(tmp_path, data):
     eval_file = write_jsonl(tmp_path / "test.jsonl", [{"q": "1+1?", "a": "#### 2"}, {"q": "2+2?", "a": "4"}])
     train_file = write_jsonl(tmp_path / "train2.jsonl", [{"q": "3+3?", "a": "#### 6"}])
-    task = build_task(TaskConfig(name="gsm8k", path=train_file, eval_path=eval_file, question_key="q",
-                                 answer_key="a", num_eval=128))
+    task = build_task(
+        TaskConfig(name="gsm8k", path=train_file, eval_path=eval_file, question_key="q", answer_key="a", num_eval=128)
+    )
     assert [(p.id, p.prompt, p.answer) for p in task.train] == [(0, "3+3?", "6")]
     assert [(p.id, p.answer) for p in task.eval] == [(1, "2"), (2, "4")]
 

@@ -28,7 +28,7 @@ def test_stream_batches_cross_epoch_boundaries_and_may_exceed_the_dataset():
     stream = DataStream(PROBLEMS, seed=3)
     epoch0 = ids(stream.next_batch(3)) + ids(stream.next_batch(2))
     reference = DataStream(PROBLEMS, seed=3)
-    assert ids(reference.next_batch(12)) [:5] == epoch0
+    assert ids(reference.next_batch(12))[:5] == epoch0
     assert reference.state() == {"seed": 3, "epoch": 2, "index": 2, "num_problems": 5}
 
 
@@ -64,7 +64,8 @@ def test_stream_bad_input():
 
 @pytest.fixture
 def user_module(tmp_path, monkeypatch):
-    (tmp_path / "my_rewards.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_rewards.py").write_text(
+        textwrap.dedent("""
         def length_bonus(completion, answer):
             return 0.5 + (completion.strip() == answer)
 
@@ -75,7 +76,8 @@ def user_module(tmp_path, monkeypatch):
             return float("nan")
 
         NOT_CALLABLE = 3
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     return "my_rewards"
 
@@ -95,12 +97,15 @@ def test_user_reward_must_return_a_number(user_module):
             task.reward("1", task.train[0])
 
 
-@pytest.mark.parametrize("spec, match", [
-    ("no_such_module_xyz:score", r"cannot import module 'no_such_module_xyz'.*task.reward|task.reward.*no_such"),
-    ("my_rewards:missing", "module 'my_rewards' has no function 'missing'"),
-    ("my_rewards:NOT_CALLABLE", "not a function"),
-    ("my_rewards", "must be 'module:function'"),
-])
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ("no_such_module_xyz:score", r"cannot import module 'no_such_module_xyz'.*task.reward|task.reward.*no_such"),
+        ("my_rewards:missing", "module 'my_rewards' has no function 'missing'"),
+        ("my_rewards:NOT_CALLABLE", "not a function"),
+        ("my_rewards", "must be 'module:function'"),
+    ],
+)
 def test_reward_spec_errors_name_module_function_and_key(user_module, spec, match):
     with pytest.raises(ValueError, match=match) as info:
         load_reward_fn(spec, "task.reward")
@@ -115,5 +120,7 @@ def test_reward_spec_error_uses_the_given_config_key(user_module):
 def test_a_reward_module_that_exits_while_imported_is_named(tmp_path, monkeypatch):
     (tmp_path / "exiting_reward_mod.py").write_text("import sys\nsys.exit(3)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ValueError, match=r"importing 'exiting_reward_mod' failed at .*exiting_reward_mod.py:2: SystemExit"):
+    with pytest.raises(
+        ValueError, match=r"importing 'exiting_reward_mod' failed at .*exiting_reward_mod.py:2: SystemExit"
+    ):
         load_reward_fn("exiting_reward_mod:score", "task.reward")

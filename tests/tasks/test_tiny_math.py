@@ -34,10 +34,19 @@ def test_split_is_seeded_disjoint_and_reproducible():
     assert [p.id for p in other.eval] != [p.id for p in a.eval]
 
 
-@pytest.mark.parametrize("completion, reward", [
-    ("19", 1.0), (" 19 ", 1.0), ("19\n3+4=7", 1.0), ("\n19\n", 1.0),
-    ("190", 0.0), ("19 apples", 0.0), ("", 0.0), ("-19", 0.0),
-])
+@pytest.mark.parametrize(
+    "completion, reward",
+    [
+        ("19", 1.0),
+        (" 19 ", 1.0),
+        ("19\n3+4=7", 1.0),
+        ("\n19\n", 1.0),
+        ("190", 0.0),
+        ("19 apples", 0.0),
+        ("", 0.0),
+        ("-19", 0.0),
+    ],
+)
 def test_reward_is_one_for_the_exact_answer(completion, reward):
     task = build_task(TaskConfig(max_operand=12, operators="+", num_eval=0))
     problem = next(p for p in task.train if p.prompt == "12+7=")

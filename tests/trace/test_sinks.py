@@ -102,7 +102,7 @@ def wandb_records(path: Path):
             pos += left_in_block
             continue
         length, chunk_type = struct.unpack_from("<HB", data, pos + 4)
-        payload += data[pos + 7:pos + 7 + length]
+        payload += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if chunk_type in (WANDB_FULL, WANDB_LAST):
             record = pb.Record()

@@ -41,8 +41,10 @@ def test_filters_by_name_attribute_duration_process_and_status(trace):
     assert int(match_events(trace, "dur>1ms").sum()) == 0
 
 
-@pytest.mark.parametrize("query, message", [("dur=5ms", "compare durations"), ("status=sad", "one of"),
-                                            ("=5", "cannot read"), ("dur>fast", "not a duration")])
+@pytest.mark.parametrize(
+    "query, message",
+    [("dur=5ms", "compare durations"), ("status=sad", "one of"), ("=5", "cannot read"), ("dur>fast", "not a duration")],
+)
 def test_bad_filters_name_the_fix(query, message):
     with pytest.raises(ValueError, match=message):
         parse_query(query)
@@ -65,10 +67,24 @@ def test_summary_matches_a_hand_computed_reference(trace):
 
 def test_summary_counts_unfinished_spans_apart(tmp_path):
     path = tmp_path / "t.1.jsonl"
-    header = {"k": "H", "format": "rlx-trace", "version": 1, "name": "t", "role": "trainer", "pid": 1,
-              "host": "h", "wall_ns": 10**18, "mono_ns": 0}
-    lines = [header, {"k": "B", "i": 1, "n": "sync", "t": 0}, {"k": "B", "i": 2, "n": "sync", "t": 10},
-             {"k": "E", "i": 2, "t": 30}, {"k": "I", "n": "tick", "t": 50}]
+    header = {
+        "k": "H",
+        "format": "rlx-trace",
+        "version": 1,
+        "name": "t",
+        "role": "trainer",
+        "pid": 1,
+        "host": "h",
+        "wall_ns": 10**18,
+        "mono_ns": 0,
+    }
+    lines = [
+        header,
+        {"k": "B", "i": 1, "n": "sync", "t": 0},
+        {"k": "B", "i": 2, "n": "sync", "t": 10},
+        {"k": "E", "i": 2, "t": 30},
+        {"k": "I", "n": "tick", "t": 50},
+    ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     (row,) = summarize(load_trace(path))
     assert (row.count, row.unfinished, row.total) == (1, 1, 20)
@@ -116,8 +132,10 @@ def test_perfetto_export_of_a_synthetic_run_keeps_request_tracks_few(tmp_path):
 
 def test_metrics_file_skips_bad_lines_and_is_found_next_to_the_trace(small_trace):
     metrics_path = small_trace.parent / "metrics.jsonl"
-    metrics_path.write_text('{"step": 0, "reward_mean": 0.1}\n{"step": 1, "reward_mean": 0.3, "eval_accuracy": 0.5}\n'
-                            'garbage\n{"no_step": 1}\n\n{"step": 2, "reward_mean": 0.4}\n')
+    metrics_path.write_text(
+        '{"step": 0, "reward_mean": 0.1}\n{"step": 1, "reward_mean": 0.3, "eval_accuracy": 0.5}\n'
+        'garbage\n{"no_step": 1}\n\n{"step": 2, "reward_mean": 0.4}\n'
+    )
     assert find_metrics_file(small_trace) == metrics_path
     metrics = load_metrics(metrics_path)
     assert metrics.skipped == 2
@@ -137,13 +155,27 @@ def test_durations_format_and_parse():
 def test_queued_counts_queued_spans_and_queued_events_until_generation(tmp_path):
     from rlx.trace.concurrency import queued, running
 
-    header = {"k": "H", "format": "rlx-trace", "version": 1, "name": "rollout0", "role": "rollout", "pid": 1,
-              "host": "h", "wall_ns": 10**18, "mono_ns": 0}
-    lines = [header,
-             {"k": "B", "i": 1, "n": "queued", "t": 0, "r": "a"}, {"k": "E", "i": 1, "t": 10},
-             {"k": "B", "i": 2, "n": "generate", "t": 10, "r": "a"}, {"k": "E", "i": 2, "t": 50},
-             {"k": "I", "n": "queued", "t": 5, "r": "b"},
-             {"k": "B", "i": 3, "n": "generate", "t": 30, "r": "b"}, {"k": "E", "i": 3, "t": 60}]
+    header = {
+        "k": "H",
+        "format": "rlx-trace",
+        "version": 1,
+        "name": "rollout0",
+        "role": "rollout",
+        "pid": 1,
+        "host": "h",
+        "wall_ns": 10**18,
+        "mono_ns": 0,
+    }
+    lines = [
+        header,
+        {"k": "B", "i": 1, "n": "queued", "t": 0, "r": "a"},
+        {"k": "E", "i": 1, "t": 10},
+        {"k": "B", "i": 2, "n": "generate", "t": 10, "r": "a"},
+        {"k": "E", "i": 2, "t": 50},
+        {"k": "I", "n": "queued", "t": 5, "r": "b"},
+        {"k": "B", "i": 3, "n": "generate", "t": 30, "r": "b"},
+        {"k": "E", "i": 3, "t": 60},
+    ]
     (tmp_path / "rollout0.1.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     trace = load_trace(tmp_path)
     q, r = queued(trace), running(trace)

@@ -57,8 +57,9 @@ def test_reopening_reads_the_cache_and_shows_the_same_trace(small_trace, mixed_t
         cached = load_and_cache(path)
         assert from_cache(cached)
         assert_same_trace(cached, parsed)
-        assert [(p.name, p.role, p.pid, p.host, p.path, p.offset_ns, p.end_ns) for p in cached.processes] == \
-               [(p.name, p.role, p.pid, p.host, p.path, p.offset_ns, p.end_ns) for p in parsed.processes]
+        assert [(p.name, p.role, p.pid, p.host, p.path, p.offset_ns, p.end_ns) for p in cached.processes] == [
+            (p.name, p.role, p.pid, p.host, p.path, p.offset_ns, p.end_ns) for p in parsed.processes
+        ]
         assert cached.origin_wall_ns == parsed.origin_wall_ns and cached.end_ns == parsed.end_ns
         assert np.array_equal(cached.spans.end_attrs.owner, parsed.spans.end_attrs.owner)
         for i in range(len(parsed.spans.end_attrs)):
@@ -71,8 +72,10 @@ def test_reopening_reads_the_cache_and_shows_the_same_trace(small_trace, mixed_t
 
 def test_a_reopened_trace_imports_no_pyarrow_until_an_attribute_is_shown(small_trace, cache_dir):
     load_and_cache(small_trace)
-    code = ("import sys; from rlx.trace.loader import load_trace; t = load_trace(sys.argv[1]); "
-            "print(type(t.request_ids).__name__, 'pyarrow' in sys.modules, sorted(t.span_attrs(0)), 'pyarrow' in sys.modules)")
+    code = (
+        "import sys; from rlx.trace.loader import load_trace; t = load_trace(sys.argv[1]); "
+        "print(type(t.request_ids).__name__, 'pyarrow' in sys.modules, sorted(t.span_attrs(0)), 'pyarrow' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code, str(small_trace)], capture_output=True, text=True, check=True)
     shown = sorted(load_trace(small_trace, cache=False).span_attrs(0))
     assert out.stdout.strip() == f"PackedStrings False {shown} True"
@@ -112,7 +115,7 @@ def _forge_index(data: bytearray) -> None:
     _, arrays = read_cache(data)
     base = np.frombuffer(data, np.uint8).__array_interface__["data"][0]
     offset = arrays["span_parent"].__array_interface__["data"][0] - base
-    data[offset:offset + 4] = (10**9).to_bytes(4, "little")
+    data[offset : offset + 4] = (10**9).to_bytes(4, "little")
     _fix_crc(data)
 
 
@@ -124,18 +127,17 @@ def _forge_time(data: bytearray) -> None:
     _fix_crc(data)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "flipped byte", "not a cache", "forged index", "forged time",
-                                    "empty"])
+@pytest.mark.parametrize("damage", ["truncated", "flipped byte", "not a cache", "forged index", "forged time", "empty"])
 def test_a_corrupt_or_forged_cache_is_ignored_and_rebuilt(small_trace, cache_dir, damage):
     parsed = load_and_cache(small_trace)
     (cache_file,) = cache_dir.glob("*.rlxtc")
     data = bytearray(cache_file.read_bytes())
     if damage == "truncated":
-        data = data[:len(data) // 2]
+        data = data[: len(data) // 2]
     elif damage == "flipped byte":
         data[len(data) - 100] ^= 0xFF
     elif damage == "not a cache":
-        data[:len(MAGIC)] = b"x" * len(MAGIC)
+        data[: len(MAGIC)] = b"x" * len(MAGIC)
         _fix_crc(data)
     elif damage == "forged time":
         _forge_time(data)
@@ -154,8 +156,7 @@ def test_a_corrupt_or_forged_cache_is_ignored_and_rebuilt(small_trace, cache_dir
     assert_same_trace(again, parsed)
 
 
-def test_traces_with_unusable_lines_are_not_cached_and_the_cache_can_be_turned_off(small_trace, cache_dir,
-                                                                                    monkeypatch):
+def test_traces_with_unusable_lines_are_not_cached_and_the_cache_can_be_turned_off(small_trace, cache_dir, monkeypatch):
     path = next(f for f in small_trace.glob("*.jsonl") if f.name.startswith("trainer0"))
     with open(path, "ab") as f:
         f.write(b'{"k":"X", broken\n')

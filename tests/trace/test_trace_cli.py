@@ -57,14 +57,17 @@ def test_truncated_trace_reports_skipped_lines_and_still_summarises(small_trace)
     assert "skipped 1 unusable lines" in result.output and "truncated last line" in result.output
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--export", "svg", "x.svg"], "use --export perfetto"),
-    (["--summary", "--sort", "speed"], "--sort speed"),
-    (["--summary", "--filter", "dur=1"], "--filter"),
-    (["--screenshot", "x.svg", "--window", "5s"], "START:END"),
-    (["--screenshot", "x.svg", "--size", "big"], "COLUMNSxROWS"),
-    ([], "needs a terminal"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--export", "svg", "x.svg"], "use --export perfetto"),
+        (["--summary", "--sort", "speed"], "--sort speed"),
+        (["--summary", "--filter", "dur=1"], "--filter"),
+        (["--screenshot", "x.svg", "--window", "5s"], "START:END"),
+        (["--screenshot", "x.svg", "--size", "big"], "COLUMNSxROWS"),
+        ([], "needs a terminal"),
+    ],
+)
 def test_bad_options_are_one_line_errors(small_trace, args, message):
     result = invoke(small_trace, *args)
     assert result.exit_code == 2

@@ -42,7 +42,9 @@ def assert_same_trace(fast, slow):
     assert len(fast.spans.begin_attrs) == len(slow.spans.begin_attrs) == len(fast.spans)
     assert [bytes(a) for a in fast.spans.begin_attrs] == [bytes(a) for a in slow.spans.begin_attrs]
     assert [fast.span_attrs(i) for i in range(len(fast.spans))] == [slow.span_attrs(i) for i in range(len(slow.spans))]
-    assert [fast.event_attrs(i) for i in range(len(fast.events))] == [slow.event_attrs(i) for i in range(len(slow.events))]
+    assert [fast.event_attrs(i) for i in range(len(fast.events))] == [
+        slow.event_attrs(i) for i in range(len(slow.events))
+    ]
     assert fast.skipped == slow.skipped
 
 
@@ -56,8 +58,10 @@ def test_real_tracer_files_take_the_fast_path_and_match(small_trace, monkeypatch
 
 def test_the_fast_path_leaves_pandas_unimported(small_trace):
     """pyarrow's own numpy conversions import pandas on first use: a fifth of a second of every open."""
-    code = ("import sys; from rlx.trace.loader import load_trace; t = load_trace(sys.argv[1], cache=False); "
-            "print(len(t.spans), 'pandas' in sys.modules)")
+    code = (
+        "import sys; from rlx.trace.loader import load_trace; t = load_trace(sys.argv[1], cache=False); "
+        "print(len(t.spans), 'pandas' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code, str(small_trace)], capture_output=True, text=True, check=True)
     assert out.stdout.split() == [str(len(load_trace(small_trace).spans)), "False"]
 
@@ -109,13 +113,16 @@ def test_unfinished_long_span_matches(tmp_path, monkeypatch):
     tracer.close()
 
 
-@pytest.mark.parametrize("bad", [
-    b'{"k":"X","i":99,"n":"x","t":1,"d":1\n',        # malformed JSON
-    b'\n',                                              # blank line
-    b'{"k":"X","i":99,"n":"x","t":1,"d":1,"r":7}\n',   # integer request id
-    b'{"k":"Z","i":99,"n":"x","t":1}\n',                # unknown kind
-    b'{"k":"X","i":99,"t":1,"d":1}\n',                  # a complete span without its name
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b'{"k":"X","i":99,"n":"x","t":1,"d":1\n',  # malformed JSON
+        b"\n",  # blank line
+        b'{"k":"X","i":99,"n":"x","t":1,"d":1,"r":7}\n',  # integer request id
+        b'{"k":"Z","i":99,"n":"x","t":1}\n',  # unknown kind
+        b'{"k":"X","i":99,"t":1,"d":1}\n',  # a complete span without its name
+    ],
+)
 def test_files_the_fast_path_cannot_read_exactly_go_line_by_line(small_trace, monkeypatch, bad):
     path = next(f for f in small_trace.glob("*.jsonl") if f.name.startswith("trainer0"))
     lines = path.read_bytes().splitlines(keepends=True)
@@ -148,7 +155,7 @@ def test_records_written_with_other_key_orders_are_found_without_the_prefix(tmp_
     # an event and a begin line as another writer might order their keys: kind last
     events = [k for k, line in enumerate(lines) if line.startswith(b'{"k":"I"')]
     assert events, "the synthetic trace should hold instant events"
-    lines[events[0]] = b"{" + lines[events[0]][len(b'{"k":"I",'):] + b',"k":"I"}'
+    lines[events[0]] = b"{" + lines[events[0]][len(b'{"k":"I",') :] + b',"k":"I"}'
     lines[events[0]] = lines[events[0]].replace(b'},"k":"I"}', b',"k":"I"}')
     path.write_bytes(b"\n".join(lines))
     assert read_trace_columns(path) is not None  # still the fast path
@@ -156,18 +163,22 @@ def test_records_written_with_other_key_orders_are_found_without_the_prefix(tmp_
 
 
 def test_request_ids_across_files_and_from_end_lines(tmp_path, monkeypatch):
-    header = ('{"k":"H","format":"rlx-trace","version":1,"name":"%s","role":"rollout","pid":%d,'
-              '"host":"h","wall_ns":1000,"mono_ns":0}\n')
+    header = (
+        '{"k":"H","format":"rlx-trace","version":1,"name":"%s","role":"rollout","pid":%d,'
+        '"host":"h","wall_ns":1000,"mono_ns":0}\n'
+    )
     (tmp_path / "rollout0.1.jsonl").write_text(
         header % ("rollout0", 1)
         + '{"k":"X","i":1,"n":"generate","t":1,"d":5,"r":"req-a"}\n'
-        + '{"k":"B","i":2,"n":"wait","t":2}\n'                       # names no request...
-        + '{"k":"E","i":2,"t":9,"r":"req-late"}\n'                    # ...its end line does
+        + '{"k":"B","i":2,"n":"wait","t":2}\n'  # names no request...
+        + '{"k":"E","i":2,"t":9,"r":"req-late"}\n'  # ...its end line does
         + '{"k":"B","i":3,"n":"hold","t":3,"r":"req-b"}\n'
-        + '{"k":"E","i":3,"t":8,"r":"req-other"}\n'                   # the begin's id stands
-        + '{"k":"I","n":"tick","t":4,"r":"req-c"}\n')
+        + '{"k":"E","i":3,"t":8,"r":"req-other"}\n'  # the begin's id stands
+        + '{"k":"I","n":"tick","t":4,"r":"req-c"}\n'
+    )
     (tmp_path / "rollout1.2.jsonl").write_text(
-        header % ("rollout1", 2) + '{"k":"X","i":1,"n":"generate","t":1,"d":5,"r":"req-b"}\n')
+        header % ("rollout1", 2) + '{"k":"X","i":1,"n":"generate","t":1,"d":5,"r":"req-b"}\n'
+    )
     fast, slow = load_trace(tmp_path), load_line_by_line(tmp_path, monkeypatch)
     assert_same_trace(fast, slow)
     ids = [fast.request_ids[r] for r in fast.spans.request]

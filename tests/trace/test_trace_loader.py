@@ -93,8 +93,13 @@ def test_malformed_lines_in_the_middle_are_skipped_with_reasons(small_trace):
     path = [p for p in find_trace_files(small_trace) if p.name.startswith("rollout0")][0]
     good = load_trace(path)
     lines = path.read_text().splitlines()
-    lines[3:3] = ["not json at all", "", '{"k":"Z","x":1}', '{"k":"X","i":"seven"}',
-                  '{"k":"X","i":1,"n":"x","t":100000000000000000000000,"d":1}']  # no int64
+    lines[3:3] = [
+        "not json at all",
+        "",
+        '{"k":"Z","x":1}',
+        '{"k":"X","i":"seven"}',
+        '{"k":"X","i":1,"n":"x","t":100000000000000000000000,"d":1}',
+    ]  # no int64
     path.write_text("\n".join(lines) + "\n")
     trace = load_trace(path)
     assert trace.num_skipped == 5
@@ -134,12 +139,24 @@ def test_a_killed_process_leaves_unfinished_spans(tmp_path):
 
 
 def test_a_begin_line_that_raced_with_the_complete_line_is_one_span(tmp_path):
-    header = {"k": "H", "format": "rlx-trace", "version": 1, "name": "t", "role": "trainer", "pid": 1,
-              "host": "h", "wall_ns": 10**18, "mono_ns": 0}
-    lines = [header, {"k": "X", "i": 1, "n": "sync", "t": 0, "d": 40, "a": {"bucket_id": 3}},
-             {"k": "B", "i": 1, "n": "sync", "t": 0, "a": {"bucket_id": 3}},
-             {"k": "B", "i": 2, "n": "checkpoint", "t": 10, "a": {"step": 1}},
-             {"k": "E", "i": 2, "t": 90, "a": {"bytes": 5}, "err": "OSError: disk full"}]
+    header = {
+        "k": "H",
+        "format": "rlx-trace",
+        "version": 1,
+        "name": "t",
+        "role": "trainer",
+        "pid": 1,
+        "host": "h",
+        "wall_ns": 10**18,
+        "mono_ns": 0,
+    }
+    lines = [
+        header,
+        {"k": "X", "i": 1, "n": "sync", "t": 0, "d": 40, "a": {"bucket_id": 3}},
+        {"k": "B", "i": 1, "n": "sync", "t": 0, "a": {"bucket_id": 3}},
+        {"k": "B", "i": 2, "n": "checkpoint", "t": 10, "a": {"step": 1}},
+        {"k": "E", "i": 2, "t": 90, "a": {"bytes": 5}, "err": "OSError: disk full"},
+    ]
     (tmp_path / "t.1.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     trace = load_trace(tmp_path)
     assert names_of(trace) == ["sync", "checkpoint"]

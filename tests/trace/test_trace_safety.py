@@ -18,9 +18,9 @@ from rlx.trace.viewer.timeline import Timeline
 
 runner = CliRunner()
 LINK = "[link=https://evil.example/]x[/link]"
-NAME = "\x1b[2J[bold]step\u202e" + LINK          # clears the screen, bold markup, bidi override, a link
-PROC = "rollout\x1b]0;PWNED\x07[i]0"              # retitles the terminal
-REQUEST = "req\x9b5m[blink]"                     # C1 CSI: blink
+NAME = "\x1b[2J[bold]step\u202e" + LINK  # clears the screen, bold markup, bidi override, a link
+PROC = "rollout\x1b]0;PWNED\x07[i]0"  # retitles the terminal
+REQUEST = "req\x9b5m[blink]"  # C1 CSI: blink
 KEY, VALUE = "key\x1b[8m", "value\u2066[red]\x00" + LINK
 ERROR = "boom\r\x1b[1A[bold red]fine"
 RAW = ("\x1b", "\x9b", "\x07", "\x00", "\r", "\u202e", "\u2066")
@@ -66,6 +66,7 @@ def test_trace_strings_reach_the_terminal_escaped(hostile_trace, tmp_path):
     assert any(e.get("args", {}).get(KEY) == VALUE for e in events)
 
     import asyncio
+
     asyncio.run(_viewer_screens_are_safe(hostile_trace))
 
 
@@ -90,8 +91,13 @@ async def _viewer_screens_are_safe(trace_dir) -> None:
         assert timeline.trace.names[int(timeline.trace.spans.name[timeline.lanes.span_mask][0])] == NAME
     text = html.unescape("\n".join(screens)).replace("\xa0", " ")
     assert_safe(text)
-    for escaped in ("rollout\\x1b]0;PWNED\\x07[i]0", "req\\x9b5m[blink]", "key\\x1b[8m",
-                    "value\\u2066[red]\\x00[link=", "boom\\r\\x1b[1A[bold red]fine"):
+    for escaped in (
+        "rollout\\x1b]0;PWNED\\x07[i]0",
+        "req\\x9b5m[blink]",
+        "key\\x1b[8m",
+        "value\\u2066[red]\\x00[link=",
+        "boom\\r\\x1b[1A[bold red]fine",
+    ):
         assert escaped in text, escaped
 
 
@@ -106,11 +112,18 @@ def sparse(path, size: int, head: bytes = b""):
 @pytest.mark.parametrize("what", ["summary", "export", "viewer"])
 def test_a_huge_file_is_refused_by_its_first_line_or_its_first_absurd_line(small_trace, tmp_path, what):
     header = next(small_trace.glob("trainer0.*.jsonl")).read_bytes().split(b"\n")[0] + b"\n"
-    args = {"summary": ["--summary"], "export": ["--export", "perfetto", str(tmp_path / "out.json")],
-            "viewer": ["--screenshot", str(tmp_path / "out.svg")]}[what]
-    cases = [(sparse(tmp_path / "not-a-trace.jsonl", 64 << 30), "not-a-trace.jsonl is not an rlx trace"),
-             (sparse(tmp_path / "holed.1.jsonl", 64 << 30, header + b'{"k":"I","n":"x","t":1}\n'),
-              "holed.1.jsonl:3: a line longer than 64 MiB")]
+    args = {
+        "summary": ["--summary"],
+        "export": ["--export", "perfetto", str(tmp_path / "out.json")],
+        "viewer": ["--screenshot", str(tmp_path / "out.svg")],
+    }[what]
+    cases = [
+        (sparse(tmp_path / "not-a-trace.jsonl", 64 << 30), "not-a-trace.jsonl is not an rlx trace"),
+        (
+            sparse(tmp_path / "holed.1.jsonl", 64 << 30, header + b'{"k":"I","n":"x","t":1}\n'),
+            "holed.1.jsonl:3: a line longer than 64 MiB",
+        ),
+    ]
     if what == "viewer":  # the run's metrics file, read for the Metrics tab
         sparse(small_trace.parent / "metrics.jsonl", 64 << 30, b'{"step": 0}\n')
         cases.append((small_trace, "metrics.jsonl:2: a line longer than 1 MiB"))

@@ -236,7 +236,9 @@ def test_a_forked_child_writes_its_own_file_only_if_it_traces(tmp_path):
 def test_importing_the_tracer_stays_light():
     import subprocess
 
-    code = ("import sys, rlx.trace; from rlx.trace import tracer; "
-            "print(','.join(m for m in ('numpy', 'textual', 'torch') if m in sys.modules))")
+    code = (
+        "import sys, rlx.trace; from rlx.trace import tracer; "
+        "print(','.join(m for m in ('numpy', 'textual', 'torch') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

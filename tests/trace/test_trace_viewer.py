@@ -38,8 +38,11 @@ def details(app) -> str:
 
 def row_of(timeline, kind, proc_name, depth=0):
     procs = [p.name for p in timeline.trace.processes]
-    return next(k for k, r in enumerate(timeline.lanes.rows)
-                if r.kind == kind and procs[r.proc] == proc_name and (kind != SPANS or r.depth == depth))
+    return next(
+        k
+        for k, r in enumerate(timeline.lanes.rows)
+        if r.kind == kind and procs[r.proc] == proc_name and (kind != SPANS or r.depth == depth)
+    )
 
 
 async def click_span(pilot, timeline, span: int) -> None:
@@ -222,8 +225,14 @@ async def test_summary_sorts_by_clicked_column(small_trace):
 
 async def test_metrics_tab_plots_the_run_metrics(small_trace):
     metrics_path = small_trace.parent / "metrics.jsonl"
-    metrics_path.write_text("".join(f'{{"step": {s}, "reward_mean": {s / 10}, "accuracy": {s / 20}, "kl": 0.001, '
-                                    f'"response_len_mean": 4, "tokens_per_s": 1500}}\n' for s in range(5)) + "oops\n")
+    metrics_path.write_text(
+        "".join(
+            f'{{"step": {s}, "reward_mean": {s / 10}, "accuracy": {s / 20}, "kl": 0.001, '
+            f'"response_len_mean": 4, "tokens_per_s": 1500}}\n'
+            for s in range(5)
+        )
+        + "oops\n"
+    )
     app = make_app(small_trace, metrics=load_metrics(metrics_path))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("3")

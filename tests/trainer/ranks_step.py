@@ -22,8 +22,10 @@ def main(model_dir: str, lora: list[str], nan: bool = False) -> None:
     init_distributed("cpu")
     torch.manual_seed(0)
     adapter = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "gate_proj"], sync="merged")
-    cfg = RunConfig(model=ModelConfig(path=model_dir, lora=adapter if lora else LoraConfig()),
-                    trainer=TrainerConfig(micro_batch_size=3, lr=1e-2 if lora else 1e-3))
+    cfg = RunConfig(
+        model=ModelConfig(path=model_dir, lora=adapter if lora else LoraConfig()),
+        trainer=TrainerConfig(micro_batch_size=3, lr=1e-2 if lora else 1e-3),
+    )
     cfg.rollout.n = 4
     trainer = Trainer(cfg)
     if lora:
@@ -33,8 +35,17 @@ def main(model_dir: str, lora: list[str], nan: bool = False) -> None:
     if nan:
         return nan_step(trainer)
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-        print("RESULT" + json.dumps({"loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
-                                     "entropy": metrics["entropy"], "params": params}))
+        print(
+            "RESULT"
+            + json.dumps(
+                {
+                    "loss": metrics["loss"],
+                    "grad_norm": metrics["grad_norm"],
+                    "entropy": metrics["entropy"],
+                    "params": params,
+                }
+            )
+        )
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
@@ -73,8 +84,16 @@ def lora_steps(trainer, resumed, out: str, ckpt_root: str) -> None:
     from rlx.trainer.lora import adapter_named_tensors
 
     losses = [trainer.step(fixed_batch())["loss"]]
-    save_checkpoint(Path(ckpt_root), 1, trainer.model, trainer.optimizer, trainer.scheduler, trainer.cfg.model.path,
-                    {"step": 1, "data": {}}, keep=2)
+    save_checkpoint(
+        Path(ckpt_root),
+        1,
+        trainer.model,
+        trainer.optimizer,
+        trainer.scheduler,
+        trainer.cfg.model.path,
+        {"step": 1, "data": {}},
+        keep=2,
+    )
     losses.append(trainer.step(fixed_batch())["loss"])  # B starts at 0: A has a gradient from this step on
     load_checkpoint(Path(ckpt_root) / "step_00000001", resumed.model, resumed.optimizer, resumed.scheduler)
     losses.append(resumed.step(fixed_batch())["loss"])

@@ -20,8 +20,9 @@ LN2, LN3 = math.log(2.0), math.log(3.0)
 
 
 def close(actual, expected, atol=1e-5):
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float32),
-                               torch.as_tensor(expected, dtype=torch.float32), atol=atol, rtol=0)
+    torch.testing.assert_close(
+        torch.as_tensor(actual, dtype=torch.float32), torch.as_tensor(expected, dtype=torch.float32), atol=atol, rtol=0
+    )
 
 
 # -- advantages: two prompts, n = 3: rewards [1, 0, 0] and [3, 1, 2] ---------------------------
@@ -56,8 +57,10 @@ def test_reinforce_pp_whitens_over_the_whole_batch_not_the_groups():
     # rewards [0, 0, 1, 1]: batch mean 0.5, unbiased var 4 * 0.25 / 3 = 1/3 -> std 1/sqrt(3)
     # A = +-0.5 * sqrt(3); per group (n=2) every group is constant, so GRPO would give zeros
     half_s3 = 0.5 * math.sqrt(3.0)
-    close(compute_advantages("reinforce_pp", torch.tensor([0.0, 0.0, 1.0, 1.0]), 2),
-          [-half_s3, -half_s3, half_s3, half_s3])
+    close(
+        compute_advantages("reinforce_pp", torch.tensor([0.0, 0.0, 1.0, 1.0]), 2),
+        [-half_s3, -half_s3, half_s3, half_s3],
+    )
 
 
 def test_advantages_are_detached_and_float():
@@ -66,12 +69,15 @@ def test_advantages_are_detached_and_float():
     assert compute_advantages("rloo", torch.tensor([1, 0]), 2).dtype == torch.float32
 
 
-@pytest.mark.parametrize("args, match", [
-    (("ppo", REWARDS, 3), "algorithm.advantage"),
-    (("grpo", REWARDS, 4), "group_size=4"),
-    (("rloo", REWARDS, 1), "rollout.n >= 2"),
-    (("grpo", REWARDS.view(2, 3), 3), r"shape \[B\]"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (("ppo", REWARDS, 3), "algorithm.advantage"),
+        (("grpo", REWARDS, 4), "group_size=4"),
+        (("rloo", REWARDS, 1), "rollout.n >= 2"),
+        (("grpo", REWARDS.view(2, 3), 3), r"shape \[B\]"),
+    ],
+)
 def test_advantages_bad_input_names_the_fix(args, match):
     with pytest.raises(ValueError, match=match):
         compute_advantages(*args)
@@ -83,11 +89,14 @@ PER_TOKEN = torch.tensor([[1.0, 2.0, 3.0, 100.0], [4.0, 100.0, 100.0, 100.0]])
 MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
 
 
-@pytest.mark.parametrize("mode, expected", [
-    ("token_mean", (1 + 2 + 3 + 4) / 4),                    # 4 real tokens
-    ("seq_mean_token_mean", (6 / 3 + 4 / 1) / 2),           # per-sequence means, then mean over 2 seqs
-    ("seq_mean_token_sum_norm", (6 / 4 + 4 / 4) / 2),       # per-sequence sums / max_len=4, mean over seqs
-])
+@pytest.mark.parametrize(
+    "mode, expected",
+    [
+        ("token_mean", (1 + 2 + 3 + 4) / 4),  # 4 real tokens
+        ("seq_mean_token_mean", (6 / 3 + 4 / 1) / 2),  # per-sequence means, then mean over 2 seqs
+        ("seq_mean_token_sum_norm", (6 / 4 + 4 / 4) / 2),  # per-sequence sums / max_len=4, mean over seqs
+    ],
+)
 def test_loss_agg_modes_by_hand(mode, expected):
     close(LossAgg(mode, global_tokens=4, global_seqs=2, max_len=4)(PER_TOKEN, MASK), expected)
 
@@ -120,8 +129,18 @@ def _loss_and_grad(name, mode, logp, old_logp, advantages, mask, weights, parts)
     total = torch.zeros(())
     for part in parts:
         rows = torch.tensor(part)
-        loss, _ = policy_loss(name, leaf[rows], old_logp[rows], advantages[rows], mask[rows], clip_low=0.2,
-                              clip_high=0.28, dual_clip=3.0, weights=weights[rows], agg=agg)
+        loss, _ = policy_loss(
+            name,
+            leaf[rows],
+            old_logp[rows],
+            advantages[rows],
+            mask[rows],
+            clip_low=0.2,
+            clip_high=0.28,
+            dual_clip=3.0,
+            weights=weights[rows],
+            agg=agg,
+        )
         loss.backward()  # gradient accumulation, as over micro-batches (and an all-reduce SUM over ranks)
         total = total + loss.detach()
     return total, leaf.grad
@@ -145,7 +164,8 @@ def test_averaging_per_micro_batch_means_would_differ():
     per_token, mask = PER_TOKEN, MASK
     naive = (per_token[0, :3].mean() + per_token[1, :1].mean()) / 2  # (2 + 4) / 2 = 3
     correct = LossAgg("token_mean", 4, 2, 4)(per_token[:1], mask[:1]) + LossAgg("token_mean", 4, 2, 4)(
-        per_token[1:], mask[1:])  # (6 + 4) / 4 = 2.5
+        per_token[1:], mask[1:]
+    )  # (6 + 4) / 4 = 2.5
     close(naive, 3.0)
     close(correct, 2.5)
 
@@ -159,8 +179,18 @@ def _ppo_case(advantages, dual_clip=0.0, clip_high=0.28, weights=None):
     logp = RATIOS.log().repeat(len(advantages), 1).requires_grad_(True)
     mask = torch.ones_like(logp)
     agg = LossAgg("token_mean", global_tokens=mask.numel(), global_seqs=len(advantages), max_len=4)
-    loss, metrics = policy_loss("ppo", logp, torch.zeros_like(logp), torch.tensor(advantages), mask,
-                                clip_low=0.2, clip_high=clip_high, dual_clip=dual_clip, weights=weights, agg=agg)
+    loss, metrics = policy_loss(
+        "ppo",
+        logp,
+        torch.zeros_like(logp),
+        torch.tensor(advantages),
+        mask,
+        clip_low=0.2,
+        clip_high=clip_high,
+        dual_clip=dual_clip,
+        weights=weights,
+        agg=agg,
+    )
     loss.backward()
     return loss, metrics, logp.grad
 
@@ -229,6 +259,7 @@ def test_policy_loss_bad_input():
 
 # -- GSPO --------------------------------------------------------------------------------------
 
+
 def test_gspo_uses_one_length_normalised_ratio_per_sequence():
     # row 0: log-ratios [0.2, 0.0] -> s = exp(0.1) = 1.105171 > 1.05 -> A=+1 loss per token -1.05 (clipped)
     # row 1: log-ratios [-0.02, pad] -> s = exp(-0.02) = 0.980199 in [0.95, 1.05] -> A=-1 loss 0.980199
@@ -237,8 +268,9 @@ def test_gspo_uses_one_length_normalised_ratio_per_sequence():
     logp = (old_logp + torch.tensor([[0.2, 0.0], [-0.02, -9.0]])).requires_grad_(True)
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     agg = LossAgg("seq_mean_token_mean", global_tokens=3, global_seqs=2, max_len=2)
-    loss, metrics = policy_loss("gspo", logp, old_logp, torch.tensor([1.0, -1.0]), mask,
-                                clip_low=0.05, clip_high=0.05, agg=agg)
+    loss, metrics = policy_loss(
+        "gspo", logp, old_logp, torch.tensor([1.0, -1.0]), mask, clip_low=0.05, clip_high=0.05, agg=agg
+    )
     loss.backward()
     close(loss, (-1.05 + math.exp(-0.02)) / 2)
     close(metrics["clip_frac"], 2 / 3)  # both tokens of row 0, of 3 real tokens
@@ -264,12 +296,13 @@ def test_gspo_gradient_equals_the_sequence_level_objective():
 
 # -- KL ----------------------------------------------------------------------------------------
 
+
 def test_kl_estimators_by_hand():
     # x = logp - ref = [ln 2, 0, -ln 2]
     logp = torch.log(torch.tensor([0.5, 0.3, 0.25]))
     ref = torch.log(torch.tensor([0.25, 0.3, 0.5]))
     close(kl_estimate(logp, ref, "k1"), [LN2, 0.0, -LN2])
-    close(kl_estimate(logp, ref, "k2"), [0.5 * LN2 ** 2, 0.0, 0.5 * LN2 ** 2])
+    close(kl_estimate(logp, ref, "k2"), [0.5 * LN2**2, 0.0, 0.5 * LN2**2])
     # k3 = exp(-x) + x - 1: [0.5 + ln2 - 1, 0, 2 - ln2 - 1]
     close(kl_estimate(logp, ref, "k3"), [LN2 - 0.5, 0.0, 1.0 - LN2])
 
@@ -290,6 +323,7 @@ def test_kl_in_reward_subtracts_summed_kl_of_real_tokens():
 
 
 # -- entropy -----------------------------------------------------------------------------------
+
 
 def test_entropy_from_logits_by_hand():
     # uniform over 4 -> ln 4; logits [0, ln 3] -> probs [1/4, 3/4] -> -(1/4 ln 1/4 + 3/4 ln 3/4)
@@ -367,19 +401,24 @@ def test_bypass_gives_no_weights_and_anchors_the_ratio_on_the_rollout_logprobs()
 
 def test_correction_weights_are_detached():
     old = (ROLLOUT + D).requires_grad_(True)
-    weights, _ = rollout_correction(old, ROLLOUT, C_MASK, method="tis", level="token", tis_cap=2.0,
-                                    icepop_low=0.5, icepop_high=2.0)
+    weights, _ = rollout_correction(
+        old, ROLLOUT, C_MASK, method="tis", level="token", tis_cap=2.0, icepop_low=0.5, icepop_high=2.0
+    )
     assert not weights.requires_grad
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(method="is", level="token"), "algorithm.rollout_correction"),
-    (dict(method="tis", level="chunk"), "algorithm.correction_level"),
-    (dict(method="icepop", level="token", icepop_low=2.0), "algorithm.icepop_low"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(method="is", level="token"), "algorithm.rollout_correction"),
+        (dict(method="tis", level="chunk"), "algorithm.correction_level"),
+        (dict(method="icepop", level="token", icepop_low=2.0), "algorithm.icepop_low"),
+    ],
+)
 def test_correction_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
         _correct(**kwargs)
     with pytest.raises(ValueError, match="rollout engine returns one logprob per token"):
-        rollout_correction(D, ROLLOUT[:, :2], C_MASK, method="none", level="token", tis_cap=2.0,
-                           icepop_low=0.5, icepop_high=2.0)
+        rollout_correction(
+            D, ROLLOUT[:, :2], C_MASK, method="none", level="token", tis_cap=2.0, icepop_low=0.5, icepop_high=2.0
+        )

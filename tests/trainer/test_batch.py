@@ -9,9 +9,11 @@ from rlx.trainer.batch import collate
 
 
 def samples() -> list[Sample]:
-    return [Sample.of([5, 6], [7, 8, 9], [-0.5, -0.25, -1.0], 1.0),
-            Sample.of([4], [3], [-2.0], 0.0, loss_mask=[0.0], versions=[2]),
-            Sample.of([1, 2, 3], [], [], 0.5)]
+    return [
+        Sample.of([5, 6], [7, 8, 9], [-0.5, -0.25, -1.0], 1.0),
+        Sample.of([4], [3], [-2.0], 0.0, loss_mask=[0.0], versions=[2]),
+        Sample.of([1, 2, 3], [], [], 0.5),
+    ]
 
 
 def test_prompts_sit_left_of_their_completions_and_padding_is_masked_out():
@@ -31,11 +33,22 @@ def test_rows_read_back_from_the_store_at_the_batch_widths_are_the_batch_rows():
     store = ShmStore(1 << 16, 8)
     try:
         rows = store.put(samples())
-        part = collate(store.get([rows[1], rows[2]]), 0, full.input_ids.shape[1] - full.completion_ids.shape[1],
-                       full.completion_ids.shape[1])
+        part = collate(
+            store.get([rows[1], rows[2]]),
+            0,
+            full.input_ids.shape[1] - full.completion_ids.shape[1],
+            full.completion_ids.shape[1],
+        )
         expected = full.rows(torch.tensor([1, 2]))
-        for name in ("input_ids", "attention_mask", "position_ids", "completion_ids", "mask", "rollout_logp",
-                     "rewards"):
+        for name in (
+            "input_ids",
+            "attention_mask",
+            "position_ids",
+            "completion_ids",
+            "mask",
+            "rollout_logp",
+            "rewards",
+        ):
             assert torch.equal(getattr(part, name), getattr(expected, name)), name
     finally:
         store.close()

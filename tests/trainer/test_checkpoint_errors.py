@@ -19,13 +19,19 @@ from rlx.trainer.checkpoint import save_checkpoint
 from tests.helpers import write_config
 
 runner = CliRunner()
-SMALL = {"task": {"max_operand": 9, "num_eval": 16}, "rollout": {"backend": "hf", "n": 4, "max_tokens": 4},
-         "trainer": {"prompts_per_step": 4, "micro_batch_size": 8}}
+SMALL = {
+    "task": {"max_operand": 9, "num_eval": 16},
+    "rollout": {"backend": "hf", "n": 4, "max_tokens": 4},
+    "trainer": {"prompts_per_step": 4, "micro_batch_size": 8},
+}
 
 
 def snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def earlier_run(tmp_path: Path, model_dir: Path, steps=(1, 2)) -> tuple[Path, Path]:
@@ -76,20 +82,34 @@ def test_every_checkpoint_corrupt_or_none_at_all_refuses_and_keeps_the_run(tmp_p
     corrupt_every_checkpoint(run_dir)
     before = snapshot(run_dir)
     code, output = resume(config)
-    assert_refused_and_untouched(code, output, run_dir, before, "cannot resume the run", "none of its 2 checkpoints",
-                                 "sha256", "run without --resume", "trainer.output_dir")
+    assert_refused_and_untouched(
+        code,
+        output,
+        run_dir,
+        before,
+        "cannot resume the run",
+        "none of its 2 checkpoints",
+        "sha256",
+        "run without --resume",
+        "trainer.output_dir",
+    )
     shutil.rmtree(run_dir / "checkpoints")
     before = snapshot(run_dir)
     code, output = resume(config)
     assert_refused_and_untouched(code, output, run_dir, before, "it has no checkpoint", "run without --resume")
 
 
-@pytest.mark.parametrize("edit, expected", [
-    (lambda m: [m], "holds a JSON list"),
-    (lambda m: dict(m, files={}), "lists no files"),
-    (lambda m: dict(m, files={k: v for k, v in m["files"].items() if k != "optimizer.safetensors"}),
-     "does not list optimizer.safetensors"),
-])
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda m: [m], "holds a JSON list"),
+        (lambda m: dict(m, files={}), "lists no files"),
+        (
+            lambda m: dict(m, files={k: v for k, v in m["files"].items() if k != "optimizer.safetensors"}),
+            "does not list optimizer.safetensors",
+        ),
+    ],
+)
 def test_malformed_manifest_is_skipped_and_alone_refused(tmp_path, tiny_model_dir, edit, expected):
     config, run_dir = earlier_run(tmp_path, tiny_model_dir, steps=(1,))
     manifest = run_dir / "checkpoints" / "step_00000001" / "manifest.json"
@@ -105,12 +125,20 @@ def test_changed_task_seed_or_model_is_named(tmp_path, tiny_model_dir):
     config, run_dir = earlier_run(tmp_path, tiny_model_dir)
     before = snapshot(run_dir)
     code, output = resume(config, "task.seed=7")
-    assert_refused_and_untouched(code, output, run_dir, before, "step_00000002", "saved with task.seed=0",
-                                 "task.seed=7")
+    assert_refused_and_untouched(
+        code, output, run_dir, before, "step_00000002", "saved with task.seed=0", "task.seed=7"
+    )
     other = build_tiny_model(tmp_path / "other", hidden_size=32)
     code, output = resume(config, f"model.path={other}")
-    assert_refused_and_untouched(code, output, run_dir, before, "is not the model it was trained from",
-                                 "hidden_size", "set model.path to that model")
+    assert_refused_and_untouched(
+        code,
+        output,
+        run_dir,
+        before,
+        "is not the model it was trained from",
+        "hidden_size",
+        "set model.path to that model",
+    )
 
 
 def test_newest_complete_checkpoint_is_chosen_past_a_corrupt_one(tmp_path, tiny_model_dir):
@@ -134,9 +162,16 @@ def test_newest_complete_checkpoint_is_chosen_past_a_corrupt_one(tmp_path, tiny_
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     optimizer = build_optimizer(model, cfg.trainer)
-    save_checkpoint(run_dir / "checkpoints", 2, model, optimizer, build_scheduler(optimizer, cfg.trainer),
-                    str(tiny_model_dir),
-                    {"step": 2, "data": {}}, keep=5)
+    save_checkpoint(
+        run_dir / "checkpoints",
+        2,
+        model,
+        optimizer,
+        build_scheduler(optimizer, cfg.trainer),
+        str(tiny_model_dir),
+        {"step": 2, "data": {}},
+        keep=5,
+    )
     [aside] = (run_dir / "checkpoints").glob("corrupt-step_00000002-*")
     assert (aside / "optimizer.safetensors").read_bytes() == b"torn"
     assert verify_checkpoint(newest)["step"] == 2

@@ -38,8 +38,11 @@ def test_gae_with_gamma_and_lambda_one_is_the_reward_minus_the_value_and_whitens
 
 def gae_trainer(model_dir, **algorithm):
     torch.manual_seed(0)
-    cfg = RunConfig(model=ModelConfig(path=str(model_dir)), algorithm=AlgorithmConfig(advantage="gae", **algorithm),
-                    trainer=TrainerConfig(micro_batch_size=6, device="cpu", lr=1e-3))
+    cfg = RunConfig(
+        model=ModelConfig(path=str(model_dir)),
+        algorithm=AlgorithmConfig(advantage="gae", **algorithm),
+        trainer=TrainerConfig(micro_batch_size=6, device="cpu", lr=1e-3),
+    )
     cfg.rollout.n = 4
     return Trainer(cfg)
 
@@ -61,7 +64,9 @@ def test_critic_warmup_then_policy_and_checkpoint_round_trip(tiny_model_dir, tmp
     restored = gae_trainer(tiny_model_dir, critic_warmup_steps=1)
     restored.load_extra(tmp_path)
     assert restored.critic.steps == 2 and not restored.critic.warming_up
-    for (name, a), (_, b) in zip(trainer.critic.model.state_dict().items(), restored.critic.model.state_dict().items(), strict=True):
+    for (name, a), (_, b) in zip(
+        trainer.critic.model.state_dict().items(), restored.critic.model.state_dict().items(), strict=True
+    ):
         assert torch.equal(a, b), name
     third, again = trainer.critic, restored.critic  # the critic's next step depends only on its own state
     for critic in (third, again):
@@ -82,18 +87,21 @@ def test_gae_is_refused_with_several_ranks():
     from rlx.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match="trainer.num_ranks=1"):
-        RunConfig(model=ModelConfig(path="m"), algorithm=AlgorithmConfig(advantage="gae"),
-                  trainer=TrainerConfig(num_ranks=2))
+        RunConfig(
+            model=ModelConfig(path="m"), algorithm=AlgorithmConfig(advantage="gae"), trainer=TrainerConfig(num_ranks=2)
+        )
 
 
 def test_a_two_step_gae_run_logs_the_critic_and_checkpoints_it(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
-    config = write_config(tmp_path / "gae.yaml", tiny_model_dir,
-                          rollout={"backend": "hf", "n": 4, "max_tokens": 6},
-                          algorithm={"advantage": "gae", "critic_warmup_steps": 1},
-                          trainer={"total_steps": 2, "prompts_per_step": 4, "eval_every": 0,
-                                   "output_dir": str(run_dir)},
-                          task={"num_eval": 8})
+    config = write_config(
+        tmp_path / "gae.yaml",
+        tiny_model_dir,
+        rollout={"backend": "hf", "n": 4, "max_tokens": 6},
+        algorithm={"advantage": "gae", "critic_warmup_steps": 1},
+        trainer={"total_steps": 2, "prompts_per_step": 4, "eval_every": 0, "output_dir": str(run_dir)},
+        task={"num_eval": 8},
+    )
     proc = start_rlx(["train", str(config)], tmp_path / "train.log")
     try:
         assert proc.wait(300) == 0, (tmp_path / "train.log").read_text()[-3000:]

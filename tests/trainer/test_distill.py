@@ -34,8 +34,13 @@ def test_a_sample_with_no_completion_tokens_is_scored_as_nothing(tiny_model_dir,
     teacher sends the others and leaves its row at 0, as the colocated one does."""
     from rlx.trainer.batch import build_batch
 
-    batch = build_batch([[5, 6, 7], [8, 9], [10, 11, 12, 13]], [[14, 15], [], [16]], [[-1.0, -1.0], [], [-1.0]],
-                        [1.0, 0.0, 1.0], pad_id=0)
+    batch = build_batch(
+        [[5, 6, 7], [8, 9], [10, 11, 12, 13]],
+        [[14, 15], [], [16]],
+        [[-1.0, -1.0], [], [-1.0]],
+        [1.0, 0.0, 1.0],
+        pad_id=0,
+    )
     served = ServedTeacher(teacher_server).logprobs(batch)
     colocated = ColocatedTeacher(str(tiny_model_dir), torch.device("cpu"), micro_batch=3).logprobs(batch)
     torch.testing.assert_close(served, colocated, rtol=0, atol=1e-5)
@@ -73,8 +78,13 @@ def test_a_teacher_with_another_tokenizer_is_refused_before_anything_starts(tiny
     vocab = spec["model"]["vocab"]
     vocab["1"], vocab["2"] = vocab["2"], vocab["1"]  # the same size, two digits swapped
     (teacher / "tokenizer.json").write_text(json.dumps(spec))
-    config = write_config(tmp_path / "run.yaml", tiny_model_dir, rollout={"backend": "hf"},
-                          trainer={"output_dir": str(tmp_path / "run")}, algorithm={"distill": {"teacher": str(teacher)}})
+    config = write_config(
+        tmp_path / "run.yaml",
+        tiny_model_dir,
+        rollout={"backend": "hf"},
+        trainer={"output_dir": str(tmp_path / "run")},
+        algorithm={"distill": {"teacher": str(teacher)}},
+    )
     code, output = train(config)
     assert_refused_before_start(code, output, tmp_path / "run", "algorithm.distill.teacher=", "another tokenizer")
 
@@ -83,14 +93,22 @@ def test_a_two_step_run_with_a_served_teacher(tiny_model_dir, teacher_server, tm
     """The teacher is the student's own starting point, so the first step's reverse KL is ~0. The random model
     rarely earns a reward, so an entropy bonus makes sure the first update moves the student."""
     run_dir = tmp_path / "run"
-    config = write_config(tmp_path / "distill.yaml", tiny_model_dir,
-                          rollout={"backend": "hf", "n": 4, "max_tokens": 6},
-                          algorithm={"entropy_coef": 0.01,
-                                     "distill": {"teacher": str(tiny_model_dir), "teacher_placement": "served",
-                                                 "teacher_server": teacher_server}},
-                          trainer={"total_steps": 2, "prompts_per_step": 4, "eval_every": 0, "lr": 1e-3,
-                                   "output_dir": str(run_dir)},
-                          checkpoint={"save_final": False}, task={"num_eval": 8})
+    config = write_config(
+        tmp_path / "distill.yaml",
+        tiny_model_dir,
+        rollout={"backend": "hf", "n": 4, "max_tokens": 6},
+        algorithm={
+            "entropy_coef": 0.01,
+            "distill": {
+                "teacher": str(tiny_model_dir),
+                "teacher_placement": "served",
+                "teacher_server": teacher_server,
+            },
+        },
+        trainer={"total_steps": 2, "prompts_per_step": 4, "eval_every": 0, "lr": 1e-3, "output_dir": str(run_dir)},
+        checkpoint={"save_final": False},
+        task={"num_eval": 8},
+    )
     proc = start_rlx(["train", str(config)], tmp_path / "train.log")
     try:
         assert proc.wait(300) == 0, (tmp_path / "train.log").read_text()[-3000:]

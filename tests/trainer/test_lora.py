@@ -17,8 +17,10 @@ LORA = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "gate_p
 
 def lora_trainer(model_dir, lora=LORA, **trainer) -> Trainer:
     torch.manual_seed(0)
-    cfg = RunConfig(model=ModelConfig(path=str(model_dir), lora=lora),
-                    trainer=TrainerConfig(micro_batch_size=3, device="cpu", lr=1e-2, **trainer))
+    cfg = RunConfig(
+        model=ModelConfig(path=str(model_dir), lora=lora),
+        trainer=TrainerConfig(micro_batch_size=3, device="cpu", lr=1e-2, **trainer),
+    )
     cfg.rollout.n = 4
     return Trainer(cfg)
 
@@ -62,8 +64,16 @@ def test_merged_tensors_equal_peft_merge_and_unload(tiny_model_dir):
 def test_checkpoint_round_trip_resumes_exactly(tiny_model_dir, tmp_path):
     trainer = lora_trainer(tiny_model_dir)
     trainer.step(ragged_batch(seed=1))
-    ckpt = save_checkpoint(tmp_path, 1, trainer.model, trainer.optimizer, trainer.scheduler, str(tiny_model_dir),
-                           {"step": 1, "data": {}}, keep=2)
+    ckpt = save_checkpoint(
+        tmp_path,
+        1,
+        trainer.model,
+        trainer.optimizer,
+        trainer.scheduler,
+        str(tiny_model_dir),
+        {"step": 1, "data": {}},
+        keep=2,
+    )
     manifest = verify_checkpoint(ckpt)
     assert manifest["model_files"] == [ADAPTER_FILE] and manifest["lora"] is True
     assert "model.safetensors" not in manifest["files"]

@@ -37,8 +37,10 @@ def assert_same(a: dict, b: dict, atol: float) -> None:
 @pytest.fixture(scope="module")
 def one_and_two(tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("lora_ranks")
-    procs = {world: start_lora_world(world, tiny_model_dir, root / f"{world}.safetensors", root / f"ckpt{world}")
-             for world in (1, 2)}  # side by side: most of each run is starting python and loading torch
+    procs = {
+        world: start_lora_world(world, tiny_model_dir, root / f"{world}.safetensors", root / f"ckpt{world}")
+        for world in (1, 2)
+    }  # side by side: most of each run is starting python and loading torch
     try:
         runs = {world: finish_lora_world(procs[world], root / f"{world}.safetensors") for world in (1, 2)}
     finally:
@@ -64,24 +66,31 @@ def test_checkpoint_of_two_ranks_resumes_on_two_ranks(one_and_two):
     manifest = verify_checkpoint(ckpt)
     assert manifest["lora"] is True and manifest["model_files"] == [ADAPTER_FILE]
     assert (ckpt / ADAPTER_CONFIG).is_file() and not (ckpt / "model.safetensors").exists()
-    assert_same(load_file(str(ckpt / ADAPTER_FILE)), load_file(str(root / "ckpt1" / "step_00000001" / ADAPTER_FILE)),
-                atol=1e-5)  # the 2-rank adapter is the full one, under PEFT's names
+    assert_same(
+        load_file(str(ckpt / ADAPTER_FILE)), load_file(str(root / "ckpt1" / "step_00000001" / ADAPTER_FILE)), atol=1e-5
+    )  # the 2-rank adapter is the full one, under PEFT's names
     optimizer = load_file(str(ckpt / "optimizer.safetensors"))
     assert any(".lora_A." in key and key.endswith("::exp_avg_sq") for key in optimizer)
     losses, tensors = runs[2]
     assert losses[2] == pytest.approx(losses[1], rel=1e-6, abs=1e-7)
     # adapter and Adam moments came back into the shards: the second step repeats exactly
-    assert_same(part(tensors, "resumed."), {k: v for k, v in tensors.items() if not k.startswith("resumed.")},
-                atol=1e-6)
+    assert_same(
+        part(tensors, "resumed."), {k: v for k, v in tensors.items() if not k.startswith("resumed.")}, atol=1e-6
+    )
 
 
 def test_rlx_train_lora_on_two_ranks_with_adapter_sync(tiny_model_dir, tmp_path):
     """`rlx train` with two ranks and the adapter-only sync into the hf server, checksums verified."""
     from tests.launch.test_train import read_metrics, run_to_end, small_config
 
-    config = small_config(tmp_path, tiny_model_dir, "hf", checkpoint={"every": 2, "keep": 1},
-                          model={"lora": {"rank": 8, "alpha": 16.0, "target_modules": ["q_proj", "v_proj"]}},
-                          trainer={"num_ranks": 2, "eval_every": 0})
+    config = small_config(
+        tmp_path,
+        tiny_model_dir,
+        "hf",
+        checkpoint={"every": 2, "keep": 1},
+        model={"lora": {"rank": 8, "alpha": 16.0, "target_modules": ["q_proj", "v_proj"]}},
+        trainer={"num_ranks": 2, "eval_every": 0},
+    )
     code, output = run_to_end(config, tmp_path, "trainer.total_steps=2", "model.lora.sync=adapter", "sync.verify=true")
     assert code == 0, output[-4000:]
     run_dir = tmp_path / "run"

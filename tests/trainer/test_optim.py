@@ -40,8 +40,13 @@ def test_the_fused_optimizer_takes_the_per_tensor_loops_steps(tiny_model_dir):
     cfg = config(tiny_model_dir)
     fused_model, loop_model = load(tiny_model_dir), load(tiny_model_dir)
     fused = build_optimizer(fused_model, cfg.trainer)
-    loop = torch.optim.AdamW(loop_model.parameters(), lr=cfg.trainer.lr, betas=tuple(cfg.trainer.betas),
-                             weight_decay=cfg.trainer.weight_decay, foreach=False)
+    loop = torch.optim.AdamW(
+        loop_model.parameters(),
+        lr=cfg.trainer.lr,
+        betas=tuple(cfg.trainer.betas),
+        weight_decay=cfg.trainer.weight_decay,
+        foreach=False,
+    )
     assert fused.param_groups[0]["fused"] is True
     steps(fused_model, fused, 0, 4)
     steps(loop_model, loop, 0, 4)
@@ -52,12 +57,18 @@ def test_the_fused_optimizer_takes_the_per_tensor_loops_steps(tiny_model_dir):
 def test_a_checkpoint_of_the_per_tensor_loop_resumes_fused_and_continues_the_run(tmp_path, tiny_model_dir):
     cfg = config(tiny_model_dir)
     earlier = load(tiny_model_dir)
-    optimizer = torch.optim.AdamW(earlier.parameters(), lr=cfg.trainer.lr, betas=tuple(cfg.trainer.betas),
-                                  weight_decay=cfg.trainer.weight_decay, foreach=False)  # as earlier versions built it
+    optimizer = torch.optim.AdamW(
+        earlier.parameters(),
+        lr=cfg.trainer.lr,
+        betas=tuple(cfg.trainer.betas),
+        weight_decay=cfg.trainer.weight_decay,
+        foreach=False,
+    )  # as earlier versions built it
     scheduler = build_scheduler(optimizer, cfg.trainer)
     steps(earlier, optimizer, 0, 2)
-    ckpt = save_checkpoint(tmp_path / "checkpoints", 2, earlier, optimizer, scheduler, str(tiny_model_dir),
-                           {"step": 2, "data": {}}, keep=2)
+    ckpt = save_checkpoint(
+        tmp_path / "checkpoints", 2, earlier, optimizer, scheduler, str(tiny_model_dir), {"step": 2, "data": {}}, keep=2
+    )
     steps(earlier, optimizer, 2, 2)
 
     resumed = load(tiny_model_dir)

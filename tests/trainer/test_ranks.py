@@ -19,9 +19,16 @@ def start_world(world: int, *args: str) -> list[subprocess.Popen]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    return [subprocess.Popen([sys.executable, str(SCRIPT), *args], env=dict(env, RANK=str(rank)), text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            for rank in range(world)]
+    return [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), *args],
+            env=dict(env, RANK=str(rank)),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for rank in range(world)
+    ]
 
 
 def finish_world(procs: list[subprocess.Popen]) -> dict:
@@ -32,7 +39,7 @@ def finish_world(procs: list[subprocess.Popen]) -> dict:
         assert proc.returncode == 0, err[-3000:]
         outputs.append(out)
     line = next(l for l in outputs[0].splitlines() if l.startswith("RESULT"))
-    return json.loads(line[len("RESULT"):])
+    return json.loads(line[len("RESULT") :])
 
 
 def run_world(world: int, model_dir) -> dict:

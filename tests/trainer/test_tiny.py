@@ -26,7 +26,7 @@ def test_tiny_model_is_a_normal_hf_dir_and_generates(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     prompt = tok("3+4=", return_tensors="pt")
     out = model.generate(**prompt, max_new_tokens=6, do_sample=False)
-    new = out[0, prompt["input_ids"].shape[1]:]
+    new = out[0, prompt["input_ids"].shape[1] :]
     assert 1 <= new.numel() <= 6
     with torch.no_grad():
         logits = model(**prompt).logits

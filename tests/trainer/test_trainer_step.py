@@ -45,8 +45,11 @@ def grouped_batch(groups: int = 4, n: int = 4, seed: int = 7):
 def make_trainer(model_dir, algorithm=None, **trainer):
     torch.manual_seed(0)
     trainer.setdefault("lr", 1e-3)
-    cfg = RunConfig(model=ModelConfig(path=str(model_dir)), algorithm=algorithm or AlgorithmConfig(),
-                    trainer=TrainerConfig(micro_batch_size=3, device="cpu", **trainer))
+    cfg = RunConfig(
+        model=ModelConfig(path=str(model_dir)),
+        algorithm=algorithm or AlgorithmConfig(),
+        trainer=TrainerConfig(micro_batch_size=3, device="cpu", **trainer),
+    )
     cfg.rollout.n = 4
     return Trainer(cfg)
 
@@ -124,8 +127,9 @@ def test_shared_prompt_step_equals_padded_step(tiny_model_dir, budget):
     batch = grouped_batch()  # lr 1e-4: Adam's first step moves every weight by about lr, whatever its gradient
     padded = step_and_params(make_trainer(tiny_model_dir, micro_batch_tokens=0, lr=1e-4), batch)
     shared = step_and_params(make_trainer(tiny_model_dir, micro_batch_tokens=budget, lr=1e-4), batch)
-    repeated = step_and_params(make_trainer(tiny_model_dir, micro_batch_tokens=budget, lr=1e-4,
-                                            share_prompts=False), batch)
+    repeated = step_and_params(
+        make_trainer(tiny_model_dir, micro_batch_tokens=budget, lr=1e-4, share_prompts=False), batch
+    )
     saved = repeated[0].pop("update_tokens") - shared[0].pop("update_tokens")
     padded[0].pop("update_tokens")
     assert_same(shared, padded, 1e-5)
@@ -164,15 +168,27 @@ def test_shared_prompt_attention_matches_each_sequence_alone():
     total = prompt + sum(completions)
     q, k, v = (torch.randn(1, heads, total, 8, dtype=torch.float64, requires_grad=True) for heads in (4, 2, 2))
     starts = [prompt + sum(completions[:i]) for i in range(len(completions))]
-    keys = list(range(prompt + completions[0])) + [p for s, c in zip(starts[1:], completions[1:], strict=True)
-                                                    for p in [*range(prompt), *range(s, s + c)]]
+    keys = list(range(prompt + completions[0])) + [
+        p for s, c in zip(starts[1:], completions[1:], strict=True) for p in [*range(prompt), *range(s, s + c)]
+    ]
     query_lens = [prompt + completions[0], *completions[1:]]
     key_lens = [prompt + c for c in completions]
+
     def cu(lens):
         return torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
-    out, _ = packed_attention(None, q, k, v, None, cu_seq_lens_q=cu(query_lens), max_length_q=max(query_lens),
-                              cu_seq_lens_k=cu(key_lens), max_length_k=max(key_lens),
-                              rlx_kv_index=torch.tensor(keys))
+
+    out, _ = packed_attention(
+        None,
+        q,
+        k,
+        v,
+        None,
+        cu_seq_lens_q=cu(query_lens),
+        max_length_q=max(query_lens),
+        cu_seq_lens_k=cu(key_lens),
+        max_length_k=max(key_lens),
+        rlx_kv_index=torch.tensor(keys),
+    )
     grad_out = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), grad_out)
     ref = []
@@ -221,8 +237,11 @@ def test_bypass_takes_the_ppo_ratio_against_the_rollout_logprobs(tiny_model_dir)
     current = reference_logprobs(tiny_model_dir, batch)
     bypass, tis = AlgorithmConfig(rollout_correction="bypass"), AlgorithmConfig(rollout_correction="tis")
     on_policy = _with_rollout_logp(batch, current)
-    assert_same(step_and_params(make_trainer(tiny_model_dir, algorithm=bypass, lr=1e-4), on_policy),
-                step_and_params(make_trainer(tiny_model_dir, lr=1e-4), on_policy), 1e-5)
+    assert_same(
+        step_and_params(make_trainer(tiny_model_dir, algorithm=bypass, lr=1e-4), on_policy),
+        step_and_params(make_trainer(tiny_model_dir, lr=1e-4), on_policy),
+        1e-5,
+    )
 
     rewards = batch.rewards.view(-1, 4)
     sign = torch.sign(rewards - rewards.mean(dim=1, keepdim=True)).view(-1, 1)  # of each row's GRPO advantage
@@ -239,14 +258,21 @@ def test_auto_correction_is_bypass_off_policy_and_none_on_policy():
     assert RunConfig(trainer=TrainerConfig(mode="sync")).correction == "none"
     for mode in ("one_step_off", "fully_async"):
         assert RunConfig(trainer=TrainerConfig(mode=mode)).correction == "bypass"
-    assert RunConfig(trainer=TrainerConfig(mode="fully_async"),
-                     algorithm=AlgorithmConfig(rollout_correction="tis")).correction == "tis"
+    assert (
+        RunConfig(
+            trainer=TrainerConfig(mode="fully_async"), algorithm=AlgorithmConfig(rollout_correction="tis")
+        ).correction
+        == "tis"
+    )
 
 
-@pytest.mark.parametrize("kwargs, algorithm", [
-    ({"epochs_per_step": 2}, None),
-    ({}, AlgorithmConfig(kl_coef=0.1)),
-])
+@pytest.mark.parametrize(
+    "kwargs, algorithm",
+    [
+        ({"epochs_per_step": 2}, None),
+        ({}, AlgorithmConfig(kl_coef=0.1)),
+    ],
+)
 def test_separate_logprob_pass_where_old_differs_from_current(tiny_model_dir, kwargs, algorithm):
     trainer = make_trainer(tiny_model_dir, algorithm=algorithm, **kwargs)
     assert not trainer.fused_logprobs
@@ -296,15 +322,20 @@ def test_groups_without_signal_stay_out_of_the_update_and_change_nothing(tiny_mo
     full = make_trainer(tiny_model_dir, micro_batch_tokens=budget, lr=1e-4, skip_no_signal=False)
     assert skipping.skip_no_signal and not full.skip_no_signal
     for step_batch, left_out in ((signal, 0.5), (flat, 1.0)):
-        (got, got_params), (want, want_params) = step_and_params(skipping, step_batch), step_and_params(full, step_batch)
+        (got, got_params), (want, want_params) = (
+            step_and_params(skipping, step_batch),
+            step_and_params(full, step_batch),
+        )
         assert got.pop("groups_no_signal") == left_out and "groups_no_signal" not in want
         assert got["update_tokens"] < want["update_tokens"]
         for key in ("loss", "grad_norm"):
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
         for name in want_params:
             torch.testing.assert_close(got_params[name], want_params[name], rtol=1e-5, atol=1e-5)
-    assert want["grad_norm"] == 0.0 and any(not torch.equal(p, q) for p, q in zip(
-        want_params.values(), (t for _, t in make_trainer(tiny_model_dir).named_tensors()), strict=True))
+    assert want["grad_norm"] == 0.0 and any(
+        not torch.equal(p, q)
+        for p, q in zip(want_params.values(), (t for _, t in make_trainer(tiny_model_dir).named_tensors()), strict=True)
+    )
 
 
 @pytest.mark.parametrize("algorithm", [AlgorithmConfig(kl_coef=0.05), AlgorithmConfig(entropy_coef=0.01)])
@@ -366,8 +397,10 @@ def test_packed_varlen_attention_on_gpu_matches_padded(tiny_model_dir, grouped):
     results = []
     for budget in (0, 60):
         torch.manual_seed(0)
-        cfg = RunConfig(model=ModelConfig(path=str(tiny_model_dir), dtype="bfloat16"),
-                        trainer=TrainerConfig(micro_batch_size=4, micro_batch_tokens=budget, device="cuda", lr=1e-3))
+        cfg = RunConfig(
+            model=ModelConfig(path=str(tiny_model_dir), dtype="bfloat16"),
+            trainer=TrainerConfig(micro_batch_size=4, micro_batch_tokens=budget, device="cuda", lr=1e-3),
+        )
         cfg.rollout.n = 4
         results.append(step_and_params(Trainer(cfg), batch))
     (padded, _), (packed, _) = results
@@ -398,16 +431,26 @@ def test_packed_attention_on_gpu_matches_per_sequence_float32(lengths):
         pytest.skip("needs a CUDA GPU")
     torch.manual_seed(0)
     total = sum(lengths)
-    q, k, v = (torch.randn(1, heads, total, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-               for heads in (8, 4, 4))
+    q, k, v = (
+        torch.randn(1, heads, total, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for heads in (8, 4, 4)
+    )
     cu = torch.tensor([0, *itertools.accumulate(lengths)], device="cuda", dtype=torch.int32)
     out, _ = packed_attention(None, q, k, v, None, cu_seq_lens_q=cu, max_length_q=max(lengths))
     grad_out = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), grad_out)
     q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
-    ref = torch.cat([F.scaled_dot_product_attention(q32[:, :, s:e], k32[:, :, s:e].repeat_interleave(2, 1),
-                                                    v32[:, :, s:e].repeat_interleave(2, 1), is_causal=True)
-                     for s, e in itertools.pairwise(cu.tolist())], dim=2).transpose(1, 2)
+    ref = torch.cat(
+        [
+            F.scaled_dot_product_attention(
+                q32[:, :, s:e],
+                k32[:, :, s:e].repeat_interleave(2, 1),
+                v32[:, :, s:e].repeat_interleave(2, 1),
+                is_causal=True,
+            )
+            for s, e in itertools.pairwise(cu.tolist())
+        ],
+        dim=2,
+    ).transpose(1, 2)
     ref_grads = torch.autograd.grad(ref, (q32, k32, v32), grad_out.float())
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
     for got, want in zip(grads, ref_grads, strict=True):
@@ -426,23 +469,43 @@ def test_shared_prompt_attention_on_gpu_matches_repeated_float32(prompt, complet
         pytest.skip("needs a CUDA GPU")
     torch.manual_seed(0)
     total = prompt + sum(completions)
-    q, k, v = (torch.randn(1, heads, total, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-               for heads in (8, 4, 4))
+    q, k, v = (
+        torch.randn(1, heads, total, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for heads in (8, 4, 4)
+    )
     starts = [prompt + sum(completions[:i]) for i in range(len(completions))]
-    spans = [torch.tensor([*range(prompt), *range(s, s + c)], device="cuda") for s, c in zip(starts, completions, strict=True)]
+    spans = [
+        torch.tensor([*range(prompt), *range(s, s + c)], device="cuda")
+        for s, c in zip(starts, completions, strict=True)
+    ]
     query_lens = [prompt + completions[0], *completions[1:]]
     key_lens = [prompt + c for c in completions]
+
     def cu(lens):
         return torch.tensor([0, *itertools.accumulate(lens)], device="cuda", dtype=torch.int32)
-    out, _ = packed_attention(None, q, k, v, None, cu_seq_lens_q=cu(query_lens), max_length_q=max(query_lens),
-                              cu_seq_lens_k=cu(key_lens), max_length_k=max(key_lens), rlx_kv_index=torch.cat(spans))
+
+    out, _ = packed_attention(
+        None,
+        q,
+        k,
+        v,
+        None,
+        cu_seq_lens_q=cu(query_lens),
+        max_length_q=max(query_lens),
+        cu_seq_lens_k=cu(key_lens),
+        max_length_k=max(key_lens),
+        rlx_kv_index=torch.cat(spans),
+    )
     grad_out = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), grad_out)
     q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
     ref = []
     for i, rows in enumerate(spans):
-        o = F.scaled_dot_product_attention(q32[:, :, rows], k32[:, :, rows].repeat_interleave(2, 1),
-                                           v32[:, :, rows].repeat_interleave(2, 1), is_causal=True)
+        o = F.scaled_dot_product_attention(
+            q32[:, :, rows],
+            k32[:, :, rows].repeat_interleave(2, 1),
+            v32[:, :, rows].repeat_interleave(2, 1),
+            is_causal=True,
+        )
         ref.append(o if i == 0 else o[:, :, prompt:])
     ref = torch.cat(ref, dim=2).transpose(1, 2)
     ref_grads = torch.autograd.grad(ref, (q32, k32, v32), grad_out.float())
@@ -473,9 +536,12 @@ def test_fused_kernels_give_the_same_step_on_gpu(tiny_model_dir):
     results = []
     for mode in ("off", "on"):
         torch.manual_seed(0)
-        cfg = RunConfig(model=ModelConfig(path=str(tiny_model_dir)),
-                        trainer=TrainerConfig(micro_batch_size=4, micro_batch_tokens=60, device="cuda", lr=1e-3,
-                                              fused_kernels=mode))
+        cfg = RunConfig(
+            model=ModelConfig(path=str(tiny_model_dir)),
+            trainer=TrainerConfig(
+                micro_batch_size=4, micro_batch_tokens=60, device="cuda", lr=1e-3, fused_kernels=mode
+            ),
+        )
         cfg.rollout.n = 4
         trainer = Trainer(cfg)
         assert ("forward" in vars(trainer.model.model.norm)) == (mode == "on")
@@ -525,8 +591,13 @@ def test_block_attention_equals_one_row_per_sequence(tiny_model_dir, shared, dev
         mb = MicroBatch(torch.arange(batch.size), batch, layout, layout.input_ids.shape[1]).to(torch.device(device))
         logp, entropy = completion_logprobs(trainer.model, mb, 1.0, 7, split_head=True, entropy_grad=True)
         (logp.sum() + entropy.sum()).backward()
-        results.append((logp.detach().cpu(), entropy.detach().cpu(),
-                        {n: p.grad.cpu() for n, p in trainer.model.named_parameters()}))
+        results.append(
+            (
+                logp.detach().cpu(),
+                entropy.detach().cpu(),
+                {n: p.grad.cpu() for n, p in trainer.model.named_parameters()},
+            )
+        )
     (logp_b, ent_b, grads_b), (logp_s, ent_s, grads_s) = results
     torch.testing.assert_close(logp_b, logp_s, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ent_b, ent_s, rtol=1e-5, atol=1e-5)
@@ -548,8 +619,14 @@ def test_blocks_are_chosen_for_short_sequences_only():
                 block_of += [g] * count
                 sequence += [g * n + s] * count
                 is_prompt += [s == 0 and i < prompt for i in range(count)]
-        return blocks_layout(torch.tensor(block_of), torch.tensor(sequence), torch.tensor(is_prompt), groups * n,
-                             prompt + completion, prompt + completion)
+        return blocks_layout(
+            torch.tensor(block_of),
+            torch.tensor(sequence),
+            torch.tensor(is_prompt),
+            groups * n,
+            prompt + completion,
+            prompt + completion,
+        )
 
     quickstart = layout(32, 8, 7, 4)  # 256 sequences of a few tokens: 32 blocks of 39
     assert quickstart is not None and tuple(quickstart.index.shape) == (32, 39)
@@ -563,8 +640,10 @@ def test_blocks_are_chosen_for_short_sequences_only():
 def test_compute_dtype_runs_the_forward_in_bfloat16_over_float32_weights(tiny_model_dir):
     """model.compute_dtype=bfloat16: the matrix products run in bfloat16 (the logprobs leave the float32 model's
     by bfloat16's rounding) while the weights, and a step's update to them, stay float32."""
-    cfg = RunConfig(model=ModelConfig(path=str(tiny_model_dir), compute_dtype="bfloat16"),
-                    trainer=TrainerConfig(micro_batch_size=3, micro_batch_tokens=0, device="cpu", lr=1e-3))
+    cfg = RunConfig(
+        model=ModelConfig(path=str(tiny_model_dir), compute_dtype="bfloat16"),
+        trainer=TrainerConfig(micro_batch_size=3, micro_batch_tokens=0, device="cpu", lr=1e-3),
+    )
     cfg.rollout.n = 4
     trainer = Trainer(cfg)
     batch = ragged_batch()
@@ -597,8 +676,10 @@ def test_a_step_with_a_nan_loss_is_skipped_and_leaves_weights_and_optimizer_unto
     assert not math.isfinite(metrics["loss"]) and trainer.scheduler.last_epoch == schedule
     for name, tensor in trainer.named_tensors():
         assert torch.equal(tensor, before[name]), name
-    assert all(torch.equal(a, b) for a, b in zip(moments, (v for state in trainer.optimizer.state.values()
-                                                              for v in state.values()), strict=True))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(moments, (v for state in trainer.optimizer.state.values() for v in state.values()), strict=True)
+    )
     if advantage == "gae":
         assert metrics["critic_skipped_nonfinite"] == 1.0
         assert all(torch.equal(a, p) for a, p in zip(critic, trainer.critic.model.parameters(), strict=True))

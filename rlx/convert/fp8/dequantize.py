@@ -52,6 +52,12 @@ def _out(source: SafetensorsDir, name: str, dtype: torch.dtype, block: tuple[int
         if scale_name in source.tensors:
             scale = source.tensors[scale_name]
             kind = strategy or ("channel" if scale.shape == (info.shape[0], 1) else "tensor")
-            return OutTensor(name, dtype, info.shape, lambda scale_name=scale_name, kind=kind: [
-                dequantize(source.read(name), source.read(scale_name), kind, block).to(dtype)])
+            return OutTensor(
+                name,
+                dtype,
+                info.shape,
+                lambda scale_name=scale_name, kind=kind: [
+                    dequantize(source.read(name), source.read(scale_name), kind, block).to(dtype)
+                ],
+            )
     raise ConvertError(f"{name} is FP8 but {source.path} has no scale for it")

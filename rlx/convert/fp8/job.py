@@ -68,12 +68,24 @@ class Fp8Job:
         return sorted({"lm_head", *(module_name(n) for n in kept)})
 
     def plan(self, destination: Path) -> Plan:
-        rows = [PlanRow(t.name, t.sources, t.shape, str(t.dtype).removeprefix("torch."), t.nbytes, s.file_name)
-                for s in self.shards for t in s.tensors]
-        notes = [f"kept in {self.source.tensors[n].dtype}: {n} ({why})" for n, why in self.kept if why != "not a 2-D weight"]
+        rows = [
+            PlanRow(t.name, t.sources, t.shape, str(t.dtype).removeprefix("torch."), t.nbytes, s.file_name)
+            for s in self.shards
+            for t in s.tensors
+        ]
+        notes = [
+            f"kept in {self.source.tensors[n].dtype}: {n} ({why})" for n, why in self.kept if why != "not a 2-D weight"
+        ]
         notes.append(f"{sum(1 for _, why in self.kept if why == 'not a 2-D weight')} norms / biases / 1-D tensors kept")
-        return Plan(f"FP8 ({self.options.strategy}) conversion", str(self.src), str(destination), rows,
-                    self.source.total_bytes, self._peak_task_bytes() * self.options.workers, notes)
+        return Plan(
+            f"FP8 ({self.options.strategy}) conversion",
+            str(self.src),
+            str(destination),
+            rows,
+            self.source.total_bytes,
+            self._peak_task_bytes() * self.options.workers,
+            notes,
+        )
 
     def run(self, destination: Path, console: Console | None = None, show_progress: bool = True) -> Fp8Report:
         start = time.perf_counter()
@@ -94,9 +106,16 @@ class Fp8Job:
                 write_index(tmp, self.shards, force=True)
         file_bytes = sum(p.stat().st_size for p in destination.glob("*.safetensors"))
         in_bytes = sum(p.stat().st_size for p in self.source.files)
-        return Fp8Report(str(destination), self.options.strategy, self.options.block,
-                         list(self.weights.values()), self.kept, in_bytes, file_bytes,
-                         time.perf_counter() - start)
+        return Fp8Report(
+            str(destination),
+            self.options.strategy,
+            self.options.block,
+            list(self.weights.values()),
+            self.kept,
+            in_bytes,
+            file_bytes,
+            time.perf_counter() - start,
+        )
 
     def _tasks(self, shard: Shard, out: ShardFile) -> list[Task]:
         tasks: list[Task] = []
@@ -119,8 +138,9 @@ class Fp8Job:
 
     def _write_config(self, path: Path) -> None:
         config = dict(self.config)
-        config["quantization_config"] = quantization_config(self.options.strategy, self.options.block,
-                                                            self.ignored_modules)
+        config["quantization_config"] = quantization_config(
+            self.options.strategy, self.options.block, self.ignored_modules
+        )
         path.write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -163,16 +183,19 @@ def _check_options(options: Fp8Options) -> None:
     if options.strategy not in fq.STRATEGIES:
         raise ConvertError(f"--strategy {options.strategy} is unknown; use one of {', '.join(fq.STRATEGIES)}")
     if min(options.block) < 1 or options.tp < 1 or options.workers < 1:
-        raise ConvertError(f"--block-size {options.block}, --tp {options.tp} and --workers {options.workers} "
-                           "must all be >= 1")
+        raise ConvertError(
+            f"--block-size {options.block}, --tp {options.tp} and --workers {options.workers} must all be >= 1"
+        )
 
 
 def _read_config(src: Path) -> dict:
     config = read_model_config(src)
     heads = config.get("num_key_value_heads")
     if heads is not None and (type(heads) is not int or heads < 1):
-        raise ConvertError(f"{src / 'config.json'}: num_key_value_heads={heads!r} is not a positive integer; "
-                           "restore it from the original checkpoint")
+        raise ConvertError(
+            f"{src / 'config.json'}: num_key_value_heads={heads!r} is not a positive integer; "
+            "restore it from the original checkpoint"
+        )
     return config
 
 
@@ -180,12 +203,16 @@ def _refuse_fp8_input(src: Path, source: SafetensorsDir, config: dict) -> None:
     existing = config.get("quantization_config")
     if existing:
         method = existing.get("quant_method") if isinstance(existing, dict) else existing
-        raise ConvertError(f"{src} is already quantized (quantization_config.quant_method={method!r}); "
-                           "convert from the bf16 / fp16 / fp32 checkpoint")
+        raise ConvertError(
+            f"{src} is already quantized (quantization_config.quant_method={method!r}); "
+            "convert from the bf16 / fp16 / fp32 checkpoint"
+        )
     fp8 = [n for n, i in source.tensors.items() if i.dtype.startswith("F8")]
     if fp8:
-        raise ConvertError(f"{src} already holds FP8 tensors ({fp8[0]} is {source.tensors[fp8[0]].dtype}, "
-                           f"{len(fp8)} in all); convert from the bf16 / fp16 / fp32 checkpoint")
+        raise ConvertError(
+            f"{src} already holds FP8 tensors ({fp8[0]} is {source.tensors[fp8[0]].dtype}, "
+            f"{len(fp8)} in all); convert from the bf16 / fp16 / fp32 checkpoint"
+        )
 
 
 def _block_that_fits(shapes: dict, options: Fp8Options, config: dict) -> tuple[int, int] | None:
@@ -202,6 +229,8 @@ def _block_that_fits(shapes: dict, options: Fp8Options, config: dict) -> tuple[i
 def _tp_message(problems: list[str], options: Fp8Options, fits: tuple[int, int] | None = None) -> str:
     listed = "\n  ".join(problems[:20]) + (f"\n  … and {len(problems) - 20} more" if len(problems) > 20 else "")
     smaller = f"--block-size {fits[0]} {fits[1]} (fits every tensor here)" if fits else "a smaller --block-size"
-    return (f"with --tp {options.tp} and --strategy {options.strategy} (block {options.block[0]}x"
-            f"{options.block[1]}), vLLM would refuse {len(problems)} tensors:\n  {listed}\n"
-            f"Fix: choose a --tp these sizes divide by, {smaller}, --strategy channel, or --skip those layers.")
+    return (
+        f"with --tp {options.tp} and --strategy {options.strategy} (block {options.block[0]}x"
+        f"{options.block[1]}), vLLM would refuse {len(problems)} tensors:\n  {listed}\n"
+        f"Fix: choose a --tp these sizes divide by, {smaller}, --strategy channel, or --skip those layers."
+    )

@@ -33,8 +33,7 @@ def default_workers() -> int:
     return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) + 1
 
 
-def run_tasks(groups: Iterable[tuple[ShardFile, list[Task]]], workers: int,
-              on_bytes: Callable[[int], None]) -> None:
+def run_tasks(groups: Iterable[tuple[ShardFile, list[Task]]], workers: int, on_bytes: Callable[[int], None]) -> None:
     """Run every group's tasks; close each group's file after its last task. Raises the first error."""
     with _torch_threads(1), ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fp8") as pool:
         pending: set[Future] = set()
@@ -52,8 +51,9 @@ def run_tasks(groups: Iterable[tuple[ShardFile, list[Task]]], workers: int,
             raise
 
 
-def _closing_tasks(groups: Iterable[tuple[ShardFile, list[Task]]],
-                   on_bytes: Callable[[int], None]) -> Iterator[Callable[[], None]]:
+def _closing_tasks(
+    groups: Iterable[tuple[ShardFile, list[Task]]], on_bytes: Callable[[int], None]
+) -> Iterator[Callable[[], None]]:
     for out, tasks in groups:
         countdown = _Countdown(out, len(tasks))
         for task in tasks:

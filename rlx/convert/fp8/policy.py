@@ -19,8 +19,13 @@ _RULES = (
     ("lm_head", re.compile(r"(^|\.)(lm_head|output_layer)\.")),
     ("norm", re.compile(r"norm[^.]*\.weight$")),
     ("MoE router / gate", re.compile(r"(\.gate\.weight$|\.router\.|shared_expert_gate\.)")),
-    ("vision tower", re.compile(r"(^|\.)(visual|vision_tower|vision_model|vision_encoder|multi_modal_projector"
-                                r"|mm_projector|image_newline)\.")),
+    (
+        "vision tower",
+        re.compile(
+            r"(^|\.)(visual|vision_tower|vision_model|vision_encoder|multi_modal_projector"
+            r"|mm_projector|image_newline)\."
+        ),
+    ),
 )
 
 

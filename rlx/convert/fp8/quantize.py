@@ -100,10 +100,15 @@ def quantize(w: torch.Tensor, strategy: str, block: tuple[int, int], amax: float
     slab = max(1, SLAB_BYTES // (4 * max(1, rows) * block[1])) * block[1]
     if strategy != "block" or cols <= slab:
         return _quantize(w, strategy, block, amax)
-    parts = [_quantize(w[:, start:start + slab], strategy, block, None) for start in range(0, cols, slab)]
-    return Quantized(torch.cat([p.q for p in parts], dim=1), torch.cat([p.scale for p in parts], dim=1),
-                     max(p.max_abs_err for p in parts), sum(p.sum_abs_err for p in parts),
-                     sum(p.sum_abs for p in parts), max(p.amax for p in parts))
+    parts = [_quantize(w[:, start : start + slab], strategy, block, None) for start in range(0, cols, slab)]
+    return Quantized(
+        torch.cat([p.q for p in parts], dim=1),
+        torch.cat([p.scale for p in parts], dim=1),
+        max(p.max_abs_err for p in parts),
+        sum(p.sum_abs_err for p in parts),
+        sum(p.sum_abs for p in parts),
+        max(p.amax for p in parts),
+    )
 
 
 def _quantize(w: torch.Tensor, strategy: str, block: tuple[int, int], amax: float | None) -> Quantized:

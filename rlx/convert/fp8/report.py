@@ -59,11 +59,19 @@ class Fp8Report:
     seconds: float
 
     def to_json(self) -> dict:
-        return {"destination": self.destination, "strategy": self.strategy, "block_size": list(self.block),
-                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "seconds": self.seconds,
-                "quantized": [{"name": s.name, "max_rel_error": s.max_rel, "mean_rel_error": s.mean_rel,
-                               "numel": s.numel} for s in self.quantized],
-                "kept": [{"name": n, "reason": why} for n, why in self.kept]}
+        return {
+            "destination": self.destination,
+            "strategy": self.strategy,
+            "block_size": list(self.block),
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "seconds": self.seconds,
+            "quantized": [
+                {"name": s.name, "max_rel_error": s.max_rel, "mean_rel_error": s.mean_rel, "numel": s.numel}
+                for s in self.quantized
+            ],
+            "kept": [{"name": n, "reason": why} for n, why in self.kept],
+        }
 
     def write_json(self, path: Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
@@ -71,8 +79,10 @@ class Fp8Report:
 
 def render_report(report: Fp8Report, console: Console, top: int = 8) -> None:
     worst = sorted(report.quantized, key=lambda s: s.max_rel, reverse=True)[:top]
-    table = Table(title=f"FP8 {report.strategy}: {len(report.quantized)} tensors quantized, worst {len(worst)} "
-                        "by max relative error")
+    table = Table(
+        title=f"FP8 {report.strategy}: {len(report.quantized)} tensors quantized, worst {len(worst)} "
+        "by max relative error"
+    )
     for column in ("tensor", "max rel err", "mean rel err", "elements"):
         table.add_column(column, overflow="fold")
     for s in worst:
@@ -84,7 +94,9 @@ def render_report(report: Fp8Report, console: Console, top: int = 8) -> None:
     kept = ", ".join(f"{count} {why}" for why, count in sorted(reasons.items()))
     mean = sum(s.sum_abs_err for s in report.quantized) / max(1e-30, sum(s.sum_abs for s in report.quantized))
     console.print(f"kept in high precision: {kept or 'none'}", highlight=False)
-    console.print(f"overall mean relative error {mean:.4f}; read {format_bytes(report.bytes_in)}, wrote "
-                  f"{format_bytes(report.bytes_out)} in {report.seconds:.1f} s "
-                  f"({report.bytes_in / max(report.seconds, 1e-9) / 1e9:.2f} GB/s in) -> {report.destination}",
-                  highlight=False)
+    console.print(
+        f"overall mean relative error {mean:.4f}; read {format_bytes(report.bytes_in)}, wrote "
+        f"{format_bytes(report.bytes_out)} in {report.seconds:.1f} s "
+        f"({report.bytes_in / max(report.seconds, 1e-9) / 1e9:.2f} GB/s in) -> {report.destination}",
+        highlight=False,
+    )

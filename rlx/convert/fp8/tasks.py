@@ -48,8 +48,15 @@ def copy_tasks(source: SafetensorsDir, info: TensorInfo, out: ShardFile) -> list
     return [task(start) for start in range(0, info.shape[0], step)]
 
 
-def weight_tasks(source: SafetensorsDir, info: TensorInfo, out: ShardFile, scale_name: str,
-                 strategy: str, block: tuple[int, int], stats: TensorStats) -> list[Task]:
+def weight_tasks(
+    source: SafetensorsDir,
+    info: TensorInfo,
+    out: ShardFile,
+    scale_name: str,
+    strategy: str,
+    block: tuple[int, int],
+    stats: TensorStats,
+) -> list[Task]:
     """A quantized weight: FP8 rows and the matching rows of its scale, per task."""
     rows, cols = info.shape
     if strategy == "tensor":
@@ -64,16 +71,23 @@ def weight_tasks(source: SafetensorsDir, info: TensorInfo, out: ShardFile, scale
         def run() -> int:
             result = fq.quantize(source.read_rows(info.name, start, end), strategy, block)
             stats.add(result, (end - start) * cols)
-            return (out.write(info.name, start * cols, result.q)
-                    + out.write(scale_name, scale_row * scale_cols * 4, result.scale))
+            return out.write(info.name, start * cols, result.q) + out.write(
+                scale_name, scale_row * scale_cols * 4, result.scale
+            )
 
         return run
 
     return [task(start) for start in range(0, rows, step)]
 
 
-def _quantize_tensor(source: SafetensorsDir, info: TensorInfo, out: ShardFile, scale_name: str,
-                     block: tuple[int, int], stats: TensorStats) -> int:
+def _quantize_tensor(
+    source: SafetensorsDir,
+    info: TensorInfo,
+    out: ShardFile,
+    scale_name: str,
+    block: tuple[int, int],
+    stats: TensorStats,
+) -> int:
     rows, cols = info.shape
     step = row_step(info, 4)
     starts = range(0, rows, step)

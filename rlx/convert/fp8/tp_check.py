@@ -13,8 +13,7 @@ Left out: MoE expert weights (vLLM checks them on the fused expert tensor).
 
 from __future__ import annotations
 
-ROW_PARALLEL = ("o_proj", "down_proj", "out_proj", "dense_4h_to_h", "fc2", "w2", "c_proj", "linear_proj",
-                "linear_fc2")
+ROW_PARALLEL = ("o_proj", "down_proj", "out_proj", "dense_4h_to_h", "fc2", "w2", "c_proj", "linear_proj", "linear_fc2")
 MERGED_NOT_LAST = ("q_proj", "k_proj", "gate_proj", "w1")
 KV_PROJ = ("k_proj", "v_proj")
 
@@ -32,8 +31,9 @@ def column_rows_per_rank(name: str, rows: int, tp: int, config: dict) -> int | N
     return rows // tp if rows % tp == 0 else None
 
 
-def check_tensor(name: str, shape: tuple[int, int], tp: int, strategy: str, block: tuple[int, int],
-                 config: dict) -> str | None:
+def check_tensor(
+    name: str, shape: tuple[int, int], tp: int, strategy: str, block: tuple[int, int], config: dict
+) -> str | None:
     """A one-line problem description, or None when vLLM will load this tensor."""
     rows, cols = shape
     bn, bk = block
@@ -53,7 +53,8 @@ def check_tensor(name: str, shape: tuple[int, int], tp: int, strategy: str, bloc
     return None
 
 
-def check_all(shapes: dict[str, tuple[int, int]], tp: int, strategy: str, block: tuple[int, int],
-              config: dict) -> list[str]:
+def check_all(
+    shapes: dict[str, tuple[int, int]], tp: int, strategy: str, block: tuple[int, int], config: dict
+) -> list[str]:
     problems = (check_tensor(name, shape, tp, strategy, block, config) for name, shape in shapes.items())
     return [p for p in problems if p]

@@ -19,5 +19,7 @@ def require_megatron(what: str) -> None:
     except (ImportError, ValueError):  # no parent package, or one set aside in sys.modules
         found = False
     if not found:
-        raise ConvertError(f"{what} needs megatron-core, which is not installed; run `{INSTALL_HINT}` in the rlx "
-                           "checkout (or pip install 'rlx[megatron]'), then convert again")
+        raise ConvertError(
+            f"{what} needs megatron-core, which is not installed; run `{INSTALL_HINT}` in the rlx "
+            "checkout (or pip install 'rlx[megatron]'), then convert again"
+        )

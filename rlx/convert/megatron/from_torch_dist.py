@@ -87,15 +87,23 @@ class LayerReader:
         return out
 
 
-def torch_dist_to_hf_job(src: Path, hf_config: Path | None, iteration: int | None, dtype: torch.dtype | None,
-                         shard_bytes: int, vocab_multiple: int) -> HFJob:
+def torch_dist_to_hf_job(
+    src: Path,
+    hf_config: Path | None,
+    iteration: int | None,
+    dtype: torch.dtype | None,
+    shard_bytes: int,
+    vocab_multiple: int,
+) -> HFJob:
     from rlx.convert.megatron import runtime
 
     iter_dir = resolve_iter_dir(src, iteration)
     template = hf_config or default_hf_template(src, iter_dir)
     if template is None:
-        raise ConvertError(f"{src} has no hf/ folder with the model's config and tokenizer; pass --hf-config "
-                           "DIR (the Hugging Face directory of the same model)")
+        raise ConvertError(
+            f"{src} has no hf/ folder with the model's config and tokenizer; pass --hf-config "
+            "DIR (the Hugging Face directory of the same model)"
+        )
     spec = read_spec(template / "config.json", vocab_multiple)
     metadata = runtime.tensors_metadata(iter_dir)
     rules = all_rules(spec)
@@ -104,8 +112,18 @@ def torch_dist_to_hf_job(src: Path, hf_config: Path | None, iteration: int | Non
     tensors = [_out_tensor(reader, rule, i, dtype) for rule in rules for i in range(len(rule.hf))]
     layer_bytes = max(sum(_nbytes(reader, r) for r in group) for group in reader.groups.values())
     bytes_in = sum(_nbytes(reader, rule) for rule in rules)
-    return HFJob("Megatron torch_dist -> Hugging Face", str(iter_dir), template, tensors, bytes_in,
-                 shard_bytes, dtype, 3 * layer_bytes, workers=1, context=runtime.single_process_group)
+    return HFJob(
+        "Megatron torch_dist -> Hugging Face",
+        str(iter_dir),
+        template,
+        tensors,
+        bytes_in,
+        shard_bytes,
+        dtype,
+        3 * layer_bytes,
+        workers=1,
+        context=runtime.single_process_group,
+    )
 
 
 def _out_tensor(reader: LayerReader, rule: Rule, index: int, dtype: torch.dtype | None) -> OutTensor:
@@ -126,11 +144,15 @@ def _check_keys(rules: list[Rule], metadata: dict, iter_dir: Path, spec: ModelSp
         key, layer = stacked_key(rule.mcore)
         if key not in metadata:
             known = sorted(metadata)[:6]
-            raise ConvertError(f"{iter_dir} has no tensor {key!r}, which a {spec.family} model with the given "
-                               f"config needs (it holds e.g. {known}); is --hf-config the right model?")
+            raise ConvertError(
+                f"{iter_dir} has no tensor {key!r}, which a {spec.family} model with the given "
+                f"config needs (it holds e.g. {known}); is --hf-config the right model?"
+            )
         shape = tuple(metadata[key].global_shape)
         if layer is not None and shape[0] != spec.num_layers:
-            raise ConvertError(f"{key} stacks {shape[0]} layers but config.json says num_hidden_layers="
-                               f"{spec.num_layers}; --hf-config does not belong to this checkpoint")
+            raise ConvertError(
+                f"{key} stacks {shape[0]} layers but config.json says num_hidden_layers="
+                f"{spec.num_layers}; --hf-config does not belong to this checkpoint"
+            )
         if rule.kind == "vocab" and shape[0] < spec.vocab_size:
             raise ConvertError(f"{key} has {shape[0]} rows, fewer than vocab_size={spec.vocab_size}")

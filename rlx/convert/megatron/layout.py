@@ -37,19 +37,27 @@ def resolve_iter_dir(src: Path, iteration: int | None) -> Path:
     elif (src / LATEST_FILE).is_file():
         iter_dir = src / _latest_name(src / LATEST_FILE)
     else:
-        raise ConvertError(f"{src} is not a torch_dist checkpoint: it has neither metadata.json nor "
-                           f"{LATEST_FILE}; pass a Megatron checkpoint directory or one of its iter_* folders")
+        raise ConvertError(
+            f"{src} is not a torch_dist checkpoint: it has neither metadata.json nor "
+            f"{LATEST_FILE}; pass a Megatron checkpoint directory or one of its iter_* folders"
+        )
     if not (iter_dir / "metadata.json").is_file():
-        raise ConvertError(f"{iter_dir} has no metadata.json: the iteration does not exist or its save did "
-                           "not finish; pick another with --iteration")
+        raise ConvertError(
+            f"{iter_dir} has no metadata.json: the iteration does not exist or its save did "
+            "not finish; pick another with --iteration"
+        )
     try:
         metadata = json.loads((iter_dir / "metadata.json").read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConvertError(f"{iter_dir / 'metadata.json'} is not valid JSON ({exc}); the save did not finish or "
-                           "the file is corrupt; pick another with --iteration") from None
+        raise ConvertError(
+            f"{iter_dir / 'metadata.json'} is not valid JSON ({exc}); the save did not finish or "
+            "the file is corrupt; pick another with --iteration"
+        ) from None
     backend = metadata.get("sharded_backend") if isinstance(metadata, dict) else None
     if backend != "torch_dist":
-        what = f"a {backend!r} checkpoint" if backend else "not a checkpoint (its metadata.json names no sharded_backend)"
+        what = (
+            f"a {backend!r} checkpoint" if backend else "not a checkpoint (its metadata.json names no sharded_backend)"
+        )
         raise ConvertError(f"{iter_dir} is {what}; only torch_dist is supported")
     return iter_dir
 

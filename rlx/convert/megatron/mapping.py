@@ -28,8 +28,10 @@ HF_LAYER = "model.layers.{i}."
 MC_LAYER = "decoder.layers.{i}."
 
 # Keys that the local (non-Transformer-Engine) layer spec uses for the two folded norms.
-LOCAL_NORM_NAMES = {"self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
-                    "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight"}
+LOCAL_NORM_NAMES = {
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+}
 
 
 @dataclass(frozen=True)
@@ -47,19 +49,21 @@ def layer_rules(spec: ModelSpec) -> list[Rule]:
     attn, mlp = HF_LAYER + "self_attn.", HF_LAYER + "mlp."
     rules = [
         Rule(MC_LAYER + "self_attention.linear_qkv.layer_norm_weight", (HF_LAYER + "input_layernorm.weight",)),
-        Rule(MC_LAYER + "self_attention.linear_qkv.weight",
-             tuple(attn + f"{p}_proj.weight" for p in "qkv"), "qkv"),
+        Rule(MC_LAYER + "self_attention.linear_qkv.weight", tuple(attn + f"{p}_proj.weight" for p in "qkv"), "qkv"),
         Rule(MC_LAYER + "self_attention.linear_proj.weight", (attn + "o_proj.weight",)),
         Rule(MC_LAYER + "mlp.linear_fc1.layer_norm_weight", (HF_LAYER + "post_attention_layernorm.weight",)),
         Rule(MC_LAYER + "mlp.linear_fc1.weight", (mlp + "gate_proj.weight", mlp + "up_proj.weight"), "gate_up"),
         Rule(MC_LAYER + "mlp.linear_fc2.weight", (mlp + "down_proj.weight",)),
     ]
     if spec.qkv_bias:
-        rules.insert(2, Rule(MC_LAYER + "self_attention.linear_qkv.bias",
-                             tuple(attn + f"{p}_proj.bias" for p in "qkv"), "qkv"))
+        rules.insert(
+            2, Rule(MC_LAYER + "self_attention.linear_qkv.bias", tuple(attn + f"{p}_proj.bias" for p in "qkv"), "qkv")
+        )
     if spec.qk_norm:
-        rules += [Rule(MC_LAYER + "self_attention.q_layernorm.weight", (attn + "q_norm.weight",)),
-                  Rule(MC_LAYER + "self_attention.k_layernorm.weight", (attn + "k_norm.weight",))]
+        rules += [
+            Rule(MC_LAYER + "self_attention.q_layernorm.weight", (attn + "q_norm.weight",)),
+            Rule(MC_LAYER + "self_attention.k_layernorm.weight", (attn + "k_norm.weight",)),
+        ]
     return rules
 
 
@@ -112,8 +116,10 @@ def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: ModelSpec)
     rest = tuple(q.shape[1:])
     rows, want = (q.shape[0], k.shape[0], v.shape[0]), (groups * per * dim, groups * dim, groups * dim)
     if rows != want:
-        raise ConvertError(f"q/k/v_proj have {rows} rows but config.json's heads and hidden_size give {want}; "
-                           "the config.json beside the weights does not describe them (restore the model's own)")
+        raise ConvertError(
+            f"q/k/v_proj have {rows} rows but config.json's heads and hidden_size give {want}; "
+            "the config.json beside the weights does not describe them (restore the model's own)"
+        )
     parts = [q.reshape(groups, per * dim, *rest), k.reshape(groups, dim, *rest), v.reshape(groups, dim, *rest)]
     return torch.cat(parts, dim=1).reshape(groups * (per + 2) * dim, *rest)
 
@@ -122,8 +128,10 @@ def split_qkv(qkv: torch.Tensor, spec: ModelSpec) -> tuple[torch.Tensor, torch.T
     groups, per, dim = spec.num_kv_heads, spec.heads_per_group, spec.head_dim
     rest = tuple(qkv.shape[1:])
     if qkv.shape[0] != groups * (per + 2) * dim:
-        raise ConvertError(f"linear_qkv has {qkv.shape[0]} rows but the config's heads give "
-                           f"{groups * (per + 2) * dim}; the --hf-config does not belong to this checkpoint")
+        raise ConvertError(
+            f"linear_qkv has {qkv.shape[0]} rows but the config's heads give "
+            f"{groups * (per + 2) * dim}; the --hf-config does not belong to this checkpoint"
+        )
     grouped = qkv.reshape(groups, (per + 2) * dim, *rest)
     q, k, v = grouped.split([per * dim, dim, dim], dim=1)
     return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
@@ -132,8 +140,10 @@ def split_qkv(qkv: torch.Tensor, spec: ModelSpec) -> tuple[torch.Tensor, torch.T
 def pad_vocab(tensor: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
     extra = spec.padded_vocab_size - tensor.shape[0]
     if extra < 0:
-        raise ConvertError(f"the embedding has {tensor.shape[0]} rows, more than vocab_size="
-                           f"{spec.vocab_size} padded to {spec.padded_vocab_size}; fix config.json")
+        raise ConvertError(
+            f"the embedding has {tensor.shape[0]} rows, more than vocab_size="
+            f"{spec.vocab_size} padded to {spec.padded_vocab_size}; fix config.json"
+        )
     if extra == 0:
         return tensor
     return torch.cat([tensor, tensor.new_zeros((extra,) + tuple(tensor.shape[1:]))], dim=0)

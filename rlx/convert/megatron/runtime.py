@@ -38,10 +38,14 @@ from rlx.convert.megatron.spec import ModelSpec
 CHECKPOINT_VERSION = 3.0
 # Data classes and enums that torch.distributed.checkpoint pickles into .metadata.
 _METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.planner")
-_SAFE_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-                 ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-                 ("megatron.core.dist_checkpointing.strategies.torch", "MCoreMetadata"),
-                 ("megatron.core.dist_checkpointing.strategies.torch", "MCoreSavePlan")}
+_SAFE_GLOBALS = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("collections", "OrderedDict"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("megatron.core.dist_checkpointing.strategies.torch", "MCoreMetadata"),
+    ("megatron.core.dist_checkpointing.strategies.torch", "MCoreSavePlan"),
+}
 
 
 @contextlib.contextmanager
@@ -73,17 +77,37 @@ def build_gpt_model(spec: ModelSpec, dtype: torch.dtype, device: str = "meta"):
     from megatron.core.transformer import TransformerConfig
 
     config = TransformerConfig(
-        num_layers=spec.num_layers, hidden_size=spec.hidden_size, num_attention_heads=spec.num_heads,
-        num_query_groups=spec.num_kv_heads, kv_channels=spec.head_dim, ffn_hidden_size=spec.ffn_hidden_size,
-        normalization="RMSNorm", layernorm_epsilon=spec.norm_eps, gated_linear_unit=True,
-        activation_func=F.silu, add_bias_linear=False, add_qkv_bias=spec.qkv_bias, qk_layernorm=spec.qk_norm,
-        use_cpu_initialization=True, perform_initialization=False, params_dtype=dtype,
-        hidden_dropout=0.0, attention_dropout=0.0, bias_activation_fusion=False)
+        num_layers=spec.num_layers,
+        hidden_size=spec.hidden_size,
+        num_attention_heads=spec.num_heads,
+        num_query_groups=spec.num_kv_heads,
+        kv_channels=spec.head_dim,
+        ffn_hidden_size=spec.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=spec.norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=spec.qkv_bias,
+        qk_layernorm=spec.qk_norm,
+        use_cpu_initialization=True,
+        perform_initialization=False,
+        params_dtype=dtype,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bias_activation_fusion=False,
+    )
     layer_spec = get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm")
     with torch.device(device):
-        return GPTModel(config, layer_spec, vocab_size=spec.padded_vocab_size,
-                        max_sequence_length=spec.max_position_embeddings, position_embedding_type="rope",
-                        rotary_base=int(spec.rope_theta), share_embeddings_and_output_weights=spec.tie_word_embeddings)
+        return GPTModel(
+            config,
+            layer_spec,
+            vocab_size=spec.padded_vocab_size,
+            max_sequence_length=spec.max_position_embeddings,
+            position_embedding_type="rope",
+            rotary_base=int(spec.rope_theta),
+            share_embeddings_and_output_weights=spec.tie_word_embeddings,
+        )
 
 
 def save_torch_dist(sharded_state_dict: dict, iter_dir: Path, iteration: int) -> None:
@@ -123,8 +147,9 @@ def load_tensors(sharded_tensors: dict, iter_dir: Path) -> dict[str, torch.Tenso
     """Load the given ShardedTensors from ``iter_dir`` (their ``data`` is filled in)."""
     from megatron.core import dist_checkpointing
 
-    return dist_checkpointing.load(sharded_tensors, str(iter_dir), common_strategy=_no_common_strategy(),
-                                   validate_access_integrity=False)
+    return dist_checkpointing.load(
+        sharded_tensors, str(iter_dir), common_strategy=_no_common_strategy(), validate_access_integrity=False
+    )
 
 
 def tensors_metadata(iter_dir: Path) -> dict:
@@ -162,8 +187,9 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if (module, name) in _SAFE_GLOBALS:
             return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout,
-                                                                         torch.memory_format)):
+        if module == "torch" and isinstance(
+            getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)
+        ):
             return getattr(torch, name)
         if module in _METADATA_MODULES:
             obj = super().find_class(module, name)
@@ -176,11 +202,14 @@ def check_metadata_file(iter_dir: Path) -> None:
     """Refuse a ``.metadata`` that references anything besides distributed-checkpoint metadata."""
     path = Path(iter_dir) / ".metadata"
     if not path.is_file():
-        raise ConvertError(f"{iter_dir} has no .metadata; it is not a complete torch_dist checkpoint "
-                           "(the save was interrupted?)")
+        raise ConvertError(
+            f"{iter_dir} has no .metadata; it is not a complete torch_dist checkpoint (the save was interrupted?)"
+        )
     try:
         with open(path, "rb") as f:
             _MetadataUnpickler(f).load()
     except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, ValueError) as exc:
-        raise ConvertError(f"{path} was refused: {exc}. A torch_dist .metadata holds only checkpoint "
-                           "metadata; this one is corrupt or was crafted — do not load it") from None
+        raise ConvertError(
+            f"{path} was refused: {exc}. A torch_dist .metadata holds only checkpoint "
+            "metadata; this one is corrupt or was crafted — do not load it"
+        ) from None

@@ -56,15 +56,20 @@ def read_spec(config_path: Path, vocab_multiple: int) -> ModelSpec:
     try:
         raw = json.loads(Path(config_path).read_bytes())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConvertError(f"cannot read the model config {config_path} ({exc}); pass the Hugging Face "
-                           "directory of this model") from None
+        raise ConvertError(
+            f"cannot read the model config {config_path} ({exc}); pass the Hugging Face directory of this model"
+        ) from None
     if not isinstance(raw, dict):
-        raise ConvertError(f"the model config {config_path} holds a JSON {type(raw).__name__}, not an object; "
-                           "restore the model's config.json")
+        raise ConvertError(
+            f"the model config {config_path} holds a JSON {type(raw).__name__}, not an object; "
+            "restore the model's config.json"
+        )
     family = raw.get("model_type")
     if family not in FAMILIES:
-        raise ConvertError(f"model_type {family!r} in {config_path} is not supported for Megatron "
-                           f"conversion; supported: {', '.join(FAMILIES)}")
+        raise ConvertError(
+            f"model_type {family!r} in {config_path} is not supported for Megatron "
+            f"conversion; supported: {', '.join(FAMILIES)}"
+        )
     _refuse_unsupported(raw, config_path)
     if vocab_multiple < 1:
         raise ConvertError(f"--vocab-multiple {vocab_multiple} must be >= 1")
@@ -80,24 +85,35 @@ def _spec_from_config(config: PretrainedConfig, family: str, vocab_multiple: int
         raise ConvertError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
     rope = getattr(config, "rope_parameters", None) or {}
     return ModelSpec(
-        family=family, num_layers=config.num_hidden_layers, hidden_size=hidden, num_heads=heads,
-        num_kv_heads=kv_heads, head_dim=getattr(config, "head_dim", None) or hidden // heads,
-        ffn_hidden_size=config.intermediate_size, vocab_size=config.vocab_size,
+        family=family,
+        num_layers=config.num_hidden_layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=getattr(config, "head_dim", None) or hidden // heads,
+        ffn_hidden_size=config.intermediate_size,
+        vocab_size=config.vocab_size,
         padded_vocab_size=-(-config.vocab_size // vocab_multiple) * vocab_multiple,
         tie_word_embeddings=bool(config.tie_word_embeddings),
         qkv_bias=family == "qwen2" or bool(getattr(config, "attention_bias", False)),
-        qk_norm=family == "qwen3", norm_eps=float(config.rms_norm_eps),
+        qk_norm=family == "qwen3",
+        norm_eps=float(config.rms_norm_eps),
         rope_theta=float(rope.get("rope_theta", getattr(config, "rope_theta", None) or 10000.0)),
-        max_position_embeddings=config.max_position_embeddings)
+        max_position_embeddings=config.max_position_embeddings,
+    )
 
 
 def _refuse_unsupported(config: dict, config_path: Path) -> None:
     family = config["model_type"]
     if config.get("mlp_bias"):
-        raise ConvertError(f"{config_path}: mlp_bias=true is not supported (megatron-core GPTModel has "
-                           "one bias switch for all linear layers)")
+        raise ConvertError(
+            f"{config_path}: mlp_bias=true is not supported (megatron-core GPTModel has "
+            "one bias switch for all linear layers)"
+        )
     if family == "llama" and config.get("attention_bias"):
-        raise ConvertError(f"{config_path}: Llama attention_bias=true puts a bias on o_proj, which the "
-                           "Megatron mapping does not carry; convert a model without it")
+        raise ConvertError(
+            f"{config_path}: Llama attention_bias=true puts a bias on o_proj, which the "
+            "Megatron mapping does not carry; convert a model without it"
+        )
     if config.get("num_experts") or config.get("num_local_experts"):
         raise ConvertError(f"{config_path}: MoE models are not supported by the Megatron mapping")

@@ -61,12 +61,20 @@ class TorchDistJob:
             numel = 1
             for dim in shape:
                 numel *= dim
-            rows.append(PlanRow(rule.mcore, rule.hf, shape, str(dtype).removeprefix("torch."),
-                                numel * dtype.itemsize, file))
+            rows.append(
+                PlanRow(rule.mcore, rule.hf, shape, str(dtype).removeprefix("torch."), numel * dtype.itemsize, file)
+            )
         # The whole state dict, plus megatron's copy of linear_fc1 (its SwiGLU halves are views it clones).
         peak = sum(r.nbytes for r in rows) + sum(r.nbytes for r in rows if r.name.endswith("linear_fc1.weight"))
-        return Plan("Hugging Face -> Megatron torch_dist", str(self.src), str(destination), rows,
-                    self.source.total_bytes, peak, list(self.notes))
+        return Plan(
+            "Hugging Face -> Megatron torch_dist",
+            str(self.src),
+            str(destination),
+            rows,
+            self.source.total_bytes,
+            peak,
+            list(self.notes),
+        )
 
     def run(self, destination: Path, console: Console | None = None, show_progress: bool = True) -> RunSummary:
         from rlx.convert.megatron import runtime
@@ -85,8 +93,14 @@ class TorchDistJob:
             (tmp / HF_SUBDIR).mkdir()
             copy_model_files(self.template, tmp / HF_SUBDIR, self.dtype)
             bytes_out = sum(p.stat().st_size for p in iter_dir.iterdir())
-        return RunSummary(destination, sorted(p.name for p in destination.iterdir()), self.source.total_bytes,
-                          bytes_out, time.perf_counter() - start, list(self.notes))
+        return RunSummary(
+            destination,
+            sorted(p.name for p in destination.iterdir()),
+            self.source.total_bytes,
+            bytes_out,
+            time.perf_counter() - start,
+            list(self.notes),
+        )
 
     def _mapped_state(self, console: Console | None, show_progress: bool) -> dict[str, torch.Tensor]:
         state = {}
@@ -113,19 +127,23 @@ def _assign(model, state: dict[str, torch.Tensor]) -> None:
         raise ConvertError(f"the mapped tensors do not fit megatron-core's GPTModel: {exc}") from None
     missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
     if missing or result.unexpected_keys:
-        raise ConvertError(f"mapping mismatch with GPTModel: missing {missing[:5]}, "
-                           f"unexpected {result.unexpected_keys[:5]}")
+        raise ConvertError(
+            f"mapping mismatch with GPTModel: missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}"
+        )
 
 
-def hf_to_torch_dist_job(source: SafetensorsDir, template: Path, dtype: torch.dtype | None, vocab_multiple: int,
-                         iteration: int) -> TorchDistJob:
+def hf_to_torch_dist_job(
+    source: SafetensorsDir, template: Path, dtype: torch.dtype | None, vocab_multiple: int, iteration: int
+) -> TorchDistJob:
     """``source``: HF-named weights (an HF directory or a trainer checkpoint); ``template``: its config dir."""
     spec = read_spec(template / "config.json", vocab_multiple)
     rules = all_rules(spec)
     notes = _check_names(source, rules, spec)
     if spec.padded_vocab_size != spec.vocab_size:
-        notes.append(f"vocabulary padded from {spec.vocab_size} to {spec.padded_vocab_size} rows "
-                     f"(--vocab-multiple {vocab_multiple}); padding rows are zero")
+        notes.append(
+            f"vocabulary padded from {spec.vocab_size} to {spec.padded_vocab_size} rows "
+            f"(--vocab-multiple {vocab_multiple}); padding rows are zero"
+        )
     return TorchDistJob(source.path, template, source, spec, rules, dtype, iteration, notes)
 
 
@@ -133,14 +151,18 @@ def _check_names(source: SafetensorsDir, rules: list[Rule], spec: ModelSpec) -> 
     needed = {h for rule in rules for h in rule.hf}
     missing = sorted(needed - set(source.tensors))
     if missing:
-        raise ConvertError(f"{source.path} has no tensor {missing[0]!r} (and {len(missing) - 1} more) that a "
-                           f"{spec.family} model with this config.json needs; is config.json from this checkpoint?")
+        raise ConvertError(
+            f"{source.path} has no tensor {missing[0]!r} (and {len(missing) - 1} more) that a "
+            f"{spec.family} model with this config.json needs; is config.json from this checkpoint?"
+        )
     extra = sorted(n for n in set(source.tensors) - needed if not n.endswith(_IGNORED_SUFFIXES))
     notes = []
     if spec.tie_word_embeddings and "lm_head.weight" in extra:
         extra.remove("lm_head.weight")
         notes.append("lm_head.weight not written: embeddings are tied (tie_word_embeddings=true)")
     if extra:
-        raise ConvertError(f"{source.path} has tensors the {spec.family} mapping does not know: {extra[:5]}; "
-                           "this is not a plain Llama / Qwen2 / Qwen3 checkpoint")
+        raise ConvertError(
+            f"{source.path} has tensors the {spec.family} mapping does not know: {extra[:5]}; "
+            "this is not a plain Llama / Qwen2 / Qwen3 checkpoint"
+        )
     return notes

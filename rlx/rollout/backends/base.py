@@ -39,8 +39,9 @@ class Backend(ABC):
         """Tokens ``prompt`` takes in the context, as ``generate`` would tokenize it."""
 
     @abstractmethod
-    async def generate(self, prompt: str | list[int], sampling: SamplingSpec, deadline: float,
-                       together: int = 0) -> PromptResult:
+    async def generate(
+        self, prompt: str | list[int], sampling: SamplingSpec, deadline: float, together: int = 0
+    ) -> PromptResult:
         """Complete ``prompt``; stop spending work on it once ``time.time()`` passes ``deadline``. ``together``:
         how many prompts (this one included) were sent at once with it (``Generate.together``), 0 if not said."""
 
@@ -70,8 +71,10 @@ class Backend(ABC):
 
     async def score(self, token_ids: list[list[int]], start: list[int]) -> list[list[float]]:
         """Logprobs (temperature 1) of each sequence's tokens from ``start[i]`` on (``protocol.ScoreTokens``)."""
-        raise NotImplementedError(f"the {self.name} backend cannot score tokens; serve the teacher with "
-                                  "rollout.backend=hf or rollout.backend=vllm")
+        raise NotImplementedError(
+            f"the {self.name} backend cannot score tokens; serve the teacher with "
+            "rollout.backend=hf or rollout.backend=vllm"
+        )
 
     def failure(self) -> str:
         """Why the backend can no longer serve (its engine died), or "" while it is healthy."""

@@ -118,8 +118,9 @@ class HfBackend(Backend):
                 ids = self._ids_of[prompt] = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         return list(ids)
 
-    async def generate(self, prompt: str | list[int], sampling: SamplingSpec, deadline: float,
-                       together: int = 0) -> PromptResult:
+    async def generate(
+        self, prompt: str | list[int], sampling: SamplingSpec, deadline: float, together: int = 0
+    ) -> PromptResult:
         future = asyncio.get_running_loop().create_future()
         await self._queue.put(_Item(prompt, sampling, future, time.perf_counter(), deadline, together))
         return await future
@@ -199,37 +200,57 @@ class HfBackend(Backend):
         rows = 1 if greedy else spec.n  # greedy samples are all alike: generate one, hand it out n times
         # sample j of a request draws from its own stream, seeded (request seed + j) as vLLM seeds it, so what a
         # request gets does not depend on which others share its batch; unseeded requests get a seed drawn here
-        seeds = [(item.sampling.seed if item.sampling.seed is not None else int(torch.randint(2**62, ())))
-                 for item in batch]
-        sampler = None if greedy else _RowSampler([seed + j for seed in seeds for j in range(rows)], spec,
-                                                  self.device)
+        seeds = [
+            (item.sampling.seed if item.sampling.seed is not None else int(torch.randint(2**62, ()))) for item in batch
+        ]
+        sampler = None if greedy else _RowSampler([seed + j for seed in seeds for j in range(rows)], spec, self.device)
         cache = DynamicCache()
         if rows > 1:  # each prompt's keys and values computed once, then copied to its n rows
             self._prefill(cache, inputs["input_ids"], inputs["attention_mask"], rows)
             inputs = {key: value.repeat_interleave(rows, dim=0) for key, value in inputs.items()}
         prompt_mask = inputs["attention_mask"]  # generate's rows: prompt-major
-        recompute = None if self.cfg.rollout.kv_after_sync == "keep" else \
-            lambda input_ids: self._recompute(cache, input_ids, prompt_mask, rows)
+        recompute = (
+            None
+            if self.cfg.rollout.kv_after_sync == "keep"
+            else lambda input_ids: self._recompute(cache, input_ids, prompt_mask, rows)
+        )
         stepper = _VersionedSteps(self._gate, self, recompute)
         row_deadlines = [item.deadline for item in batch for _ in range(rows)]  # rows are prompt-major
         with torch.no_grad():
             out = self.model.generate(  # greedy over the sampler's one-hot rows: it has already drawn each token
-                **inputs, do_sample=False, temperature=None, top_p=None, top_k=None, max_new_tokens=spec.max_tokens,
-                stop_strings=list(spec.stop) or None, tokenizer=self.tokenizer, past_key_values=cache,
+                **inputs,
+                do_sample=False,
+                temperature=None,
+                top_p=None,
+                top_k=None,
+                max_new_tokens=spec.max_tokens,
+                stop_strings=list(spec.stop) or None,
+                tokenizer=self.tokenizer,
+                past_key_values=cache,
                 logits_processor=LogitsProcessorList([sampler] if sampler else []),
                 stopping_criteria=StoppingCriteriaList([_PastDeadline(row_deadlines, self._closing), stepper]),
-                output_scores=sampler is None, return_dict_in_generate=True, pad_token_id=self.tokenizer.pad_token_id)
-        new_tokens = out.sequences[:, inputs["input_ids"].shape[1]:]
+                output_scores=sampler is None,
+                return_dict_in_generate=True,
+                pad_token_id=self.tokenizer.pad_token_id,
+            )
+        new_tokens = out.sequences[:, inputs["input_ids"].shape[1] :]
         if sampler is not None:
             token_logprobs, drawn = torch.stack(sampler.logprobs, dim=1), torch.stack(sampler.tokens, dim=1)
         else:
             steps = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [B*n, T, V]
             token_logprobs, drawn = steps.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1), steps.argmax(-1)
         elapsed = time.perf_counter() - start
-        samples = self._samples(new_tokens.tolist(), token_logprobs.tolist(), stepper.versions,
-                                (new_tokens != drawn).tolist())
-        return [PromptResult(prompt_token_ids=list(prompt_ids), samples=[samples[i * rows + j % rows] for j in range(spec.n)],
-                             generate_s=elapsed) for i, prompt_ids in enumerate(ids)]
+        samples = self._samples(
+            new_tokens.tolist(), token_logprobs.tolist(), stepper.versions, (new_tokens != drawn).tolist()
+        )
+        return [
+            PromptResult(
+                prompt_token_ids=list(prompt_ids),
+                samples=[samples[i * rows + j % rows] for j in range(spec.n)],
+                generate_s=elapsed,
+            )
+            for i, prompt_ids in enumerate(ids)
+        ]
 
     def _prefill(self, cache, input_ids, attention_mask, rows: int) -> None:
         """``cache`` holding every prompt token but the last (which generate feeds in its first step) for each
@@ -247,8 +268,9 @@ class HfBackend(Backend):
         import torch
 
         held = cache.get_seq_length()  # every position but the newest token's, which the next step feeds
-        generated = torch.ones(prompt_mask.shape[0], held - prompt_mask.shape[1], dtype=prompt_mask.dtype,
-                               device=prompt_mask.device)
+        generated = torch.ones(
+            prompt_mask.shape[0], held - prompt_mask.shape[1], dtype=prompt_mask.dtype, device=prompt_mask.device
+        )
         mask = torch.cat([prompt_mask, generated], dim=1)  # generate counts every new token, finished rows too
         shared = min(prompt_mask.shape[1] - 1, held) if rows > 1 else 0  # the prompt positions _prefill holds
         if shared > 0:  # one row per prompt (selected while the cache holds positions: an empty one keeps its rows)
@@ -265,13 +287,19 @@ class HfBackend(Backend):
         generate derives from ``mask`` (which covers the positions ``cache`` holds, then these)."""
         import torch
 
-        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, -input_ids.shape[1]:]
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, -input_ids.shape[1] :]
         with torch.no_grad():
-            self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                       use_cache=True)
+            self.model(
+                input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+            )
 
-    def _samples(self, token_rows: list[list[int]], logprob_rows: list[list[float]], versions: list[int],
-                 filler_rows: list[list[bool]]) -> list[Sample]:
+    def _samples(
+        self,
+        token_rows: list[list[int]],
+        logprob_rows: list[list[float]],
+        versions: list[int],
+        filler_rows: list[list[bool]],
+    ) -> list[Sample]:
         """One ``Sample`` per generated row: its tokens up to and with the first stop token (``stop_ids``), or up
         to where generate wrote pad in place of the drawn token (``filler_rows``: the row had finished at a stop
         string or its deadline), decoded together. A pad token the row drew itself is one of its tokens, as vLLM
@@ -286,9 +314,16 @@ class HfBackend(Backend):
             ends.append((length, finish))
         kept = [tokens[:length] for tokens, (length, _) in zip(token_rows, ends, strict=True)]
         texts = self.tokenizer.batch_decode(kept, skip_special_tokens=True)
-        return [Sample(token_ids=tokens, logprobs=logprobs[:length], text=text, finish_reason=finish,
-                       versions=versions[:length])
-                for tokens, logprobs, text, (length, finish) in zip(kept, logprob_rows, texts, ends, strict=True)]
+        return [
+            Sample(
+                token_ids=tokens,
+                logprobs=logprobs[:length],
+                text=text,
+                finish_reason=finish,
+                versions=versions[:length],
+            )
+            for tokens, logprobs, text, (length, finish) in zip(kept, logprob_rows, texts, ends, strict=True)
+        ]
 
     async def sleep(self, level: int) -> list[str]:
         """The queue is held and, once the running batch is done, the model moves to CPU at either level: it
@@ -335,14 +370,17 @@ class HfBackend(Backend):
 
         out = []
         for b in range(0, len(token_ids), MAX_BATCH_PROMPTS):
-            rows = token_ids[b:b + MAX_BATCH_PROMPTS]
+            rows = token_ids[b : b + MAX_BATCH_PROMPTS]
             width = max(len(ids) for ids in rows)
             ids = torch.tensor([r + [self.tokenizer.pad_token_id] * (width - len(r)) for r in rows], device=self.device)
             attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=self.device)
             with torch.no_grad():
                 logits = self.model(input_ids=ids, attention_mask=attention).logits.float()
             logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-            out += [logp[i, s - 1:len(r) - 1].tolist() for i, (r, s) in enumerate(zip(rows, start[b:b + len(rows)], strict=True))]
+            out += [
+                logp[i, s - 1 : len(r) - 1].tolist()
+                for i, (r, s) in enumerate(zip(rows, start[b : b + len(rows)], strict=True))
+            ]
         return out
 
     async def pause(self) -> None:
@@ -423,8 +461,13 @@ class _ModelLoader(Consumer):
         """The parameter (or buffer) ``name`` when it takes the sender's bytes as they are, so the
         receiver assembles split tensors, and a gloo / nccl broadcast lands, straight in it."""
         tensor = self.targets.get(name)
-        if (tensor is None or tensor.dtype != dtype or list(tensor.shape) != shape or tensor.device != device
-                or not tensor.is_contiguous()):
+        if (
+            tensor is None
+            or tensor.dtype != dtype
+            or list(tensor.shape) != shape
+            or tensor.device != device
+            or not tensor.is_contiguous()
+        ):
             return None
         return tensor.detach()
 

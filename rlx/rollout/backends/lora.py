@@ -51,8 +51,14 @@ class AdapterMerger(Consumer):
     def destination(self, name: str, dtype, shape: list[int], device):
         """A plain parameter the sender's bytes fit as they are (see ``_ModelLoader.destination``)."""
         tensor = self.targets.get(name)
-        if (tensor is None or tensor.dtype != dtype or list(tensor.shape) != shape or tensor.device != device
-                or not tensor.is_contiguous() or name.removesuffix(".weight") in self.base):
+        if (
+            tensor is None
+            or tensor.dtype != dtype
+            or list(tensor.shape) != shape
+            or tensor.device != device
+            or not tensor.is_contiguous()
+            or name.removesuffix(".weight") in self.base
+        ):
             return None
         return tensor.detach()
 
@@ -69,17 +75,21 @@ class AdapterMerger(Consumer):
             if name not in self.targets:
                 raise KeyError(f"the model has no parameter {name!r}")
             if name.removesuffix(".weight") in self.base:
-                raise ValueError(f"{name!r} arrived as a whole weight, but this server merges adapters into it "
-                                 "(model.lora.sync=adapter); run the trainer and the server with the same "
-                                 "model.lora.sync")
+                raise ValueError(
+                    f"{name!r} arrived as a whole weight, but this server merges adapters into it "
+                    "(model.lora.sync=adapter); run the trainer and the server with the same "
+                    "model.lora.sync"
+                )
             target = self.targets[name]
             if tensor.data_ptr() != target.data_ptr() or tensor.numel() == 0:
                 target.copy_(tensor.view(target.shape))
 
     def _keep_factor(self, name: str, module: str, which: str, tensor: torch.Tensor) -> None:
         if self.scaling is None:
-            raise ValueError(f"{name!r} is a LoRA factor, but this server runs without model.lora; start it "
-                             "with the trainer's model.lora settings")
+            raise ValueError(
+                f"{name!r} is a LoRA factor, but this server runs without model.lora; start it "
+                "with the trainer's model.lora settings"
+            )
         weight = self.targets.get(f"{module}.weight")
         if weight is None or weight.dim() != 2:
             raise KeyError(f"{name!r}: the model has no linear layer {module!r} to adapt")
@@ -89,15 +99,19 @@ class AdapterMerger(Consumer):
     def end(self) -> None:
         incomplete = sorted(m for m, f in self.pending.items() if len(f) != 2)
         if incomplete:
-            raise ValueError(f"the sync sent only one of lora_A / lora_B for {incomplete[:3]}; "
-                             "an adapter sync must carry both factors of every adapted layer")
+            raise ValueError(
+                f"the sync sent only one of lora_A / lora_B for {incomplete[:3]}; "
+                "an adapter sync must carry both factors of every adapted layer"
+            )
         for module, factors in self.pending.items():
             weight = self.targets[f"{module}.weight"]
             a, b = factors["lora_A"], factors["lora_B"]
             if a.shape[1] != weight.shape[1] or b.shape[0] != weight.shape[0] or a.shape[0] != b.shape[1]:
-                raise ValueError(f"{module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not fit its "
-                                 f"weight {list(weight.shape)}; the trainer's model.lora and model.path must match "
-                                 "the server's")
+                raise ValueError(
+                    f"{module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not fit its "
+                    f"weight {list(weight.shape)}; the trainer's model.lora and model.path must match "
+                    "the server's"
+                )
             base = self.base.get(module)
             if base is None:  # first adapter for this module: the weight is still the checkpoint's
                 base = self.base[module] = weight.detach().to(torch.float32, copy=True)
@@ -119,8 +133,10 @@ def vllm_max_lora_rank(rank: int) -> int:
     """The smallest ``max_lora_rank`` vLLM accepts that holds adapters of rank ``rank``."""
     fitting = [r for r in VLLM_LORA_RANKS if r >= rank]
     if not fitting:
-        raise ValueError(f"model.lora.rank={rank} is above vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}; "
-                         "lower model.lora.rank or set model.lora.sync=merged")
+        raise ValueError(
+            f"model.lora.rank={rank} is above vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}; "
+            "lower model.lora.rank or set model.lora.sync=merged"
+        )
     return fitting[0]
 
 
@@ -132,8 +148,12 @@ def peft_adapter_config(lora, base_model_path: str) -> str:
 
     config = peft_lora_config(lora, base_model_path).to_dict()
     config["inference_mode"] = True
-    return json.dumps({k: sorted(v) if isinstance(v, set) else (str(v.value) if hasattr(v, "value") else v)
-                       for k, v in config.items()})
+    return json.dumps(
+        {
+            k: sorted(v) if isinstance(v, set) else (str(v.value) if hasattr(v, "value") else v)
+            for k, v in config.items()
+        }
+    )
 
 
 class VllmAdapterLoader(Consumer):
@@ -161,9 +181,11 @@ class VllmAdapterLoader(Consumer):
 
         for name, tensor in tensors:
             if split_factor_name(name) is None:
-                raise ValueError(f"{name!r} arrived as a whole weight, but this vLLM server serves the adapter "
-                                 "as a LoRA (model.lora.sync=adapter); run the trainer and the server with the "
-                                 "same model.lora.sync")
+                raise ValueError(
+                    f"{name!r} arrived as a whole weight, but this vLLM server serves the adapter "
+                    "as a LoRA (model.lora.sync=adapter); run the trainer and the server with the "
+                    "same model.lora.sync"
+                )
             self.pending[PEFT_PREFIX + name] = tensor.to("cpu", copy=True).contiguous()
 
     def end(self) -> None:

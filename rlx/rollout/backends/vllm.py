@@ -95,12 +95,20 @@ class VllmBackend(Backend):
 
         r = self.cfg.rollout
         args = AsyncEngineArgs(
-            model=self.model_path, dtype=self.cfg.model.engine_dtype, seed=self.cfg.trainer.seed,
+            model=self.model_path,
+            dtype=self.cfg.model.engine_dtype,
+            seed=self.cfg.trainer.seed,
             gpu_memory_utilization=engine_memory_fraction(self.cfg, current_platform.is_cpu()),
-            max_model_len=r.max_model_len, tensor_parallel_size=r.tensor_parallel_size,
+            max_model_len=r.max_model_len,
+            tensor_parallel_size=r.tensor_parallel_size,
             enable_sleep_mode=_sleep_mode(self.cfg, current_platform),
-            enforce_eager=r.enforce_eager, worker_extension_cls=EXTENSION,
-            logprobs_mode="processed_logprobs", disable_log_stats=True, **_cpu_scheduling(r), **self._lora_args())
+            enforce_eager=r.enforce_eager,
+            worker_extension_cls=EXTENSION,
+            logprobs_mode="processed_logprobs",
+            disable_log_stats=True,
+            **_cpu_scheduling(r),
+            **self._lora_args(),
+        )
         self.engine = AsyncLLM.from_engine_args(args)
         self.vocab_size = self.engine.model_config.get_vocab_size()
         if not _engine_labels_versions(self.engine, r.token_versions):
@@ -113,8 +121,10 @@ class VllmBackend(Backend):
             if all(await self.engine.collective_rpc("rlx_float32_logits")):
                 log.info("rollout.logits_dtype=float32: the LM head computes its logits in float32")
             else:
-                log.warning("rollout.logits_dtype=float32: this model's LM head is quantized; its logits stay in "
-                            "%s", self.cfg.model.engine_dtype)
+                log.warning(
+                    "rollout.logits_dtype=float32: this model's LM head is quantized; its logits stay in %s",
+                    self.cfg.model.engine_dtype,
+                )
         if self.cfg.lora_sync == "adapter":
             from rlx.rollout.backends.lora import peft_adapter_config
 
@@ -138,26 +148,41 @@ class VllmBackend(Backend):
     def prompt_len(self, prompt: str | list[int]) -> int:
         return len(prompt) if isinstance(prompt, list) else len(self.engine.get_tokenizer().encode(prompt))
 
-    async def generate(self, prompt: str | list[int], sampling: SamplingSpec, deadline: float,
-                       together: int = 0) -> PromptResult:
+    async def generate(
+        self, prompt: str | list[int], sampling: SamplingSpec, deadline: float, together: int = 0
+    ) -> PromptResult:
         """``deadline`` is enforced by the server, whose cancellation makes vLLM abort the request."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(
-            n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
-            top_k=max(sampling.top_k, 0), max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None,
-            seed=sampling.seed, logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY)
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=max(sampling.top_k, 0),
+            max_tokens=sampling.max_tokens,
+            stop=list(sampling.stop) or None,
+            seed=sampling.seed,
+            logprobs=0,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
         engine_prompt = {"prompt_token_ids": prompt} if isinstance(prompt, list) else prompt
         start = time.perf_counter()
         request_id = f"rlx-{next(self._ids)}"
         final = await self._run(engine_prompt, params, request_id)
-        samples = [Sample(token_ids=list(c.token_ids), text=c.text, finish_reason=str(c.finish_reason),
-                          logprobs=[_sampled_logprob(step, tok) for step, tok in zip(c.logprobs, c.token_ids, strict=True)],
-                          versions=self._versions(request_id, c))
-                   for c in final.outputs]
-        return PromptResult(prompt_token_ids=list(final.prompt_token_ids), samples=samples,
-                            generate_s=time.perf_counter() - start)
+        samples = [
+            Sample(
+                token_ids=list(c.token_ids),
+                text=c.text,
+                finish_reason=str(c.finish_reason),
+                logprobs=[_sampled_logprob(step, tok) for step, tok in zip(c.logprobs, c.token_ids, strict=True)],
+                versions=self._versions(request_id, c),
+            )
+            for c in final.outputs
+        ]
+        return PromptResult(
+            prompt_token_ids=list(final.prompt_token_ids), samples=samples, generate_s=time.perf_counter() - start
+        )
 
     async def _run(self, engine_prompt, params, request_id: str):
         """The request's final output; its samples' versions are counted meanwhile where the engine labels none."""
@@ -165,8 +190,9 @@ class VllmBackend(Backend):
             self._counted.start(request_id, params.n)
         final = None
         try:
-            async for output in self.engine.generate(engine_prompt, params, request_id=request_id,
-                                                     lora_request=self.lora_request):
+            async for output in self.engine.generate(
+                engine_prompt, params, request_id=request_id, lora_request=self.lora_request
+            ):
                 final = output
         except BaseException:
             if self._counted is not None:
@@ -187,14 +213,18 @@ class VllmBackend(Backend):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
+        params = SamplingParams(
+            max_tokens=1, temperature=1.0, prompt_logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY
+        )
 
         async def one(ids: list[int], first: int) -> list[float]:
             final = None
-            async for output in self.engine.generate({"prompt_token_ids": ids}, params,
-                                                     request_id=f"rlx-score-{next(self._ids)}",
-                                                     lora_request=self.lora_request):
+            async for output in self.engine.generate(
+                {"prompt_token_ids": ids},
+                params,
+                request_id=f"rlx-score-{next(self._ids)}",
+                lora_request=self.lora_request,
+            ):
                 final = output
             return [final.prompt_logprobs[i][ids[i]].logprob for i in range(first, len(ids))]
 
@@ -234,8 +264,9 @@ class VllmBackend(Backend):
             if not ack.ok and ack.in_sync:  # a worker failed, another still holds the sync open
                 ack.in_sync = (await self._workers_update(encode(SyncAbort(ack.error)))).in_sync
         except Exception as exc:  # noqa: BLE001 - the workers did not answer: abort there too, if they still can
-            ack = BucketAck(NO_ID, NO_ID, ok=False, error=f"the vLLM workers failed the update: "
-                                                          f"{type(exc).__name__}: {exc}")
+            ack = BucketAck(
+                NO_ID, NO_ID, ok=False, error=f"the vLLM workers failed the update: {type(exc).__name__}: {exc}"
+            )
             try:
                 await self._workers_update(encode(SyncAbort(ack.error)))
             except Exception:  # the engine is gone; failure() reports it
@@ -294,8 +325,11 @@ class VllmBackend(Backend):
         if self.engine is None:
             return ""
         manager = getattr(self.engine.engine_core.resources, "engine_manager", None)
-        exited = [f"{proc.name} (pid {proc.pid}) exited with code {proc.exitcode}"
-                  for proc in getattr(manager, "processes", []) if proc.exitcode is not None]
+        exited = [
+            f"{proc.name} (pid {proc.pid}) exited with code {proc.exitcode}"
+            for proc in getattr(manager, "processes", [])
+            if proc.exitcode is not None
+        ]
         if exited:
             return f"the vLLM engine died: {', '.join(exited)}"
         if self.engine.errored:
@@ -356,8 +390,10 @@ def merge_worker_acks(acks: list[BucketAck]) -> BucketAck:
     merged = merge_acks(acks)
     if merged.ok and any(a.checksums != acks[0].checksums for a in acks[1:]):
         merged.ok = False
-        merged.error = (f"the {len(acks)} tensor-parallel workers read different bytes from the same bucket; "
-                        "the weights may mix old and new until the next sync")
+        merged.error = (
+            f"the {len(acks)} tensor-parallel workers read different bytes from the same bucket; "
+            "the weights may mix old and new until the next sync"
+        )
     merged.completed = merged.ok and all(a.completed for a in acks)
     return merged
 
@@ -380,8 +416,10 @@ def _engine_labels_versions(engine, wanted: str) -> bool:
     if wanted == "engine" and not native:
         import vllm
 
-        raise RuntimeError(f"rollout.token_versions=engine, but vLLM {vllm.__version__} does not label its outputs "
-                           "with weight versions; set rollout.token_versions=auto (rlx counts them)")
+        raise RuntimeError(
+            f"rollout.token_versions=engine, but vLLM {vllm.__version__} does not label its outputs "
+            "with weight versions; set rollout.token_versions=auto (rlx counts them)"
+        )
     return native and wanted != "counted"
 
 
@@ -507,7 +545,8 @@ class _VllmLoader(Consumer):
         if not self.quieted:
             tied = bool(getattr(getattr(self.model(), "config", None), "tie_word_embeddings", False))
             logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
-                _ExpectedReloadWarnings(tied))
+                _ExpectedReloadWarnings(tied)
+            )
             self.quieted = True
         with set_current_vllm_config(self.worker.vllm_config):
             self.reloading = True

@@ -33,6 +33,8 @@ def verdict(version: str) -> str:
     if parsed < MIN_VLLM:
         return f"vLLM {version} is older than rlx supports; pip install 'vllm>=0.25.1,<0.33' (tested: {TESTED})"
     if parsed[:2] > MAX_VLLM:
-        return (f"vLLM {version} is newer than rlx was tested with ({TESTED}); it may work, and if a sync or a "
-                "generate fails, pip install 'vllm>=0.25.1,<0.33'")
+        return (
+            f"vLLM {version} is newer than rlx was tested with ({TESTED}); it may work, and if a sync or a "
+            "generate fails, pip install 'vllm>=0.25.1,<0.33'"
+        )
     return ""

@@ -85,8 +85,11 @@ async def settle(engine) -> None:
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
     while not (queue.empty() and getattr(queue, "_getters", None)):
         if time.monotonic() > deadline:
-            log.warning("vLLM's output handler did not settle within %.0f s; token versions counted now may "
-                        "place the version change a few tokens late", SETTLE_TIMEOUT_S)
+            log.warning(
+                "vLLM's output handler did not settle within %.0f s; token versions counted now may "
+                "place the version change a few tokens late",
+                SETTLE_TIMEOUT_S,
+            )
             return
         await asyncio.sleep(0.0005)
 

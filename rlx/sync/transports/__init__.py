@@ -17,8 +17,9 @@ TRANSPORTS = ("shm", "cuda_ipc", "gloo", "nccl")
 SHARED_TRANSPORTS = ("shm", "cuda_ipc")  # one host: receivers read the sender's memory in place
 
 
-def create_buffer(kind: str, slot_bytes: int, num_slots: int, device: str = "cpu",
-                  timeout_s: float = 120.0) -> SenderBuffer:
+def create_buffer(
+    kind: str, slot_bytes: int, num_slots: int, device: str = "cpu", timeout_s: float = 120.0
+) -> SenderBuffer:
     if kind == "shm":
         from rlx.sync.transports.shm import ShmBuffer
 
@@ -47,5 +48,6 @@ def map_buffer(handle: TransportHandle) -> ReceiverMapping:
         from rlx.sync.transports.dist import DistMapping
 
         return DistMapping(handle)
-    raise ValueError(f"unknown weight transport {handle.kind!r} in a sync handle; "
-                     f"this receiver speaks {', '.join(TRANSPORTS)}")
+    raise ValueError(
+        f"unknown weight transport {handle.kind!r} in a sync handle; this receiver speaks {', '.join(TRANSPORTS)}"
+    )

@@ -83,7 +83,7 @@ class ReceiverMapping(ABC):
         that is the slot range itself has nothing to do (the zero-copy view of a shared buffer)."""
         slot = self.slot(index)
         for offset, dst in pieces:
-            src = slot[offset:offset + dst.numel()]
+            src = slot[offset : offset + dst.numel()]
             if dst.numel() and dst.data_ptr() != src.data_ptr():
                 copy_bytes(dst, src)
 

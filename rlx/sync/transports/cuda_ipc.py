@@ -29,8 +29,16 @@ import torch
 from rlx.sync.messages import TransportHandle
 from rlx.sync.transports.base import ReceiverMapping, SenderBuffer
 
-_FIELDS = ("device", "handle", "storage_size", "storage_offset", "ref_counter_handle",
-           "ref_counter_offset", "event_handle", "event_sync_required")
+_FIELDS = (
+    "device",
+    "handle",
+    "storage_size",
+    "storage_offset",
+    "ref_counter_handle",
+    "ref_counter_offset",
+    "event_handle",
+    "event_sync_required",
+)
 
 
 class CudaIpcBuffer(SenderBuffer):
@@ -43,7 +51,7 @@ class CudaIpcBuffer(SenderBuffer):
         self._payload["device_uuid"] = device_uuid(self.device.index)
 
     def slot(self, index: int) -> torch.Tensor:
-        return self._buf[index * self.slot_bytes:(index + 1) * self.slot_bytes]
+        return self._buf[index * self.slot_bytes : (index + 1) * self.slot_bytes]
 
     def ready(self, index: int) -> None:
         torch.cuda.current_stream(self.device).synchronize()
@@ -67,16 +75,25 @@ class CudaIpcMapping(ReceiverMapping):
             raise ValueError(f"cuda_ipc handle lacks {', '.join(missing)}")
         self.device = torch.device("cuda", local_device_index(p["device_uuid"]))
         storage = torch.UntypedStorage._new_shared_cuda(
-            self.device.index, p["handle"], p["storage_size"], p["storage_offset"], p["ref_counter_handle"],
-            p["ref_counter_offset"], p["event_handle"], p["event_sync_required"])
+            self.device.index,
+            p["handle"],
+            p["storage_size"],
+            p["storage_offset"],
+            p["ref_counter_handle"],
+            p["ref_counter_offset"],
+            p["event_handle"],
+            p["event_sync_required"],
+        )
         if storage.nbytes() < handle.slot_bytes * handle.num_slots:
-            raise ValueError(f"cuda_ipc buffer holds {storage.nbytes()} bytes, the handle says "
-                             f"{handle.slot_bytes} x {handle.num_slots}")
+            raise ValueError(
+                f"cuda_ipc buffer holds {storage.nbytes()} bytes, the handle says "
+                f"{handle.slot_bytes} x {handle.num_slots}"
+            )
         self._weak = storage._weak_ref()
         self._tensor = torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
 
     def slot(self, index: int) -> torch.Tensor:
-        return self._tensor[index * self.handle.slot_bytes:(index + 1) * self.handle.slot_bytes]
+        return self._tensor[index * self.handle.slot_bytes : (index + 1) * self.handle.slot_bytes]
 
     def done_reading(self, index: int) -> None:
         _synchronize_both(self.device)
@@ -87,8 +104,10 @@ class CudaIpcMapping(ReceiverMapping):
         _synchronize_both(self.device)
         self._tensor = None
         if not torch.UntypedStorage._expired(self._weak):
-            raise BufferError("tensors over the CUDA IPC buffer are still referenced; drop every view "
-                              "returned by WeightReceiver.tensors() before the bucket's ack")
+            raise BufferError(
+                "tensors over the CUDA IPC buffer are still referenced; drop every view "
+                "returned by WeightReceiver.tensors() before the bucket's ack"
+            )
         torch.UntypedStorage._free_weak_ref(self._weak)
         self._weak = None
 
@@ -109,13 +128,17 @@ def local_device_index(uuid: str) -> int:
     for index in range(torch.cuda.device_count()):
         if device_uuid(index) == uuid:
             return index
-    raise RuntimeError(f"the sender's GPU {uuid} is not visible to this receiver (CUDA_VISIBLE_DEVICES="
-                       "...); cuda_ipc needs sender and receiver on the same GPU host, sharing that GPU")
+    raise RuntimeError(
+        f"the sender's GPU {uuid} is not visible to this receiver (CUDA_VISIBLE_DEVICES="
+        "...); cuda_ipc needs sender and receiver on the same GPU host, sharing that GPU"
+    )
 
 
 def _cuda_device(device: str) -> torch.device:
     dev = torch.device(device)
     if dev.type != "cuda" or not torch.cuda.is_available():
-        raise ValueError(f"transport cuda_ipc needs a CUDA device, got device={device!r} "
-                         f"(CUDA available: {torch.cuda.is_available()}); use transport=shm on CPU")
+        raise ValueError(
+            f"transport cuda_ipc needs a CUDA device, got device={device!r} "
+            f"(CUDA available: {torch.cuda.is_available()}); use transport=shm on CPU"
+        )
     return torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())

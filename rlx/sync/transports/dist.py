@@ -142,10 +142,18 @@ class DistBuffer(SenderBuffer):
             self._store = TCPStore(host, 0, None, True, _timedelta(self.timeout_s), wait_for_workers=False)
         group = f"rlx-sync-{os.getpid()}-{secrets.token_hex(6)}"
         self._join = {"host": host, "group": group, "world_size": len(peers) + 1, "peers": list(peers)}
-        payload = {"host": host, "port": self._store.port, "group": group, "world_size": len(peers) + 1,
-                   "timeout_s": self.timeout_s, "coalesce": self.coalesce}
-        return [TransportHandle(self.kind, self.slot_bytes, self.num_slots, dict(payload, rank=rank))
-                for rank in range(1, len(peers) + 1)]
+        payload = {
+            "host": host,
+            "port": self._store.port,
+            "group": group,
+            "world_size": len(peers) + 1,
+            "timeout_s": self.timeout_s,
+            "coalesce": self.coalesce,
+        }
+        return [
+            TransportHandle(self.kind, self.slot_bytes, self.num_slots, dict(payload, rank=rank))
+            for rank in range(1, len(peers) + 1)
+        ]
 
     async def connect(self, begun: list[asyncio.Task]) -> None:
         """Join the group (on the lane: the rendezvous waits for every receiver) while the receivers
@@ -156,9 +164,18 @@ class DistBuffer(SenderBuffer):
 
         if self._lane is None:
             self._lane = Lane(f"rlx-{self.kind}-sync")
-        joining = asyncio.wrap_future(self._lane.submit(
-            new_group, self.kind, PrefixStore(join["group"], self._store), 0, join["world_size"], join["host"],
-            self.timeout_s, self.device))
+        joining = asyncio.wrap_future(
+            self._lane.submit(
+                new_group,
+                self.kind,
+                PrefixStore(join["group"], self._store),
+                0,
+                join["world_size"],
+                join["host"],
+                self.timeout_s,
+                self.device,
+            )
+        )
         done, _ = await asyncio.wait([joining, *begun], timeout=self.timeout_s, return_when=asyncio.FIRST_EXCEPTION)
         failed = [t for t in begun if t.done() and not t.cancelled() and t.exception() is not None]
         if failed or joining not in done:
@@ -166,13 +183,17 @@ class DistBuffer(SenderBuffer):
             self._abandon_lane()
             if failed:
                 raise failed[0].exception()
-            raise SyncError(f"the {self.kind} group {join['group']} did not form within {self.timeout_s:g} s "
-                            f"(sync.timeout_s); receivers: {', '.join(join['peers'])}")
+            raise SyncError(
+                f"the {self.kind} group {join['group']} did not form within {self.timeout_s:g} s "
+                f"(sync.timeout_s); receivers: {', '.join(join['peers'])}"
+            )
         try:
             self._group = joining.result()
         except Exception as exc:  # noqa: BLE001 - any rendezvous failure is reported naming the receivers
-            raise SyncError(f"the {self.kind} group {join['group']} did not form within {self.timeout_s:g} s "
-                            f"(sync.timeout_s): {exc}; receivers: {', '.join(join['peers'])}") from None
+            raise SyncError(
+                f"the {self.kind} group {join['group']} did not form within {self.timeout_s:g} s "
+                f"(sync.timeout_s): {exc}; receivers: {', '.join(join['peers'])}"
+            ) from None
 
     def send_chunk(self, source: torch.Tensor, offset: int) -> None:
         if source.numel():
@@ -192,10 +213,10 @@ class DistBuffer(SenderBuffer):
         reuses a slot only once every receiver acknowledged the bucket before in it)."""
         if self._slots is None:
             self._slots = torch.empty(self.slot_bytes * self.num_slots, dtype=torch.uint8, device=self.device)
-        slot = self._slots[index * self.slot_bytes:(index + 1) * self.slot_bytes]
+        slot = self._slots[index * self.slot_bytes : (index + 1) * self.slot_bytes]
         for source, offset in chunks:
-            copy_bytes(slot[offset:offset + source.numel()], source)
-        return slot[:packed_span([(offset, source) for source, offset in chunks])]
+            copy_bytes(slot[offset : offset + source.numel()], source)
+        return slot[: packed_span([(offset, source) for source, offset in chunks])]
 
     def post(self, index: int) -> None:
         """The bucket's meta is on the wire: post its broadcasts on the lane, in chunk order."""
@@ -218,8 +239,10 @@ class DistBuffer(SenderBuffer):
         except TimeoutError:
             name = self._name()
             self._drop_group(abandon=True)
-            raise SyncError(f"broadcasts to the receivers of group {name} were not posted within "
-                            f"{self.timeout_s:g} s (sync.timeout_s)") from None
+            raise SyncError(
+                f"broadcasts to the receivers of group {name} were not posted within "
+                f"{self.timeout_s:g} s (sync.timeout_s)"
+            ) from None
         self._drop_group()
 
     def close(self) -> None:
@@ -257,8 +280,10 @@ class DistMapping(ReceiverMapping):
         p = handle.payload
         missing = [k for k in _PAYLOAD if k not in p]
         if missing or not 1 <= int(p.get("rank", 0)) < int(p.get("world_size", 0)):
-            raise ValueError(f"{handle.kind} handle lacks {', '.join(missing) or 'a rank below world_size'}: "
-                             f"{sorted(p)}; run the same rlx version on both sides")
+            raise ValueError(
+                f"{handle.kind} handle lacks {', '.join(missing) or 'a rank below world_size'}: "
+                f"{sorted(p)}; run the same rlx version on both sides"
+            )
         self.peer = f"the sender at {p['host']}:{p['port']} (group {p['group']})"
         self.timeout_s = float(p["timeout_s"])
         self.device = _device(handle.kind, "cuda" if handle.kind == "nccl" else "cpu")
@@ -269,25 +294,37 @@ class DistMapping(ReceiverMapping):
             self._group = joining.result(timeout=self.timeout_s)
         except concurrent.futures.TimeoutError:
             joining.add_done_callback(_abort_late_group)
-            raise RuntimeError(f"cannot join {self.peer} within {self.timeout_s:g} s (sync.timeout_s): the "
-                               "rendezvous did not finish; is the trainer alive and reachable from this host "
-                               "(firewall, RLX_SYNC_HOST)?") from None
+            raise RuntimeError(
+                f"cannot join {self.peer} within {self.timeout_s:g} s (sync.timeout_s): the "
+                "rendezvous did not finish; is the trainer alive and reachable from this host "
+                "(firewall, RLX_SYNC_HOST)?"
+            ) from None
         except Exception as exc:  # noqa: BLE001 - the store or group failed: one error naming the sender
-            raise RuntimeError(f"cannot join {self.peer} within {self.timeout_s:g} s: {exc}; is the trainer "
-                               "reachable from this host (firewall, RLX_SYNC_HOST)?") from None
+            raise RuntimeError(
+                f"cannot join {self.peer} within {self.timeout_s:g} s: {exc}; is the trainer "
+                "reachable from this host (firewall, RLX_SYNC_HOST)?"
+            ) from None
 
     def _join(self, p: dict):
         from torch.distributed import PrefixStore, TCPStore
 
         store = TCPStore(p["host"], int(p["port"]), None, False, _timedelta(self.timeout_s))
-        return new_group(self.handle.kind, PrefixStore(p["group"], store), int(p["rank"]), int(p["world_size"]),
-                         route_to(p["host"]), self.timeout_s, self.device)
+        return new_group(
+            self.handle.kind,
+            PrefixStore(p["group"], store),
+            int(p["rank"]),
+            int(p["world_size"]),
+            route_to(p["host"]),
+            self.timeout_s,
+            self.device,
+        )
 
     def slot(self, index: int) -> torch.Tensor:
         if self._slots is None:  # only chunks without a destination of their own land here
-            self._slots = torch.empty(self.handle.slot_bytes * self.handle.num_slots, dtype=torch.uint8,
-                                      device=self.device)
-        return self._slots[index * self.handle.slot_bytes:(index + 1) * self.handle.slot_bytes]
+            self._slots = torch.empty(
+                self.handle.slot_bytes * self.handle.num_slots, dtype=torch.uint8, device=self.device
+            )
+        return self._slots[index * self.handle.slot_bytes : (index + 1) * self.handle.slot_bytes]
 
     def fetch(self, index: int, pieces: list[tuple[int, torch.Tensor]]) -> None:
         """Several pieces of a coalescing sender: receive the bucket into slot ``index`` in one broadcast, then copy each piece that
@@ -297,9 +334,9 @@ class DistMapping(ReceiverMapping):
             self.fetch_each([dst for _, dst in live])
             return
         slot = self.slot(index)
-        self.fetch_each([slot[:packed_span(live)]])
+        self.fetch_each([slot[: packed_span(live)]])
         for offset, dst in live:
-            src = slot[offset:offset + dst.numel()]
+            src = slot[offset : offset + dst.numel()]
             if dst.data_ptr() != src.data_ptr():
                 copy_bytes(dst, src)
 
@@ -324,8 +361,7 @@ class DistMapping(ReceiverMapping):
         abort_soon(group)
 
 
-def new_group(kind: str, store, rank: int, world_size: int, local_host: str, timeout_s: float,
-              device: torch.device):
+def new_group(kind: str, store, rank: int, world_size: int, local_host: str, timeout_s: float, device: torch.device):
     """A stateless process group of ``world_size`` over ``store`` on ``device``; blocks until every rank
     joined (NCCL: its communicator is made now, for ``device``, not at the first broadcast)."""
     from torch.distributed import ProcessGroupGloo
@@ -381,8 +417,9 @@ def _finished(work, peer: str, deadline: float) -> bool:
     except Exception as exc:  # noqa: BLE001 - gloo and nccl raise RuntimeError subclasses or DistError
         raise SyncError(f"broadcast with {peer} failed: {str(exc).splitlines()[0]}") from None
     if time.monotonic() > deadline:
-        raise SyncError(f"broadcast with {peer} did not finish within the sync's deadline (sync.timeout_s); "
-                        "its group is aborted")
+        raise SyncError(
+            f"broadcast with {peer} did not finish within the sync's deadline (sync.timeout_s); its group is aborted"
+        )
     return False
 
 

@@ -57,7 +57,7 @@ class ShmBuffer(SenderBuffer):
         self._tensor = tensor_over(self._mm)
 
     def slot(self, index: int) -> torch.Tensor:
-        return self._tensor[index * self.slot_bytes:(index + 1) * self.slot_bytes]
+        return self._tensor[index * self.slot_bytes : (index + 1) * self.slot_bytes]
 
     def ready(self, index: int) -> None:
         pass
@@ -85,8 +85,10 @@ class ShmMapping(ReceiverMapping):
         self.handle = handle
         name, size = handle.payload.get("name"), handle.payload.get("size")
         if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise ValueError(f"shm handle names {name!r}, which is not an rlx sync segment (rlx-sync-<pid>-<hex>, "
-                             "no path separators)")
+            raise ValueError(
+                f"shm handle names {name!r}, which is not an rlx sync segment (rlx-sync-<pid>-<hex>, "
+                "no path separators)"
+            )
         if handle.slot_bytes < 1 or handle.num_slots < 1 or size != handle.slot_bytes * handle.num_slots:
             raise ValueError(f"shm handle size {size} != slot_bytes {handle.slot_bytes} x num_slots {handle.num_slots}")
         self.path = os.path.join(SHM_DIR, name)
@@ -100,7 +102,7 @@ class ShmMapping(ReceiverMapping):
             array = np.frombuffer(self._mm, dtype=np.uint8)  # a fresh one per sync: release_views watches it
             self._array = weakref.ref(array)
             self._tensor = torch.from_numpy(array)
-        return self._tensor[index * self.handle.slot_bytes:(index + 1) * self.handle.slot_bytes]
+        return self._tensor[index * self.handle.slot_bytes : (index + 1) * self.handle.slot_bytes]
 
     def done_reading(self, index: int) -> None:
         pass

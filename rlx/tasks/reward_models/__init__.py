@@ -18,8 +18,15 @@ from typing import Protocol
 
 from rlx.config.reward_models import RewardModelConfig
 
-__all__ = ["RewardModel", "RewardModelConfig", "RewardModelError", "Scored", "check_reward_model",
-           "make_reward_model", "mix"]
+__all__ = [
+    "RewardModel",
+    "RewardModelConfig",
+    "RewardModelError",
+    "Scored",
+    "check_reward_model",
+    "make_reward_model",
+    "mix",
+]
 
 
 class RewardModelError(RuntimeError):

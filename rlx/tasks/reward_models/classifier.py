@@ -39,8 +39,14 @@ class Classifier:
         size = self.rm.batch_size
         with torch.inference_mode():
             for i in range(0, len(texts), size):
-                enc = self.tokenizer(texts[i:i + size], return_tensors="pt", padding=True, truncation=True,
-                                     max_length=self.rm.max_length, add_special_tokens=False)
+                enc = self.tokenizer(
+                    texts[i : i + size],
+                    return_tensors="pt",
+                    padding=True,
+                    truncation=True,
+                    max_length=self.rm.max_length,
+                    add_special_tokens=False,
+                )
                 logits = self.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits.float()
                 values = logits[:, 0] if self.rm.label < 0 else logits.softmax(-1)[:, self.rm.label]
                 scores += values.tolist()
@@ -48,7 +54,9 @@ class Classifier:
 
     async def score(self, questions: list[str], responses: list[str], answers: list[str]) -> Scored:
         async with self._lock:  # one forward at a time: the model is not shared across threads
-            scores = await asyncio.to_thread(self.score_texts, [q + r for q, r in zip(questions, responses, strict=True)])
+            scores = await asyncio.to_thread(
+                self.score_texts, [q + r for q, r in zip(questions, responses, strict=True)]
+            )
         return Scored(scores)
 
 
@@ -68,28 +76,40 @@ def check_classifier(rm) -> None:
     except Exception as exc:  # noqa: BLE001 - any unreadable config is the same user error
         raise ConfigError(f"{where}: config.json does not load ({type(exc).__name__}: {exc}); {fix}") from None
     if config.model_type not in modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
-        raise ConfigError(f"{where}: model type {config.model_type!r} has no sequence-classification head in "
-                          "transformers; use a *ForSequenceClassification model")
+        raise ConfigError(
+            f"{where}: model type {config.model_type!r} has no sequence-classification head in "
+            "transformers; use a *ForSequenceClassification model"
+        )
     if not any((path / name).is_file() for name in WEIGHT_FILES) and not list(path.glob("*.safetensors")):
         raise ConfigError(f"{where} has no weights (model.safetensors); {fix}")
     if rm.label < 0 and config.num_labels != 1:
-        raise ConfigError(f"{where} has num_labels={config.num_labels}; task.reward_model.label=-1 takes the logit "
-                          f"of a num_labels=1 model: set task.reward_model.label to the label (0..{config.num_labels - 1})"
-                          " whose probability is the reward")
+        raise ConfigError(
+            f"{where} has num_labels={config.num_labels}; task.reward_model.label=-1 takes the logit "
+            f"of a num_labels=1 model: set task.reward_model.label to the label (0..{config.num_labels - 1})"
+            " whose probability is the reward"
+        )
     if rm.label >= config.num_labels:
-        raise ConfigError(f"task.reward_model.label={rm.label} but {rm.path} has num_labels={config.num_labels}; "
-                          f"set a label in 0..{config.num_labels - 1}")
+        raise ConfigError(
+            f"task.reward_model.label={rm.label} but {rm.path} has num_labels={config.num_labels}; "
+            f"set a label in 0..{config.num_labels - 1}"
+        )
     tokenizer_fix = "save the classifier's tokenizer into the same directory (tokenizer.save_pretrained(DIR))"
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ConfigError(f"{where} has no tokenizer files; {tokenizer_fix}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as exc:  # noqa: BLE001 - a missing or broken tokenizer is the same user error
-        raise ConfigError(f"{where}: no tokenizer loads from it ({type(exc).__name__}: {exc}); {tokenizer_fix}") from None
+        raise ConfigError(
+            f"{where}: no tokenizer loads from it ({type(exc).__name__}: {exc}); {tokenizer_fix}"
+        ) from None
     vocab = getattr(config.get_text_config(), "vocab_size", None)
     if vocab is not None and len(tokenizer) > vocab:
-        raise ConfigError(f"{where}: its tokenizer has {len(tokenizer)} tokens but the classifier's embedding only "
-                          f"{vocab}; save the tokenizer the classifier was trained with into {rm.path}")
+        raise ConfigError(
+            f"{where}: its tokenizer has {len(tokenizer)} tokens but the classifier's embedding only "
+            f"{vocab}; save the tokenizer the classifier was trained with into {rm.path}"
+        )
     if tokenizer.pad_token_id is None and config.pad_token_id is None:
-        raise ConfigError(f"{where}: neither the tokenizer nor config.json has a pad token, which batches need; set "
-                          "tokenizer.pad_token (e.g. to the eos token) and save it again")
+        raise ConfigError(
+            f"{where}: neither the tokenizer nor config.json has a pad token, which batches need; set "
+            "tokenizer.pad_token (e.g. to the eos token) and save it again"
+        )

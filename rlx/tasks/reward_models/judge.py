@@ -23,8 +23,10 @@ class Judge:
         self.pattern = re.compile(rm.score_pattern)
 
     def prompts(self, questions: list[str], responses: list[str], answers: list[str]) -> list[str]:
-        return [self.rm.template.format(question=q, response=r, answer=a)
-                for q, r, a in zip(questions, responses, answers, strict=True)]
+        return [
+            self.rm.template.format(question=q, response=r, answer=a)
+            for q, r, a in zip(questions, responses, answers, strict=True)
+        ]
 
     def parse(self, reply: str) -> float | None:
         """The score in one judge reply, or None when it has none."""
@@ -57,9 +59,11 @@ class Judge:
         try:
             reply = await client.call(0, Generate(prompts=prompts, sampling=greedy), timeout_s=self.rm.timeout_s)
         except RolloutServerError as exc:
-            raise RewardModelError(f"the judge at {self.rm.server} did not score this step's {len(prompts)} samples: "
-                                   f"{exc}; check that `rlx rollout-serve` of the judge runs at "
-                                   "task.reward_model.server, or raise task.reward_model.timeout_s") from None
+            raise RewardModelError(
+                f"the judge at {self.rm.server} did not score this step's {len(prompts)} samples: "
+                f"{exc}; check that `rlx rollout-serve` of the judge runs at "
+                "task.reward_model.server, or raise task.reward_model.timeout_s"
+            ) from None
         finally:
             client.close()
         return [result.samples[0].text for result in reply.results]
@@ -80,5 +84,7 @@ def check_judge_up(rm, token: str = "", timeout_s: float = 10.0) -> None:
     try:
         asyncio.run(health())
     except RolloutServerError as exc:
-        raise ConfigError(f"task.reward_model.server={rm.server!r}: the judge did not answer a health check ({exc}); "
-                          "start it first with `rlx rollout-serve JUDGE.yaml --address ADDRESS`") from None
+        raise ConfigError(
+            f"task.reward_model.server={rm.server!r}: the judge did not answer a health check ({exc}); "
+            "start it first with `rlx rollout-serve JUDGE.yaml --address ADDRESS`"
+        ) from None

@@ -49,9 +49,16 @@ class TraceViewerApp(App):
         Binding("3", "show_tab('metrics')", "metrics", show=False),
     ]
 
-    def __init__(self, trace: Trace, source: str, metrics: Metrics | None = None,
-                 metrics_note: str = "", started_at: float | None = None, initial_filter: str = "",
-                 initial_window: tuple[float, float] | None = None) -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        source: str,
+        metrics: Metrics | None = None,
+        metrics_note: str = "",
+        started_at: float | None = None,
+        initial_filter: str = "",
+        initial_window: tuple[float, float] | None = None,
+    ) -> None:
         super().__init__()
         self.initial_filter, self.initial_window = initial_filter, initial_window
         self.trace, self.source = trace, source
@@ -101,8 +108,10 @@ class TraceViewerApp(App):
 
     def status_text(self) -> str:
         trace, tl = self.trace, self.timeline
-        parts = [f"{_markup(self.source)}: {len(trace.processes)} processes, {len(trace.spans):,} spans, "
-                 f"{len(trace.events):,} events"]
+        parts = [
+            f"{_markup(self.source)}: {len(trace.processes)} processes, {len(trace.spans):,} spans, "
+            f"{len(trace.events):,} events"
+        ]
         if trace.num_skipped:
             parts.append(f"[b red]skipped {trace.num_skipped:,} bad lines[/]")
         if self.metrics and self.metrics.skipped:

@@ -30,7 +30,9 @@ def describe_span(trace: Trace, i: int) -> Table:
     table.add_column(overflow="fold")
     table.add_row("span", shown(trace.names[int(spans.name[i])], style="bold"))
     table.add_row("process", shown(f"{p.label} (role {p.role}, pid {p.pid}, {p.host})"))
-    table.add_row("start", f"{format_ns(int(spans.start[i]), 6)} after trace start ({wall_time(trace, int(spans.start[i]))})")
+    table.add_row(
+        "start", f"{format_ns(int(spans.start[i]), 6)} after trace start ({wall_time(trace, int(spans.start[i]))})"
+    )
     duration = format_ns(int(spans.duration[i]), 4)
     status = int(spans.status[i])
     if status == STATUS_UNFINISHED:
@@ -40,7 +42,9 @@ def describe_span(trace: Trace, i: int) -> Table:
         table.add_row("error", shown(spans.errors.get(i, ""), style="bold red"))
     parent = int(spans.parent[i])
     if parent >= 0:
-        table.add_row("parent", shown(f"{trace.names[int(spans.name[parent])]} ({format_ns(int(spans.duration[parent]))})"))
+        table.add_row(
+            "parent", shown(f"{trace.names[int(spans.name[parent])]} ({format_ns(int(spans.duration[parent]))})")
+        )
     for key, value in trace.span_attrs(i).items():
         table.add_row(shown(key), shown(value))
     return table

@@ -31,19 +31,19 @@ _MAX_SEEN = 1 << 27
 
 @dataclass(frozen=True)
 class RowKey:
-    kind: str          # SPANS (one depth of a process), REQUESTS (summary) or REQUEST (one request)
+    kind: str  # SPANS (one depth of a process), REQUESTS (summary) or REQUEST (one request)
     proc: int
-    depth: int = 0     # SPANS: the nesting depth shown
+    depth: int = 0  # SPANS: the nesting depth shown
     request: int = -1  # REQUEST: index into trace.request_ids
 
 
 @dataclass
 class RowData:
-    spans: np.ndarray      # span indices sorted by start
+    spans: np.ndarray  # span indices sorted by start
     starts: np.ndarray
     ends: np.ndarray
-    max_end: np.ndarray    # running maximum of ends: spans before i all end by max_end[i-1]
-    events: np.ndarray     # event indices sorted by time
+    max_end: np.ndarray  # running maximum of ends: spans before i all end by max_end[i-1]
+    events: np.ndarray  # event indices sorted by time
     event_times: np.ndarray
 
     def visible(self, t0: float, t1: float) -> np.ndarray:
@@ -64,8 +64,9 @@ def _row_data(trace: Trace, spans: np.ndarray, events: np.ndarray) -> RowData:
     spans = spans[np.argsort(trace.spans.start[spans], kind="stable")]
     events = events[np.argsort(trace.events.time[events], kind="stable")]
     starts, ends = trace.spans.start[spans], trace.spans.end[spans]
-    return RowData(spans, starts, ends, np.maximum.accumulate(ends) if len(ends) else ends,
-                   events, trace.events.time[events])
+    return RowData(
+        spans, starts, ends, np.maximum.accumulate(ends) if len(ends) else ends, events, trace.events.time[events]
+    )
 
 
 def _natural(text: str) -> list:
@@ -81,8 +82,7 @@ class Lanes:
     expansion.
     """
 
-    def __init__(self, trace: Trace, span_mask: np.ndarray | None = None,
-                 event_mask: np.ndarray | None = None) -> None:
+    def __init__(self, trace: Trace, span_mask: np.ndarray | None = None, event_mask: np.ndarray | None = None) -> None:
         self.trace = trace
         spans, events = trace.spans, trace.events
         self.span_mask = np.ones(len(spans), bool) if span_mask is None else span_mask
@@ -109,8 +109,10 @@ class Lanes:
         spans, events = self.trace.spans, self.trace.events
         self._req_spans = np.flatnonzero(self.span_mask & (spans.request >= 0))
         self._req_events = np.flatnonzero(self.event_mask & (events.request >= 0))
-        keys = np.r_[self._key(spans.proc[self._req_spans], spans.request[self._req_spans]),
-                     self._key(events.proc[self._req_events], events.request[self._req_events])]
+        keys = np.r_[
+            self._key(spans.proc[self._req_spans], spans.request[self._req_spans]),
+            self._key(events.proc[self._req_events], events.request[self._req_events]),
+        ]
         num_procs = len(self.trace.processes)
         if num_procs * self._width <= _MAX_SEEN:  # mark each (process, request) pair: no sort
             seen = np.zeros(num_procs * self._width, bool)
@@ -143,7 +145,7 @@ class Lanes:
         keys = self._key(events.proc[self._req_events], events.request[self._req_events])
         order = np.lexsort((events.time[self._req_events], keys))
         self._req_events, self._req_event_keys = self._req_events[order], keys[order]
-        first = np.r_[True, self._req_span_keys[1:] != self._req_span_keys[:-1]][:len(self._req_span_keys)]
+        first = np.r_[True, self._req_span_keys[1:] != self._req_span_keys[:-1]][: len(self._req_span_keys)]
         group_keys, starts = self._req_span_keys[first], spans.start[self._req_spans[first]]
         ends = np.maximum.reduceat(spans.end[self._req_spans], np.flatnonzero(first)) if len(first) else starts
         only_events = np.setdiff1d(self._req_event_keys, group_keys)
@@ -215,10 +217,14 @@ class Lanes:
     def _build(self, key: RowKey) -> RowData:
         spans, events = self.trace.spans, self.trace.events
         if key.kind == SPANS:
-            span_idx = np.flatnonzero(self.span_mask & (spans.proc == key.proc) & (spans.request < 0)
-                                      & (spans.depth == key.depth))
-            event_idx = np.flatnonzero(self.event_mask & (events.proc == key.proc) & (events.request < 0)) \
-                if key in self._first_rows else np.arange(0)
+            span_idx = np.flatnonzero(
+                self.span_mask & (spans.proc == key.proc) & (spans.request < 0) & (spans.depth == key.depth)
+            )
+            event_idx = (
+                np.flatnonzero(self.event_mask & (events.proc == key.proc) & (events.request < 0))
+                if key in self._first_rows
+                else np.arange(0)
+            )
             return _row_data(self.trace, span_idx, event_idx)
         if key.kind == REQUESTS:
             return self._in_flight(key.proc)

@@ -49,4 +49,3 @@ class MetricsView(Grid):
     def compose(self):
         for title, keys in PLOTS:
             yield MetricPlot(self.metrics, title, keys)
-

@@ -22,16 +22,47 @@ from rlx.trace.units import format_ns
 from rlx.trace.viewer.lanes import REQUESTS, RowData
 
 KNOWN_COLORS = {
-    "step": "grey35", "queued": "grey50", "generate": "green3", "rollout": "sea_green3",
-    "reward": "gold3", "logprob": "dark_cyan", "update.micro_batch": "dodger_blue2",
-    "optimizer_step": "medium_purple", "sync": "dark_orange3", "sync.pack": "orange3",
-    "sync.transfer": "dark_orange", "sync.load": "orange1", "sync.ack": "light_salmon1",
+    "step": "grey35",
+    "queued": "grey50",
+    "generate": "green3",
+    "rollout": "sea_green3",
+    "reward": "gold3",
+    "logprob": "dark_cyan",
+    "update.micro_batch": "dodger_blue2",
+    "optimizer_step": "medium_purple",
+    "sync": "dark_orange3",
+    "sync.pack": "orange3",
+    "sync.transfer": "dark_orange",
+    "sync.load": "orange1",
+    "sync.ack": "light_salmon1",
     "checkpoint": "magenta3",
 }
-_PALETTE = ("steel_blue", "pale_green3", "khaki3", "plum3", "cadet_blue", "light_coral",
-            "dark_sea_green", "sky_blue3", "tan", "orchid", "light_slate_blue", "yellow3")
-_DARK = {"grey35", "grey50", "dark_cyan", "dodger_blue2", "medium_purple", "magenta3",
-         "dark_orange3", "steel_blue", "cadet_blue", "light_slate_blue"}
+_PALETTE = (
+    "steel_blue",
+    "pale_green3",
+    "khaki3",
+    "plum3",
+    "cadet_blue",
+    "light_coral",
+    "dark_sea_green",
+    "sky_blue3",
+    "tan",
+    "orchid",
+    "light_slate_blue",
+    "yellow3",
+)
+_DARK = {
+    "grey35",
+    "grey50",
+    "dark_cyan",
+    "dodger_blue2",
+    "medium_purple",
+    "magenta3",
+    "dark_orange3",
+    "steel_blue",
+    "cadet_blue",
+    "light_slate_blue",
+}
 _LEVELS = " ▁▂▃▄▅▆▇█"
 EVENT_MARK = "◆"
 BLANK = Style()
@@ -65,8 +96,9 @@ def _end_cols(ends: np.ndarray, starts_col: np.ndarray, t0: float, t1: float, wi
     return np.maximum(cols, starts_col)
 
 
-def row_cells(trace: Trace, palette: Palette, kind: str, data: RowData, t0: float, t1: float,
-              width: int, selected: int = -1) -> tuple[list[str], list[Style]]:
+def row_cells(
+    trace: Trace, palette: Palette, kind: str, data: RowData, t0: float, t1: float, width: int, selected: int = -1
+) -> tuple[list[str], list[Style]]:
     """Characters and styles of the ``width`` cells of one row."""
     chars, styles = [" "] * width, [BLANK] * width
     if kind == REQUESTS:
@@ -93,7 +125,7 @@ def _draw_bars(chars, styles, trace, palette, data, pos, t0, t1, width, selected
             style = palette.error
         if i == selected:
             style = palette.selected
-        styles[a:b + 1] = [style] * (b - a + 1)
+        styles[a : b + 1] = [style] * (b - a + 1)
         _label(chars, a, b, palette.labels[spans.name[i]], spans.status[i] == STATUS_UNFINISHED)
 
 
@@ -102,15 +134,15 @@ def _label(chars: list[str], a: int, b: int, name: str, unfinished: bool) -> Non
     room = b - a + 1
     text = name + (" …" if unfinished else "")
     if len(text) >= room:
-        text = text[:room - 1] + "…" if room >= 3 else ""
-    chars[a:b + 1] = list(text.ljust(room))
+        text = text[: room - 1] + "…" if room >= 3 else ""
+    chars[a : b + 1] = list(text.ljust(room))
 
 
 def _draw_dense(chars, styles, trace, palette, data, pos, t0, t1, width) -> None:
     """More spans than cells: colour each covered cell by the last span starting in or before it."""
     cs = np.clip(_cols(data.starts[pos], t0, t1, width), 0, width - 1)
     ce = np.clip(_end_cols(data.ends[pos], cs, t0, t1, width), 0, width - 1)
-    cover = np.cumsum(np.bincount(cs, minlength=width + 1) - np.bincount(ce + 1, minlength=width + 2)[:width + 1])
+    cover = np.cumsum(np.bincount(cs, minlength=width + 1) - np.bincount(ce + 1, minlength=width + 2)[: width + 1])
     last = np.searchsorted(cs, np.arange(width), side="right") - 1
     names = trace.spans.name[data.spans[pos]]
     for col in np.flatnonzero(cover[:width] > 0).tolist():
@@ -124,7 +156,9 @@ def _draw_in_flight(chars, styles, palette, data, t0, t1, width) -> None:
         return
     cs = np.clip(_cols(data.starts[pos], t0, t1, width), 0, width - 1)
     ce = np.clip(_end_cols(data.ends[pos], cs, t0, t1, width), 0, width - 1)
-    count = np.cumsum(np.bincount(cs, minlength=width + 1) - np.bincount(ce + 1, minlength=width + 2)[:width + 1])[:width]
+    count = np.cumsum(np.bincount(cs, minlength=width + 1) - np.bincount(ce + 1, minlength=width + 2)[: width + 1])[
+        :width
+    ]
     top = max(int(count.max()), 1)
     for col in np.flatnonzero(count).tolist():
         chars[col] = _LEVELS[max(1, math.ceil(count[col] / top * 8))]
@@ -167,8 +201,8 @@ def ruler(t0: float, t1: float, width: int) -> list[str]:
     while tick <= t1:
         col = int((tick - t0) * width / (t1 - t0))
         text = "╵" + format_ns(tick, digits=4)
-        if col + len(text) <= width and chars[col] == " " and all(c == " " for c in chars[col:col + len(text) + 1]):
-            chars[col:col + len(text)] = list(text)
+        if col + len(text) <= width and chars[col] == " " and all(c == " " for c in chars[col : col + len(text) + 1]):
+            chars[col : col + len(text)] = list(text)
         tick += step
     return chars
 

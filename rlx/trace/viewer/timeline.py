@@ -39,8 +39,12 @@ from rlx.trace.viewer.render import Palette, row_cells, ruler, to_segments
 LABEL_WIDTH = 24
 MIN_WINDOW_NS = 1_000
 _MAX_MEMO_ROWS = 512
-_ROLE_STYLE = {"rollout": Style(color="green3", bold=True), "trainer": Style(color="dodger_blue1", bold=True),
-               "sync": Style(color="dark_orange", bold=True), "launcher": Style(color="magenta", bold=True)}
+_ROLE_STYLE = {
+    "rollout": Style(color="green3", bold=True),
+    "trainer": Style(color="dodger_blue1", bold=True),
+    "sync": Style(color="dark_orange", bold=True),
+    "launcher": Style(color="magenta", bold=True),
+}
 _LABEL = Style(color="grey70")
 _CURRENT = Style(reverse=True)
 _RULER = Style(color="grey62")
@@ -136,8 +140,16 @@ class Timeline(Widget, can_focus=True):
         if cells is None:
             if len(self._cells) >= _MAX_MEMO_ROWS:
                 self._cells.clear()
-            cells = self._cells[memo_key] = row_cells(self.trace, self.palette, key.kind, self.lanes.data(key),
-                                                      self.t0, self.t1, self.plot_width, self.selected)
+            cells = self._cells[memo_key] = row_cells(
+                self.trace,
+                self.palette,
+                key.kind,
+                self.lanes.data(key),
+                self.t0,
+                self.t1,
+                self.plot_width,
+                self.selected,
+            )
         return cells
 
     def _ruler_line(self, width: int) -> Strip:
@@ -147,7 +159,7 @@ class Timeline(Widget, can_focus=True):
 
     def _label_segment(self, key: RowKey, current: bool) -> Segment:
         text = shown(self.lanes.label(key)).plain
-        text = (text[:LABEL_WIDTH - 2] + "… ") if len(text) > LABEL_WIDTH - 1 else text.ljust(LABEL_WIDTH)
+        text = (text[: LABEL_WIDTH - 2] + "… ") if len(text) > LABEL_WIDTH - 1 else text.ljust(LABEL_WIDTH)
         style = _LABEL
         if key.kind not in (REQUEST, REQUESTS) and not text.startswith(" "):
             style = _ROLE_STYLE.get(self.trace.processes[key.proc].role, _LABEL)
@@ -187,8 +199,9 @@ class Timeline(Widget, can_focus=True):
         key = self.lanes.rows[self.row] if self.lanes.rows else None
         if self.lanes.set_window(t0, t1) and key is not None:
             rows = self.lanes.rows
-            self.set_row(rows.index(key) if key in rows else rows.index(RowKey(REQUESTS, key.proc))
-                         if key.kind == REQUEST else 0)
+            self.set_row(
+                rows.index(key) if key in rows else rows.index(RowKey(REQUESTS, key.proc)) if key.kind == REQUEST else 0
+            )
         self.refresh()
 
     def action_move_cursor(self, columns: int) -> None:

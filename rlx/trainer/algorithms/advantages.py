@@ -27,13 +27,16 @@ NEEDS_GROUPS = ("grpo", "rloo")
 def compute_advantages(name: str, rewards: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
     """Advantages [B] of ``rewards`` [B] by the estimator ``name`` (grpo, drgrpo, rloo, reinforce_pp)."""
     if name not in ESTIMATORS:
-        raise ValueError(f"advantage estimator {name!r} is unknown; set algorithm.advantage to one of "
-                         f"{', '.join(ESTIMATORS)}")
+        raise ValueError(
+            f"advantage estimator {name!r} is unknown; set algorithm.advantage to one of {', '.join(ESTIMATORS)}"
+        )
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be one value per sequence, shape [B]; got {tuple(rewards.shape)}")
     if group_size < 1 or rewards.numel() % group_size:
-        raise ValueError(f"{rewards.numel()} rewards do not split into groups of group_size={group_size}; "
-                         "pass rollout.n and all n samples of every prompt")
+        raise ValueError(
+            f"{rewards.numel()} rewards do not split into groups of group_size={group_size}; "
+            "pass rollout.n and all n samples of every prompt"
+        )
     if name in NEEDS_GROUPS and group_size < 2:
         raise ValueError(f"algorithm.advantage={name} needs at least 2 samples per prompt; set rollout.n >= 2")
     rewards = rewards.detach()

@@ -42,11 +42,14 @@ class LossAgg:
 
     def __post_init__(self) -> None:
         if self.mode not in AGG_MODES:
-            raise ValueError(f"loss aggregation {self.mode!r} is unknown; set algorithm.loss_agg to one of "
-                             f"{', '.join(AGG_MODES)}")
+            raise ValueError(
+                f"loss aggregation {self.mode!r} is unknown; set algorithm.loss_agg to one of {', '.join(AGG_MODES)}"
+            )
         if self.global_tokens < 0 or self.global_seqs < 0:
-            raise ValueError(f"global_tokens={self.global_tokens}, global_seqs={self.global_seqs} must be >= 0: "
-                             "pass the counts of the whole step batch")
+            raise ValueError(
+                f"global_tokens={self.global_tokens}, global_seqs={self.global_seqs} must be >= 0: "
+                "pass the counts of the whole step batch"
+            )
         if self.max_len < 1:
             raise ValueError(f"max_len={self.max_len} must be >= 1; pass rollout.max_tokens")
 

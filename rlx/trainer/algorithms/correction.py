@@ -43,9 +43,17 @@ MAX_LOG_WEIGHT = 20.0
 
 
 @torch.no_grad()
-def rollout_correction(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, method: str, level: str,
-                       tis_cap: float, icepop_low: float, icepop_high: float
-                       ) -> tuple[Tensor | None, dict[str, float]]:
+def rollout_correction(
+    old_logp: Tensor,
+    rollout_logp: Tensor,
+    mask: Tensor,
+    *,
+    method: str,
+    level: str,
+    tis_cap: float,
+    icepop_low: float,
+    icepop_high: float,
+) -> tuple[Tensor | None, dict[str, float]]:
     """Importance weights [B, T] (None for method 'none') and the mismatch/correction metrics."""
     _check(old_logp, rollout_logp, mask, method, level, tis_cap, icepop_low, icepop_high)
     mask = mask.to(old_logp.dtype)
@@ -73,18 +81,31 @@ def ratio_anchor(method: str, old_logp: Tensor, rollout_logp: Tensor) -> Tensor:
     return rollout_logp if method == "bypass" else old_logp
 
 
-def _check(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, method: str, level: str, tis_cap: float,
-           icepop_low: float, icepop_high: float) -> None:
+def _check(
+    old_logp: Tensor,
+    rollout_logp: Tensor,
+    mask: Tensor,
+    method: str,
+    level: str,
+    tis_cap: float,
+    icepop_low: float,
+    icepop_high: float,
+) -> None:
     if method not in METHODS:
-        raise ValueError(f"rollout correction {method!r} is unknown; set algorithm.rollout_correction to one of "
-                         f"{', '.join(METHODS)}")
+        raise ValueError(
+            f"rollout correction {method!r} is unknown; set algorithm.rollout_correction to one of {', '.join(METHODS)}"
+        )
     if level not in LEVELS:
         raise ValueError(f"correction level {level!r} is unknown; set algorithm.correction_level to token or sequence")
     if not (old_logp.shape == rollout_logp.shape == mask.shape) or old_logp.dim() != 2:
-        raise ValueError(f"old_logp {tuple(old_logp.shape)}, rollout_logp {tuple(rollout_logp.shape)} and mask "
-                         f"{tuple(mask.shape)} must all be [B, T]: the rollout engine returns one logprob per token")
+        raise ValueError(
+            f"old_logp {tuple(old_logp.shape)}, rollout_logp {tuple(rollout_logp.shape)} and mask "
+            f"{tuple(mask.shape)} must all be [B, T]: the rollout engine returns one logprob per token"
+        )
     if method == "tis" and tis_cap <= 0:
         raise ValueError(f"tis_cap={tis_cap} must be > 0; set algorithm.tis_cap (e.g. 2.0)")
     if method == "icepop" and not 0 <= icepop_low < icepop_high:
-        raise ValueError(f"icepop_low={icepop_low}, icepop_high={icepop_high}: need 0 <= low < high; "
-                         "set algorithm.icepop_low / algorithm.icepop_high")
+        raise ValueError(
+            f"icepop_low={icepop_low}, icepop_high={icepop_high}: need 0 <= low < high; "
+            "set algorithm.icepop_low / algorithm.icepop_high"
+        )

@@ -20,12 +20,15 @@ import torch
 from torch import Tensor
 
 
-def gae_advantages(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float,
-                   whiten: bool = True, eps: float = 1e-8) -> tuple[Tensor, Tensor]:
+def gae_advantages(
+    rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float, whiten: bool = True, eps: float = 1e-8
+) -> tuple[Tensor, Tensor]:
     """(advantages [B, T], returns [B, T]) from sequence ``rewards`` [B] and per-token ``values`` [B, T]."""
     if values.dim() != 2 or values.shape != mask.shape or rewards.shape != values.shape[:1]:
-        raise ValueError(f"rewards {tuple(rewards.shape)} must be [B] and values {tuple(values.shape)} and mask "
-                         f"{tuple(mask.shape)} [B, T]")
+        raise ValueError(
+            f"rewards {tuple(rewards.shape)} must be [B] and values {tuple(values.shape)} and mask "
+            f"{tuple(mask.shape)} [B, T]"
+        )
     with torch.no_grad():
         mask = mask.to(values.dtype)
         values = values.detach() * mask

@@ -22,8 +22,15 @@ from rlx.trainer.algorithms.ppo import clipped_surrogate
 MAX_LOG_RATIO = 10.0
 
 
-def gspo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, clip_low: float,
-              clip_high: float, dual_clip: float = 0.0) -> tuple[Tensor, dict[str, float]]:
+def gspo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float = 0.0,
+) -> tuple[Tensor, dict[str, float]]:
     """Per-token GSPO loss [B, T]; ``advantages`` broadcast to [B, T] already."""
     mask = mask.to(logp.dtype)
     lengths = mask.sum(dim=-1, keepdim=True).clamp(min=1.0)

@@ -33,13 +33,15 @@ KL_ESTIMATORS = {"k1": lambda log_ratio: log_ratio, "k2": lambda log_ratio: 0.5 
 def kl_estimate(logp: Tensor, ref_logp: Tensor, estimator: str) -> Tensor:
     """Per-token estimate of KL(policy || reference) from the sampled tokens' logprobs."""
     if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"KL estimator {estimator!r} is unknown; set algorithm.kl_estimator to one of "
-                         f"{', '.join(KL_ESTIMATORS)}")
+        raise ValueError(
+            f"KL estimator {estimator!r} is unknown; set algorithm.kl_estimator to one of {', '.join(KL_ESTIMATORS)}"
+        )
     return KL_ESTIMATORS[estimator](logp - ref_logp)
 
 
-def kl_penalized_rewards(rewards: Tensor, logp: Tensor, ref_logp: Tensor, mask: Tensor, kl_coef: float,
-                         estimator: str) -> Tensor:
+def kl_penalized_rewards(
+    rewards: Tensor, logp: Tensor, ref_logp: Tensor, mask: Tensor, kl_coef: float, estimator: str
+) -> Tensor:
     """rewards [B] minus kl_coef times each sequence's summed per-token KL; detached."""
     with torch.no_grad():
         kl = kl_estimate(logp, ref_logp, estimator) * mask.to(logp.dtype)

@@ -18,9 +18,19 @@ from rlx.trainer.algorithms.ppo import ppo_loss
 LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, float]]]] = {"ppo": ppo_loss, "gspo": gspo_loss}
 
 
-def policy_loss(name: str, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-                clip_low: float, clip_high: float, dual_clip: float = 0.0, weights: Tensor | None = None,
-                agg: LossAgg) -> tuple[Tensor, dict[str, float]]:
+def policy_loss(
+    name: str,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float = 0.0,
+    weights: Tensor | None = None,
+    agg: LossAgg,
+) -> tuple[Tensor, dict[str, float]]:
     """This micro-batch's contribution to the policy loss, and its metrics (clip_frac, ratio_mean, ...).
 
     ``advantages`` is [B] (one per sequence) or [B, T] (per token); ``weights`` [B, T] are
@@ -33,8 +43,9 @@ def policy_loss(name: str, logp: Tensor, old_logp: Tensor, advantages: Tensor, m
         raise ValueError(f"dual_clip={dual_clip} must be > 1 (or 0 to turn it off); set algorithm.dual_clip")
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)
-    per_token, metrics = LOSSES[name](logp, old_logp.detach(), advantages.detach().to(logp.dtype), mask,
-                                      clip_low, clip_high, dual_clip)
+    per_token, metrics = LOSSES[name](
+        logp, old_logp.detach(), advantages.detach().to(logp.dtype), mask, clip_low, clip_high, dual_clip
+    )
     if weights is not None:
         per_token = per_token * weights.detach().to(per_token.dtype)
     return agg(per_token, mask), metrics

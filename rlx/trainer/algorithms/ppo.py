@@ -23,8 +23,9 @@ from rlx.trainer.algorithms.aggregation import masked_mean
 MAX_LOG_RATIO = 20.0
 
 
-def clipped_surrogate(ratio: Tensor, advantages: Tensor, mask: Tensor, clip_low: float, clip_high: float,
-                      dual_clip: float = 0.0) -> tuple[Tensor, dict[str, float]]:
+def clipped_surrogate(
+    ratio: Tensor, advantages: Tensor, mask: Tensor, clip_low: float, clip_high: float, dual_clip: float = 0.0
+) -> tuple[Tensor, dict[str, float]]:
     """Per-token clipped loss of ``ratio`` [B, T] and its clip metrics over the real tokens."""
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
@@ -47,8 +48,15 @@ def clipped_surrogate(ratio: Tensor, advantages: Tensor, mask: Tensor, clip_low:
     return loss, metrics
 
 
-def ppo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, clip_low: float,
-             clip_high: float, dual_clip: float = 0.0) -> tuple[Tensor, dict[str, float]]:
+def ppo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float = 0.0,
+) -> tuple[Tensor, dict[str, float]]:
     """Per-token PPO-clip loss [B, T]; ``advantages`` broadcast to [B, T] already."""
     ratio = torch.exp((logp - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
     return clipped_surrogate(ratio, advantages, mask, clip_low, clip_high, dual_clip)
