@@ -417,7 +417,8 @@ def render(report: dict, console: Console) -> None:
         console.print(f"  {side}: {OPS[side]} (runs: {seconds} s)", highlight=False)
     console.print(
         f"Source evicted from the page cache before every run; outputs fresh and fsynced; the "
-        f"ceiling wrote {report['ceiling_write_bytes'] / 1e9:.2f} GB. 'above imports' subtracts a child that only imports rlx's conversion modules "
+        f"ceiling wrote {report['ceiling_write_bytes'] / 1e9:.2f} GB. 'above imports' subtracts a child that only "
+        f"imports rlx's conversion modules "
         f"({report['baseline_rss_bytes'] / 1e9:.2f} GB). Work dir on {report['work_dir']}.",
         highlight=False,
     )

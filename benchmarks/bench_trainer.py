@@ -12,11 +12,10 @@ of 1024 + 15360 tokens (micro-batch 1 row), and GRPO groups: 8 prompts of 1024 t
 samples each, completions uniform in [128, 512]. Token rates count real tokens only (prompt +
 completion, no padding) of the samples as given, each sample with its prompt, so on the GRPO
 shape rlx's shared prompts (computed once per group) show as a higher rate on the same samples;
-MFU counts the tokens each side actually puts through the model. "update" is forward + backward + optimizer step; "step" is the
-whole ``Trainer.step`` (plan, logprob pass when there is one, advantages, update). MFU is
-6 * params * update tokens/s against the bf16 matmul peak measured in the same run. Peak
-memory is the step's own: the most allocated above what was allocated when it began (both
-models and their optimizer states stay resident all along).
+MFU counts the tokens each side actually puts through the model. "update" is forward + backward + optimizer step; "step"
+is the whole ``Trainer.step`` (plan, logprob pass when there is one, advantages, update). MFU is 6 * params * update
+tokens/s against the bf16 matmul peak measured in the same run. Peak memory is the step's own: the most allocated above
+what was allocated when it began (both models and their optimizer states stay resident all along).
 
     python benchmarks/bench_trainer.py [--rounds 3] [--json docs/results/bench_trainer_h100.json]
 """

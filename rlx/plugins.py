@@ -16,7 +16,8 @@ Pre-flight imports and makes every configured plugin once, so a missing module o
 raises stops the run before any process starts; the controller then makes its own. Hooks run on
 the controller (trainer rank 0), in the order the config lists the plugins. A hook that raises ends
 the run with ``PluginError`` naming the plugin and the hook; a failed save hook leaves no new
-checkpoint (the staged directory is removed), so the newest complete one is the previous checkpoint. Left out: plugins on other ranks or in the rollout servers.
+checkpoint (the staged directory is removed), so the newest complete one is the previous checkpoint.
+Left out: plugins on other ranks or in the rollout servers.
 """
 
 from __future__ import annotations

@@ -218,7 +218,8 @@ def render(all_sections: list[Section]) -> str:
         for key in section.keys:
             name = f"`{section.path + '.' if section.path else ''}{key.name}`"
             if key.section_class:
-                doc = f"section: [{key.name}](#{(section.path + key.name if section.path else key.name).replace('.', '')})"
+                anchor = (section.path + key.name if section.path else key.name).replace(".", "")
+                doc = f"section: [{key.name}](#{anchor})"
                 lines.append(f"| {name} | {key.section_class} | | | {doc} |")
                 continue
             allowed = ", ".join(_show(c) for c in key.choices) if key.choices else ""

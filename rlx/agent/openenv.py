@@ -17,8 +17,8 @@ through OpenEnv's own ``GenericEnvClient``, so the environment's package need no
   reward is the sum of the rewards the environment gave at its steps (its return): the environment's own
   reward or rubric decides it. An episode whose environment gave no reward gets 0.
 
-``rlx.tasks.openenv.OpenEnvTask`` is the task: its problems are reset seeds (held-out ids first, then the train ids). It has no
-answer to check, so accuracy is not measured (it reads 0); the reward is the signal.
+``rlx.tasks.openenv.OpenEnvTask`` is the task: its problems are reset seeds (held-out ids first, then the train ids). It
+has no answer to check, so accuracy is not measured (it reads 0); the reward is the signal.
 
 OpenEnv and not ``verifiers``: OpenEnv's client and server install beside vLLM without changing a package
 (its web UI's gradio, which pins an older pillow, is left out), while verifiers pins ``mcp`` and ``openai``

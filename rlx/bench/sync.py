@@ -8,8 +8,8 @@ the same tensors to the target; a zero-copy sender sends them from where they ar
 lives in a ``WeightArena``, as a one-rank trainer's weights do), so the receiver's copy is the only
 one. The ceiling and the three transfers alternate round by round, so drift on a shared machine
 hits them all alike. Every figure is the median of the timed
-runs after one warm-up (the ceiling's over all rounds of all bucket sizes). Torch runs one intra-op thread in every process, so each copy uses
-one core and the comparison with the one-thread ceiling is fair. With ``verify``, each sender
+runs after one warm-up (the ceiling's over all rounds of all bucket sizes). Torch runs one intra-op thread in every
+process, so each copy uses one core and the comparison with the one-thread ceiling is fair. With ``verify``, each sender
 then does one more sync with checksums, untimed. The table and JSON live in ``rlx.cli.bench_sync``.
 
 For ``gloo`` / ``nccl`` (a torch.distributed broadcast, the transport across hosts) the ceiling is

@@ -20,7 +20,8 @@ def bench_sync(
         None,
         "--preset",
         metavar="<0.5b|1.5b|7b>",
-        help="Synthetic Qwen2-shaped model (repeatable); default 0.5b with a CPU transport, all three with cuda_ipc or nccl.",
+        help="Synthetic Qwen2-shaped model (repeatable); default 0.5b with a CPU transport, all three with cuda_ipc "
+        "or nccl.",
     ),
     model: Path | None = typer.Option(
         None, "--model", help="A Hugging Face model directory to send instead of presets."
@@ -34,7 +35,8 @@ def bench_sync(
     bucket_mb: list[int] | None = typer.Option(
         None,
         "--bucket-mb",
-        help="Bucket (slot) size in MiB (repeatable); default 32, 64, 128 for shm, 64, 256, 1024 for cuda_ipc, 16, 64 for gloo, 64, 256 for nccl.",
+        help="Bucket (slot) size in MiB (repeatable); default 32, 64, 128 for shm, 64, 256, 1024 for cuda_ipc, 16, 64 "
+        "for gloo, 64, 256 for nccl.",
     ),
     repeats: int = typer.Option(
         3, "--repeats", help="Timed runs per measurement, after one warm-up; the median is shown."
@@ -50,7 +52,8 @@ def bench_sync(
         "process",
         "--target",
         metavar="<process|server>",
-        help="Where the receivers run: process (a local receiver process) or server (a rollout server: vLLM load_weights included; needs --model or --server).",
+        help="Where the receivers run: process (a local receiver process) or server (a rollout server: vLLM "
+        "load_weights included; needs --model or --server).",
     ),
     server: str | None = typer.Option(
         None, "--server", help="--target server: address of a running rollout server (default: start one on --model)."
@@ -69,12 +72,14 @@ def bench_sync(
     lora_rank: int = typer.Option(
         0,
         "--lora-rank",
-        help="Also compare LoRA sync of rank R: adapter-only (model.lora.sync=adapter) against merged, same model and sender.",
+        help="Also compare LoRA sync of rank R: adapter-only (model.lora.sync=adapter) against merged, same model and "
+        "sender.",
     ),
     receiver_gpu: int | None = typer.Option(
         None,
         "--receiver-gpu",
-        help="GPU of the receiver (the sender uses GPU 0); default 1 for nccl, 0 for cuda_ipc (another GPU: peer-to-peer).",
+        help="GPU of the receiver (the sender uses GPU 0); default 1 for nccl, 0 for cuda_ipc (another GPU: "
+        "peer-to-peer).",
     ),
 ) -> None:
     """Measure weight transfer (trainer -> receiver process) against a one-thread copy and a lock-step baseline."""
@@ -223,8 +228,14 @@ def _footer(opts, result) -> list[str]:
         f"median of {opts.repeats} timed runs after one warm-up (ceiling: of all rounds, which alternate with "
         "the transfers'); torch pinned to 1 thread in the bench and "
         "the receiver process, so every copy uses one core. ceiling = one-thread copy of the same tensors "
-        "(memmove, the copy the transfers use on the CPU; device-to-device for cuda_ipc); lock-step = one slot (fill, send, wait for the ack); double = two slots; zero-copy = the tensors live in a weight arena (shared memory; one CUDA IPC allocation on a GPU), as a one-rank trainer's weights do, and only their offsets are sent, so the receiver's copy is the only one. x ceil / x lock = throughput over the "
-        "ceiling's / the lock-step sender's at the same bucket size; ok = checksums matched (--verify). gloo / nccl: the ceiling is a plain torch.distributed broadcast of the same tensors between the same two processes (group set-up excluded; each transfer sets up its own group), and there is no zero-copy row (the broadcast sends each tensor from where it is)."
+        "(memmove, the copy the transfers use on the CPU; device-to-device for cuda_ipc); lock-step = one slot (fill, "
+        "send, wait for the ack); double = two slots; zero-copy = the tensors live in a weight arena (shared memory; "
+        "one CUDA IPC allocation on a GPU), as a one-rank trainer's weights do, and only their offsets are sent, so "
+        "the receiver's copy is the only one. x ceil / x lock = throughput over the "
+        "ceiling's / the lock-step sender's at the same bucket size; ok = checksums matched (--verify). gloo / nccl: "
+        "the ceiling is a plain torch.distributed broadcast of the same tensors between the same two processes (group "
+        "set-up excluded; each transfer sets up its own group), and there is no zero-copy row (the broadcast sends "
+        "each tensor from where it is)."
     ]
     if opts.assemble_in_place:
         lines.append(

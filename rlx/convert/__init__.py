@@ -18,6 +18,7 @@ Modules:
     megatron/          Llama / Qwen2 / Qwen3 <-> megatron-core GPTModel torch_dist
     fp8/               FP8 quantization (block / channel / tensor) in the formats vLLM loads
 
-Left out: merging a LoRA adapter into the base weights, pickle-based ``.bin`` / ``.pt`` weights (refused), MoE models for the
+Left out: merging a LoRA adapter into the base weights, pickle-based ``.bin`` / ``.pt`` weights (refused), MoE models
+for the
 Megatron mapping.
 """

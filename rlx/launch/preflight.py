@@ -1,8 +1,8 @@
 """Checks that run before any process of `rlx train` starts: the run directory, model directory
 (built first when ``model.build_if_missing`` asks for it), task data (every prompt fits the context) and
-reward function, the checkpoint plugins (installed under the names the config gives, importable, made without an error), the checkpoint
-``--resume`` continues from, stale weight-sync buffers. A mistake found here is one line naming the
-fix; nothing has been started and nothing in the run directory was written.
+reward function, the checkpoint plugins (installed under the names the config gives, importable, made without
+an error), the checkpoint ``--resume`` continues from, stale weight-sync buffers. A mistake found here is one
+line naming the fix; nothing has been started and nothing in the run directory was written.
 """
 
 from __future__ import annotations

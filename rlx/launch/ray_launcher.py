@@ -256,7 +256,7 @@ class RayRun:
             and self.cfg.trainer.data_plane == "store"
             and self.cfg.store.transport == "shm"
         ):
-            # shm is one host's memory: ranks on other nodes fetch their rows from rank 0 over TCP (with the run's token)
+            # shm is one host's memory: other nodes' ranks fetch their rows from rank 0 over TCP (with the run's token)
             self.cfg.store.transport = "tcp"
             self.display.note(
                 "trainer ranks span several nodes: store.transport=tcp (rank 0 serves each rank its "

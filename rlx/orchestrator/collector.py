@@ -16,6 +16,7 @@ after ``task.reward_timeout_s`` stops the run with the reward function's stack i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import statistics
 import sys
@@ -27,13 +28,13 @@ from dataclasses import dataclass, field
 import msgspec
 import torch
 
-from rlx.orchestrator.episodes import EpisodeCollector, is_multi_turn
 from rlx.config.schema import RunConfig
+from rlx.orchestrator.episodes import EpisodeCollector, is_multi_turn
 from rlx.rollout.client import RolloutClient
 from rlx.rollout.protocol import PromptResult, SamplingSpec
 from rlx.store.base import Sample
-from rlx.tasks.reward_models import Scored, make_reward_model, mix, score_step
 from rlx.tasks import Problem, Task
+from rlx.tasks.reward_models import Scored, make_reward_model, mix, score_step
 from rlx.trace import tracer
 
 
@@ -66,12 +67,10 @@ async def run_off_loop(fn, args: tuple, limit_s: float, timeout_message):
             result, error = context.run(fn, *args), None
         except BaseException as exc:  # noqa: BLE001 - raised again in the loop, as if called there
             result, error = None, exc
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop closed while this scored (the run stopped): nobody waits
             loop.call_soon_threadsafe(
                 lambda: done.done() or (done.set_exception(error) if error else done.set_result(result))
             )
-        except RuntimeError:  # the loop closed while this scored (the run stopped): nobody waits for it
-            pass
 
     thread = threading.Thread(target=run, name="rlx-reward", daemon=True)
     thread.start()
@@ -133,7 +132,8 @@ class Collector:
         )
 
     async def group_rewards(self, problem: Problem, result: PromptResult) -> GroupRewards:
-        """The reward and correctness of each sample of one group, scored in a thread (one of ``task.reward_workers``)."""
+        """The reward and correctness of each sample of one group, scored in a thread (one of
+        ``task.reward_workers``)."""
         async with self._reward_slots:
             return await run_off_loop(
                 self.rewards, (problem, result), self.cfg.task.reward_timeout_s, self._timeout_message
@@ -173,9 +173,7 @@ class Collector:
         a time: a reward that hangs leaves the event loop free, so Ctrl-C and SIGTERM still stop the run, and one
         that has not returned after ``task.reward_timeout_s`` stops it with its stack in the log."""
         async with self._score_lock:
-            return await run_off_loop(
-                self.score, args, self.cfg.task.reward_timeout_s, lambda limit: self._timeout_message(limit)
-            )
+            return await run_off_loop(self.score, args, self.cfg.task.reward_timeout_s, self._timeout_message)
 
     async def generate_group(self, problem: Problem, seed: int, index: int, together: int = 0):
         """The ``n`` samples of problem ``index`` of a step seeded ``seed`` (one group), as ``collect`` draws them:
@@ -203,9 +201,10 @@ class Collector:
         samples, texts, correct = [], [], []
         for result, group in zip(results, scored, strict=True):
             prompt = torch.tensor(result.prompt_token_ids, dtype=torch.long)
-            for sample, reward, right in zip(result.samples, group.rewards, group.correct, strict=True):
+            for sample, scored_reward, right in zip(result.samples, group.rewards, group.correct, strict=True):
+                reward = scored_reward
                 if model is not None:
-                    reward = mix(reward, model.scores[len(samples)], self.cfg.task.reward_model.weight)
+                    reward = mix(scored_reward, model.scores[len(samples)], self.cfg.task.reward_model.weight)
                 samples.append(Sample.of(prompt, sample.token_ids, sample.logprobs, reward, versions=sample.versions))
                 texts.append(sample.text)
                 correct.append(right)

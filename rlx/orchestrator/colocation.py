@@ -20,13 +20,12 @@ servers), so the order can be read from the trace. It leaves out several trainer
 from __future__ import annotations
 
 import time
-
 from typing import TYPE_CHECKING
 
 from rlx.config.schema import PlacementConfig
-from rlx.trainer.offload import Offloader, PhasePeaks
 from rlx.rollout import protocol as p
 from rlx.trace import tracer
+from rlx.trainer.offload import Offloader, PhasePeaks
 
 if TYPE_CHECKING:
     from rlx.rollout.client import RolloutClient

@@ -25,16 +25,16 @@ import torch
 from rich.markup import escape
 
 from rlx.config.schema import RunConfig
-from rlx.trainer.checkpoint import resume_checkpoint
-from rlx.trainer.trainer import Trainer
-from rlx.trainer.ranks import RankGroup
+from rlx.orchestrator.collector import Collected, Collector
 from rlx.plugins import Plugins
 from rlx.rollout.client import RolloutClient
-from rlx.orchestrator.collector import Collected, Collector
 from rlx.rollout.protocol import Resume
 from rlx.tasks import DataStream, build_task
 from rlx.trace import tracer
 from rlx.trace.sinks import MetricsLogger
+from rlx.trainer.checkpoint import resume_checkpoint
+from rlx.trainer.ranks import RankGroup
+from rlx.trainer.trainer import Trainer
 
 
 class NonFiniteSteps(RuntimeError):
@@ -43,8 +43,8 @@ class NonFiniteSteps(RuntimeError):
 
 class Controller:
     def __init__(self, cfg: RunConfig, run_dir: Path, client: RolloutClient, trainer: Trainer, display) -> None:
-        from rlx.trainer.model import load_tokenizer
         from rlx.sync.factory import make_sender
+        from rlx.trainer.model import load_tokenizer
 
         self.cfg, self.run_dir, self.client, self.trainer, self.display = cfg, run_dir, client, trainer, display
         self.task = build_task(cfg.task, cfg.model.path)

@@ -33,15 +33,15 @@ import msgspec
 from rlx.agent.env import ToolEnv, ToolStats
 from rlx.agent.episode import Episode
 from rlx.agent.framing import make_framing
-from rlx.orchestrator.episode_loop import run_episode
 from rlx.agent.tools import is_multi_turn, resolve_tools, tool_entries, tool_schemas
 from rlx.agent.workers import WorkerPool
 from rlx.config.schema import RunConfig
+from rlx.orchestrator.episode_loop import run_episode
 from rlx.rollout.client import RolloutClient
 from rlx.rollout.protocol import SamplingSpec
 from rlx.store.base import Sample
-from rlx.tasks.reward_models import make_reward_model, mix, score_step
 from rlx.tasks.base import Problem, Task
+from rlx.tasks.reward_models import make_reward_model, mix, score_step
 from rlx.trace import tracer
 
 MAX_PROMPTS_PER_STEP = 1 << 20
@@ -194,7 +194,8 @@ class EpisodeCollector:
     async def collected(
         self, problems: list[Problem], episodes: list[Episode], stats: ToolStats, reward_errors: int, elapsed: float
     ):
-        """The ``Collected`` samples and metrics of ``n`` episodes per problem (problem-major), generated in ``elapsed``."""
+        """The ``Collected`` samples and metrics of ``n`` episodes per problem (problem-major), generated in
+        ``elapsed``."""
         from rlx.orchestrator.collector import Collected
 
         rows = [e.row() for e in episodes]

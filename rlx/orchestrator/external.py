@@ -30,12 +30,12 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
+from rlx.agent.episode import Episode, Turn
 from rlx.config.errors import ConfigError
 from rlx.config.schema import RunConfig
 from rlx.rollout import protocol as p
-from rlx.agent.episode import Episode, Turn
 from rlx.rollout.client import RolloutClient
 from rlx.store.base import Sample
 from rlx.tasks.base import Problem

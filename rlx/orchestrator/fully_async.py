@@ -36,10 +36,10 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from rlx.orchestrator.episodes import EpisodeGroup
 from rlx.agent.env import ToolStats
 from rlx.config.schema import RunConfig
 from rlx.orchestrator.collector import Collected, Collector, GroupRewards
+from rlx.orchestrator.episodes import EpisodeGroup
 from rlx.rollout.protocol import PromptResult
 from rlx.tasks import DataStream, Problem
 from rlx.trace import tracer

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from rlx.config.schema import RunConfig
 from rlx.orchestrator import filters

@@ -56,7 +56,7 @@ class Sample:
         reward: float = 0.0,
         loss_mask: list[float] | None = None,
         versions: list[int] | None = None,
-    ) -> "Sample":
+    ) -> Sample:
         """A sample from a collector's lists (``versions``: empty or None when the engine recorded none)."""
         return cls(
             torch.as_tensor(prompt_ids, dtype=torch.long),

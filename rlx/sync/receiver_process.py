@@ -3,8 +3,8 @@
 ``serve`` is the socket loop; ``main`` runs it as
 ``python -m rlx.sync.receiver_process --address ipc:///tmp/x.sock``, with a consumer that copies
 each tensor into its own preallocated destination (standing in for ``load_weights``). The
-handler answers every request, failed ones with an error ``BucketAck``, and the loop keeps serving. The process exits on SIGTERM/SIGINT and when its
-parent (``--parent-pid``) is gone, so a crashed bench never leaves it behind.
+handler answers every request, failed ones with an error ``BucketAck``, and the loop keeps serving. The process exits on
+SIGTERM/SIGINT and when its parent (``--parent-pid``) is gone, so a crashed bench never leaves it behind.
 """
 
 from __future__ import annotations

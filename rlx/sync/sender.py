@@ -76,7 +76,8 @@ Prepare = Callable[[int, Bucket], "tuple[int, dict[str, int] | None]"]
 
 class SyncReport(msgspec.Struct):
     sync_id: int
-    transport: str  # "shm" / "cuda_ipc" through slots, "gloo" / "nccl" by broadcast; "shm-arena" / "cuda_ipc-arena" from a WeightArena
+    # "shm" / "cuda_ipc" through slots, "gloo" / "nccl" by broadcast; "shm-arena" / "cuda_ipc-arena" from a WeightArena
+    transport: str
     num_buffers: int
     slot_bytes: int
     num_receivers: int

@@ -6,7 +6,8 @@ arithmetic), ``running_sum`` (long worked sums), ``calc``
 (two-turn multiplication with a calculator tool, ``rlx.agent``), ``gsm8k`` (math from a local
 JSONL/Parquet/datasets file, ``dataset``), ``reasoning_gym`` (the library's procedural, verifiable
 tasks), ``openenv`` (episodes against an OpenEnv environment server, run by ``rlx.agent.openenv``) and
-``external`` (episodes an agent records on the servers' OpenAI endpoint, ``external``; its collector is ``rlx.orchestrator.external``). ``task.reward`` swaps in a
+``external`` (episodes an agent records on the servers' OpenAI endpoint, ``external``; its collector is
+``rlx.orchestrator.external``). ``task.reward`` swaps in a
 user function ``module:function`` (completion, answer) -> float. The order in which train
 problems are used is ``base.DataStream``'s job.
 """

@@ -12,9 +12,9 @@ imitates.
 
 On a chat model (``agent.tool_format=hermes`` and a tokenizer with a chat template) the episode's
 first prompt is ``messages``: ``task.num_examples`` (default two) worked examples as chat turns (a
-Hermes tool call, the tool's reply, the answer) and then the question, ``What is 47*38?``. The examples multiply by a one-digit
-number, which no drawn problem does. A small instruct model (SmolLM2-135M) calls the tool from them
-on its own but not always; the reward teaches it to. Other operators and longer expressions are left out.
+Hermes tool call, the tool's reply, the answer) and then the question, ``What is 47*38?``. The examples multiply by a
+one-digit number, which no drawn problem does. A small instruct model (SmolLM2-135M) calls the tool from them on its own
+but not always; the reward teaches it to. Other operators and longer expressions are left out.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ EXAMPLES = ((4, 213), (96, 7))
 
 
 def messages(problem: Problem, num_examples: int = len(EXAMPLES)) -> list[dict]:
-    """The chat prompt: the first ``num_examples`` worked examples as turns with a Hermes tool call, then the question."""
+    """The chat prompt: the first ``num_examples`` worked examples as turns with a Hermes tool call, then the
+    question."""
     turns = []
     for a, b in EXAMPLES[:num_examples]:
         call = {"name": "calc", "arguments": {"expression": f"{a}*{b}"}}

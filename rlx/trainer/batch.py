@@ -39,7 +39,7 @@ class TrainBatch:
     def size(self) -> int:
         return self.input_ids.shape[0]
 
-    def rows(self, index: slice | torch.Tensor) -> "TrainBatch":
+    def rows(self, index: slice | torch.Tensor) -> TrainBatch:
         return TrainBatch(
             **{
                 f.name: (v[index] if isinstance(v, torch.Tensor) else v)
@@ -48,7 +48,7 @@ class TrainBatch:
             }
         )
 
-    def to(self, device: torch.device) -> "TrainBatch":
+    def to(self, device: torch.device) -> TrainBatch:
         return TrainBatch(
             **{
                 f.name: (v.to(device) if isinstance(v, torch.Tensor) else v)
@@ -63,7 +63,7 @@ def collate(samples: list[Sample], pad_id: int, prompt_len: int = 0, completion_
     right-padded to ``completion_len`` (0: the longest sample's), the loss mask from ``Sample.mask``. The one
     place a step's samples become a ``TrainBatch``."""
     prompt_len = prompt_len or max(len(s.prompt_ids) for s in samples)
-    completion_len = completion_len or max(1, max(len(s.completion_ids) for s in samples))
+    completion_len = completion_len or max(1, *(len(s.completion_ids) for s in samples))
     prompts, prompt_lens = _aligned([s.prompt_ids for s in samples], prompt_len, pad_id, torch.long, left=True)
     completions, completion_lens = _aligned([s.completion_ids for s in samples], completion_len, pad_id, torch.long)
     input_ids = torch.cat([prompts, completions], dim=1)

@@ -4,8 +4,8 @@ Liger's RMSNorm and SwiGLU kernels replace the ``forward`` of the model's RMSNor
 modules, on this model instance only (other models in the process, such as a plain reference loop,
 keep theirs). On an H100 (torch 2.11, Qwen3-0.6B shape, bf16) they took the trainer's update from
 0.97-0.99x a plain transformers loop's tokens/s at 16k tokens to 1.09-1.24x, and lowered its peak
-memory: the norm and the gate keep fewer activations for the backward (``benchmarks/bench_trainer.py``). Rotary embeddings,
-attention and the LM head stay as they are (the logprob path has its own chunked head,
+memory: the norm and the gate keep fewer activations for the backward (``benchmarks/bench_trainer.py``). Rotary
+embeddings, attention and the LM head stay as they are (the logprob path has its own chunked head,
 ``rlx.trainer.logprobs``).
 
 ``auto`` uses them on CUDA where liger-kernel is installed (the ``gpu`` extra) and the architecture

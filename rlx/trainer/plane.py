@@ -44,7 +44,7 @@ class StoredBatch(TrainBatch):
     """A step batch whose rows stay in the store until ``rows`` asks for them (see the module docstring)."""
 
     @classmethod
-    def open(cls, reader: StoreReader, notice: BatchNotice) -> "StoredBatch":
+    def open(cls, reader: StoreReader, notice: BatchNotice) -> StoredBatch:
         ids = list(range(notice.first_row, notice.first_row + notice.num_rows))
         meta = reader.meta(ids)
         p, t, b = notice.prompt_len, notice.completion_len, notice.num_rows

@@ -28,10 +28,13 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
+from rlx.placement import set_cpu_threads
+from rlx.trace import tracer
 from rlx.trainer.algorithms.advantages import compute_advantages
 from rlx.trainer.algorithms.aggregation import LossAgg
 from rlx.trainer.algorithms.correction import ratio_anchor, rollout_correction
@@ -49,9 +52,6 @@ from rlx.trainer.model import (
 )
 from rlx.trainer.optim import build_optimizer, build_scheduler, step_if_finite
 from rlx.trainer.packing import MicroBatch, micro_batches
-from rlx.placement import set_cpu_threads
-from rlx.trace import tracer
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import RunConfig
@@ -312,7 +312,7 @@ class Trainer:
             dist.all_reduce(values)
             values = values.cpu()
         total = max(float(values[-1]), 1e-12)
-        return {k: float(v) / total for k, v in zip(keys, values[:-1])}
+        return {k: float(v) / total for k, v in zip(keys, values[:-1], strict=True)}
 
 
 def rows_with_signal(advantages: torch.Tensor, group_size: int) -> tuple[list[int], float]:

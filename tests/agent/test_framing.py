@@ -17,10 +17,12 @@ pytestmark = pytest.mark.skipif(GGUF is None, reason=f"the SmolLM2 GGUF file is 
 TOOLS = tool_schemas({"calc": BUILTIN["calc"], "python": BUILTIN["python"]})
 
 QWEN25_STYLE = (
-    "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] "
+    "}}"
     "{%- else %}{{- 'You are a helpful assistant.' }}{%- endif %}{{- '\\n\\n# Tools\\n<tools>' }}"
     "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}{{- '\\n</tools><|im_end|>\\n' }}"
-    "{%- elif messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- elif messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + "
+    "'<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- for message in messages %}"
     "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) or message.role == 'assistant' %}"

@@ -2,7 +2,8 @@
 
 Rank 0 trains through its ``RankGroup`` as the controller does (the command, then the store notice or
 the batch broadcast); the other ranks run the real ``rlx.trainer.ranks.follow``. Every rank prints one RESULT
-line (JSON) per data plane; each plane starts from a freshly loaded model. Used by test_data_plane.py through real processes (gloo). Not a test module itself.
+line (JSON) per data plane; each plane starts from a freshly loaded model. Used by test_data_plane.py through real
+processes (gloo). Not a test module itself.
 """
 
 import json
@@ -90,8 +91,8 @@ def lead(cfg) -> dict:
 
 
 def follow_recording(cfg) -> dict:
-    from rlx.trainer.ranks import follow
     from rlx.trainer.plane import StoredBatch
+    from rlx.trainer.ranks import follow
 
     fetched: list[list[int]] = []
     rows = StoredBatch.rows

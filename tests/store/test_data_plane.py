@@ -43,7 +43,8 @@ def run_world(model_dir, output_dir) -> list[dict]:
         for proc in procs:
             out, err = proc.communicate(timeout=300)
             assert proc.returncode == 0, err[-3000:]
-            results.append(json.loads(next(l for l in out.splitlines() if l.startswith("RESULT"))[len("RESULT") :]))
+            result = next(line for line in out.splitlines() if line.startswith("RESULT"))
+            results.append(json.loads(result[len("RESULT") :]))
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -58,7 +59,7 @@ def test_ranks_pull_disjoint_shares_and_match_the_broadcast(tiny_model_dir, tmp_
     broadcast, store, follower = lead["broadcast"], lead["store"], rank1["store"]
 
     assert store["loss"] == pytest.approx(broadcast["loss"], abs=1e-5)
-    for plan, fetched in zip(store["plans"], follower["fetched"]):  # rank 1 read exactly its plan's rows
+    for plan, fetched in zip(store["plans"], follower["fetched"], strict=True):  # rank 1 read exactly its plan's rows
         assert fetched == plan[1]
         assert not set(plan[0]) & set(plan[1]) and len(fetched) < len(plan[0]) + len(plan[1])
     small, large = store["control_bytes"]

@@ -69,7 +69,7 @@ def test_a_replayed_dump_repeats_the_losses_exactly(dumped, tiny_model_dir):
         config(tmp_path, tiny_model_dir, "replay", reuse="replay", reuse_dir=str(tmp_path / "dump")), tmp_path
     )
     assert [r["step"] for r in replay] == [1, 2]
-    for a, b in zip(first, replay):
+    for a, b in zip(first, replay, strict=True):
         assert (a["loss"], a["grad_norm"], a["reward_mean"]) == (b["loss"], b["grad_norm"], b["reward_mean"])
         assert b["reused_fraction"] == 1.0
         assert a["rank_bus_bytes"] == b["rank_bus_bytes"] == first[0]["rank_bus_bytes"]  # a fixed-size notice

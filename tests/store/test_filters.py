@@ -2,8 +2,8 @@
 
 import pytest
 
-from rlx.orchestrator import filters
 from rlx.config.store import FiltersConfig
+from rlx.orchestrator import filters
 
 
 def groups():

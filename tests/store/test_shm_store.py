@@ -33,7 +33,7 @@ def test_rows_round_trip_through_a_reader_and_released_rows_are_refused():
         rows = store.put([sample(i) for i in range(6)])
         assert rows == list(range(6))
         reader = ShmStoreReader(store.handle())
-        for row, got in zip(rows, reader.get(rows)):
+        for row, got in zip(rows, reader.get(rows), strict=True):
             want = sample(row)
             for name in ("prompt_ids", "completion_ids", "loss_mask", "versions"):
                 assert torch.equal(getattr(got, name), getattr(want, name)), name

@@ -62,7 +62,7 @@ def test_a_reader_process_gets_exact_rows_and_released_rows_are_refused():
         )
         assert done.returncode == 0, done.stderr[-2000:]
         got = json.loads(done.stdout)
-        for want, g in zip(store.get(rows[2:]), got["rows"]):  # the producer's own bytes
+        for want, g in zip(store.get(rows[2:]), got["rows"], strict=True):  # the producer's own bytes
             assert g["prompt"] == want.prompt_ids.tolist() and g["completion"] == want.completion_ids.tolist()
             assert torch.equal(torch.tensor(g["logp"], dtype=torch.float32).reshape(-1), want.logprobs)
             assert g["mask"] == want.loss_mask.tolist() and g["versions"] == want.versions.tolist()

@@ -74,7 +74,8 @@ def test_a_reopened_trace_imports_no_pyarrow_until_an_attribute_is_shown(small_t
     load_and_cache(small_trace)
     code = (
         "import sys; from rlx.trace.loader import load_trace; t = load_trace(sys.argv[1]); "
-        "print(type(t.request_ids).__name__, 'pyarrow' in sys.modules, sorted(t.span_attrs(0)), 'pyarrow' in sys.modules)"
+        "print(type(t.request_ids).__name__, 'pyarrow' in sys.modules, sorted(t.span_attrs(0)), 'pyarrow' in "
+        "sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code, str(small_trace)], capture_output=True, text=True, check=True)
     shown = sorted(load_trace(small_trace, cache=False).span_attrs(0))

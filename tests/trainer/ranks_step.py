@@ -16,8 +16,8 @@ import torch
 
 def main(model_dir: str, lora: list[str], nan: bool = False) -> None:
     from rlx.config.schema import LoraConfig, ModelConfig, RunConfig, TrainerConfig
-    from rlx.trainer.trainer import Trainer
     from rlx.trainer.ranks import init_distributed
+    from rlx.trainer.trainer import Trainer
 
     init_distributed("cpu")
     torch.manual_seed(0)

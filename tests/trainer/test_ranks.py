@@ -38,7 +38,7 @@ def finish_world(procs: list[subprocess.Popen]) -> dict:
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-3000:]
         outputs.append(out)
-    line = next(l for l in outputs[0].splitlines() if l.startswith("RESULT"))
+    line = next(row for row in outputs[0].splitlines() if row.startswith("RESULT"))
     return json.loads(line[len("RESULT") :])
 
 

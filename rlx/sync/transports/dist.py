@@ -327,8 +327,9 @@ class DistMapping(ReceiverMapping):
         return self._slots[index * self.handle.slot_bytes : (index + 1) * self.handle.slot_bytes]
 
     def fetch(self, index: int, pieces: list[tuple[int, torch.Tensor]]) -> None:
-        """Several pieces of a coalescing sender: receive the bucket into slot ``index`` in one broadcast, then copy each piece that
-        is not the slot range itself to its destination. One piece: receive it straight into its destination."""
+        """Several pieces of a coalescing sender: receive the bucket into slot ``index`` in one broadcast, then copy
+        each piece that is not the slot range itself to its destination. One piece: receive it straight into its
+        destination."""
         live = [(offset, dst) for offset, dst in pieces if dst.numel()]
         if len(live) <= 1 or not self.coalesce:
             self.fetch_each([dst for _, dst in live])
