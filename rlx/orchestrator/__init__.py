@@ -3,6 +3,7 @@
 - ``controller``: the loop: data -> generate -> reward -> logprobs / advantages -> update -> weight sync.
 - ``fully_async``: ``trainer.mode=fully_async``: generation never stops; steps train on finished groups.
 - ``colocation``: ``placement.mode=colocated``: trainer and engines take turns on the same GPUs.
+- ``rollouts``: ``Rollouts``, what the loop asks of a step's samples, and ``make_rollouts``, which picks the collector.
 - ``collector``: single-turn prompts -> a scored training batch; held-out accuracy.
 - ``episodes``: multi-turn tasks: a step's episodes as a batch, and their greedy evaluation.
 - ``episode_loop``: ``run_episode``: the policy and an environment take turns, as token ids.

@@ -25,7 +25,8 @@ import torch
 from rich.markup import escape
 
 from rlx.config.schema import RunConfig
-from rlx.orchestrator.collector import Collected, Collector
+from rlx.orchestrator.collector import Collected
+from rlx.orchestrator.rollouts import make_rollouts
 from rlx.plugins import Plugins
 from rlx.rollout.client import RolloutClient
 from rlx.rollout.protocol import Resume
@@ -50,13 +51,9 @@ class Controller:
         self.task = build_task(cfg.task, cfg.model.path)
         self.stream = DataStream(self.task.train, seed=cfg.task.seed)
         tokenizer = load_tokenizer(cfg.model.path)
-        self.collector = Collector(cfg, client, self.task)
-        if cfg.task.name == "external":  # the step's batch is the episodes an agent finished
-            from rlx.orchestrator.external import ExternalCollector
-
-            self.collector = ExternalCollector(
-                cfg, client, lambda: self.policy_version, note=lambda text: display.note(escape(text))
-            )
+        self.collector = make_rollouts(
+            cfg, client, self.task, lambda: self.policy_version, note=lambda text: display.note(escape(text))
+        )
         self.ranks = RankGroup(cfg, trainer, tokenizer.pad_token_id)
         from rlx.orchestrator.source import StepSource  # DAPO filters, rollout.dump_dir, rollout.reuse
 

@@ -25,13 +25,14 @@ from collections.abc import Callable
 from rlx.config.schema import RunConfig
 from rlx.orchestrator import filters
 from rlx.orchestrator.collector import Collected
+from rlx.orchestrator.rollouts import Rollouts
 from rlx.store.base import Sample, Status
 
 EXTRA_ROUND_SEED = 100_003  # an extra round of a step samples with the step's seed plus this, times the round
 
 
 class StepSource:
-    def __init__(self, cfg: RunConfig, collector, more: Callable[[int], list]) -> None:
+    def __init__(self, cfg: RunConfig, collector: Rollouts, more: Callable[[int], list]) -> None:
         from rlx.store.dump import DumpWriter, check_dump
 
         self.cfg, self.collector, self.more = cfg, collector, more
