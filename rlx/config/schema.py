@@ -621,6 +621,9 @@ class TrainerConfig:
     """Tokens per chunk when computing logprobs/entropy, bounding the logits held at once."""
     eval_every: int = 5
     """Evaluate held-out accuracy every this many steps (and at start and end); 0 = off."""
+    eval_temperature: float = 0.0
+    """Held-out evaluation's sampling temperature: 0 = greedy; > 0 = one sample per held-out problem at this
+    temperature, each problem's seed the same at every evaluation (the accuracy of the policy as it samples)."""
     seed: int = 0
     """Seed of sampling, data order and initialisation."""
     output_dir: str = "runs/${run_name}"
@@ -660,6 +663,12 @@ class TrainerConfig:
                 "only; set trainer.fused_kernels=auto or off"
             )
         check_range("trainer.eval_every", self.eval_every, 0)
+        check_range("trainer.eval_temperature", self.eval_temperature, 0.0)
+        if 0.0 < self.eval_temperature < MIN_TEMPERATURE:
+            raise ConfigError(
+                f"trainer.eval_temperature={self.eval_temperature!r} is below {MIN_TEMPERATURE}; set 0 for greedy "
+                f"evaluation or a value >= {MIN_TEMPERATURE}"
+            )
         check_finite("trainer.betas", self.betas)
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"trainer.betas={self.betas} must be two values in [0, 1), e.g. [0.9, 0.999]")

@@ -29,7 +29,7 @@ import msgspec
 import torch
 
 from rlx.config.schema import RunConfig
-from rlx.orchestrator.episodes import EpisodeCollector, is_multi_turn
+from rlx.orchestrator.episodes import EVAL_SEED, EpisodeCollector, is_multi_turn
 from rlx.rollout.client import RolloutClient
 from rlx.rollout.protocol import PromptResult, SamplingSpec
 from rlx.store.base import Sample
@@ -230,20 +230,34 @@ class Collector:
         return msgspec.structs.replace(self.sampling, seed=spaced)
 
     async def evaluate(self, problems: list[Problem]) -> float:
-        """Greedy accuracy on ``problems`` (the held-out split)."""
+        """Accuracy on ``problems`` (the held-out split): greedy, or sampled (``trainer.eval_temperature``)."""
         if self.agent is not None:
             return await self.agent.evaluate(problems)
         if not problems:
             return float("nan")
-        greedy = SamplingSpec(
-            n=1, temperature=0.0, max_tokens=self.cfg.rollout.max_tokens, stop=list(self.cfg.rollout.stop)
-        )
+        spec = eval_sampling(self.sampling, self.cfg.trainer.eval_temperature)
+        timeout_s = self.cfg.rollout.request_timeout_s
         with tracer.span("eval", prompts=len(problems)):
-            results = await self.client.generate(
-                [p.prompt for p in problems], greedy, timeout_s=self.cfg.rollout.request_timeout_s
-            )
+            if spec.temperature == 0.0:
+                results = await self.client.generate([p.prompt for p in problems], spec, timeout_s=timeout_s)
+            else:  # each problem its own fixed seed: the same draws at every evaluation
+                results = await gather_or_cancel(
+                    self.client.generate([p.prompt], eval_seeded(spec, i), timeout_s=timeout_s)
+                    for i, p in enumerate(problems)
+                )
+                results = [r[0] for r in results]
         hits = [self.task.is_correct(r.samples[0].text, p) for p, r in zip(problems, results, strict=True)]
         return sum(hits) / len(hits)
+
+
+def eval_sampling(sampling: SamplingSpec, temperature: float) -> SamplingSpec:
+    """The held-out evaluation's sampling: one sample of the run's own spec at ``temperature`` (0 = greedy)."""
+    return msgspec.structs.replace(sampling, n=1, temperature=temperature, seed=None)
+
+
+def eval_seeded(spec: SamplingSpec, index: int) -> SamplingSpec:
+    """Held-out problem ``index``'s sampling, seeded the same at every evaluation (greedy needs no seed)."""
+    return spec if spec.temperature == 0.0 else msgspec.structs.replace(spec, seed=EVAL_SEED * 100_003 + index)
 
 
 async def gather_or_cancel(coros) -> list:

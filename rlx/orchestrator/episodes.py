@@ -45,6 +45,9 @@ from rlx.tasks.reward_models import make_reward_model, mix, score_step
 from rlx.trace import tracer
 
 MAX_PROMPTS_PER_STEP = 1 << 20
+EVAL_SEED = 7919
+"""Seeds of sampled held-out evaluation (``trainer.eval_temperature`` > 0), apart from every step's."""
+
 __all__ = ["EpisodeCollector", "EpisodeGroup", "episode_metrics", "is_multi_turn"]
 
 
@@ -233,12 +236,14 @@ class EpisodeCollector:
         return scored.metrics
 
     async def evaluate(self, problems: list[Problem]) -> float:
-        """Greedy accuracy of whole episodes (tools included) on ``problems``."""
+        """Accuracy of whole episodes (tools included) on ``problems``: greedy, or sampled with fixed seeds
+        (``trainer.eval_temperature``)."""
         if not problems:
             return float("nan")
-        greedy = SamplingSpec(n=1, temperature=0.0, max_tokens=self.cfg.rollout.max_tokens, stop=self.stop)
+        temperature = self.cfg.trainer.eval_temperature
+        spec = SamplingSpec(n=1, temperature=temperature, max_tokens=self.cfg.rollout.max_tokens, stop=self.stop)
         with tracer.span("eval", prompts=len(problems)):
-            episodes, _, _ = await self.episodes(problems, greedy, 1, seed=None)
+            episodes, _, _ = await self.episodes(problems, spec, 1, seed=EVAL_SEED if temperature > 0 else None)
         return sum(e.correct for e in episodes) / len(episodes)
 
 

@@ -165,3 +165,17 @@ def test_greedy_and_the_smallest_safe_temperature_pass(tmp_path):
     for value in ("0", "0.01"):
         code, output = check(tmp_path, "model:\n  path: /m\n", f"rollout.temperature={value}")
         assert code == 0, output
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("0.001", "trainer.eval_temperature=0.001 is below 0.01; set 0 for greedy evaluation or a value >= 0.01"),
+        ("-1", "trainer.eval_temperature=-1.0 must be >= 0.0"),
+    ],
+)
+def test_an_evaluation_temperature_below_the_safe_one_is_refused(tmp_path, value, expected):
+    code, output = check(tmp_path, "model:\n  path: /m\n", f"trainer.eval_temperature={value}")
+    assert_one_error_line(code, output, expected)
+    code, output = check(tmp_path, "model:\n  path: /m\n", "trainer.eval_temperature=0.7")
+    assert code == 0, output

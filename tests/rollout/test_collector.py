@@ -192,3 +192,53 @@ def test_a_failing_group_leaves_no_group_running_when_the_step_fails():
     with pytest.raises(ValueError, match="unreachable"):
         asyncio.run(main())
     assert not unhandled, unhandled
+
+
+class _RecordingTask(_Task):
+    """Correct when the completion has an even length; records every completion it judged."""
+
+    def __init__(self):
+        self.seen: list[str] = []
+
+    def is_correct(self, completion, problem):
+        self.seen.append(completion)
+        return len(completion) % 2 == 0
+
+
+def test_sampled_evaluation_draws_the_same_samples_at_every_evaluation(vllm_server, tmp_path, tiny_model_dir):
+    """trainer.eval_temperature > 0: each held-out problem is sampled once with a seed of its own that does not
+    change between evaluations, so two evaluations of one policy judge the same completions; greedy
+    evaluation (the default) gives one completion for every copy of a prompt."""
+    from rlx.config import load_config
+    from tests.helpers import write_config
+
+    problems = [Problem(id=i, prompt="3+4=", answer="7") for i in range(6)]
+
+    def evaluate_twice(eval_temperature: float) -> list[str]:
+        cfg = load_config(
+            write_config(
+                tmp_path / f"e{eval_temperature}.yaml",
+                tiny_model_dir,
+                rollout={"n": 4, "max_tokens": 8, "temperature": 1.0},
+                trainer={"eval_temperature": eval_temperature},
+            )
+        )
+        task = _RecordingTask()
+        client = RolloutClient([vllm_server])
+        try:
+            collector = Collector(cfg, client, task)
+
+            async def twice():
+                return await collector.evaluate(problems), await collector.evaluate(problems)
+
+            first, again = asyncio.run(twice())
+        finally:
+            client.close()
+        assert first == again
+        return task.seen
+
+    sampled = evaluate_twice(1.0)
+    assert sampled[:6] == sampled[6:]  # the same draws at both evaluations
+    assert len(set(sampled[:6])) > 1  # each problem its own stream (the prompts are the same)
+    greedy = evaluate_twice(0.0)
+    assert len(set(greedy)) == 1
