@@ -6,14 +6,14 @@ options: ``LINGER=0`` (closing or exiting never blocks on undelivered messages),
 messages each way (0 = unbounded, where the caller bounds what is in flight), and optionally a largest
 accepted message (``MAXMSGSIZE``: a peer's oversized frame drops its connection instead of allocating it).
 
-``RpcClient`` is a DEALER that matches replies to requests by an id frame; the rollout client
-(``rlx.rollout.client``) and the weight sync's channel (``rlx.sync.channel.RpcSyncChannel``) use
-it. Frames out: ``[request_id (8 bytes, little
-endian), payload]``; a ROUTER peer answers ``[request_id, reply]`` by echoing the frames before the
-payload (``reply_frames``), so any number of requests may be in flight on one socket and a late
-reply to a request that already timed out is recognised and dropped. Payloads are msgspec-encoded
-by the caller; replies are decoded here with the caller's decoder. Every call has a deadline, and
-every error names the peer and the request.
+``RpcClient`` (asyncio) and ``call_blocking`` (for a caller outside an event loop) are the calling end: a
+DEALER that matches replies to requests by an id frame. The rollout client (``rlx.rollout.client``) and the
+weight sync's channel (``rlx.sync.channel.RpcSyncChannel``) use ``RpcClient``, the sample store's TCP
+reader ``call_blocking``. Frames out: ``[request_id (8 bytes, little endian), payload]``; a ROUTER peer
+answers ``[request_id, reply]`` by echoing the frames before the payload (``reply_frames``), so any number of
+requests may be in flight on one socket and a late reply to a request that already timed out is recognised
+and dropped. Payloads are msgspec-encoded by the caller; ``RpcClient`` decodes replies with the caller's
+decoder. Every call has a deadline, and every error names the peer and the request.
 
 Left out: what the payloads mean, retries, and the server side's loop (each server has its own).
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -169,6 +170,26 @@ class RpcClient(Generic[R]):
                 future.set_result(self._decode(frames[1]))
             except Exception as exc:  # noqa: BLE001 - a bad reply fails its own call, not the reader
                 future.set_exception(RpcError(f"undecodable reply from {self.name}: {exc}"))
+
+
+def call_blocking(socket: zmq.Socket, request_id: int, payload: bytes, deadline: float) -> list[bytes] | None:
+    """``RpcClient.call`` for a caller outside an event loop (a blocking DEALER from ``dealer``): send
+    ``[request_id, payload]`` and return the frames after the id of the reply that carries it, dropping
+    replies to earlier requests that timed out; ``None`` once ``deadline`` (``time.monotonic``) passes."""
+    tag = request_id.to_bytes(8, "little")
+    if not socket.poll(_left_ms(deadline), zmq.POLLOUT):
+        return None
+    socket.send_multipart([tag, payload])
+    while True:
+        if time.monotonic() >= deadline or not socket.poll(_left_ms(deadline)):
+            return None
+        frames = socket.recv_multipart()
+        if frames[0] == tag:
+            return frames[1:]
+
+
+def _left_ms(deadline: float) -> int:
+    return max(1, int((deadline - time.monotonic()) * 1000))
 
 
 def reply_frames(frames: list[bytes], reply: bytes) -> list[bytes]:

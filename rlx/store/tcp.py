@@ -317,33 +317,19 @@ class TcpStoreReader(StoreReader):
             self._socket = None
 
     def _call(self, op: str, rows: list[int]) -> tuple[Reply, list[bytes]]:
-        request_id = next(self._ids).to_bytes(8, "little")
-        deadline = time.monotonic() + self.timeout_s
         payload = msgspec.msgpack.encode(Request(VERSION, op, [int(r) for r in rows], self.token))
-        if not self._socket.poll(self._left_ms(deadline, op), zmq.POLLOUT):
+        frames = rpc.call_blocking(self._socket, next(self._ids), payload, time.monotonic() + self.timeout_s)
+        if frames is None:
             self._timeout(op)
-        self._socket.send_multipart([request_id, payload])
-        while True:
-            if not self._socket.poll(self._left_ms(deadline, op)):
-                self._timeout(op)
-            frames = self._socket.recv_multipart()
-            if frames[0] == request_id:
-                break  # anything else answers a request that already timed out
         try:
-            reply = msgspec.msgpack.decode(frames[1], type=Reply)
+            reply = msgspec.msgpack.decode(frames[0], type=Reply)
         except (IndexError, msgspec.DecodeError) as exc:
             raise StoreRefused(f"undecodable reply from rank 0's sample store at {self.address}: {exc}") from None
         if reply.error_kind == "row_gone":
             raise RowGone(reply.error)
         if reply.error:
             raise StoreRefused(f"rank 0's sample store at {self.address} refused {op}: {reply.error}")
-        return reply, frames[2:]
-
-    def _left_ms(self, deadline: float, op: str) -> int:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            self._timeout(op)
-        return max(1, int(left * 1000))
+        return reply, frames[1:]
 
     def _timeout(self, op: str):
         raise TimeoutError(
