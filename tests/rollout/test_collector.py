@@ -93,7 +93,9 @@ def test_a_reward_still_scoring_when_the_run_stops_ends_without_a_traceback():
         return "scored"
 
     collector = types.SimpleNamespace(
-        cfg=types.SimpleNamespace(task=types.SimpleNamespace(reward_timeout_s=0)), score=score
+        cfg=types.SimpleNamespace(task=types.SimpleNamespace(reward_timeout_s=0)),
+        score=score,
+        _timeout_message=lambda limit: f"scoring took over {limit} s",
     )
 
     async def stopped_while_scoring():
