@@ -57,6 +57,20 @@ def smollm2_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def smollm2_server(smollm2_dir, tmp_path_factory):
+    """One `rlx rollout-serve` of SmolLM2-135M-Instruct (vLLM) shared by the tests of the real chat model."""
+    from tests.helpers import serve_with
+
+    with serve_with(
+        smollm2_dir,
+        tmp_path_factory.mktemp("smollm2_server"),
+        "smollm2",
+        rollout={"backend": "vllm", "max_model_len": 1024},
+    ) as (address, _):
+        yield address
+
+
+@pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir, tmp_path_factory):
     """One real `rlx rollout-serve` process (vLLM backend) shared by every test that needs vLLM."""
     from tests.helpers import serve

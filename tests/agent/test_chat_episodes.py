@@ -27,19 +27,6 @@ PROBLEMS = [Problem(0, "47*38=", "1786"), Problem(1, "21*93=", "1953")]
 
 
 @pytest.fixture(scope="module")
-def smollm2_server(smollm2_dir, tmp_path_factory):
-    from tests.helpers import serve_with
-
-    with serve_with(
-        smollm2_dir,
-        tmp_path_factory.mktemp("smollm2_server"),
-        "smollm2",
-        rollout={"backend": "vllm", "max_model_len": 1024},
-    ) as (address, _):
-        yield address
-
-
-@pytest.fixture(scope="module")
 def tokenizer(smollm2_dir):
     from transformers import AutoTokenizer
 

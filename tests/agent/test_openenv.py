@@ -137,19 +137,6 @@ def test_missing_url_and_missing_library_name_the_fix(monkeypatch):
         OpenEnvSessions(OpenEnvConfig(url="http://127.0.0.1:1"))
 
 
-@pytest.fixture(scope="module")
-def smollm2_server(smollm2_dir, tmp_path_factory):
-    from tests.helpers import serve_with
-
-    with serve_with(
-        smollm2_dir,
-        tmp_path_factory.mktemp("smollm2_server"),
-        "smollm2",
-        rollout={"backend": "vllm", "max_model_len": 512},
-    ) as (address, _):
-        yield address
-
-
 @pytest.mark.slow
 def test_episodes_against_the_echo_environment_are_scored_by_it(echo_url, smollm2_server, smollm2_dir):
     """Two episodes of the shipped config's task through the multi-turn collector: the environment echoes each turn,
