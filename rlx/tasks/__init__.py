@@ -14,6 +14,7 @@ problems are used is ``base.DataStream``'s job.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 from rlx.tasks.base import DataStream, Problem, Task
@@ -22,42 +23,27 @@ from rlx.tasks.reward_fn import load_reward_fn
 if TYPE_CHECKING:
     from rlx.config.schema import TaskConfig
 
-__all__ = ["DataStream", "Problem", "Task", "build_task", "load_reward_fn"]
+__all__ = ["TASKS", "DataStream", "Problem", "Task", "build_task", "load_reward_fn"]
+
+
+TASKS = {
+    "tiny_math": "rlx.tasks.tiny_math:TinyMath",
+    "gsm8k": "rlx.tasks.gsm8k:Gsm8k",
+    "running_sum": "rlx.tasks.running_sum:RunningSum",
+    "calc": "rlx.tasks.calc:Calc",
+    "reasoning_gym": "rlx.tasks.reasoning_gym:ReasoningGym",
+    "openenv": "rlx.tasks.openenv:OpenEnvTask",
+    "external": "rlx.tasks.external:External",
+}
+"""``task.name`` -> the task's class (imported when chosen); each is made by ``from_config``."""
 
 
 def build_task(cfg: TaskConfig, tokenizer_path: str = "") -> Task:
     """The task named by ``cfg.name`` (a ``rlx.config.schema.TaskConfig``), with the user reward if set;
     ``tokenizer_path`` (model.path) supplies the chat template of dataset prompts."""
+    if cfg.name not in TASKS:
+        raise ValueError(f"task.name={cfg.name!r} is unknown; use one of: {', '.join(TASKS)}")
+    module, _, name = TASKS[cfg.name].partition(":")
+    task_class = getattr(importlib.import_module(module), name)
     reward_fn = load_reward_fn(cfg.reward, "task.reward") if cfg.reward else None
-    if cfg.name == "tiny_math":
-        from rlx.tasks.tiny_math import TinyMath
-
-        return TinyMath.from_config(cfg, reward_fn)
-    if cfg.name == "gsm8k":
-        from rlx.tasks.gsm8k import Gsm8k
-
-        return Gsm8k.from_config(cfg, reward_fn, tokenizer_path)
-    if cfg.name == "running_sum":
-        from rlx.tasks.running_sum import RunningSum
-
-        return RunningSum.from_config(cfg, reward_fn)
-    if cfg.name == "calc":
-        from rlx.tasks.calc import Calc
-
-        return Calc.from_config(cfg, reward_fn)
-    if cfg.name == "reasoning_gym":
-        from rlx.tasks.reasoning_gym import ReasoningGym
-
-        return ReasoningGym.from_config(cfg, reward_fn, tokenizer_path)
-    if cfg.name == "openenv":
-        from rlx.tasks.openenv import OpenEnvTask
-
-        return OpenEnvTask.from_config(cfg)
-    if cfg.name == "external":
-        from rlx.tasks.external import External
-
-        return External()
-    raise ValueError(
-        f"task.name={cfg.name!r} is unknown; use tiny_math, gsm8k, running_sum, calc, reasoning_gym, "
-        "openenv or external"
-    )
+    return task_class.from_config(cfg, reward_fn=reward_fn, tokenizer_path=tokenizer_path)

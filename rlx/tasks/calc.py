@@ -94,7 +94,7 @@ class Calc:
     """Stop strings of every turn (a tool call ends the turn)."""
 
     @classmethod
-    def from_config(cls, cfg: TaskConfig, reward_fn: RewardFn | None = None) -> Calc:
+    def from_config(cls, cfg: TaskConfig, reward_fn: RewardFn | None = None, tokenizer_path: str = "") -> Calc:
         from rlx.config.errors import ConfigError
 
         if cfg.max_operand < 11 or cfg.max_operand > 99:

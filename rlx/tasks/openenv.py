@@ -10,6 +10,7 @@ from rlx.tasks.base import Problem
 
 if TYPE_CHECKING:
     from rlx.config.schema import TaskConfig
+    from rlx.tasks.base import RewardFn
 
 
 @dataclass
@@ -21,8 +22,9 @@ class OpenEnvTask:
     name: str = field(default="openenv", init=False)
 
     @classmethod
-    def from_config(cls, cfg: TaskConfig) -> OpenEnvTask:
-        """``task.num_eval`` held-out seeds (0, 1, ...), then ``task.num_train`` train seeds."""
+    def from_config(cls, cfg: TaskConfig, reward_fn: RewardFn | None = None, tokenizer_path: str = "") -> OpenEnvTask:
+        """``task.num_eval`` held-out seeds (0, 1, ...), then ``task.num_train`` train seeds; ``reward_fn`` is not
+        used (the environment's reward decides)."""
         seeds = range(cfg.num_eval + cfg.num_train)
         problems = [Problem(id=s, prompt="", answer="", source=f"OpenEnv reset seed={s}") for s in seeds]
         return cls(problems[cfg.num_eval :], problems[: cfg.num_eval])

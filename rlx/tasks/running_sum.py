@@ -58,7 +58,7 @@ class RunningSum:
     name: str = field(default="running_sum", init=False)
 
     @classmethod
-    def from_config(cls, cfg: TaskConfig, reward_fn: RewardFn | None = None) -> RunningSum:
+    def from_config(cls, cfg: TaskConfig, reward_fn: RewardFn | None = None, tokenizer_path: str = "") -> RunningSum:
         rng, taken = random.Random(cfg.seed), set()
         eval_ = draw(cfg.num_eval, cfg.num_terms, cfg.max_operand, rng, taken)
         train = draw(cfg.num_train, cfg.num_terms, cfg.max_operand, rng, taken)

@@ -58,7 +58,7 @@ class TinyMath:
     name: str = field(default="tiny_math", init=False)
 
     @classmethod
-    def from_config(cls, cfg: TaskConfig, reward_fn: RewardFn | None = None) -> TinyMath:
+    def from_config(cls, cfg: TaskConfig, reward_fn: RewardFn | None = None, tokenizer_path: str = "") -> TinyMath:
         train, eval_ = split(all_problems(cfg.max_operand, cfg.operators), cfg.num_eval, cfg.seed)
         return cls(train, eval_, reward_fn)
 

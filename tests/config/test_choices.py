@@ -95,3 +95,12 @@ def test_a_correction_or_kl_estimator_outside_the_choices_is_refused():
         )
     with pytest.raises(ValueError, match="algorithm.kl_estimator"):
         kl_estimate(old, rollout, "k4")
+
+
+def test_every_task_choice_has_a_task_and_every_task_a_choice():
+    from rlx.tasks import TASKS
+
+    assert set(schema.TASK_CHOICES) == set(TASKS) and len(schema.TASK_CHOICES) == len(TASKS)
+    for name, ref in TASKS.items():  # each entry names a class that exists and makes itself from the config
+        module, _, attr = ref.partition(":")
+        assert hasattr(getattr(__import__(module, fromlist=[attr]), attr), "from_config"), name
