@@ -140,9 +140,7 @@ def _openai_socket(rollout: RolloutConfig, port: int | None, index: int):
 def _default_sampling(s: SamplingConfig):
     from rlx.rollout.protocol import SamplingSpec
 
-    return SamplingSpec(
-        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens, stop=list(s.stop)
-    )
+    return SamplingSpec.of(s, n=1)
 
 
 def _cannot_bind_tcp(address: str) -> str:

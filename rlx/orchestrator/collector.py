@@ -100,10 +100,7 @@ class Collector:
         self.task = task
         self._score_lock = asyncio.Lock()
         self._reward_slots = asyncio.Semaphore(cfg.task.reward_workers)
-        r = cfg.rollout
-        self.sampling = SamplingSpec(
-            n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens, stop=list(r.stop)
-        )
+        self.sampling = SamplingSpec.of(cfg.sampling)
         self.agent = None
         """Multi-turn tasks (tools) run as episodes (``rlx.agent``)."""
         if is_multi_turn(cfg.agent, task):
@@ -235,29 +232,20 @@ class Collector:
             return await self.agent.evaluate(problems)
         if not problems:
             return float("nan")
-        spec = eval_sampling(self.sampling, self.cfg.trainer.eval_temperature)
+        spec = SamplingSpec.of(self.cfg.sampling, n=1, temperature=self.cfg.trainer.eval_temperature)
         timeout_s = self.cfg.rollout.request_timeout_s
         with tracer.span("eval", prompts=len(problems)):
             if spec.temperature == 0.0:
                 results = await self.client.generate([p.prompt for p in problems], spec, timeout_s=timeout_s)
-            else:  # each problem its own fixed seed: the same draws at every evaluation
+            else:  # each problem its own seed, the same at every evaluation: the same draws each time
+                seeded = [msgspec.structs.replace(spec, seed=EVAL_SEED * 100_003 + i) for i in range(len(problems))]
                 results = await gather_or_cancel(
-                    self.client.generate([p.prompt], eval_seeded(spec, i), timeout_s=timeout_s)
-                    for i, p in enumerate(problems)
+                    self.client.generate([p.prompt], s, timeout_s=timeout_s)
+                    for p, s in zip(problems, seeded, strict=True)
                 )
                 results = [r[0] for r in results]
         hits = [self.task.is_correct(r.samples[0].text, p) for p, r in zip(problems, results, strict=True)]
         return sum(hits) / len(hits)
-
-
-def eval_sampling(sampling: SamplingSpec, temperature: float) -> SamplingSpec:
-    """The held-out evaluation's sampling: one sample of the run's own spec at ``temperature`` (0 = greedy)."""
-    return msgspec.structs.replace(sampling, n=1, temperature=temperature, seed=None)
-
-
-def eval_seeded(spec: SamplingSpec, index: int) -> SamplingSpec:
-    """Held-out problem ``index``'s sampling, seeded the same at every evaluation (greedy needs no seed)."""
-    return spec if spec.temperature == 0.0 else msgspec.structs.replace(spec, seed=EVAL_SEED * 100_003 + index)
 
 
 async def gather_or_cancel(coros) -> list:

@@ -77,9 +77,7 @@ class EpisodeCollector:
             self.tool_format = "hermes" if self.framing.kind == "chat_template" else "plain"
         task_stop = getattr(task, "stop", []) if self.tool_format == "plain" else []
         self.stop = list(r.stop) + [s for s in task_stop if s not in r.stop]
-        self.sampling = SamplingSpec(
-            n=1, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens, stop=self.stop
-        )
+        self.sampling = SamplingSpec.of(cfg.sampling, n=1, stop=self.stop)
         self.max_total_tokens = min(cfg.agent.max_total_tokens, r.max_model_len)
         self._pools: tuple[WorkerPool | None, WorkerPool | None] | None = None
         self.reward_model = make_reward_model(cfg.task.reward_model, cfg.rollout.auth_token)
@@ -241,7 +239,7 @@ class EpisodeCollector:
         if not problems:
             return float("nan")
         temperature = self.cfg.trainer.eval_temperature
-        spec = SamplingSpec(n=1, temperature=temperature, max_tokens=self.cfg.rollout.max_tokens, stop=self.stop)
+        spec = msgspec.structs.replace(self.sampling, temperature=temperature)
         with tracer.span("eval", prompts=len(problems)):
             episodes, _, _ = await self.episodes(problems, spec, 1, seed=EVAL_SEED if temperature > 0 else None)
         return sum(e.correct for e in episodes) / len(episodes)

@@ -11,11 +11,10 @@ channel (``rlx.sync.channel.RpcSyncChannel``) and the server pass it on untouche
 from __future__ import annotations
 
 import math
-import time
 
 import msgspec
 
-from rlx.config.schema import MIN_TEMPERATURE
+from rlx.config.schema import MIN_TEMPERATURE, SamplingConfig
 from rlx.sync.messages import BucketAck
 
 PROTOCOL_VERSION = 1
@@ -37,6 +36,19 @@ class SamplingSpec(msgspec.Struct, frozen=True):
     max_tokens: int = 16
     stop: list[str] = []
     seed: int | None = None
+
+    @classmethod
+    def of(cls, sampling: SamplingConfig, **changes) -> SamplingSpec:
+        """The run's sampling (``cfg.sampling``) as a request's, with ``changes`` (e.g. ``n=1``, ``seed=...``)."""
+        fields = {
+            "n": sampling.n,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,
+            "max_tokens": sampling.max_tokens,
+            "stop": list(sampling.stop),
+        }
+        return cls(**{**fields, **changes})
 
 
 class Generate(msgspec.Struct, tag="generate"):
@@ -346,7 +358,3 @@ def score_problem(body: ScoreTokens, max_model_len: int, vocab_size: int = 0) ->
 
 def decode_reply(data: bytes) -> Reply:
     return _reply_decoder.decode(data)
-
-
-def deadline_in(seconds: float) -> float:
-    return time.time() + seconds

@@ -119,25 +119,6 @@ def _aligned(rows: list, width: int, fill, dtype: torch.dtype, left: bool = Fals
     return out, lengths
 
 
-def pad_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
-    """Append empty rows (mask 0, reward 0) so the row count divides by ``multiple``."""
-    extra = (-batch.size) % multiple
-    if extra == 0:
-        return batch
-    padded = {}
-    for f in dataclasses.fields(batch):
-        value = getattr(batch, f.name)
-        if isinstance(value, torch.Tensor):
-            filler = value[:1].expand(extra, *value.shape[1:]).clone()
-            if f.name in ("mask", "rewards", "attention_mask"):
-                filler.zero_()
-            if f.name == "attention_mask":
-                filler[:, 0] = 1  # one attended token keeps attention well defined
-            value = torch.cat([value, filler])
-        padded[f.name] = value
-    return TrainBatch(**padded)
-
-
 def batch_bytes(batch: TrainBatch) -> int:
     """The bytes ``broadcast_batch`` sends each rank: its shape header and every tensor it carries."""
     return 3 * 8 + sum(getattr(batch, name).numel() * getattr(batch, name).element_size() for name in TENSOR_FIELDS)

@@ -121,7 +121,7 @@ class DistBuffer(SenderBuffer):
         self._group = None
         self._lane: Lane | None = None
         self._join: dict | None = None  # the rendezvous of the sync in progress
-        self._filling: list[tuple[torch.Tensor, int]] = []  # the chunks of the bucket being filled, at their offsets
+        self._filling: list[tuple[int, torch.Tensor]] = []  # the bucket being filled: (offset in its slot, chunk)
         self._slots: torch.Tensor | None = None  # coalesced buckets, made at the first one
         self._staged: dict[int, list[torch.Tensor]] = {}  # slot -> its bucket's chunks, until its meta is out
         self._posted: list[concurrent.futures.Future] = []  # each bucket's posts: their works and sources
@@ -197,7 +197,7 @@ class DistBuffer(SenderBuffer):
 
     def send_chunk(self, source: torch.Tensor, offset: int) -> None:
         if source.numel():
-            self._filling.append((source, offset))
+            self._filling.append((offset, source))
 
     def ready(self, index: int) -> None:
         """The bucket is complete: several chunks are copied into slot ``index`` at their offsets; what is
@@ -206,17 +206,17 @@ class DistBuffer(SenderBuffer):
         if len(chunks) > 1 and self.coalesce:
             self._staged[index] = [self._packed(index, chunks)]
         else:
-            self._staged[index] = [source for source, _ in chunks]
+            self._staged[index] = [source for _, source in chunks]
 
-    def _packed(self, index: int, chunks: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+    def _packed(self, index: int, chunks: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
         """The slot's bytes up to the bucket's last chunk, each chunk copied to its offset (the sender
         reuses a slot only once every receiver acknowledged the bucket before in it)."""
         if self._slots is None:
             self._slots = torch.empty(self.slot_bytes * self.num_slots, dtype=torch.uint8, device=self.device)
         slot = self._slots[index * self.slot_bytes : (index + 1) * self.slot_bytes]
-        for source, offset in chunks:
+        for offset, source in chunks:
             copy_bytes(slot[offset : offset + source.numel()], source)
-        return slot[: packed_span([(offset, source) for source, offset in chunks])]
+        return slot[: packed_span(chunks)]
 
     def post(self, index: int) -> None:
         """The bucket's meta is on the wire: post its broadcasts on the lane, in chunk order."""
