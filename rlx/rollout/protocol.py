@@ -274,11 +274,12 @@ def decode_request(data: bytes) -> Request:
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise MalformedRequest(
-            f"malformed request: {reason}; send an msgpack-encoded rlx.rollout.protocol.Request", _request_id(data)
+            f"malformed request: {reason}; send an msgpack-encoded rlx.rollout.protocol.Request", request_id(data)
         ) from None
 
 
-def _request_id(data: bytes) -> int:
+def request_id(data: bytes) -> int:
+    """The id of the request in ``data`` without decoding the rest, or -1 when not even that can be read."""
     try:
         return _request_id_decoder.decode(data).id
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):

@@ -123,8 +123,9 @@ class RolloutServer:
                 task.cancel()
             if self._tasks:  # each request still in flight answers that the server is stopping
                 await asyncio.wait(list(self._tasks), timeout=drain_s)
+            await self._refuse_unread(sock)
             await self._close_backend()
-            sock.close(0)
+            sock.close(linger=int(drain_s * 1000))  # the stopping replies leave before the socket goes
             ctx.term()
             if ipc_file is not None and _ipc_file(self.address) == ipc_file:
                 with contextlib.suppress(OSError):
@@ -144,6 +145,14 @@ class RolloutServer:
             task = asyncio.create_task(self._handle(receive.result()))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    async def _refuse_unread(self, sock) -> None:
+        """Requests that arrived as the server stopped and were never read: each is answered that the server
+        is stopping, so its caller can send it to a live server at once instead of waiting out its timeout."""
+        while await sock.poll(0, zmq.POLLIN):
+            frames = await sock.recv_multipart()
+            reply = p.Reply(id=p.request_id(frames[-1]), ok=False, error=p.SERVER_STOPPING)
+            await self._send(frames, reply)
 
     async def _close_backend(self, timeout_s: float = 30.0) -> None:
         try:

@@ -219,9 +219,9 @@ def test_empty_prompts_and_bad_sleep_requests_are_refused_and_sigterm_removes_th
         async def stopped_mid_generate(client):
             long = p.SamplingSpec(n=64, temperature=1.0, max_tokens=400)
             work = asyncio.create_task(client.generate([f"{i}+{i}=" for i in range(4)], long, timeout_s=60.0))
-            while client._peers[0].in_flight == 0:
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.2)  # in the engine, not just sent
+            while (await client.call(0, p.Stats())).in_flight == 0:  # in the server, not just sent
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)  # and in the engine
             assert not work.done(), "the request ended before the server was stopped"
             os.killpg(proc.pid, signal.SIGTERM)
             with pytest.raises(RolloutServerError) as err:
