@@ -1,5 +1,6 @@
-"""`rlx convert-ckpt SRC.gguf DST`: the GGUF file of SmolLM2-135M-Instruct becomes a Hugging Face directory
-whose weights are the GGUF file's, dequantized, with the tokenizer's chat template and the generation config."""
+"""`rlx convert-ckpt SRC.gguf DST` (and `import_gguf`, which it calls): the GGUF file of SmolLM2-135M-Instruct
+becomes a Hugging Face directory whose weights are the GGUF file's, dequantized (or cast as asked), with the
+tokenizer's chat template and the generation config."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlx.cli import app
-from rlx.convert.gguf_import import SMOLLM2_INSTALL, import_gguf, smollm2_gguf
+from rlx.convert.gguf_import import SMOLLM2_INSTALL, smollm2_gguf
 
 runner = CliRunner()
 GGUF = smollm2_gguf()
@@ -35,13 +36,13 @@ def gguf_model():
 
 @needs_smollm2
 @pytest.mark.slow
-def test_cli_import_holds_the_gguf_weights_tokenizer_and_chat_template(gguf_model, tmp_path):
+def test_import_holds_the_gguf_weights_tokenizer_and_chat_template(gguf_model, smollm2_dir):
+    """The session's SmolLM2 directory is ``import_gguf``'s output (dtype auto: float32), as every test of the
+    real chat model uses it: its weights are exactly transformers' reading of the GGUF file."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    code, text = _run("convert-ckpt", GGUF, tmp_path / "smollm2")
-    assert code == 0, text
-    out = tmp_path / "smollm2"
+    out = smollm2_dir
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= {
         p.name for p in out.iterdir()
     }
@@ -63,19 +64,21 @@ def test_cli_import_holds_the_gguf_weights_tokenizer_and_chat_template(gguf_mode
 
 @needs_smollm2
 @pytest.mark.slow
-def test_import_casts_to_the_dtype_asked_for(gguf_model, tmp_path):
+def test_cli_import_casts_to_the_dtype_asked_for(gguf_model, tmp_path):
     import torch
     from safetensors.torch import load_file
+    from transformers import AutoTokenizer
 
     out = tmp_path / "models" / "bf16"  # its parent does not exist yet, as for model.build_if_missing's first run
-    summary = import_gguf(GGUF, out, dtype="bfloat16")
+    code, text = _run("convert-ckpt", GGUF, out, "--dtype", "bfloat16")
+    assert code == 0, text
     weights = load_file(out / "model.safetensors")
     expected = gguf_model[0].state_dict()
     assert weights and all(t.dtype == torch.bfloat16 for t in weights.values())
     for name, tensor in weights.items():
         assert torch.equal(tensor, expected[name].to(torch.bfloat16)), name
     assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
-    assert summary.bytes_out == (out / "model.safetensors").stat().st_size
+    assert AutoTokenizer.from_pretrained(out).chat_template == gguf_model[1].chat_template
 
 
 @needs_smollm2

@@ -142,12 +142,24 @@ def shm_mapped_by_group(pgid: int) -> set[str]:
 
 
 def test_a_killed_vllm_server_leaves_nothing_in_dev_shm(tiny_model_dir, tmp_path):
+    """A sync-mode run on vLLM: its steps agree with the engine (verified syncs, zero-copy), then the server is
+    SIGKILLed mid-run: the run stops with exit 1 and nothing of the server stays in /dev/shm."""
     config = small_config(tmp_path, tiny_model_dir, "vllm")
     run_dir = tmp_path / "run"
     log = tmp_path / "train.log"
-    proc = start_rlx(["train", str(config), "trainer.total_steps=2000", "trainer.eval_every=0"], log)
+    argv = ["train", str(config), "trainer.total_steps=2000", "trainer.eval_every=0", "sync.verify=true"]
+    proc = start_rlx(argv, log)
     try:
-        wait_for(lambda: (run_dir / "metrics.jsonl").exists() and read_metrics(run_dir), 400, proc, log)
+
+        def steps() -> list[dict]:
+            if not (run_dir / "metrics.jsonl").exists():
+                return []
+            return [row for row in read_metrics(run_dir) if "logprob_diff_mean" in row]
+
+        wait_for(lambda: len(steps()) >= 2, 400, proc, log)
+        for row in steps()[:2]:
+            assert row["logprob_diff_mean"] < 0.05  # rollout engine and trainer agree (same weights each step)
+            assert row["sync_zero_copy"] == 1.0  # one CPU rank: vLLM copied the weights straight out of the trainer's
         server = child_pids(run_dir)["rollout0"]
         left = {path for path in shm_mapped_by_group(server) if "/rlx-sync-" not in path}
         assert any("psm_" in path for path in left), left  # vLLM's broadcast buffers
