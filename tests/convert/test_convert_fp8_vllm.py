@@ -30,7 +30,7 @@ VLLM_SCRIPT = textwrap.dedent("""
 
     def main():
         from vllm import LLM, SamplingParams
-        llm = LLM(model=sys.argv[1], dtype="bfloat16", gpu_memory_utilization=0.2, enforce_eager=True,
+        llm = LLM(model=sys.argv[1], dtype="bfloat16", gpu_memory_utilization=0.05, enforce_eager=True,
                   max_model_len=128, max_num_seqs=2)
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
         out = llm.generate({"prompt_token_ids": json.loads(sys.argv[2])}, params)[0]
