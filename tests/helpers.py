@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-
 TEST_ENGINE_MEMORY = 0.05
 """A vLLM CPU engine's share of host memory in the tests' configs (the default, 0.2, is ~4.7 GB of KV cache on
 a 24 GB machine, committed at start): the tests' prompts need a fraction of 0.05 (~0.6 GB), several engines

@@ -61,10 +61,24 @@ def preflight(cfg: RunConfig, display: Display) -> int | None:
     return resumed_step
 
 
+TOKENS_PER_BYTE_BOUND = 4
+"""No tokenizer makes more tokens of a text than this many per UTF-8 byte (byte-level BPE and byte fallback make
+at most one; a normalizer that decomposes characters, as NFKD does Hangul, at most three)."""
+SPECIAL_TOKENS_BOUND = 16
+"""Nor adds more special tokens (BOS, EOS, ...) than this to one text."""
+
+
 def check_prompts(cfg: RunConfig, task) -> None:
     """Every train and eval prompt fits rollout.max_model_len with room for a completion, counted as the
-    rollout backend counts a text prompt (vLLM adds the tokenizer's special tokens, such as BOS; hf does not)."""
+    rollout backend counts a text prompt (vLLM adds the tokenizer's special tokens, such as BOS; hf does not).
+    Where every prompt is short enough that even the bound on its token count fits, nothing is counted: the
+    tokenizer (transformers' import takes seconds of the run's start, before its servers start) is not loaded."""
     from rlx.tasks.base import check_prompt_lengths
+
+    problems = list(task.train) + list(task.eval)
+    limit = cfg.rollout.max_model_len
+    if all(TOKENS_PER_BYTE_BOUND * len(p.prompt.encode()) + SPECIAL_TOKENS_BOUND < limit for p in problems):
+        return
     from rlx.trainer.model import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model.path)
@@ -73,7 +87,7 @@ def check_prompts(cfg: RunConfig, task) -> None:
     def count_tokens(texts: list[str]) -> list[int]:
         return [len(ids) for ids in tokenizer(texts, add_special_tokens=special)["input_ids"]]
 
-    check_prompt_lengths(list(task.train) + list(task.eval), count_tokens, cfg.rollout.max_model_len)
+    check_prompt_lengths(problems, count_tokens, limit)
 
 
 def check_store(cfg: RunConfig, display: Display) -> None:

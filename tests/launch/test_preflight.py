@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from rlx.cli import app
 from tests.helpers import write_config
 
+ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 
@@ -202,3 +203,47 @@ def test_the_teacher_is_built_when_missing(config, tmp_path, monkeypatch):
     preflight(cfg, Display(1, console=Console(file=out, width=200)))
     assert (tmp_path / "models" / "teacher" / "config.json").is_file()
     assert f"building the teacher into {tmp_path / 'models' / 'teacher'}" in out.getvalue()
+
+
+@pytest.mark.parametrize("model", ["tiny_model_dir", "smollm2_dir"])
+def test_the_bound_on_a_prompts_tokens_holds_for_real_tokenizers(model, request):
+    """Pre-flight skips counting when every prompt's bound (bytes x TOKENS_PER_BYTE_BOUND + SPECIAL_TOKENS_BOUND)
+    fits; the bound must hold: here against the tiny model's and SmolLM2's tokenizers, special tokens included."""
+    from rlx.launch.preflight import SPECIAL_TOKENS_BOUND, TOKENS_PER_BYTE_BOUND
+    from rlx.trainer.model import load_tokenizer
+
+    tokenizer = load_tokenizer(str(request.getfixturevalue(model)))
+    texts = [
+        "12+7=",
+        "",
+        " ",
+        "  leading spaces and a tab\tand unicode: café, 数学, 한국어, 🙂🙂🙂",
+        "<|im_start|>user\nWhat is 47*38?<|im_end|>\n<|im_start|>assistant\n",
+        "\x00\x01\x7f" * 20,
+        "word " * 300,
+    ]
+    for special in (True, False):
+        counts = [len(ids) for ids in tokenizer(texts, add_special_tokens=special)["input_ids"]]
+        for text, count in zip(texts, counts, strict=True):
+            assert count <= TOKENS_PER_BYTE_BOUND * len(text.encode()) + SPECIAL_TOKENS_BOUND, (text, count)
+
+
+def test_short_prompts_are_checked_without_loading_the_tokenizer(tiny_model_dir, tmp_path):
+    """The quickstart's prompts are a few bytes: pre-flight passes them without importing transformers (seconds
+    of the run's start); a prompt near the limit is counted (the refusals above)."""
+    import subprocess
+
+    script = (
+        "import sys\n"
+        "from rlx.config import load_config\n"
+        "from rlx.launch.preflight import check_prompts\n"
+        "from rlx.tasks import build_task\n"
+        f"cfg = load_config({str(ROOT / 'configs' / 'quickstart.yaml')!r}, ['model.path={tiny_model_dir}'])\n"
+        "check_prompts(cfg, build_task(cfg.task, cfg.model.path))\n"
+        "print('transformers' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "False"
