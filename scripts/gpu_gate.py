@@ -39,6 +39,23 @@ LAYOUTS = {  # name: (config, GPUs, overrides)
     "colocated": ("configs/gpu_smollm2_colocated.yaml", 1, []),
     "colocated_sleep2": ("configs/gpu_smollm2_colocated.yaml", 1, ["placement.sleep_level=2"]),
     "two_ranks": ("configs/gpu_smollm2_two_ranks.yaml", 2, []),
+    # four GPUs
+    "dp2": ("configs/gpu_smollm2_separate.yaml", 4, ["trainer.num_ranks=2", "rollout.num_servers=2"]),
+    "colocated4": ("configs/gpu_smollm2_two_ranks.yaml", 4, ["trainer.num_ranks=4", "rollout.num_servers=4"]),
+    # SmolLM2-135M's 9 attention heads split over 3 GPUs, not 2: the real model's tensor-parallel layout is TP=3
+    "tp3": ("configs/gpu_smollm2_separate.yaml", 4, ["rollout.tensor_parallel_size=3"]),
+    # TP=2 beside two FSDP2 ranks, on a random Qwen2-0.5B shape (14 heads): speed and verified syncs, no learning
+    "tp2_random_0p5b": (
+        "configs/gpu_random_qwen2_0p5b.yaml",
+        4,
+        [
+            "rollout.backend=vllm",
+            "rollout.tensor_parallel_size=2",
+            "placement.mode=separate",
+            "trainer.num_ranks=2",
+            "rollout.max_model_len=512",
+        ],
+    ),
 }
 
 
@@ -56,6 +73,7 @@ class Job:
 
 def main() -> None:
     args = _parse()
+    args.jobs = check_jobs(args.jobs, _gpu_count())
     args.out.mkdir(parents=True, exist_ok=True)
     jobs = [
         Job(layout, seed) for layout in args.jobs for seed in (args.seeds if layout in args.seeded else args.seeds[:1])
@@ -69,11 +87,36 @@ def main() -> None:
         _write_layout(layout, [j for j in jobs if j.layout == layout], args, left)
 
 
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_jobs(jobs: list[str] | None, gpus: int) -> list[str]:
+    """The layouts to run: those asked for, or every one this host has GPUs for; a layout that needs more GPUs
+    than the host has is refused, naming the ones that fit."""
+    fits = [name for name, (_, need, _) in LAYOUTS.items() if need <= gpus]
+    if jobs is None:
+        if not fits:
+            raise SystemExit(f"error: this host shows {gpus} GPU(s); every layout of the gate needs at least one")
+        return fits
+    too_big = [name for name in jobs if LAYOUTS[name][1] > gpus]
+    if too_big:
+        raise SystemExit(
+            f"error: {', '.join(too_big)} need(s) more GPUs than the {gpus} this host shows; "
+            f"run them on a larger host, or pick from: {', '.join(fits) or 'none'}"
+        )
+    return jobs
+
+
 def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="where gpu_gate_<layout>.json goes")
     p.add_argument("--runs", type=Path, default=None, help="where the runs go (checkpoints: GBs); default OUT/runs")
-    p.add_argument("--jobs", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    p.add_argument(
+        "--jobs", nargs="+", default=None, choices=list(LAYOUTS), help="default: every layout this host has GPUs for"
+    )
     p.add_argument("--seeded", nargs="*", default=["separate", "colocated"], help="layouts run on every seed")
     p.add_argument("--resume", nargs="*", default=["separate_nccl"], help="layouts stopped mid-run and resumed")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])

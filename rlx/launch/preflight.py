@@ -39,6 +39,7 @@ def preflight(cfg: RunConfig, display: Display) -> int | None:
     if cfg.model.build_if_missing and not Path(cfg.model.path, "config.json").is_file():
         build_model(cfg, display)
     check_model_dir(cfg.model.path)
+    check_tensor_parallel(cfg)
     distill = cfg.algorithm.distill
     if distill.teacher:
         from rlx.trainer.distill import check_same_tokenizer
@@ -59,6 +60,26 @@ def preflight(cfg: RunConfig, display: Display) -> int | None:
         display.note(f"removed {path}, the weight-sync buffer of an rlx run that was killed")
     check_store(cfg, display)
     return resumed_step
+
+
+def check_tensor_parallel(cfg: RunConfig) -> None:
+    """rollout.tensor_parallel_size splits the model's attention heads evenly (vLLM's rule), else one error
+    naming the head count and the sizes that would: before a server starts and fails inside vLLM."""
+    import json
+
+    tp = cfg.rollout.tensor_parallel_size
+    if tp <= 1 or cfg.rollout.backend != "vllm":
+        return
+    model = json.loads(Path(cfg.model.path, "config.json").read_text())
+    heads = model.get("num_attention_heads") or model.get("text_config", {}).get("num_attention_heads")
+    if not heads or heads % tp == 0:
+        return
+    fits = [n for n in range(1, heads + 1) if heads % n == 0 and n <= 8]
+    raise ConfigError(
+        f"rollout.tensor_parallel_size={tp} does not divide the {heads} attention heads of model.path="
+        f"{cfg.model.path!r}; use a size that does ({', '.join(map(str, fits))}), or serve more engines "
+        "instead (rollout.num_servers: data parallelism)"
+    )
 
 
 TOKENS_PER_BYTE_BOUND = 4

@@ -247,3 +247,23 @@ def test_short_prompts_are_checked_without_loading_the_tokenizer(tiny_model_dir,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "False"
+
+
+def test_a_tensor_parallel_size_that_does_not_split_the_heads_is_refused(tiny_model_dir, tmp_path):
+    """vLLM splits attention heads evenly over the engine's GPUs: a size that does not divide them is refused
+    in pre-flight, naming the sizes that do (SmolLM2-135M has 9 heads: TP=2 cannot serve it)."""
+    from rlx.config import load_config
+    from rlx.config.errors import ConfigError
+    from rlx.launch.preflight import check_tensor_parallel
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    config["num_attention_heads"] = 9
+    (model / "config.json").write_text(json.dumps(config))
+    cfg = load_config(ROOT / "configs" / "quickstart.yaml", [f"model.path={model}", "rollout.backend=vllm"])
+    cfg.rollout.tensor_parallel_size = 2
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size=2 does not divide the 9 attention heads.*\(1, 3\)"):
+        check_tensor_parallel(cfg)
+    cfg.rollout.tensor_parallel_size = 3
+    check_tensor_parallel(cfg)  # 9 heads split over 3

@@ -1,0 +1,51 @@
+"""scripts/gpu_gate.py's layouts are valid before any GPU runs them: each config with its overrides passes the
+placement check and plans on exactly the GPUs the layout claims (peer access assumed), a tensor-parallel engine
+splits the real model's heads, and a layout is refused on a host with fewer GPUs, naming those that fit."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def gate():
+    spec = importlib.util.spec_from_file_location("gpu_gate", ROOT / "scripts" / "gpu_gate.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_gate"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_layout_plans_on_the_gpus_it_claims(gate, smollm2_dir):
+    from rlx import placement
+    from rlx.config import load_config
+    from rlx.launch.preflight import check_tensor_parallel
+
+    def reach(a: int, b: int) -> bool:
+        return True
+
+    for name, (config, gpus, overrides) in gate.LAYOUTS.items():
+        smollm2 = "smollm2" in config
+        extra = [f"model.path={smollm2_dir}"] if smollm2 else []
+        cfg = load_config(ROOT / config, [*overrides, *extra])
+        placement.check(cfg, gpus, peer_access=reach)
+        plan = placement.plan(cfg, gpus, peer_access=reach)
+        used = {d for slot in (*plan.trainer, *plan.rollout) for d in slot.devices}
+        assert used == set(range(gpus)), (name, plan)
+        if smollm2:
+            check_tensor_parallel(cfg)  # the engine's GPUs split the real model's heads
+        with pytest.raises(Exception, match="GPU"):
+            placement.check(cfg, gpus - 1, peer_access=reach)
+
+
+def test_a_layout_needing_more_gpus_than_the_host_has_is_refused(gate):
+    assert gate.check_jobs(None, 2) == [name for name, (_, need, _) in gate.LAYOUTS.items() if need <= 2]
+    assert "dp2" in gate.check_jobs(None, 4)
+    with pytest.raises(SystemExit, match=r"dp2 need\(s\) more GPUs than the 2 this host shows.*separate"):
+        gate.check_jobs(["separate", "dp2"], 2)
