@@ -70,13 +70,13 @@ def check_gguf(path: Path) -> None:
 
 def _load(path: Path):
     """(config, tokenizer, dequantized state dict) of the GGUF file, as transformers reads them."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     directory, name = str(path.parent), path.name
-    try:
-        config = AutoConfig.from_pretrained(directory, gguf_file=name)
-        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+    try:  # each read parses the whole file's metadata (seconds for a 49k vocabulary): the model's config is reused
         loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name)
+        config = loaded.config
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name, config=config)
     except (ValueError, KeyError, RuntimeError) as exc:  # an architecture or quantization transformers cannot read
         raise ConvertError(
             f"transformers cannot read {path}: {exc}; it reads the GGUF architectures listed in "

@@ -11,7 +11,8 @@ from tests.helpers import write_config
 
 
 def cfg(tmp_path, *overrides: str):
-    path = write_config(tmp_path / "run.yaml", tmp_path / "model")
+    """A run config with the engine's memory left to placement (the tests' configs otherwise set a small one)."""
+    path = write_config(tmp_path / "run.yaml", tmp_path / "model", rollout={"gpu_memory_utilization": None})
     return load_config(str(path), list(overrides))
 
 
