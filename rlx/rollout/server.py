@@ -46,6 +46,9 @@ from rlx.sync.messages import BucketAck, SyncAbort, encode
 from rlx.trace import tracer
 
 log = logging.getLogger("rlx.rollout.server")
+UNREAD_GRACE_MS = 100
+"""How long a stopping server waits for the requests its socket holds but it has not read (ZeroMQ's I/O thread
+may not have handed them over yet) before it answers them that it is stopping."""
 
 
 def check_bind_address(address: str, allow_remote: bool, token: str) -> None:
@@ -149,7 +152,7 @@ class RolloutServer:
     async def _refuse_unread(self, sock) -> None:
         """Requests that arrived as the server stopped and were never read: each is answered that the server
         is stopping, so its caller can send it to a live server at once instead of waiting out its timeout."""
-        while await sock.poll(0, zmq.POLLIN):
+        while await sock.poll(UNREAD_GRACE_MS, zmq.POLLIN):
             frames = await sock.recv_multipart()
             reply = p.Reply(id=p.request_id(frames[-1]), ok=False, error=p.SERVER_STOPPING)
             await self._send(frames, reply)

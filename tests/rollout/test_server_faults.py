@@ -234,3 +234,32 @@ def test_empty_prompts_and_bad_sleep_requests_are_refused_and_sigterm_removes_th
         assert not socket_file.exists()
         log = (tmp_path / "server-hf.log").read_text()
         assert "never retrieved" not in log and "Traceback" not in log, log[-3000:]
+
+
+def test_a_request_the_server_had_not_read_when_it_stopped_is_answered_that_it_is_stopping(tiny_model_dir, tmp_path):
+    """A request that reached the server's socket but not the server before SIGTERM (sent while the server is
+    held by SIGSTOP, then SIGTERM and SIGCONT) is answered that the server is stopping, so its caller can send it
+    to a live server at once instead of waiting out its timeout."""
+    import os
+    import signal
+
+    with serve_with(tiny_model_dir, tmp_path, "server-unread", rollout={"backend": "hf"}) as (address, proc):
+
+        async def sent_as_it_stops(client):
+            long = p.SamplingSpec(n=64, temperature=1.0, max_tokens=400)
+            await client.call(0, p.Health())  # connected: what is sent next reaches the server's socket
+            os.killpg(proc.pid, signal.SIGSTOP)
+            try:
+                work = asyncio.create_task(client.generate(["1+1="], long, timeout_s=30.0))
+                await asyncio.sleep(0.5)  # sent: in the server's socket, unread
+                os.killpg(proc.pid, signal.SIGTERM)
+            finally:
+                os.killpg(proc.pid, signal.SIGCONT)
+            with pytest.raises(RolloutServerError) as err:
+                await work
+            return str(err.value)
+
+        error = run_with_client(address, sent_as_it_stops)
+        assert p.SERVER_STOPPING in error, error
+        proc.wait(30)
+        assert proc.returncode == 0
