@@ -16,6 +16,7 @@ cast to ``dtype``), and architectures transformers' GGUF loader does not know.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,7 +76,9 @@ def _load(path: Path):
     directory, name = str(path.parent), path.name
     try:  # each read parses the whole file's metadata (seconds for a 49k vocabulary): the model's config is reused
         loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name)
-        config = loaded.config
+        config = copy.deepcopy(loaded.config)
+        if hasattr(config, "quantization_config"):  # the file's, not the dequantized output's: vLLM would refuse it
+            del config.quantization_config
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name, config=config)
     except (ValueError, KeyError, RuntimeError) as exc:  # an architecture or quantization transformers cannot read
         raise ConvertError(

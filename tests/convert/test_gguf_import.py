@@ -59,7 +59,9 @@ def test_import_holds_the_gguf_weights_tokenizer_and_chat_template(gguf_model, s
     ) == reference_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert tokenizer.eos_token == "<|im_end|>"
     assert GenerationConfig.from_pretrained(out).eos_token_id == tokenizer.eos_token_id
-    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "float32"
+    config = json.loads((out / "config.json").read_text())
+    assert config["torch_dtype"] == "float32"
+    assert "quantization_config" not in config  # dequantized: vLLM loads it as a plain checkpoint
 
 
 @needs_smollm2
@@ -77,7 +79,8 @@ def test_cli_import_casts_to_the_dtype_asked_for(gguf_model, tmp_path):
     assert weights and all(t.dtype == torch.bfloat16 for t in weights.values())
     for name, tensor in weights.items():
         assert torch.equal(tensor, expected[name].to(torch.bfloat16)), name
-    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    config = json.loads((out / "config.json").read_text())
+    assert config["torch_dtype"] == "bfloat16" and "quantization_config" not in config
     assert AutoTokenizer.from_pretrained(out).chat_template == gguf_model[1].chat_template
 
 
