@@ -173,6 +173,9 @@ def run_rlx(workload: str, seed: int, out: Path, extra: list[str], eval_every: i
 def run_trl(workload: str, seed: int, out: Path, overrides: list[str]) -> dict:
     """TRL's ``GRPOTrainer`` in a process of its own; in server mode with TRL's vLLM server on the second GPU,
     started first and counted in the wall time (as rlx's engine start is in rlx's)."""
+    from rlx.net import free_port
+    from tests.helpers import stop_group
+
     spec = WORKLOADS[workload]
     cmd = [
         sys.executable,
@@ -189,7 +192,7 @@ def run_trl(workload: str, seed: int, out: Path, overrides: list[str]) -> dict:
     server = None
     start = time.perf_counter()
     if spec.trl_vllm == "server":
-        port, group_port = _free_port(), _free_port()
+        port, group_port = free_port(), free_port()
         server = _start_trl_server(load_cfg(workload, overrides), port, out / "vllm_server.log")
         cmd += [f"--vllm-port={port}", f"--vllm-group-port={group_port}"]
     try:
@@ -197,7 +200,7 @@ def run_trl(workload: str, seed: int, out: Path, overrides: list[str]) -> dict:
         wall = time.perf_counter() - start
     finally:
         if server is not None:
-            _end_group(server)
+            stop_group(server, timeout_s=20.0)
     steps = json.loads((out / "step_times.json").read_text())
     logged = json.loads((out / "log_history.json").read_text())
     return {
@@ -210,7 +213,7 @@ def run_trl(workload: str, seed: int, out: Path, overrides: list[str]) -> dict:
 
 
 def _start_trl_server(cfg, port: int, log: Path) -> subprocess.Popen:
-    """``trl vllm-serve`` of the starting model on GPU 1, in a process group of its own (ended by ``_end_group``)."""
+    """``trl vllm-serve`` of the starting model on GPU 1, in a process group of its own (ended by ``stop_group``)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable,
@@ -230,32 +233,6 @@ def _start_trl_server(cfg, port: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "1", "PYTHONUNBUFFERED": "1"}
     with open(log, "w") as sink:
         return subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
-
-
-def _end_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
-    """SIGTERM to ``proc``'s process group, SIGKILL after ``grace_s``: by pid, every process it started."""
-    import signal
-
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait_s)
-            os.killpg(proc.pid, 0)  # the leader is gone: anything else of the group still alive?
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _timed(cmd: list[str], log: Path, env: dict | None = None) -> float:

@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,13 +32,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from rlx.net import free_port  # noqa: E402 - after the repository is on sys.path
+
 PLAIN_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def chats(count: int) -> list[list[dict]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
+import socket
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,3 +50,10 @@ def is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on at ``host`` now (it may be taken before it is used: bind it soon)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

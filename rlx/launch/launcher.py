@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ from rlx.launch.run_dir import (
     write_config,
 )
 from rlx.launch.stops import ChildDied, Interrupted, RunStopped, StopWatch
+from rlx.net import free_port
 from rlx.placement import plan, visible_gpus
 from rlx.rollout.priority import ENV_NO_SPIN, ENV_SCHED_IDLE
 
@@ -193,7 +193,7 @@ class Launch:
         world = self.cfg.trainer.num_ranks
         if world <= 1:
             return
-        port = _free_port()
+        port = free_port()
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK="0")
         for rank in range(1, world):
             rank_env = dict(
@@ -338,9 +338,3 @@ def _close_distributed() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -22,7 +22,6 @@ import collections
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 
 from rlx.launch.leftovers import ShmLeftovers
 from rlx.launch.processes import _term_when_parent_dies, python_argv
+from rlx.net import free_port
 
 MAX_BUFFERED_LINES = 20_000  # output kept for the launcher between two drains; older lines are dropped
 
@@ -124,13 +124,6 @@ class NodeProcess:
 def _signal_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-
-
-def free_port(host: str) -> int:
-    """A TCP port nobody listens on at ``host`` now (it may be taken before it is used: bind it soon)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def rank0_main(argv: list[str]) -> int:
