@@ -28,6 +28,9 @@ Workloads (GPU; SmolLM2-135M-Instruct on reasoning-gym sums through its chat tem
         [--plot PNG]                    (draw the run: gains per seed, training reward, time ratios)
     python benchmarks/bench_e2e.py --replot REPORT.json [REPORT.json ...] --plot PNG
                                         (draw saved reports, e.g. rlx's sync and fully_async runs, in one figure)
+    python benchmarks/bench_e2e.py --merge REPORT.json [REPORT.json ...] --json OUT [--plot PNG]
+                                        (one report of benches run on other seeds, e.g. side by side on the
+                                        GPUs of one host: CUDA_VISIBLE_DEVICES=2,3 ... --seeds 1)
 
 Both sides train on the task's own reward (``task.reward``: exact match for tiny_math, the shaped
 step-by-step reward for running_sum); the held-out score is exact match for both.
@@ -196,7 +199,7 @@ def run_trl(workload: str, seed: int, out: Path, overrides: list[str]) -> dict:
         server = _start_trl_server(load_cfg(workload, overrides), port, out / "vllm_server.log")
         cmd += [f"--vllm-port={port}", f"--vllm-group-port={group_port}"]
     try:
-        _timed(cmd, out / "stdout.log", {"CUDA_VISIBLE_DEVICES": "0"} if server else None)
+        _timed(cmd, out / "stdout.log", gpu_env(0) if server else None)
         wall = time.perf_counter() - start
     finally:
         if server is not None:
@@ -230,9 +233,17 @@ def _start_trl_server(cfg, port: int, log: Path) -> subprocess.Popen:
         "--max_model_len",
         str(cfg.rollout.max_model_len),
     ]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **gpu_env(1), "PYTHONUNBUFFERED": "1"}
     with open(log, "w") as sink:
         return subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+
+
+def gpu_env(index: int) -> dict:
+    """``CUDA_VISIBLE_DEVICES`` that shows a child only the ``index``-th GPU this process sees (mapped through
+    this process's own ``CUDA_VISIBLE_DEVICES``, so a bench confined to GPUs 2,3 puts TRL's server on GPU 3)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    physical = [d.strip() for d in visible.split(",") if d.strip()] if visible else []
+    return {"CUDA_VISIBLE_DEVICES": physical[index] if physical else str(index)}
 
 
 def _timed(cmd: list[str], log: Path, env: dict | None = None) -> float:
@@ -357,8 +368,8 @@ def bench(args) -> dict:
     rows = []
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="rlx-bench-e2e-"))
     runs = [(seed, r) for seed in args.seeds for r in range(args.rounds)]
-    for i, (seed, r) in enumerate(runs):
-        order = list(args.sides) if i % 2 == 0 else list(reversed(args.sides))
+    for seed, r in runs:  # the order alternates with seed and round, also over seeds run as separate benches
+        order = list(args.sides) if (seed + r) % 2 == 0 else list(reversed(args.sides))
         for side in order:
             out = work / f"{side}-seed{seed}-round{r}"
             print(f"seed {seed}, round {r}: {side} ...", flush=True)
@@ -657,6 +668,31 @@ def window_means(curves: list[list[float]]) -> tuple[list[int], list[float]]:
     )
 
 
+def merge(paths: list[str]) -> dict:
+    """One report of several benches of one workload, each run on seeds of its own (for example side by side on
+    separate GPUs of one host): their rows together, the per-seed ratios and the summary over seeds recomputed."""
+    reports = [json.loads(Path(p).read_text()) for p in paths]
+    same = ("workload", "device", "steps", "samples_per_step", "overrides", "rlx_overrides", "rlx_eval_every")
+    for key in same:
+        values = {json.dumps(r.get(key), sort_keys=True) for r in reports}
+        if len(values) > 1:
+            raise SystemExit(
+                f"error: --merge takes benches of one setting, but their {key!r} differ: {sorted(values)}; "
+                "merge only reports made by the same command with other --seeds"
+            )
+    if len({round(r["start_accuracy"], 6) for r in reports}) > 1:
+        raise SystemExit("error: --merge takes benches of one starting model; their held-out start accuracies differ")
+    seen: dict[int, str] = {}
+    for path, report in zip(paths, reports, strict=True):
+        for seed in {r["seed"] for r in report["rows"]}:
+            if seed in seen:
+                raise SystemExit(f"error: seed {seed} is in both {seen[seed]} and {path}; merge benches of other seeds")
+            seen[seed] = path
+    rows = sorted((row for r in reports for row in r["rows"]), key=lambda row: (row["seed"], row.get("round", 0)))
+    seeds = per_seed(rows)
+    return {**reports[0], "rows": rows, "per_seed": seeds, "over_seeds": over_seeds(seeds), "merged_from": len(paths)}
+
+
 def replot(paths: list[str], out: Path) -> None:
     reports = [json.loads(Path(p).read_text()) for p in paths]
     workloads = {r["workload"] for r in reports}
@@ -721,7 +757,22 @@ def main() -> None:
         metavar="REPORT",
         help="draw these saved reports (--json files of one workload) into --plot instead of running",
     )
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        default=[],
+        metavar="REPORT",
+        help="join these saved reports (one workload, other seeds each) into one, printed and written to --json",
+    )
     args = p.parse_args()
+    if args.merge:
+        report = merge(args.merge)
+        print_table(report)
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2))
+        if args.plot:
+            draw([report], args.plot)
+        return
     if args.replot:
         if args.plot is None:
             p.error("--replot draws into the file --plot names: add --plot OUT.png")

@@ -188,7 +188,7 @@ def _run_all(jobs: list[Job], args) -> None:
 def _run_job(job: Job, gpus: list[int], args) -> dict:
     config = LAYOUTS[job.layout][0]
     run_dir = ((args.runs or args.out / "runs") / job.name).resolve()
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=physical_gpus(gpus, os.environ.get("CUDA_VISIBLE_DEVICES")))
     argv = [sys.executable, "-m", "rlx", "train", config, *_overrides(job, args, run_dir)]
     if not job.resume:
         code, seconds = _train(argv, env, run_dir / "gate.log", args.timeout_s)
@@ -205,6 +205,13 @@ def _run_job(job: Job, gpus: list[int], args) -> dict:
         resumed_from_step=stop_at,
     )
     return summary
+
+
+def physical_gpus(gpus: list[int], visible: str | None) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for a job on the gate's ``gpus`` (indices of the GPUs the gate sees), mapped through
+    the gate's own ``visible`` list: a gate confined to GPUs 2,3 runs its jobs there, not on GPUs 0,1."""
+    physical = [d.strip() for d in visible.split(",") if d.strip()] if visible else []
+    return ",".join(physical[g] if physical else str(g) for g in gpus)
 
 
 def _train(argv, env, log: Path, timeout_s: float, stop_after_checkpoint: int = 0) -> tuple[int, float]:

@@ -13,8 +13,9 @@ process, so each copy uses one core and the comparison with the one-thread ceili
 then does one more sync with checksums, untimed. The table and JSON live in ``rlx.cli.bench_sync``.
 
 For ``gloo`` / ``nccl`` (a torch.distributed broadcast, the transport across hosts) the ceiling is
-instead a plain ``broadcast`` of every tensor from the bench process into destinations the receiver
-process allocated beforehand, over a group of the same two processes, timed from the first broadcast
+instead a plain ``broadcast`` from the bench process into destinations the receiver process allocated
+beforehand, over a group of the same two processes: of every tensor (``gloo``, as a plain loop on a CPU sends
+them), or of the same bytes in one buffer (``nccl``, the GPUs' link at its best), timed from the first broadcast
 to the receiver's acknowledgement (``BroadcastCeiling``); the group's set-up is outside its time, while
 the transfers pay theirs (one group per sync). There is no zero-copy row: the broadcast transport
 already sends each tensor from where it is.
@@ -361,9 +362,9 @@ class Ceiling:
 
 
 class BroadcastCeiling:
-    """A plain broadcast of every tensor from here into the receivers' destinations, allocated beforehand,
-    over a fresh group of the same processes (``SyncPlainBroadcast``): the fastest a broadcast could move
-    these bytes. Timed from the first broadcast to the receivers' acknowledgement."""
+    """A plain broadcast of every tensor (nccl: of one buffer of their bytes) into the receivers' destinations,
+    allocated beforehand, over a fresh group of the same processes (``SyncPlainBroadcast``): the fastest a
+    broadcast could move these bytes. Timed from the first broadcast to the receivers' acknowledgement."""
 
     def __init__(
         self,
@@ -374,6 +375,8 @@ class BroadcastCeiling:
         timeout_s: float,
     ):
         self.flats = [t.reshape(-1).view(torch.uint8) for _, t in tensors if t.numel()]
+        if transport == "nccl":  # the hardware's ceiling: the same bytes as one broadcast of one buffer
+            self.flats = [torch.empty(sum(f.numel() for f in self.flats), dtype=torch.uint8, device=device)]
         self.transport, self.device, self.channels, self.timeout_s = transport, device, channels, timeout_s
         self.times: list[float] = []
 
@@ -386,7 +389,7 @@ class BroadcastCeiling:
 
         sync_id = 1_000_000 + len(self.times)
         buffer = create_buffer(self.transport, ALIGN_BYTES, 1, self.device, self.timeout_s)
-        buffer.coalesce = False  # the ceiling is one broadcast per tensor, as a plain loop would send them
+        buffer.coalesce = False  # each of self.flats is one broadcast, straight from where it is
         try:
             handles = buffer.handles([getattr(ch, "address", ch.name) for ch in self.channels])
             begun = [

@@ -92,3 +92,49 @@ def test_a_gpu_workload_on_a_host_without_its_gpus_is_refused_naming_the_fix(tmp
     assert "needs 2 GPU(s), this host shows 0" in done.stderr
     assert "quickstart" in done.stderr  # what fits here
     assert not (tmp_path / "runs").exists()  # refused before anything ran
+
+
+def test_trl_server_and_trainer_gpus_map_through_the_bench_own_visible_devices(bench, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3")
+    assert bench.gpu_env(0) == {"CUDA_VISIBLE_DEVICES": "2"}
+    assert bench.gpu_env(1) == {"CUDA_VISIBLE_DEVICES": "3"}
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert bench.gpu_env(1) == {"CUDA_VISIBLE_DEVICES": "1"}
+
+
+def _report(tmp_path, name, seeds, **changes):
+    rows = [row for seed in seeds for row in (_row("rlx", seed, 50.0, 0.3), _row("trl", seed, 100.0, 0.1 * seed))]
+    report = {
+        "workload": "2gpu",
+        "device": "NVIDIA H200",
+        "steps": 10,
+        "samples_per_step": 512,
+        "overrides": [],
+        "rlx_overrides": [],
+        "rlx_eval_every": 0,
+        "start_accuracy": 0.2,
+        "rows": rows,
+        **changes,
+    }
+    path = tmp_path / name
+    path.write_text(__import__("json").dumps(report))
+    return str(path)
+
+
+def test_merge_joins_benches_of_other_seeds_and_recomputes_the_summary(bench, tmp_path):
+    merged = bench.merge([_report(tmp_path, "a.json", [0, 2]), _report(tmp_path, "b.json", [1])])
+    assert [r["seed"] for r in merged["rows"]] == [0, 0, 1, 1, 2, 2]
+    assert [s["seed"] for s in merged["per_seed"]] == [0, 1, 2]
+    summary = merged["over_seeds"]
+    assert summary["seeds"] == 3
+    assert summary["samples_ratio"] == pytest.approx(2.0)
+    assert summary["gain_diff"] == pytest.approx((0.3 + 0.2 + 0.1) / 3)
+    assert summary["gain_diff_se"] == pytest.approx(0.1 / 3**0.5)
+
+
+def test_merge_refuses_other_settings_and_a_seed_twice(bench, tmp_path):
+    a = _report(tmp_path, "a.json", [0])
+    with pytest.raises(SystemExit, match="'steps' differ"):
+        bench.merge([a, _report(tmp_path, "b.json", [1], steps=20)])
+    with pytest.raises(SystemExit, match="seed 0 is in both"):
+        bench.merge([a, _report(tmp_path, "c.json", [0])])

@@ -49,3 +49,9 @@ def test_a_layout_needing_more_gpus_than_the_host_has_is_refused(gate):
     assert "dp2" in gate.check_jobs(None, 4)
     with pytest.raises(SystemExit, match=r"dp2 need\(s\) more GPUs than the 2 this host shows.*separate"):
         gate.check_jobs(["separate", "dp2"], 2)
+
+
+def test_jobs_land_on_the_gates_own_gpus_when_it_is_confined(gate):
+    assert gate.physical_gpus([0, 1], "2,3") == "2,3"
+    assert gate.physical_gpus([1], " 5, 7") == "7"
+    assert gate.physical_gpus([0, 2], None) == "0,2"
