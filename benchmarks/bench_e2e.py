@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -199,7 +200,10 @@ def run_trl(workload: str, seed: int, out: Path, overrides: list[str]) -> dict:
         server = _start_trl_server(load_cfg(workload, overrides), port, out / "vllm_server.log")
         cmd += [f"--vllm-port={port}", f"--vllm-group-port={group_port}"]
     try:
-        _timed(cmd, out / "stdout.log", gpu_env(0) if server else None)
+        # a rendezvous port of its own: TRL's in-process vLLM takes torch.distributed's default (29500) otherwise,
+        # which another bench on the same host may hold
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **(gpu_env(0) if server else {})}
+        _timed(cmd, out / "stdout.log", env, watch=server)
         wall = time.perf_counter() - start
     finally:
         if server is not None:
@@ -246,16 +250,50 @@ def gpu_env(index: int) -> dict:
     return {"CUDA_VISIBLE_DEVICES": physical[index] if physical else str(index)}
 
 
-def _timed(cmd: list[str], log: Path, env: dict | None = None) -> float:
+def _timed(cmd: list[str], log: Path, env: dict | None = None, watch: subprocess.Popen | None = None) -> float:
+    """Run ``cmd`` in a process group of its own, logging to ``log``; its wall time. The group is ended however
+    this returns (a failure, SIGTERM to the bench). ``watch``: a process the command needs (TRL's vLLM server);
+    when it exits first, the command is stopped and the bench fails naming the watched process's log."""
+    from tests.helpers import stop_group
+
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     start = time.perf_counter()
     with open(log, "w") as sink:
-        proc = subprocess.run(cmd, check=False, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+        try:
+            while proc.poll() is None:
+                if watch is not None and watch.poll() is not None:
+                    raise SystemExit(
+                        f"error: TRL's vLLM server exited ({watch.returncode}) while TRL ran; "
+                        f"see {log.parent / 'vllm_server.log'}"
+                    )
+                time.sleep(0.5)
+        finally:
+            if proc.poll() is None:
+                stop_group(proc, timeout_s=20.0)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({proc.returncode}); see {log}")
     return wall
+
+
+def check_trl_server() -> None:
+    """TRL's ``vllm-serve`` runs vLLM's OpenAI server, which needs uvicorn and fastapi (vLLM's ``serve``
+    extras): refused before anything runs when they are missing."""
+    import importlib.util
+
+    missing = [name for name in ("uvicorn", "fastapi") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SystemExit(
+            f"error: TRL's vllm-serve (the 2-GPU workloads' rival) needs {' and '.join(missing)}, not installed "
+            f"here: pip install {' '.join(missing)} (or pick the 1gpu workload, whose TRL runs vLLM in process)"
+        )
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    """SIGTERM (a ``timeout``) ends the bench as an error does: every run's process group is ended on the way."""
+    raise SystemExit(128 + signum)
 
 
 def trl_main(workload: str, seed: int, out: Path, overrides: list[str], vllm_port: int, vllm_group_port: int) -> None:
@@ -363,6 +401,8 @@ def bench(args) -> dict:
     spec = WORKLOADS[args.workload]
     cfg = load_cfg(args.workload, args.override)
     device = check_gpus(spec)
+    if spec.trl_vllm == "server" and "trl" in args.sides:
+        check_trl_server()
     ensure_model(cfg)
     base = greedy_accuracy(Path(cfg.model.path), cfg, device)
     rows = []
@@ -723,6 +763,7 @@ def main() -> None:
         a = p.parse_args()
         trl_main(a.workload, a.seed, a.out, a.override, a.vllm_port, a.vllm_group_port)
         return
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="quickstart")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -157,6 +158,10 @@ async def alternate(paths: dict, prompts: list[str], repeats: int) -> dict[str, 
     return rates
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", help="HF model directory (default: a fresh kit-built tiny model)")
@@ -171,6 +176,7 @@ def main() -> None:
     parser.add_argument("--no-offline", action="store_true", help="leave out vLLM's offline LLM.generate row")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # a timeout's SIGTERM closes every engine on the way out
     from rich.console import Console
     from rich.table import Table
 

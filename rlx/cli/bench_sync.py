@@ -150,7 +150,8 @@ def bench_sync(
                         "environment": result.environment,
                         "notes": result.notes,
                         "failures": result.failures,
-                        "rows": result.rows,
+                        # ok: the row was measured and, where checked, its checksums matched
+                        "rows": [dict(msgspec.structs.asdict(r), ok=r.verified is not False) for r in result.rows],
                     }
                 )
             )

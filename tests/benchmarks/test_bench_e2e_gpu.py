@@ -138,3 +138,52 @@ def test_merge_refuses_other_settings_and_a_seed_twice(bench, tmp_path):
         bench.merge([a, _report(tmp_path, "b.json", [1], steps=20)])
     with pytest.raises(SystemExit, match="seed 0 is in both"):
         bench.merge([a, _report(tmp_path, "c.json", [0])])
+
+
+def test_the_2gpu_rival_is_refused_without_the_servers_web_stack_naming_the_fix(bench, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "uvicorn" else real(name))
+    with pytest.raises(SystemExit, match="needs uvicorn, not installed here: pip install uvicorn"):
+        bench.check_trl_server()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _wait_for(path: Path) -> int:
+    import time
+
+    for _ in range(200):
+        if path.is_file() and path.read_text().strip():
+            return int(path.read_text())
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never written")
+
+
+def test_a_run_stops_when_the_server_it_needs_exits_and_its_group_is_ended(bench, tmp_path):
+    pidfile = tmp_path / "run.pid"
+    server = subprocess.Popen(["sleep", "0.5"])
+    with pytest.raises(SystemExit, match="TRL's vLLM server exited \\(0\\) while TRL ran"):
+        bench._timed(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"], tmp_path / "trl" / "stdout.log", watch=server)
+    assert not _alive(_wait_for(pidfile))
+
+
+def test_sigterm_to_the_bench_ends_the_run_it_is_timing(tmp_path):
+    pidfile = tmp_path / "run.pid"
+    driver = (
+        "import signal, sys; from pathlib import Path; sys.path.insert(0, 'benchmarks'); import bench_e2e as b; "
+        "signal.signal(signal.SIGTERM, b._exit_on_sigterm); "
+        f"b._timed(['sh', '-c', 'echo $$ > {pidfile}; exec sleep 60'], Path('{tmp_path}') / 'run.log')"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", driver], cwd=ROOT)
+    run = _wait_for(pidfile)
+    proc.send_signal(15)
+    assert proc.wait(30) == 128 + 15
+    assert not _alive(run)

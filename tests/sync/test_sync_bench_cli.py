@@ -34,6 +34,7 @@ def test_bench_sync_on_a_model_directory_writes_verified_rows(tiny_model_dir, tm
         assert row["bytes"] > 0 and row["seconds"] > 0
     assert [len(row["all_seconds"]) for row in data["rows"]] == [1, 1, 1, 1]
     assert [row["verified"] for row in data["rows"][1:]] == [True, True, True]
+    assert all(row["ok"] for row in data["rows"])  # measured, and the checksums matched where checked
     assert data["environment"]["torch_threads"] == 1
     assert "ceiling" in result.output and "lock-step" in result.output and "zero-copy" in result.output
     assert our_segments() == []
