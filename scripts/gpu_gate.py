@@ -168,7 +168,7 @@ def _run_all(jobs: list[Job], args) -> None:
         (args.out / f"job_{job.name}.json").write_text(
             json.dumps(job.result, indent=1) + "\n"
         )  # kept if a limit cuts the gate
-        print(f"[gate] {job.name} on GPU {gpus}: {json.dumps(job.result)[:400]}", flush=True)
+        print(f"[gate] {job.name} on GPU {gpus}: {json.dumps(job.result)}", flush=True)
         with lock:
             free.extend(gpus)
             lock.notify_all()
