@@ -245,9 +245,9 @@ def _start_trl_server(cfg, port: int, log: Path) -> subprocess.Popen:
 def gpu_env(index: int) -> dict:
     """``CUDA_VISIBLE_DEVICES`` that shows a child only the ``index``-th GPU this process sees (mapped through
     this process's own ``CUDA_VISIBLE_DEVICES``, so a bench confined to GPUs 2,3 puts TRL's server on GPU 3)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    physical = [d.strip() for d in visible.split(",") if d.strip()] if visible else []
-    return {"CUDA_VISIBLE_DEVICES": physical[index] if physical else str(index)}
+    from rlx.placement import visible_devices
+
+    return {"CUDA_VISIBLE_DEVICES": visible_devices([index], os.environ.get("CUDA_VISIBLE_DEVICES"))}
 
 
 def _timed(cmd: list[str], log: Path, env: dict | None = None, watch: subprocess.Popen | None = None) -> float:

@@ -46,6 +46,13 @@ CPU_FRACTION = 0.2
 """vLLM's CPU build: the fraction of host memory for the KV cache when rollout.gpu_memory_utilization is unset."""
 
 
+def visible_devices(indices, parent_visible: str | None) -> str:
+    """``CUDA_VISIBLE_DEVICES`` showing a child the GPUs at ``indices`` of those this process sees: mapped through
+    this process's own list (``parent_visible``), so a parent confined to GPUs 2,3 gives index 0 as GPU 2."""
+    physical = [d.strip() for d in parent_visible.split(",") if d.strip()] if parent_visible else []
+    return ",".join(physical[i] if physical else str(i) for i in indices)
+
+
 @dataclass(frozen=True)
 class Slot:
     name: str
@@ -62,9 +69,7 @@ class Slot:
         """``CUDA_VISIBLE_DEVICES`` for this child, mapped through the launcher's own (``parent_visible``)."""
         if not self.devices:
             return {}
-        physical = [d.strip() for d in parent_visible.split(",")] if parent_visible else None
-        visible = (*self.devices, *self.peer_devices)
-        return {"CUDA_VISIBLE_DEVICES": ",".join(physical[d] if physical else str(d) for d in visible)}
+        return {"CUDA_VISIBLE_DEVICES": visible_devices((*self.devices, *self.peer_devices), parent_visible)}
 
     def overrides(self) -> list[str]:
         """Config overrides of this child (`rlx rollout-serve CONFIG KEY=VALUE ...`)."""

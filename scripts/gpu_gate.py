@@ -210,8 +210,9 @@ def _run_job(job: Job, gpus: list[int], args) -> dict:
 def physical_gpus(gpus: list[int], visible: str | None) -> str:
     """``CUDA_VISIBLE_DEVICES`` for a job on the gate's ``gpus`` (indices of the GPUs the gate sees), mapped through
     the gate's own ``visible`` list: a gate confined to GPUs 2,3 runs its jobs there, not on GPUs 0,1."""
-    physical = [d.strip() for d in visible.split(",") if d.strip()] if visible else []
-    return ",".join(physical[g] if physical else str(g) for g in gpus)
+    from rlx.placement import visible_devices
+
+    return visible_devices(gpus, visible)
 
 
 def _train(argv, env, log: Path, timeout_s: float, stop_after_checkpoint: int = 0) -> tuple[int, float]:

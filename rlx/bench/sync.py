@@ -127,10 +127,10 @@ def receiver_env(gpu: int | None) -> dict[str, str]:
         return {}
     import os
 
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    physical = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(gpu + 1)]
+    from rlx.placement import visible_devices
+
     order = [gpu] if gpu == 0 else [gpu, 0]
-    return {"CUDA_VISIBLE_DEVICES": ",".join(physical[i] for i in order)}
+    return {"CUDA_VISIBLE_DEVICES": visible_devices(order, os.environ.get("CUDA_VISIBLE_DEVICES"))}
 
 
 @contextlib.asynccontextmanager
