@@ -16,9 +16,10 @@ For ``gloo`` / ``nccl`` (a torch.distributed broadcast, the transport across hos
 instead a plain ``broadcast`` from the bench process into destinations the receiver process allocated
 beforehand, over a group of the same two processes: of every tensor (``gloo``, as a plain loop on a CPU sends
 them), or of the same bytes in one buffer (``nccl``, the GPUs' link at its best), timed from the first broadcast
-to the receiver's acknowledgement (``BroadcastCeiling``); the group's set-up is outside its time, while
-the transfers pay theirs (one group per sync). There is no zero-copy row: the broadcast transport
-already sends each tensor from where it is.
+to the receiver's acknowledgement (``BroadcastCeiling``). Its group is kept across rounds, as each transfer's
+sender keeps its own (a group serves every sync to the same receivers), so the warm-up round of each pays the
+group's set-up (and NCCL's connections) and the timed rounds measure the bytes. There is no zero-copy row:
+the broadcast transport already sends each tensor from where it is.
 
 A target is a small async context manager yielding the channels to send to (``TARGETS``):
 ``process`` starts a local receiver process that copies each tensor into its own destination.
@@ -218,7 +219,7 @@ async def _bench_model(
 
     # the zero-copy sender's source, where the transport shares memory; the others read model.tensors
     arena, resident = arena_for(transport, device, model.tensors)
-    rows = []
+    rows, ceiling = [], None
     try:
         gpu = receiver_gpu(transport, opts.receiver_gpu, torch.cuda.device_count() if device == "cuda" else 0)
         async with TARGETS[opts.target](opts, device, receiver_env(gpu)) as channels:
@@ -237,6 +238,8 @@ async def _bench_model(
 
                 rows += await bench_lora(opts, model, transport, device, _bucket_sizes(opts, transport)[0], channels)
     finally:
+        if isinstance(ceiling, BroadcastCeiling):
+            ceiling.close()
         if arena is not None:
             arena.close()
     ceiling_s = statistics.median(ceiling.times)
@@ -363,8 +366,8 @@ class Ceiling:
 
 class BroadcastCeiling:
     """A plain broadcast of every tensor (nccl: of one buffer of their bytes) into the receivers' destinations,
-    allocated beforehand, over a fresh group of the same processes (``SyncPlainBroadcast``): the fastest a
-    broadcast could move these bytes. Timed from the first broadcast to the receivers' acknowledgement."""
+    allocated beforehand, over a group of the same processes kept across rounds (``SyncPlainBroadcast``): the
+    fastest a broadcast could move these bytes. Timed from the first broadcast to the receivers' acknowledgement."""
 
     def __init__(
         self,
@@ -379,6 +382,7 @@ class BroadcastCeiling:
             self.flats = [torch.empty(sum(f.numel() for f in self.flats), dtype=torch.uint8, device=device)]
         self.transport, self.device, self.channels, self.timeout_s = transport, device, channels, timeout_s
         self.times: list[float] = []
+        self._buffer = None
 
     async def measure(self, record: bool = True) -> None:
         import asyncio
@@ -388,8 +392,10 @@ class BroadcastCeiling:
         from rlx.sync.transports import create_buffer
 
         sync_id = 1_000_000 + len(self.times)
-        buffer = create_buffer(self.transport, ALIGN_BYTES, 1, self.device, self.timeout_s)
-        buffer.coalesce = False  # each of self.flats is one broadcast, straight from where it is
+        if self._buffer is None:  # its group is kept across rounds, as the transfers keep theirs
+            self._buffer = create_buffer(self.transport, ALIGN_BYTES, 1, self.device, self.timeout_s)
+            self._buffer.coalesce = False  # each of self.flats is one broadcast, straight from where it is
+        buffer = self._buffer
         try:
             handles = buffer.handles([getattr(ch, "address", ch.name) for ch in self.channels])
             begun = [
@@ -413,10 +419,16 @@ class BroadcastCeiling:
                 await asyncio.gather(*(ch.call(SyncEnd(sync_id), self.timeout_s) for ch in self.channels)), "SyncEnd"
             )
             await buffer.end_sync()
-        finally:
-            buffer.close()
+        except BaseException:
+            self.close()
+            raise
         if record:
             self.times.append(seconds)
+
+    def close(self) -> None:
+        if self._buffer is not None:
+            self._buffer.close()
+            self._buffer = None
 
 
 def _check_acks(acks, what: str) -> None:

@@ -60,7 +60,7 @@ from rlx.sync.messages import (
     encode,
     request_label,
 )
-from rlx.sync.transports import map_buffer
+from rlx.sync.transports import group_key, map_buffer
 from rlx.sync.transports.base import ReceiverMapping
 
 log = logging.getLogger(__name__)
@@ -227,6 +227,9 @@ class _Partial(NamedTuple):
     received: int
 
 
+KEPT_GROUPS = 4  # broadcast groups of different senders a receiver keeps between syncs (the oldest goes first)
+
+
 class WeightReceiver:
     """One receiver of one sender's syncs.
 
@@ -243,6 +246,7 @@ class WeightReceiver:
         self._assemble_into = assemble_into
         self._mapping: ReceiverMapping | None = None  # the buffer of the sync in progress
         self._resident: ReceiverMapping | None = None  # a sender's arena, kept mapped across syncs
+        self._groups: dict[tuple, ReceiverMapping] = {}  # broadcast groups kept across syncs, by group_key
         self._sync: SyncBegin | None = None
         self._partial: dict[str, _Partial] = {}
         self._views: list[tuple[str, torch.Tensor]] = []
@@ -265,10 +269,23 @@ class WeightReceiver:
         self._sync = req
 
     def _mapped(self, req: SyncBegin) -> ReceiverMapping:
-        """The kept mapping when ``req`` names the arena mapped before; else a new mapping, which
-        replaces the kept one when it is an arena too."""
+        """The kept mapping when ``req`` names the arena mapped before, or a broadcast group this receiver
+        holds; else a new mapping, which replaces the kept one when it is an arena too (a new group replaces
+        the groups of the same sender, which it no longer uses)."""
         if self._resident is not None and self._resident.handle == req.handle:
             return self._resident
+        key = group_key(req.handle)
+        if key is not None:
+            kept = self._groups.get(key)
+            if kept is not None and kept.handle.payload.get("rank") == req.handle.payload.get("rank"):
+                return kept
+            mapping = map_buffer(req.handle)
+            for old in [k for k in self._groups if k[:2] == key[:2]]:  # the same sender's older groups
+                self._groups.pop(old).close()
+            while len(self._groups) >= KEPT_GROUPS:  # other senders': the oldest goes
+                self._groups.pop(next(iter(self._groups))).close()
+            self._groups[key] = mapping
+            return mapping
         mapping = map_buffer(req.handle)
         if mapping.keep_mapped:
             if self._resident is not None:
@@ -340,6 +357,9 @@ class WeightReceiver:
         if self._resident is not None:
             self._resident.close()
             self._resident = None
+        groups, self._groups = list(self._groups.values()), {}
+        for group in groups:
+            group.close()
 
     def _end_errors(self, sync_id: int) -> list[str]:
         if self._sync is None or self._sync.sync_id != sync_id:

@@ -177,3 +177,86 @@ def test_buckets_cross_whole_or_chunk_by_chunk_and_land_exactly(spawn_receiver, 
         assert posted == [1] * sum(r.num_buckets for r in reports) and len(posted) < 2 * len(tensors)
     else:  # the chunks of a bucket, one broadcast each
         assert sum(posted) > sum(r.num_buckets for r in reports) and max(posted) > 1
+
+
+def _counting_groups(monkeypatch) -> list[int]:
+    """Count the groups this process (the sender) forms."""
+    from rlx.sync.transports import dist
+
+    formed, real = [], dist.new_group
+
+    def counted(*args):
+        formed.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(dist, "new_group", counted)
+    return formed
+
+
+def test_a_group_serves_every_sync_to_the_same_receivers_and_other_receivers_get_a_new_one(spawn_receiver, monkeypatch):
+    formed = _counting_groups(monkeypatch)
+    _, a_address = spawn_receiver(name="a")
+    _, b_address = spawn_receiver(name="b")
+    tensors = [(f"w{i}", torch.full((100_000,), float(i))) for i in range(4)]
+
+    async def run():
+        a, b = RpcSyncChannel.connect(a_address, name="a"), RpcSyncChannel.connect(b_address, name="b")
+        groups = []
+        try:
+            with WeightSender("gloo", bucket_mb=1, timeout_s=SYNC_TIMEOUT_S, verify=True) as sender:
+                for channels in ([a, b], [a, b], [a, b], [a], [a, b]):
+                    tensors[0][1].add_(1.0)  # every sync carries new bytes, checked by the receivers' checksums
+                    report = await sender.send(tensors, channels)
+                    assert report.verified and report.num_receivers == len(channels)
+                    groups.append(len(formed))
+        finally:
+            a.close()
+            b.close()
+        return groups
+
+    assert asyncio.run(run()) == [1, 1, 1, 2, 3]
+
+
+def test_a_receiver_that_lost_the_kept_group_fails_the_begin_at_once_and_the_next_sync_starts_anew(
+    spawn_receiver, monkeypatch
+):
+    import subprocess
+    import sys
+
+    from rlx.sync.local_receiver import stop_receiver, wait_ready
+
+    formed = _counting_groups(monkeypatch)
+    first, address = spawn_receiver(name="restarting")
+    tensors = [("w", torch.arange(1000.0))]
+    restarted = []
+
+    async def run():
+        channel = RpcSyncChannel.connect(address, name="restarting receiver")
+        try:
+            with WeightSender("gloo", bucket_mb=1, timeout_s=SYNC_TIMEOUT_S, verify=True) as sender:
+                await sender.send(tensors, [channel])
+                await sender.send(tensors, [channel])  # the kept group
+                os.kill(first.pid, signal.SIGKILL)
+                first.wait(10)
+                os.unlink(address.removeprefix("ipc://"))
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "rlx.sync.receiver_process", "--address", address, "--name", "restarted"],
+                    start_new_session=True,
+                )
+                restarted.append(proc)
+                await wait_ready(channel, proc)
+                start = time.monotonic()
+                with pytest.raises(SyncError, match="reuses its gloo group .* which this receiver does not hold"):
+                    await sender.send(tensors, [channel])
+                failed_in = time.monotonic() - start
+                return failed_in, await sender.send(tensors, [channel])
+        finally:
+            channel.close()
+
+    try:
+        failed_in, report = asyncio.run(run())
+    finally:
+        for proc in restarted:
+            stop_receiver(proc)
+    assert failed_in < SYNC_TIMEOUT_S / 2, "the lost group was found only at the deadline"
+    assert report.verified and formed == [1, 1]  # the group kept for two syncs, then a new one

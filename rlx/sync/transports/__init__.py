@@ -51,3 +51,12 @@ def map_buffer(handle: TransportHandle) -> ReceiverMapping:
     raise ValueError(
         f"unknown weight transport {handle.kind!r} in a sync handle; this receiver speaks {', '.join(TRANSPORTS)}"
     )
+
+
+def group_key(handle: TransportHandle) -> tuple[str, int, str] | None:
+    """For a broadcast transport (``gloo`` / ``nccl``): its sender's store address and its group's name, which a
+    receiver keeps the group by between syncs; ``None`` for the others."""
+    if handle.kind not in ("gloo", "nccl"):
+        return None
+    p = handle.payload
+    return (str(p.get("host")), int(p.get("port", 0)), str(p.get("group")))

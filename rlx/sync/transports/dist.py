@@ -1,14 +1,16 @@
 """torch.distributed broadcast transport (across hosts): ``gloo`` on CPUs, ``nccl`` on GPUs.
 
-Each sync is its own small world. The sender (rank 0) hosts a ``TCPStore`` for its lifetime;
-``SyncBegin`` gives each receiver the store's address, a fresh group name, its rank and the world
-size; sender and receivers then build a stateless process group over a ``PrefixStore``
-(``ProcessGroupGloo`` / ``ProcessGroupNCCL`` made directly, never the default group, which the
-trainer's own ranks use), and the group is aborted at ``SyncEnd`` or when the sync fails (the
-rollout server's abort path closes the receiver, which aborts it). A world per sync rather than
-one kept per server: a group with a dead member is dead for good, and a kept group needs both
-sides to agree that it still lives; a fresh one costs one rendezvous per sync (milliseconds on a
-LAN) and a failed sync can never poison the next one.
+A small world of the sender and its receivers. The sender (rank 0) hosts a ``TCPStore`` for its lifetime;
+``SyncBegin`` gives each receiver the store's address, a group name, its rank and the world size; sender
+and receivers build a stateless process group over a ``PrefixStore`` (``ProcessGroupGloo`` /
+``ProcessGroupNCCL`` made directly, never the default group, which the trainer's own ranks use). The group
+is kept after a sync that ended well and serves the next sync to the same receivers (``reuse`` in their
+handles): no rendezvous, and NCCL's connections between the peers, which it makes at a group's first
+broadcast (about 0.16 s between two H200s), are made once. Any failure drops it on both sides: the sender
+aborts it (``close``), and a receiver's abort path closes its mappings; the next sync builds a new group,
+so a failed sync never poisons the next one. A receiver that no longer holds a group the sender reuses (it
+restarted) fails that sync's begin at once, naming the group, and the sender starts anew at its next sync
+(rlx syncs a restarted server on its own first, which takes a new group anyway).
 
 Bytes, ``nccl``: one broadcast per bucket. A bucket of several chunks is copied into the sender's slot
 at its slot layout (one device copy per chunk) and broadcast whole into the receiver's slot, from which
@@ -125,6 +127,8 @@ class DistBuffer(SenderBuffer):
         self._slots: torch.Tensor | None = None  # coalesced buckets, made at the first one
         self._staged: dict[int, list[torch.Tensor]] = {}  # slot -> its bucket's chunks, until its meta is out
         self._posted: list[concurrent.futures.Future] = []  # each bucket's posts: their works and sources
+        self._kept: dict | None = None  # the group kept from the last sync: its payload and receivers
+        self._reusing = False  # this sync runs on the kept group (no rendezvous)
 
     def slot(self, index: int) -> torch.Tensor:
         raise NotImplementedError("the dist transport sends each chunk from its source tensor; it has no slots")
@@ -133,8 +137,18 @@ class DistBuffer(SenderBuffer):
         raise NotImplementedError("the dist transport gives each receiver its own handle; call handles(peers)")
 
     def handles(self, peers: list[str]) -> list[TransportHandle]:
-        """A new group for this sync: one handle per receiver (rank 1..n), in ``peers`` order."""
+        """One handle per receiver (rank 1..n), in ``peers`` order: the group of the last sync when it ended well
+        and goes to the same receivers (``reuse``: no rendezvous, no new connections), else a new group."""
+        kept = self._kept
+        if self._group is not None and kept is not None and kept["peers"] == list(peers):
+            self._reusing = True
+            payload = dict(kept["payload"], reuse=True)
+            return [
+                TransportHandle(self.kind, self.slot_bytes, self.num_slots, dict(payload, rank=rank))
+                for rank in range(1, len(peers) + 1)
+            ]
         self._drop_group()
+        self._reusing = False
         host = os.environ.get("RLX_SYNC_HOST") or advertised_host(peers)
         if self._store is None:
             from torch.distributed import TCPStore
@@ -150,6 +164,7 @@ class DistBuffer(SenderBuffer):
             "timeout_s": self.timeout_s,
             "coalesce": self.coalesce,
         }
+        self._kept = {"payload": payload, "peers": list(peers)}
         return [
             TransportHandle(self.kind, self.slot_bytes, self.num_slots, dict(payload, rank=rank))
             for rank in range(1, len(peers) + 1)
@@ -157,7 +172,10 @@ class DistBuffer(SenderBuffer):
 
     async def connect(self, begun: list[asyncio.Task]) -> None:
         """Join the group (on the lane: the rendezvous waits for every receiver) while the receivers
-        handle their ``SyncBegin``; a receiver that fails its begin fails this at once."""
+        handle their ``SyncBegin``; a receiver that fails its begin fails this at once. A kept group is
+        joined already (its receivers' begins are awaited before the first bucket, as always)."""
+        if self._reusing:
+            return
         join = self._join
         assert join is not None, "handles() comes before connect()"
         from torch.distributed import PrefixStore
@@ -226,7 +244,8 @@ class DistBuffer(SenderBuffer):
 
     async def end_sync(self) -> None:
         """Every receiver acknowledged ``SyncEnd``: wait (polling, within ``sync.timeout_s``) until the
-        sender's broadcasts finished too, then close the group."""
+        sender's broadcasts finished too. The group is kept for the next sync to the same receivers; a failure
+        aborts it (and ``close``, which the sender calls on any failure of the sync)."""
         posted, self._posted = self._posted, []
         deadline = time.monotonic() + self.timeout_s
         try:
@@ -243,7 +262,6 @@ class DistBuffer(SenderBuffer):
                 f"broadcasts to the receivers of group {name} were not posted within "
                 f"{self.timeout_s:g} s (sync.timeout_s)"
             ) from None
-        self._drop_group()
 
     def close(self) -> None:
         self._filling, self._staged, self._posted, self._slots = [], {}, [], None
@@ -254,7 +272,7 @@ class DistBuffer(SenderBuffer):
     def _drop_group(self, abandon: bool = False) -> None:
         """Abort the group of the sync that ends (on the lane, after the posts: it never blocks here);
         ``abandon``: the lane may be stuck, so the abort runs on a thread of its own and the lane is left."""
-        group, self._group, self._join = self._group, None, None
+        group, self._group, self._join, self._kept, self._reusing = self._group, None, None, None, False
         if group is None:
             return
         if abandon or self._lane is None:
@@ -274,6 +292,7 @@ class DistBuffer(SenderBuffer):
 
 class DistMapping(ReceiverMapping):
     moves_bytes = True
+    keep_mapped = True  # the group outlives the sync: the receiver keeps it for the sender's next one
 
     def __init__(self, handle: TransportHandle):
         self.handle = handle
@@ -283,6 +302,11 @@ class DistMapping(ReceiverMapping):
             raise ValueError(
                 f"{handle.kind} handle lacks {', '.join(missing) or 'a rank below world_size'}: "
                 f"{sorted(p)}; run the same rlx version on both sides"
+            )
+        if p.get("reuse"):
+            raise ValueError(
+                f"the sender reuses its {handle.kind} group {p['group']}, which this receiver does not hold (it "
+                "restarted, or dropped the group after a failed sync); the sender starts a new group at its next sync"
             )
         self.peer = f"the sender at {p['host']}:{p['port']} (group {p['group']})"
         self.timeout_s = float(p["timeout_s"])
@@ -356,6 +380,9 @@ class DistMapping(ReceiverMapping):
     def done_reading(self, index: int) -> None:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
+
+    def release_views(self) -> None:
+        """Between syncs: the group (and its slots) stay; every tensor handed out was a copy or the consumer's own."""
 
     def close(self) -> None:
         group, self._group, self._slots = self._group, None, None
