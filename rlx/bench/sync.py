@@ -403,7 +403,14 @@ class BroadcastCeiling:
                 for ch, handle in zip(self.channels, handles, strict=True)
             ]
             await buffer.connect(begun)
-            _check_acks(await asyncio.gather(*begun), "SyncBegin")
+            acks = await asyncio.gather(*begun)
+            if buffer.reusing and not all(ack.ok for ack in acks):
+                # a receiver dropped the kept group (it keeps a few senders' groups): a new one, warmed up untimed
+                self.close()
+                await self.measure(record=False)
+                await self.measure(record)
+                return
+            _check_acks(acks, "SyncBegin")
             _synchronize(self.device)
             start = time.perf_counter()
             request = SyncPlainBroadcast(sync_id, [flat.numel() for flat in self.flats])

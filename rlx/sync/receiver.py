@@ -197,7 +197,7 @@ class SyncHandler:
         log.info("%s: aborting sync %s: %s", self.name, self._sync_id, why)
         self._sync_id = None
         problems = []
-        for step in (self.consumer.abort, self.receiver.close):
+        for step in (self.consumer.abort, self.receiver.abort):
             try:
                 step()
             except Exception as exc:  # reported, and the other step still runs
@@ -227,7 +227,7 @@ class _Partial(NamedTuple):
     received: int
 
 
-KEPT_GROUPS = 4  # broadcast groups of different senders a receiver keeps between syncs (the oldest goes first)
+KEPT_GROUPS = 4  # broadcast groups of different senders a receiver keeps between syncs (least recently used goes)
 
 
 class WeightReceiver:
@@ -278,11 +278,12 @@ class WeightReceiver:
         if key is not None:
             kept = self._groups.get(key)
             if kept is not None and kept.handle.payload.get("rank") == req.handle.payload.get("rank"):
+                self._groups[key] = self._groups.pop(key)  # the most recently used goes last
                 return kept
             mapping = map_buffer(req.handle)
             for old in [k for k in self._groups if k[:2] == key[:2]]:  # the same sender's older groups
                 self._groups.pop(old).close()
-            while len(self._groups) >= KEPT_GROUPS:  # other senders': the oldest goes
+            while len(self._groups) >= KEPT_GROUPS:  # other senders': the least recently used goes
                 self._groups.pop(next(iter(self._groups))).close()
             self._groups[key] = mapping
             return mapping
@@ -348,6 +349,17 @@ class WeightReceiver:
         except BufferError as exc:
             errors.append(str(exc))
         return BucketAck(req.sync_id, NO_ID, ok=not errors, error="; ".join(f"{self.name}: {e}" for e in errors))
+
+    def abort(self) -> None:
+        """A failed sync: drop its state and unmap everything, but keep other senders' broadcast groups (one
+        sender's failure leaves theirs intact; the failed sync's own group goes)."""
+        current = self._mapping
+        kept = {key: group for key, group in self._groups.items() if group is not current}
+        self._groups = {key: group for key, group in self._groups.items() if group is current}
+        try:
+            self.close()
+        finally:
+            self._groups = kept
 
     def close(self) -> None:
         """Drop all state and unmap (the host is shutting down)."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import collections.abc
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, NamedTuple
@@ -72,6 +73,8 @@ if TYPE_CHECKING:
 MiB = 1 << 20
 # (bucket_id, bucket) -> (slot named in its meta, checksums of the tensors it completes or None)
 Prepare = Callable[[int, Bucket], "tuple[int, dict[str, int] | None]"]
+
+log = logging.getLogger(__name__)
 
 
 class SyncReport(msgspec.Struct):
@@ -170,12 +173,24 @@ class WeightSender:
         named_tensors, num_tensors, total_bytes, packed_bytes = _announce(named_tensors)
         slot_bytes = self.bucket_bytes if packed_bytes < 0 else min(self.bucket_bytes, max(packed_bytes, ALIGN_BYTES))
         buffer = self._ensure_buffer(slot_bytes)
-        handles = buffer.handles([getattr(ch, "address", ch.name) for ch in channels])
+        peers = [getattr(ch, "address", ch.name) for ch in channels]
+
+        def begin(handles: list) -> list[asyncio.Task]:
+            return [
+                asyncio.create_task(self._call(ch, SyncBegin(sync_id, h, num_tensors, total_bytes, self.verify), None))
+                for ch, h in zip(channels, handles, strict=True)
+            ]
+
         # receivers map the buffer while the first bucket is being filled; its meta waits for them
-        begun = [
-            asyncio.create_task(self._call(ch, SyncBegin(sync_id, handle, num_tensors, total_bytes, self.verify), None))
-            for ch, handle in zip(channels, handles, strict=True)
-        ]
+        begun = begin(buffer.handles(peers))
+        if buffer.reusing:  # a kept group: quick begins; a receiver that lost it (it restarted) takes a new one now
+            try:
+                await _settle(list(begun))
+            except SyncError as exc:
+                log.info("a receiver does not hold the kept group (%s); forming a new one", exc)
+                self._sync_id += 1
+                sync_id = self._sync_id
+                begun = begin(buffer.handles(peers, fresh=True))
         await asyncio.sleep(0)  # SyncBegin goes out before the first copy
         pending: dict[str, _Source] = {}
         counts: collections.Counter = collections.Counter()

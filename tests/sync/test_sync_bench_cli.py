@@ -68,3 +68,26 @@ def test_the_receiver_gpu_follows_the_transport(monkeypatch):
     assert receiver_env(None) == {}
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
     assert receiver_env(1) == {"CUDA_VISIBLE_DEVICES": "6,4"} and receiver_env(0) == {"CUDA_VISIBLE_DEVICES": "4"}
+
+
+def test_bench_sync_over_gloo_keeps_each_senders_group_across_bucket_sizes(tiny_model_dir, tmp_path):
+    """The ceiling and every transfer keep their groups across rounds: with three bucket sizes the receiver
+    holds more senders' groups than it keeps, and drops the least recently used, never the ceiling's."""
+    out = tmp_path / "bench.json"
+    args = ["bench-sync", "--model", str(tiny_model_dir), "--transport", "gloo", "--repeats", "2", "--verify"]
+    for mb in ("1", "2", "4"):
+        args += ["--bucket-mb", mb]
+    result = runner.invoke(app, [*args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["mode"], r["bucket_mb"]) for r in rows] == [
+        ("ceiling", None),
+        ("lock-step", 1),
+        ("double", 1),
+        ("lock-step", 2),
+        ("double", 2),
+        ("lock-step", 4),
+        ("double", 4),
+    ]
+    assert all(r["ok"] for r in rows) and all(r["verified"] for r in rows[1:])
+    assert len(rows[0]["all_seconds"]) == 3 * 2  # the ceiling ran every timed round of every bucket size

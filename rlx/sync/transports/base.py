@@ -24,6 +24,7 @@ class SenderBuffer(ABC):
     slot_bytes: int
     num_slots: int
     sends_from_source: bool = False  # chunks go out with ``send_chunk`` instead of being copied into a slot
+    reusing: bool = False  # this sync's handles name what the receivers kept from the last one (a broadcast group)
 
     @abstractmethod
     def slot(self, index: int) -> torch.Tensor:
@@ -37,8 +38,9 @@ class SenderBuffer(ABC):
     def handle(self) -> TransportHandle:
         """What a receiver needs to map this buffer."""
 
-    def handles(self, peers: list[str]) -> list[TransportHandle]:
-        """One handle per receiver (``peers``: their addresses) for the sync that starts now."""
+    def handles(self, peers: list[str], fresh: bool = False) -> list[TransportHandle]:
+        """One handle per receiver (``peers``: their addresses) for the sync that starts now; ``fresh``: nothing
+        kept from an earlier sync (a receiver lost it)."""
         return [self.handle()] * len(peers)
 
     async def connect(self, begun: list[asyncio.Task]) -> None:  # noqa: B027 - a no-op unless the transport overrides it

@@ -9,8 +9,9 @@ handles): no rendezvous, and NCCL's connections between the peers, which it make
 broadcast (about 0.16 s between two H200s), are made once. Any failure drops it on both sides: the sender
 aborts it (``close``), and a receiver's abort path closes its mappings; the next sync builds a new group,
 so a failed sync never poisons the next one. A receiver that no longer holds a group the sender reuses (it
-restarted) fails that sync's begin at once, naming the group, and the sender starts anew at its next sync
-(rlx syncs a restarted server on its own first, which takes a new group anyway).
+restarted, or keeps the groups of several senders and dropped this one) fails the begin at once, naming the
+group; the sender then forms a new group within the same sync (``WeightSender`` waits for a reused group's
+begins, which are quick, before the first bucket).
 
 Bytes, ``nccl``: one broadcast per bucket. A bucket of several chunks is copied into the sender's slot
 at its slot layout (one device copy per chunk) and broadcast whole into the receiver's slot, from which
@@ -128,7 +129,6 @@ class DistBuffer(SenderBuffer):
         self._staged: dict[int, list[torch.Tensor]] = {}  # slot -> its bucket's chunks, until its meta is out
         self._posted: list[concurrent.futures.Future] = []  # each bucket's posts: their works and sources
         self._kept: dict | None = None  # the group kept from the last sync: its payload and receivers
-        self._reusing = False  # this sync runs on the kept group (no rendezvous)
 
     def slot(self, index: int) -> torch.Tensor:
         raise NotImplementedError("the dist transport sends each chunk from its source tensor; it has no slots")
@@ -136,19 +136,19 @@ class DistBuffer(SenderBuffer):
     def handle(self) -> TransportHandle:
         raise NotImplementedError("the dist transport gives each receiver its own handle; call handles(peers)")
 
-    def handles(self, peers: list[str]) -> list[TransportHandle]:
+    def handles(self, peers: list[str], fresh: bool = False) -> list[TransportHandle]:
         """One handle per receiver (rank 1..n), in ``peers`` order: the group of the last sync when it ended well
-        and goes to the same receivers (``reuse``: no rendezvous, no new connections), else a new group."""
+        and goes to the same receivers (``reuse``: no rendezvous, no new connections), else (or ``fresh``) a new
+        group."""
         kept = self._kept
-        if self._group is not None and kept is not None and kept["peers"] == list(peers):
-            self._reusing = True
+        if not fresh and self._group is not None and kept is not None and kept["peers"] == list(peers):
+            self.reusing = True
             payload = dict(kept["payload"], reuse=True)
             return [
                 TransportHandle(self.kind, self.slot_bytes, self.num_slots, dict(payload, rank=rank))
                 for rank in range(1, len(peers) + 1)
             ]
         self._drop_group()
-        self._reusing = False
         host = os.environ.get("RLX_SYNC_HOST") or advertised_host(peers)
         if self._store is None:
             from torch.distributed import TCPStore
@@ -174,7 +174,7 @@ class DistBuffer(SenderBuffer):
         """Join the group (on the lane: the rendezvous waits for every receiver) while the receivers
         handle their ``SyncBegin``; a receiver that fails its begin fails this at once. A kept group is
         joined already (its receivers' begins are awaited before the first bucket, as always)."""
-        if self._reusing:
+        if self.reusing:
             return
         join = self._join
         assert join is not None, "handles() comes before connect()"
@@ -272,7 +272,7 @@ class DistBuffer(SenderBuffer):
     def _drop_group(self, abandon: bool = False) -> None:
         """Abort the group of the sync that ends (on the lane, after the posts: it never blocks here);
         ``abandon``: the lane may be stuck, so the abort runs on a thread of its own and the lane is left."""
-        group, self._group, self._join, self._kept, self._reusing = self._group, None, None, None, False
+        group, self._group, self._join, self._kept, self.reusing = self._group, None, None, None, False
         if group is None:
             return
         if abandon or self._lane is None:
@@ -306,7 +306,7 @@ class DistMapping(ReceiverMapping):
         if p.get("reuse"):
             raise ValueError(
                 f"the sender reuses its {handle.kind} group {p['group']}, which this receiver does not hold (it "
-                "restarted, or dropped the group after a failed sync); the sender starts a new group at its next sync"
+                "restarted, or dropped the group); the sender forms a new group"
             )
         self.peer = f"the sender at {p['host']}:{p['port']} (group {p['group']})"
         self.timeout_s = float(p["timeout_s"])
