@@ -156,7 +156,16 @@ def run_rlx(workload: str, seed: int, out: Path, extra: list[str], eval_every: i
     steps = [m for m in metrics if "time_step" in m]
     phases = {
         k: statistics.median(m[k] for m in steps)
-        for k in ("time_step", "time_generate", "time_logprob", "time_update", "time_sync")
+        for k in (
+            "time_step",
+            "time_generate",
+            "time_collect",
+            "time_logprob",
+            "time_update",
+            "time_train",
+            "time_sync",
+            "time_colocate_switch",
+        )
         if k in steps[0]
     }
     rewards = [m["reward_mean"] for m in steps]

@@ -99,9 +99,12 @@ class Controller:
                 started = time.perf_counter()
                 collected = await self.next_batch(step)
                 metrics = dict(collected.metrics)
+                metrics["time_collect"] = time.perf_counter() - started  # generate, reward, building the samples
                 await self.colocation.before_train()
                 async with self.ranks_busy:
+                    trained = time.perf_counter()
                     metrics.update(await asyncio.to_thread(self.train, collected))
+                    metrics["time_train"] = time.perf_counter() - trained  # the batch to the device, logprob, update
                 self._count_nonfinite(step, metrics)
                 self.policy_version = step
                 await self.colocation.before_sync()

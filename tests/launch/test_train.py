@@ -102,6 +102,8 @@ def test_two_step_one_step_off_run_with_vllm(tiny_model_dir, tmp_path):
             "time_sync",
         ):
             assert key in row, key
+        assert row["time_train"] >= row["time_update"] + row["time_logprob"]  # the whole call around them
+        assert row["time_step"] >= row["time_collect"] + row["time_train"] + row["time_sync"]
         assert row["logprob_diff_mean"] < 0.05  # rollout engine and trainer agree (same weights each step)
         assert row["sync_zero_copy"] == 1.0  # one CPU rank: vLLM copied the weights straight out of the trainer's
     assert "eval_accuracy" in rows[0] and "eval_accuracy" in rows[2]
