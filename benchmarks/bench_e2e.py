@@ -150,24 +150,11 @@ def run_rlx(workload: str, seed: int, out: Path, extra: list[str], eval_every: i
     ]
     started = time.time()
     wall = _timed(cmd, out / "stdout.log")
-    from rlx.trace.sinks import read_metrics
+    from rlx.trace.sinks import STEP_PHASES, read_metrics
 
     metrics = read_metrics(out / "metrics.jsonl")
     steps = [m for m in metrics if "time_step" in m]
-    phases = {
-        k: statistics.median(m[k] for m in steps)
-        for k in (
-            "time_step",
-            "time_generate",
-            "time_collect",
-            "time_logprob",
-            "time_update",
-            "time_train",
-            "time_sync",
-            "time_colocate_switch",
-        )
-        if k in steps[0]
-    }
+    phases = {k: statistics.median(m[k] for m in steps) for k in ("time_step", *STEP_PHASES) if k in steps[0]}
     rewards = [m["reward_mean"] for m in steps]
     return {
         "wall_s": wall,

@@ -33,18 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 H200_BF16_FLOPS = 989e12  # dense bf16 peak of an H100 / H200 SXM
-# a step's phases in its metrics: the finer ones, what holds them (collect: generate and reward; train: the whole
-# update call) and the colocated turn switches
-PHASES = (
-    "time_generate",
-    "time_reward",
-    "time_collect",
-    "time_logprob",
-    "time_update",
-    "time_train",
-    "time_sync",
-    "time_colocate_switch",
-)
 LAYOUTS = {  # name: (config, GPUs, overrides)
     "separate": ("configs/gpu_smollm2_separate.yaml", 2, []),
     "separate_nccl": ("configs/gpu_smollm2_separate.yaml", 2, ["sync.transport=nccl"]),
@@ -258,6 +246,8 @@ def _train(argv, env, log: Path, timeout_s: float, stop_after_checkpoint: int = 
 
 
 def _summary(run_dir: Path, code: int, seconds: float, gpus: list[int]) -> dict:
+    from rlx.trace.sinks import STEP_PHASES
+
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in rows if r.get("step", 0) > 0 and "time_step" in r]
     evals = [(r["step"], r["eval_accuracy"]) for r in rows if r.get("eval_accuracy") is not None]
@@ -286,7 +276,7 @@ def _summary(run_dir: Path, code: int, seconds: float, gpus: list[int]) -> dict:
         "syncs_verified": sum(int(r.get("sync_verified", 0)) for r in steps),
         "step_s": med("time_step"),
         "sync_s": med("time_sync"),
-        "phases_s": {k: med(k) for k in (*PHASES, "time_checkpoint") if med(k) is not None},
+        "phases_s": {k: med(k) for k in (*STEP_PHASES, "time_checkpoint") if med(k) is not None},
         "gpu_peak_gb_rank0": max((r.get("gpu_peak_gb", 0) for r in steps), default=None),
         "mfu_update": statistics.median(mfu) if mfu else None,
         "leftovers": _leftovers(run_dir),

@@ -18,6 +18,18 @@ if TYPE_CHECKING:
     from rlx.config.schema import RunConfig
 
 METRICS_FILE = "metrics.jsonl"
+# a step's phases in its metrics line (seconds): the finer ones, what holds them (collect: generate and reward;
+# train: the whole update call) and the colocated turn switches
+STEP_PHASES = (
+    "time_generate",
+    "time_reward",
+    "time_collect",
+    "time_logprob",
+    "time_update",
+    "time_train",
+    "time_sync",
+    "time_colocate_switch",
+)
 
 
 class JsonlSink:
