@@ -353,24 +353,22 @@ class WeightReceiver:
     def abort(self) -> None:
         """A failed sync: drop its state and unmap everything, but keep other senders' broadcast groups (one
         sender's failure leaves theirs intact; the failed sync's own group goes)."""
-        current = self._mapping
-        kept = {key: group for key, group in self._groups.items() if group is not current}
-        self._groups = {key: group for key, group in self._groups.items() if group is current}
-        try:
-            self.close()
-        finally:
-            self._groups = kept
+        self._drop(keep={key: group for key, group in self._groups.items() if group is not self._mapping})
 
     def close(self) -> None:
         """Drop all state and unmap (the host is shutting down)."""
+        self._drop(keep={})
+
+    def _drop(self, keep: dict[tuple, ReceiverMapping]) -> None:
         self._reset_sync()
         self._sync = None
         self._release_mapping()
         if self._resident is not None:
             self._resident.close()
             self._resident = None
-        groups, self._groups = list(self._groups.values()), {}
-        for group in groups:
+        dropped = [group for key, group in self._groups.items() if key not in keep]
+        self._groups = keep
+        for group in dropped:
             group.close()
 
     def _end_errors(self, sync_id: int) -> list[str]:

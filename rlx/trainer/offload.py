@@ -11,14 +11,18 @@ The bytes go through one pinned host buffer, made at the first offload and kept 
 is copied into its own aligned range of it without waiting (``non_blocking``), then the device waits once, and
 the tensors live in the buffer (views) until ``onload`` copies them back the same way. Pageable copies, one
 host allocation and one wait per tensor, cost about a second per turn at 0.5B parameters on an H100 host. A
-buffer larger than ``PIN_FRACTION`` of host memory, or one the driver cannot pin, falls back to those
-per-tensor copies (``Offloader.pinned`` says which).
+buffer larger than ``PIN_FRACTION`` of host memory, or one the driver cannot pin, falls back to a pageable
+host copy per tensor (``Offloader.pinned`` says which).
 
 On a CPU device both are no-ops that still answer (0 bytes moved, 0 GiB peaks). It leaves out FSDP2
 sharded parameters (one trainer rank only, ``placement.offload`` checks it).
 """
 
 from __future__ import annotations
+
+import functools
+import operator
+import os
 
 import torch
 
@@ -37,7 +41,7 @@ class Offloader:
         self.offloaded = False
         self.pinned: bool | None = None  # None until the first offload decides
         self._host: torch.Tensor | None = None
-        self._moved: list[tuple] = []  # (setter, view in the pinned buffer) of what the last offload moved
+        self._moved: list[tuple] = []  # (setter, host copy) of what the last offload moved
 
     @property
     def active(self) -> bool:
@@ -49,38 +53,31 @@ class Offloader:
         if not self.active or self.offloaded:
             return 0
         slots = [(put, tensor) for put, tensor in self._slots() if tensor.device.type == self.device.type]
-        if self._staging(sum(_aligned(t.nbytes) for _, t in slots)):
-            moved, offset, self._moved = 0, 0, []
-            for put, tensor in slots:
-                view = _view(self._host, offset, tensor)
-                view.copy_(tensor, non_blocking=True)
-                put(view)
-                self._moved.append((put, view))
-                offset += _aligned(tensor.nbytes)
-                moved += tensor.nbytes
-            torch.cuda.synchronize(self.device)  # every copy landed before the device memory is handed back
-        else:
-            moved = self._move(torch.device("cpu"))
+        pinned = self._staging(sum(_aligned(t.nbytes) for _, t in slots))
+        offset, self._moved = 0, []
+        for put, tensor in slots:
+            host = _view(self._host, offset, tensor) if pinned else torch.empty_like(tensor, device="cpu")
+            host.copy_(tensor, non_blocking=True)
+            put(host)
+            self._moved.append((put, host))
+            offset += _aligned(tensor.nbytes)
+        torch.cuda.synchronize(self.device)  # every copy landed before the device memory is handed back
         self.offloaded = True
         torch.cuda.empty_cache()  # hand the cached blocks back so the engine can take them
-        return moved
+        return sum(host.nbytes for _, host in self._moved)
 
     def onload(self) -> int:
         """Everything back to the trainer's device; returns the bytes moved."""
         if not self.active or not self.offloaded:
             return 0
-        if self._moved:
-            moved, staged, self._moved = 0, self._moved, []
-            for put, view in staged:
-                on_device = torch.empty_like(view, device=self.device)
-                on_device.copy_(view, non_blocking=True)  # ordered on the stream before any use of it
-                put(on_device)
-                moved += view.nbytes
-            torch.cuda.synchronize(self.device)  # the buffer is free for the next offload's copies
-        else:
-            moved = self._move(self.device)
+        moved, self._moved = self._moved, []
+        for put, host in moved:
+            on_device = torch.empty_like(host, device=self.device)
+            on_device.copy_(host, non_blocking=True)  # ordered on the stream before any use of it
+            put(on_device)
+        torch.cuda.synchronize(self.device)  # the pinned buffer is free for the next offload's copies
         self.offloaded = False
-        return moved
+        return sum(host.nbytes for _, host in moved)
 
     def _slots(self) -> list[tuple]:
         """(setter, tensor) of every tensor the trainer holds, in a fixed order: parameters and buffers (``.data``
@@ -91,18 +88,18 @@ class Offloader:
                 if id(tensor) in seen:
                     continue
                 seen.add(id(tensor))
-                slots.append((_setter_data(tensor), tensor.data))
+                slots.append((functools.partial(setattr, tensor, "data"), tensor.data))
                 if tensor.grad is not None:
-                    slots.append((_setter_grad(tensor), tensor.grad))
+                    slots.append((functools.partial(setattr, tensor, "grad"), tensor.grad))
         if self.optimizer is not None:
             for state in self.optimizer.state.values():
                 for key, value in state.items():
                     if isinstance(value, torch.Tensor) and value.dim() > 0:
-                        slots.append((_setter_item(state, key), value))
+                        slots.append((functools.partial(operator.setitem, state, key), value))
         return slots
 
     def _staging(self, nbytes: int) -> bool:
-        """Whether the pinned buffer takes ``nbytes`` (made, or grown, here); False: copy tensor by tensor."""
+        """Whether the pinned buffer takes ``nbytes`` (made, or grown, here); False: a host copy per tensor."""
         if self.pinned is False:
             return False
         if self._host is not None and self._host.numel() >= nbytes:
@@ -119,22 +116,6 @@ class Offloader:
         self.pinned = True
         return True
 
-    def _move(self, device: torch.device) -> int:
-        moved = 0
-        for module in self.modules:
-            for tensor in (*module.parameters(), *module.buffers()):
-                moved += _swap(tensor, device)
-                if tensor.grad is not None:
-                    tensor.grad = tensor.grad.to(device)
-                    moved += tensor.grad.nbytes
-        if self.optimizer is not None:
-            for state in self.optimizer.state.values():
-                for key, value in state.items():
-                    if isinstance(value, torch.Tensor) and value.device != device and value.dim() > 0:
-                        state[key] = value.to(device)
-                        moved += value.nbytes
-        return moved
-
 
 def _aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
@@ -145,38 +126,8 @@ def _view(host: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
     return host[offset : offset + like.nbytes].view(like.dtype).view(like.shape)
 
 
-def _setter_data(tensor: torch.Tensor):
-    def put(value: torch.Tensor) -> None:
-        tensor.data = value
-
-    return put
-
-
-def _setter_grad(tensor: torch.Tensor):
-    def put(value: torch.Tensor) -> None:
-        tensor.grad = value
-
-    return put
-
-
-def _setter_item(state: dict, key):
-    def put(value: torch.Tensor) -> None:
-        state[key] = value
-
-    return put
-
-
 def _host_memory() -> int:
-    import os
-
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def _swap(tensor: torch.Tensor, device: torch.device) -> int:
-    if tensor.device == device:
-        return 0
-    tensor.data = tensor.data.to(device)
-    return tensor.nbytes
 
 
 class PhasePeaks:

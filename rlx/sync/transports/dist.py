@@ -123,12 +123,11 @@ class DistBuffer(SenderBuffer):
         self._store = None
         self._group = None
         self._lane: Lane | None = None
-        self._join: dict | None = None  # the rendezvous of the sync in progress
+        self._join: dict | None = None  # the group of this sync (kept from the last): its payload and its peers
         self._filling: list[tuple[int, torch.Tensor]] = []  # the bucket being filled: (offset in its slot, chunk)
         self._slots: torch.Tensor | None = None  # coalesced buckets, made at the first one
         self._staged: dict[int, list[torch.Tensor]] = {}  # slot -> its bucket's chunks, until its meta is out
         self._posted: list[concurrent.futures.Future] = []  # each bucket's posts: their works and sources
-        self._kept: dict | None = None  # the group kept from the last sync: its payload and receivers
 
     def slot(self, index: int) -> torch.Tensor:
         raise NotImplementedError("the dist transport sends each chunk from its source tensor; it has no slots")
@@ -140,10 +139,10 @@ class DistBuffer(SenderBuffer):
         """One handle per receiver (rank 1..n), in ``peers`` order: the group of the last sync when it ended well
         and goes to the same receivers (``reuse``: no rendezvous, no new connections), else (or ``fresh``) a new
         group."""
-        kept = self._kept
-        if not fresh and self._group is not None and kept is not None and kept["peers"] == list(peers):
+        join = self._join
+        if not fresh and self._group is not None and join is not None and join["peers"] == list(peers):
             self.reusing = True
-            payload = dict(kept["payload"], reuse=True)
+            payload = {key: value for key, value in join.items() if key != "peers"} | {"reuse": True}
             return [
                 TransportHandle(self.kind, self.slot_bytes, self.num_slots, dict(payload, rank=rank))
                 for rank in range(1, len(peers) + 1)
@@ -155,7 +154,6 @@ class DistBuffer(SenderBuffer):
 
             self._store = TCPStore(host, 0, None, True, _timedelta(self.timeout_s), wait_for_workers=False)
         group = f"rlx-sync-{os.getpid()}-{secrets.token_hex(6)}"
-        self._join = {"host": host, "group": group, "world_size": len(peers) + 1, "peers": list(peers)}
         payload = {
             "host": host,
             "port": self._store.port,
@@ -164,7 +162,7 @@ class DistBuffer(SenderBuffer):
             "timeout_s": self.timeout_s,
             "coalesce": self.coalesce,
         }
-        self._kept = {"payload": payload, "peers": list(peers)}
+        self._join = dict(payload, peers=list(peers))
         return [
             TransportHandle(self.kind, self.slot_bytes, self.num_slots, dict(payload, rank=rank))
             for rank in range(1, len(peers) + 1)
@@ -272,7 +270,7 @@ class DistBuffer(SenderBuffer):
     def _drop_group(self, abandon: bool = False) -> None:
         """Abort the group of the sync that ends (on the lane, after the posts: it never blocks here);
         ``abandon``: the lane may be stuck, so the abort runs on a thread of its own and the lane is left."""
-        group, self._group, self._join, self._kept, self.reusing = self._group, None, None, None, False
+        group, self._group, self._join, self.reusing = self._group, None, None, False
         if group is None:
             return
         if abandon or self._lane is None:
