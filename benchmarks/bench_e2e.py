@@ -371,9 +371,31 @@ def trl_main(workload: str, seed: int, out: Path, overrides: list[str], vllm_por
     (out / "log_history.json").write_text(json.dumps(trainer.state.log_history))  # "reward": mean of each window
 
 
+ENGINE_ROOM_GB = 8.0
+"""TRL's colocated engine: GiB beside rlx's KV cache size for its weights, activations and CUDA graphs."""
+
+
+def trl_memory_fraction(cfg, gpus: int, gpu_bytes: int | None = None) -> float:
+    """TRL's colocated vLLM share of the GPU: rlx's plan's, or where rlx sizes its KV cache to the step
+    (``rlx.placement.kv_cache_bytes``), the share that holds that KV cache and ``ENGINE_ROOM_GB`` beside it (TRL
+    takes a fraction only): the same room for the step's sequences, and as little to sleep and wake."""
+    from rlx.placement import kv_cache_bytes, plan
+
+    planned = plan(cfg, gpus).rollout[0].memory_fraction
+    config = Path(cfg.model.path, "config.json")
+    kv = kv_cache_bytes(cfg, json.loads(config.read_text())) if config.is_file() else None
+    if kv is None:
+        return planned
+    if gpu_bytes is None:
+        import torch
+
+        gpu_bytes = torch.cuda.get_device_properties(0).total_memory
+    return round(min(planned, (kv + ENGINE_ROOM_GB * 2**30) / gpu_bytes), 4)
+
+
 def trl_vllm_args(spec: Workload, cfg, port: int, group_port: int) -> dict:
-    """GRPOConfig's vLLM settings for ``spec``: the engine as rlx's has it. Colocated: the memory share rlx's
-    plan gives its engine on a shared GPU, and sleep mode when rlx's engine sleeps. TRL corrects for the
+    """GRPOConfig's vLLM settings for ``spec``: the engine as rlx's has it. Colocated: the memory share of rlx's
+    engine (``trl_memory_fraction``), and sleep mode when rlx's engine sleeps. TRL corrects for the
     engine's logprobs (importance sampling) by default; it does here exactly when rlx's run does."""
     if not spec.trl_vllm:
         return {}
@@ -384,9 +406,7 @@ def trl_vllm_args(spec: Workload, cfg, port: int, group_port: int) -> dict:
         "vllm_importance_sampling_correction": cfg.correction != "none",
     }
     if spec.trl_vllm == "colocate":
-        from rlx.placement import plan
-
-        args["vllm_gpu_memory_utilization"] = plan(cfg, spec.gpus).rollout[0].memory_fraction
+        args["vllm_gpu_memory_utilization"] = trl_memory_fraction(cfg, spec.gpus)
         args["vllm_enable_sleep_mode"] = cfg.placement.sleep_level > 0
     else:
         args.update(vllm_server_host="127.0.0.1", vllm_server_port=port, vllm_group_port=group_port)

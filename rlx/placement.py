@@ -214,11 +214,15 @@ def plan(cfg: RunConfig, num_gpus: int, peer_access=None) -> Plan:
     if cfg.placement.mode == "separate":
         first = t.num_ranks
         rollout = tuple(
-            Slot(f"rollout{i}", tuple(range(first + i * tp, first + (i + 1) * tp)), SEPARATE_FRACTION)
+            Slot(
+                f"rollout{i}",
+                tuple(range(first + i * tp, first + (i + 1) * tp)),
+                r.gpu_memory_utilization or SEPARATE_FRACTION,
+            )
             for i in range(servers)
         )
     else:
-        fraction = round(_turn_share(cfg) / _engines_per_gpu(cfg), 4)
+        fraction = r.gpu_memory_utilization or round(_turn_share(cfg) / _engines_per_gpu(cfg), 4)
         rollout = tuple(
             Slot(f"rollout{i}", tuple((i * tp + k) % t.num_ranks for k in range(tp)), fraction) for i in range(servers)
         )
@@ -259,6 +263,39 @@ def engine_memory_fraction(cfg: RunConfig, cpu_platform: bool) -> float:
         return cfg.rollout.gpu_memory_utilization or CPU_FRACTION
     fraction = cfg.rollout.gpu_memory_utilization or SEPARATE_FRACTION
     return fraction * budget_fraction(cfg.placement.gpu_memory_gb)
+
+
+KV_MARGIN = 1.25
+"""Colocated KV cache: this much more than a step's samples at rollout.max_model_len hold."""
+
+
+def kv_cache_bytes(cfg: RunConfig, model_config: dict) -> int | None:
+    """The KV cache per GPU of one engine: rollout.kv_cache_gb when set; colocated, room for the engine's share of a
+    step's samples (a step's ``prompts_per_step * n`` over the launched servers, at most rollout.max_num_seqs at
+    once) at rollout.max_model_len tokens each, ``KV_MARGIN`` over; else None (vLLM sizes it from the memory
+    fraction). ``model_config``: the model's config.json; None also where it lacks the shape to count from."""
+    r = cfg.rollout
+    if r.kv_cache_gb is not None:
+        return int(r.kv_cache_gb * 2**30)
+    if cfg.placement.mode != "colocated":
+        return None
+    text = model_config.get("text_config", model_config)
+    layers, heads = text.get("num_hidden_layers"), text.get("num_attention_heads")
+    if not layers or not heads or not text.get("hidden_size"):
+        return None
+    kv_heads = text.get("num_key_value_heads") or heads
+    head_dim = text.get("head_dim") or text["hidden_size"] // heads
+    per_token = (
+        2 * layers * max(1, kv_heads // r.tensor_parallel_size) * head_dim * _dtype_bytes(cfg.model.engine_dtype)
+    )
+    samples = -(-cfg.trainer.prompts_per_step * r.n // max(1, r.servers_to_launch))
+    if r.max_num_seqs:
+        samples = min(samples, r.max_num_seqs)
+    return int(KV_MARGIN * samples * r.max_model_len * per_token)
+
+
+def _dtype_bytes(dtype: str) -> int:
+    return {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 2)
 
 
 def budget_fraction(gpu_memory_gb: float) -> float:

@@ -302,6 +302,13 @@ class RolloutConfig:
     gpu_memory_utilization: float | None = None
     """vLLM memory fraction of its GPU; unset = follows from placement (separate 0.9, colocated a share;
     rlx.placement). On CPU builds the fraction of host memory (unset = 0.2)."""
+    max_num_seqs: int = 0
+    """Sequences one vLLM engine runs at once; 0 = vLLM's offline default for the device (``LLM``'s: 1024 on a GPU
+    of 70 GiB or more, 256 on smaller ones and on CPUs). A step's samples beyond it wait for a free slot."""
+    kv_cache_gb: float | None = None
+    """vLLM's KV cache per GPU, in GiB. Unset: colocated, room for every sample of a step at rollout.max_model_len
+    (rlx.placement.kv_cache_bytes: the engine's sleep and wake move no more than a step needs); separate, what
+    rollout.gpu_memory_utilization leaves after the weights. Ignored on CPU builds."""
     tensor_parallel_size: int = 1
     """GPUs one vLLM engine shards its model over (tensor parallelism); several servers = data parallelism."""
     max_model_len: int = 512
@@ -397,6 +404,12 @@ class RolloutConfig:
         check_range("rollout.cpu_threads", self.cpu_threads, 0)
         if self.gpu_memory_utilization is not None:
             check_range("rollout.gpu_memory_utilization", self.gpu_memory_utilization, 0.01, 1.0)
+        if self.max_num_seqs < 0:
+            raise ConfigError(f"rollout.max_num_seqs={self.max_num_seqs} is negative; use 0 (vLLM's default) or more")
+        if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
+            raise ConfigError(
+                f"rollout.kv_cache_gb={self.kv_cache_gb} holds no token; give the GiB per GPU, or leave it unset"
+            )
         check_range("rollout.tensor_parallel_size", self.tensor_parallel_size, 1)
         if self.tensor_parallel_size > 1 and self.backend != "vllm":
             raise ConfigError(

@@ -239,6 +239,9 @@ class Launch:
         controller = None
         try:
             controller = Controller(cfg, self.run_dir, client, trainer, self.display)
+            warm_s = await asyncio.to_thread(trainer.warm_up)  # while the engines load
+            if warm_s:
+                self.display.log(f"trainer warmed up (its kernels compiled) in {warm_s:.1f} s")
 
             def alive():
                 return all(c.alive() for c in self.procs.children)
@@ -312,7 +315,8 @@ def quiet_server_env() -> dict[str, str]:
     """What a launched server's console is spared: vLLM's info lines, and the multiprocessing resource
     tracker's warning at exit about vLLM's shared-memory queues (which the tracker then unlinks itself)."""
     warnings = [w for w in (os.environ.get("PYTHONWARNINGS", ""), "ignore:resource_tracker:UserWarning") if w]
-    return {"VLLM_LOGGING_LEVEL": "WARNING", "PYTHONWARNINGS": ",".join(warnings)}
+    level = os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")  # a level the user set shows vLLM's own timings
+    return {"VLLM_LOGGING_LEVEL": level, "PYTHONWARNINGS": ",".join(warnings)}
 
 
 def _server_priority(cfg: RunConfig) -> dict:

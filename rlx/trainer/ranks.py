@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from rlx.trace import tracer
+
 if TYPE_CHECKING:
     from rlx.config.schema import RunConfig
     from rlx.store.base import Sample
@@ -70,7 +72,9 @@ class RankGroup:
         """One update on the step's samples (rank 0 passes them; the others receive their rows)."""
         sent = self.bytes_sent
         self._announce(Command.TRAIN)
-        metrics = self.trainer.step(self._batch(samples))
+        with tracer.span("train.batch"):
+            batch = self._batch(samples)
+        metrics = self.trainer.step(batch)
         if self.plane is not None:
             metrics.update(self.plane.done())
         if self.active and self.rank == 0:

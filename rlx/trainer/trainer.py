@@ -104,6 +104,40 @@ class Trainer:
         )
         """Rows whose advantage is zero give the loss nothing: they stay out of the update (``rows_with_signal``)."""
 
+    def warm_up(self) -> float:
+        """One forward and backward pass of the policy on a small batch of random tokens (``warm_pass``): on
+        CUDA the first pass compiles the logprob kernels (``torch.compile``) and loads the fused ones, about ten
+        seconds that the launcher spends while the engines load rather than in the first step. Single-rank CUDA
+        trainers only (several ranks would run FSDP2's collectives); returns the seconds it took (0.0 where it
+        does nothing)."""
+        if self.device.type != "cuda" or self.world > 1:
+            return 0.0
+        started = time.perf_counter()
+        with tracer.span("warm_up"):
+            self.warm_pass()
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - started
+
+    def warm_pass(self) -> int:
+        """A scoring pass and a forward and backward pass of the policy, as a step makes them, on two samples of
+        random tokens; the weights, gradients (none after it) and optimizer state stay as they were. Returns
+        the completion tokens it scored."""
+        from rlx.store.base import Sample
+        from rlx.trainer.batch import collate
+
+        vocab = self.model.get_input_embeddings().num_embeddings
+        tokens = torch.randint(0, vocab, (2, 24), generator=torch.Generator().manual_seed(0))
+        samples = [Sample.of(row[:8], row[8:].tolist(), [0.0] * 16) for row in tokens]
+        (mb,) = micro_batches(collate(samples, 0), 0, 1, self.cfg.trainer.micro_batch_tokens, 2)
+        mb = mb.to(self.device)
+        with torch.no_grad():
+            self._logprobs(self.model, mb)
+        entropy_grad = bool(self.cfg.algorithm.entropy_coef)
+        logp, entropy = self._logprobs(self.model, mb, entropy_grad=entropy_grad)
+        ((logp + entropy if entropy_grad else logp) * mb.batch.mask).sum().backward()
+        self.model.zero_grad(set_to_none=True)
+        return int(mb.batch.mask.sum())
+
     def named_tensors(self):
         """Full parameters for weight sync, in the engine dtype; all ranks must iterate. With LoRA, the
         merged weights of a plain model under the base model's names, or with ``model.lora.sync=adapter`` only
@@ -129,19 +163,20 @@ class Trainer:
         if self.skip_no_signal:  # the advantages need no forward pass: know them first, plan only what trains
             advantages, metrics = self._advantages(full, [])
             rows, metrics["groups_no_signal"] = rows_with_signal(advantages, self.sampling.n)
-        micro = [
-            mb.to(self.device)
-            for mb in micro_batches(
-                full,
-                self.rank,
-                self.world,
-                t.micro_batch_tokens,
-                t.micro_batch_size,
-                self.sampling.n,
-                t.share_prompts,
-                rows,
-            )
-        ]
+        with tracer.span("train.micro_batches"):
+            micro = [
+                mb.to(self.device)
+                for mb in micro_batches(
+                    full,
+                    self.rank,
+                    self.world,
+                    t.micro_batch_tokens,
+                    t.micro_batch_size,
+                    self.sampling.n,
+                    t.share_prompts,
+                    rows,
+                )
+            ]
         start = time.perf_counter()
         if not self.fused_logprobs:
             with tracer.span("logprob", rows=sum(mb.batch.size for mb in micro)):

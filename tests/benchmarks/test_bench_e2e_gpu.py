@@ -30,7 +30,8 @@ def test_trl_vllm_follows_rlx_engine_layout(bench):
 
     one = bench.WORKLOADS["1gpu"]
     cfg = bench.load_cfg("1gpu", list(one.rlx))
-    args = bench.trl_vllm_args(one, cfg, 0, 0)
+    no_config = bench.load_cfg("1gpu", [*one.rlx, "model.path=/nonexistent"])  # no model to size a KV cache for
+    args = bench.trl_vllm_args(one, no_config, 0, 0)
     assert args["vllm_mode"] == "colocate" and args["use_vllm"]
     assert args["vllm_gpu_memory_utilization"] == plan(cfg, 1).rollout[0].memory_fraction
     assert args["vllm_enable_sleep_mode"] is (cfg.placement.sleep_level > 0)
@@ -44,6 +45,23 @@ def test_trl_vllm_follows_rlx_engine_layout(bench):
     assert (args["vllm_server_port"], args["vllm_group_port"]) == (8123, 51299)
     assert args["vllm_importance_sampling_correction"] is True  # rlx's fully_async run corrects (bypass)
     assert bench.trl_vllm_args(bench.WORKLOADS["quickstart"], cfg, 0, 0) == {}
+
+
+def test_trl_gets_the_share_that_holds_rlx_kv_cache(bench, tmp_path):
+    """rlx sizes its colocated KV cache to the step; TRL takes a fraction: the one that holds the same KV cache
+    and room for the engine's weights and activations, never more than rlx's plan gives."""
+    import json
+
+    from rlx.placement import kv_cache_bytes, plan
+
+    config = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    cfg = bench.load_cfg("1gpu", [f"model.path={tmp_path}"])
+    kv = kv_cache_bytes(cfg, config)
+    h200 = 150 * 10**9
+    expected = round((kv + bench.ENGINE_ROOM_GB * 2**30) / h200, 4)
+    assert bench.trl_memory_fraction(cfg, 1, h200) == expected < plan(cfg, 1).rollout[0].memory_fraction
+    assert bench.trl_memory_fraction(cfg, 1, 2 * 2**30) == plan(cfg, 1).rollout[0].memory_fraction  # a small GPU
 
 
 def _row(side, seed, wall, gain, curve=()):

@@ -101,6 +101,13 @@ def test_colocated_shares_the_trainers_gpus_and_the_memory_follows_the_turns(tmp
     assert two.rollout[0].devices == (0, 1) and two.rollout[0].memory_fraction == placement.SHARED_FRACTION
 
 
+def test_a_set_engine_memory_fraction_is_what_the_launched_engines_get(tmp_path):
+    """rollout.gpu_memory_utilization set by the user wins over the layout's share, colocated or separate."""
+    for mode in ("colocated", "separate"):
+        p = placement.plan(cfg(tmp_path, f"placement.mode={mode}", "rollout.gpu_memory_utilization=0.15"), 2, peers)
+        assert p.rollout[0].overrides() == ["rollout.gpu_memory_utilization=0.15"]
+
+
 @pytest.mark.parametrize(
     "overrides, gpus, fix",
     [
@@ -155,3 +162,24 @@ def test_layout_errors_name_the_fix(tmp_path, overrides, gpus, fix):
 def test_config_errors_whatever_the_host(tmp_path, overrides, fix):
     with pytest.raises(ConfigError, match=fix):
         cfg(tmp_path, *overrides)
+
+
+SMOLLM2 = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
+
+
+def test_colocated_kv_cache_holds_a_step_and_a_set_size_wins(tmp_path):
+    """Colocated, the engine's KV cache is sized to the step it generates (what its sleep and wake move), not to
+    the GPU: 64 prompts x 8 samples x 512 tokens x (2 x 30 layers x 3 KV heads x 64 x 2 bytes), a quarter over."""
+    base = ("placement.mode=colocated", "trainer.prompts_per_step=64", "rollout.n=8", "rollout.max_model_len=512")
+    base += ("model.rollout_dtype=bfloat16",)
+    step = 64 * 8 * 512 * (2 * 30 * 3 * 64 * 2)
+    assert placement.kv_cache_bytes(cfg(tmp_path, *base), SMOLLM2) == int(placement.KV_MARGIN * step)
+    two = cfg(tmp_path, *base, "rollout.num_servers=2", "rollout.tensor_parallel_size=1")
+    assert placement.kv_cache_bytes(two, SMOLLM2) == int(placement.KV_MARGIN * step / 2)  # each engine half the step
+    capped = cfg(tmp_path, *base, "rollout.max_num_seqs=128")
+    assert placement.kv_cache_bytes(capped, SMOLLM2) == int(placement.KV_MARGIN * step / 4)
+    assert placement.kv_cache_bytes(cfg(tmp_path, *base, "rollout.kv_cache_gb=1.5"), SMOLLM2) == int(1.5 * 2**30)
+    assert placement.kv_cache_bytes(cfg(tmp_path, "placement.mode=separate"), SMOLLM2) is None  # the fraction's
+    assert placement.kv_cache_bytes(cfg(tmp_path, *base), {"model_type": "unknown"}) is None
+    with pytest.raises(ConfigError, match="rollout.kv_cache_gb=0.0 holds no token"):
+        cfg(tmp_path, "rollout.kv_cache_gb=0")

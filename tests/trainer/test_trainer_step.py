@@ -696,3 +696,20 @@ def test_trainer_divides_its_logits_by_the_sampling_temperature(tiny_model_dir, 
     trainer = Trainer(cfg)
     assert trainer.temperature == divisor
     assert (trainer.sampling.n, trainer.sampling.max_tokens) == (2, 9)
+
+
+@pytest.mark.parametrize("budget", [0, 64])
+def test_warm_pass_changes_nothing_a_step_sees(tiny_model_dir, budget):
+    """The launcher's warm-up pass scores and back-propagates, and leaves the weights, gradients and optimizer
+    state as they were: the step after it is the step without it, bit for bit."""
+    cold, warm = (
+        make_trainer(tiny_model_dir, micro_batch_tokens=budget),
+        make_trainer(tiny_model_dir, micro_batch_tokens=budget),
+    )
+    assert warm.warm_pass() == 32  # two samples of 16 completion tokens
+    assert all(p.grad is None for p in warm.model.parameters()) and not warm.optimizer.state
+    assert warm.warm_up() == 0.0  # on a CPU the launcher's warm-up does nothing
+    cold_metrics, cold_params = step_and_params(cold, grouped_batch())
+    warm_metrics, warm_params = step_and_params(warm, grouped_batch())
+    assert cold_metrics == warm_metrics
+    assert all(torch.equal(cold_params[k], warm_params[k]) for k in cold_params)

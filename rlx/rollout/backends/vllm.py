@@ -89,6 +89,7 @@ class VllmBackend(Backend):
     async def start(self) -> None:
         from vllm import AsyncEngineArgs
         from vllm.platforms import current_platform
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from rlx.placement import engine_memory_fraction
@@ -107,9 +108,12 @@ class VllmBackend(Backend):
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
             **_cpu_scheduling(r),
+            **_batch_limits(self.cfg, current_platform.is_cpu()),
             **self._lora_args(),
         )
-        self.engine = AsyncLLM.from_engine_args(args)
+        # vLLM's offline defaults (``LLM``'s): an engine context gets 128 sequences at once, which splits a step
+        # of a few hundred samples into waves
+        self.engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
         self.vocab_size = self.engine.model_config.get_vocab_size()
         if not _engine_labels_versions(self.engine, r.token_versions):
             from rlx.rollout.backends.vllm_versions import CountedVersions
@@ -429,6 +433,22 @@ def _token_versions(completion) -> list[int]:
     for span in completion.weight_versions or []:
         versions += [int(span.version)] * (span.end - span.start)
     return versions if len(versions) == len(completion.token_ids) else []
+
+
+def _batch_limits(cfg: RunConfig, cpu_platform: bool) -> dict:
+    """rollout.max_num_seqs where set; on a GPU, the KV cache size ``rlx.placement.kv_cache_bytes`` gives."""
+    import json
+    from pathlib import Path
+
+    from rlx.placement import kv_cache_bytes
+
+    limits = {"max_num_seqs": cfg.rollout.max_num_seqs} if cfg.rollout.max_num_seqs else {}
+    config = Path(cfg.model.path, "config.json")
+    kv = None if cpu_platform or not config.is_file() else kv_cache_bytes(cfg, json.loads(config.read_text()))
+    if kv is not None:
+        limits["kv_cache_memory_bytes"] = kv
+        log.info("KV cache: %.2f GiB per GPU", kv / 2**30)
+    return limits
 
 
 def _cpu_scheduling(r) -> dict:
