@@ -25,9 +25,11 @@ and GPUs of different sizes.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlx.config.errors import ConfigError
@@ -294,8 +296,73 @@ def kv_cache_bytes(cfg: RunConfig, model_config: dict) -> int | None:
     return int(KV_MARGIN * samples * r.max_model_len * per_token)
 
 
+OFFLOAD_SHARE = 0.5
+"""placement.offload unset: the trainer stays on its GPU while its state and the engine's awake memory take at most
+this share of it (the rest is the trainer's activations, the allocators' caches and the CUDA contexts)."""
+ENGINE_ROOM_BYTES = 4 * 2**30
+"""An awake engine's memory beside its weights and KV cache: activations, CUDA graphs, the sampler."""
+
+
+def resolve_offload(cfg: RunConfig, gpu_bytes: int | None) -> tuple[bool, str]:
+    """placement.offload made concrete, and why: as set; else (unset) on for a colocated single-rank trainer whose
+    state (``trainer_state_bytes``) and the engine's awake memory exceed ``OFFLOAD_SHARE`` of its GPU
+    (``gpu_bytes``, None on a host without one), or where the model's size cannot be read."""
+    pl = cfg.placement
+    if pl.offload is not None:
+        return pl.offload, "as placement.offload says"
+    if pl.mode != "colocated" or cfg.trainer.num_ranks > 1 or not gpu_bytes:
+        return False, "nothing to offload to make room"
+    params = count_parameters(cfg.model.path)
+    if params is None:
+        return True, f"the size of {cfg.model.path} is unknown"
+    state = trainer_state_bytes(cfg, params)
+    config = Path(cfg.model.path, "config.json")
+    kv = kv_cache_bytes(cfg, json.loads(config.read_text())) if config.is_file() else None
+    engine = params * _dtype_bytes(cfg.model.engine_dtype) + (kv or 0) + ENGINE_ROOM_BYTES
+    gib = lambda n: f"{n / 2**30:.1f} GiB"  # noqa: E731
+    sizes = f"its state {gib(state)} and the engine's {gib(engine)} of {gib(gpu_bytes)}"
+    if kv is None or state + engine > OFFLOAD_SHARE * gpu_bytes:
+        return True, f"the trainer offloads while the engine generates ({sizes})"
+    return False, f"the trainer stays on the GPU while the engine generates ({sizes}; placement.offload=true moves it)"
+
+
+def count_parameters(model_dir: str) -> int | None:
+    """Elements of every tensor in ``model_dir``'s safetensors files (their headers only); None without any."""
+    from safetensors import safe_open
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            total += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())  # noqa: SIM118 - not a dict
+    return total
+
+
+def trainer_state_bytes(cfg: RunConfig, params: int) -> int:
+    """What one trainer rank keeps on its GPU between steps for a model of ``params`` elements: the weights, their
+    gradients and AdamW's two moments in model.dtype (with LoRA only the weights: the adapter is small), and a
+    reference model where the KL term needs one."""
+    width = _dtype_bytes(cfg.model.dtype)
+    state = params * width * (1 if cfg.model.lora.rank else 4)
+    if cfg.algorithm.kl_coef > 0:
+        state += params * width
+    return state
+
+
 def _dtype_bytes(dtype: str) -> int:
     return {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 2)
+
+
+def gpu_bytes(cfg: RunConfig) -> int | None:
+    """The memory of the first visible GPU, within placement.gpu_memory_gb; None where the run uses no GPU."""
+    if not uses_gpus(cfg, visible_gpus()):
+        return None
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    return int(total * budget_fraction(cfg.placement.gpu_memory_gb))
 
 
 def budget_fraction(gpu_memory_gb: float) -> float:

@@ -65,7 +65,7 @@ def smollm2_server(smollm2_dir, tmp_path_factory):
         smollm2_dir,
         tmp_path_factory.mktemp("smollm2_server"),
         "smollm2",
-        rollout={"backend": "vllm", "max_model_len": 1024, "gpu_memory_utilization": 0.1},
+        rollout={"backend": "vllm", "max_model_len": 1024, "gpu_memory_utilization": 0.1, "kv_cache_gb": 1.0},
     ) as (address, _):
         yield address
 

@@ -303,12 +303,13 @@ class RolloutConfig:
     """vLLM memory fraction of its GPU; unset = follows from placement (separate 0.9, colocated a share;
     rlx.placement). On CPU builds the fraction of host memory (unset = 0.2)."""
     max_num_seqs: int = 0
-    """Sequences one vLLM engine runs at once; 0 = vLLM's offline default for the device (``LLM``'s: 1024 on a GPU
-    of 70 GiB or more, 256 on smaller ones and on CPUs). A step's samples beyond it wait for a free slot."""
+    """Sequences one vLLM engine runs at once; 0 = on a GPU vLLM's offline default (``LLM``'s: 1024 on a GPU of 70 GiB
+    or more, 256 on smaller ones), on a CPU its engine default (128). A step's samples beyond it wait for a slot."""
     kv_cache_gb: float | None = None
     """vLLM's KV cache per GPU, in GiB. Unset: colocated, room for every sample of a step at rollout.max_model_len
     (rlx.placement.kv_cache_bytes: the engine's sleep and wake move no more than a step needs); separate, what
-    rollout.gpu_memory_utilization leaves after the weights. Ignored on CPU builds."""
+    rollout.gpu_memory_utilization leaves after the weights. On CPU builds, in host memory (unset: their memory
+    fraction of the first NUMA node, less what the engine process holds)."""
     tensor_parallel_size: int = 1
     """GPUs one vLLM engine shards its model over (tensor parallelism); several servers = data parallelism."""
     max_model_len: int = 512
@@ -770,8 +771,9 @@ class PlacementConfig:
     sleep_level: int = 1
     """colocated: engines sleep during training; 1 = weights to CPU and KV cache freed, 2 = both freed (the
     sync brings the weights back), 0 = never sleep."""
-    offload: bool = True
-    """colocated: the trainer moves parameters and optimizer state to CPU while the engines generate."""
+    offload: bool | None = None
+    """colocated: the trainer moves parameters and optimizer state to CPU while the engines generate; unset = only
+    where its state and the engine's awake memory do not fit the GPU together (``rlx.placement.resolve_offload``)."""
     gpu_memory_gb: float = 0.0
     """Memory budget per GPU in GiB that each rlx process respects (a smaller GPU emulated); 0 = the whole GPU."""
 
@@ -795,6 +797,11 @@ def check_colocated(cfg: RunConfig) -> None:
         raise ConfigError(
             "placement.mode=colocated with rollout.servers: only servers this run launches share the "
             "trainer's GPUs; empty rollout.servers or set placement.mode=separate"
+        )
+    if cfg.placement.sleep_level == 2 and cfg.lora_sync == "adapter":
+        raise ConfigError(
+            "placement.sleep_level=2 with model.lora.sync=adapter: a level-2 sleep drops the engine's base weights "
+            "and an adapter sync does not bring them back; set placement.sleep_level=1 or model.lora.sync=merged"
         )
     if cfg.placement.offload and cfg.trainer.num_ranks > 1:
         raise ConfigError(

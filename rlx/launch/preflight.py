@@ -39,6 +39,10 @@ def preflight(cfg: RunConfig, display: Display) -> int | None:
     if cfg.model.build_if_missing and not Path(cfg.model.path, "config.json").is_file():
         build_model(cfg, display)
     check_model_dir(cfg.model.path)
+    if cfg.placement.offload is None:  # every process of the run reads the value the launcher settles here
+        cfg.placement.offload, why = placement.resolve_offload(cfg, placement.gpu_bytes(cfg))
+        if cfg.placement.mode == "colocated":
+            display.log(f"placement: {why}")
     check_tensor_parallel(cfg)
     distill = cfg.algorithm.distill
     if distill.teacher:

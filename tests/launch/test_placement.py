@@ -12,7 +12,9 @@ from tests.helpers import write_config
 
 def cfg(tmp_path, *overrides: str):
     """A run config with the engine's memory left to placement (the tests' configs otherwise set a small one)."""
-    path = write_config(tmp_path / "run.yaml", tmp_path / "model", rollout={"gpu_memory_utilization": None})
+    path = write_config(
+        tmp_path / "run.yaml", tmp_path / "model", rollout={"gpu_memory_utilization": None, "kv_cache_gb": None}
+    )
     return load_config(str(path), list(overrides))
 
 
@@ -80,7 +82,7 @@ def test_colocated_engines_away_from_the_senders_gpu_see_it(tmp_path):
 
 def test_colocated_shares_the_trainers_gpus_and_the_memory_follows_the_turns(tmp_path):
     base = ("placement.mode=colocated", "trainer.num_ranks=1", "rollout.num_servers=2")
-    c = cfg(tmp_path, *base)
+    c = cfg(tmp_path, *base, "placement.offload=true")
     placement.check(c, 1)
     p = placement.plan(c, 1)
     assert [s.devices for s in p.rollout] == [(0,), (0,)]
@@ -153,7 +155,11 @@ def test_layout_errors_name_the_fix(tmp_path, overrides, gpus, fix):
             ("placement.mode=colocated", "rollout.servers=[tcp://10.0.0.1:5555]", "rollout.auth_token=x"),
             "empty rollout.servers",
         ),
-        (("placement.mode=colocated", "trainer.num_ranks=2"), "placement.offload=false"),
+        (("placement.mode=colocated", "trainer.num_ranks=2", "placement.offload=true"), "placement.offload=false"),
+        (
+            ("placement.mode=colocated", "placement.sleep_level=2", "model.lora.rank=8", "model.lora.sync=adapter"),
+            "set placement.sleep_level=1 or model.lora.sync=merged",
+        ),
         (("rollout.backend=hf", "rollout.tensor_parallel_size=2"), "needs rollout.backend=vllm"),
         (("placement.mode=stacked",), "placement.mode"),
         (("placement.sleep_level=3",), "placement.sleep_level"),
@@ -183,3 +189,39 @@ def test_colocated_kv_cache_holds_a_step_and_a_set_size_wins(tmp_path):
     assert placement.kv_cache_bytes(cfg(tmp_path, *base), {"model_type": "unknown"}) is None
     with pytest.raises(ConfigError, match="rollout.kv_cache_gb=0.0 holds no token"):
         cfg(tmp_path, "rollout.kv_cache_gb=0")
+
+
+def test_unset_offload_keeps_a_trainer_that_fits_beside_the_engine_on_the_gpu(tmp_path):
+    """placement.offload unset: the trainer offloads only where its state (weights, gradients, AdamW's moments in
+    model.dtype) and the awake engine (weights, KV cache, room) exceed half the GPU; read from the model's files."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    save_file({"embed": torch.zeros(1000, 100), "head": torch.zeros(1000, 100)}, str(model / "model.safetensors"))
+    (model / "config.json").write_text(json.dumps(dict(SMOLLM2, model_type="llama")))
+    base = ("placement.mode=colocated", "model.dtype=float32", "trainer.prompts_per_step=4", "rollout.n=2")
+    c = cfg(tmp_path, *base, "rollout.max_model_len=64")
+    assert placement.count_parameters(str(model)) == 200_000
+    assert placement.trainer_state_bytes(c, 200_000) == 200_000 * 4 * 4
+    kv = placement.kv_cache_bytes(c, SMOLLM2)
+    need = 200_000 * 4 * 4 + 200_000 * 4 + kv + placement.ENGINE_ROOM_BYTES  # the engine in float32 too
+    stays, why = placement.resolve_offload(c, gpu_bytes=2 * need)
+    assert not stays and "stays on the GPU" in why
+    moves, why = placement.resolve_offload(c, gpu_bytes=2 * need - 1)
+    assert moves and "offloads" in why
+    # a reference model (KL) counts once more; LoRA trains only the adapter (weights alone)
+    assert placement.trainer_state_bytes(cfg(tmp_path, *base, "algorithm.kl_coef=0.1"), 10) == 10 * 4 * 5
+    assert placement.trainer_state_bytes(cfg(tmp_path, *base, "model.lora.rank=8"), 10) == 10 * 4
+    # as set; separate, several ranks or no GPU: nothing to make room for; an unreadable model: offload
+    assert placement.resolve_offload(cfg(tmp_path, *base, "placement.offload=true"), 2 * need)[0]
+    assert not placement.resolve_offload(cfg(tmp_path, *base, "placement.offload=false"), 1)[0]
+    assert not placement.resolve_offload(cfg(tmp_path), 1)[0]
+    assert not placement.resolve_offload(cfg(tmp_path, *base, "trainer.num_ranks=2"), 1)[0]
+    assert not placement.resolve_offload(c, None)[0]
+    (model / "model.safetensors").unlink()
+    assert placement.count_parameters(str(model)) is None
+    assert placement.resolve_offload(c, 2 * need)[0]

@@ -111,9 +111,11 @@ class VllmBackend(Backend):
             **_batch_limits(self.cfg, current_platform.is_cpu()),
             **self._lora_args(),
         )
-        # vLLM's offline defaults (``LLM``'s): an engine context gets 128 sequences at once, which splits a step
-        # of a few hundred samples into waves
-        self.engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
+        # on a GPU, vLLM's offline defaults (``LLM``'s): an engine context gets 128 sequences at once, which splits
+        # a step of a few hundred samples into waves; on a CPU the engine's own (the offline ones double the
+        # batched tokens, whose profiling pass then leaves a small host-memory KV share nothing)
+        context = UsageContext.ENGINE_CONTEXT if current_platform.is_cpu() else UsageContext.LLM_CLASS
+        self.engine = AsyncLLM.from_engine_args(args, usage_context=context)
         self.vocab_size = self.engine.model_config.get_vocab_size()
         if not _engine_labels_versions(self.engine, r.token_versions):
             from rlx.rollout.backends.vllm_versions import CountedVersions
@@ -436,15 +438,21 @@ def _token_versions(completion) -> list[int]:
 
 
 def _batch_limits(cfg: RunConfig, cpu_platform: bool) -> dict:
-    """rollout.max_num_seqs where set; on a GPU, the KV cache size ``rlx.placement.kv_cache_bytes`` gives."""
+    """rollout.max_num_seqs where set; the KV cache size: on a GPU what ``rlx.placement.kv_cache_bytes`` gives, on a
+    CPU rollout.kv_cache_gb where set (else vLLM's CPU build sizes it from its memory fraction of the host's first
+    NUMA node, less what the engine process already holds)."""
     import json
     from pathlib import Path
 
     from rlx.placement import kv_cache_bytes
 
-    limits = {"max_num_seqs": cfg.rollout.max_num_seqs} if cfg.rollout.max_num_seqs else {}
+    r = cfg.rollout
+    limits = {"max_num_seqs": r.max_num_seqs} if r.max_num_seqs else {}
     config = Path(cfg.model.path, "config.json")
-    kv = None if cpu_platform or not config.is_file() else kv_cache_bytes(cfg, json.loads(config.read_text()))
+    if cpu_platform:
+        kv = None if r.kv_cache_gb is None else int(r.kv_cache_gb * 2**30)
+    else:
+        kv = kv_cache_bytes(cfg, json.loads(config.read_text())) if config.is_file() else None
     if kv is not None:
         limits["kv_cache_memory_bytes"] = kv
         log.info("KV cache: %.2f GiB per GPU", kv / 2**30)
