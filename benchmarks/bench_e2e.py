@@ -99,6 +99,16 @@ def ensure_model(cfg) -> None:
         build_model(cfg, Display(total_steps=0))
 
 
+def warm_host(cfg) -> float:
+    """vLLM's one-time cost on a host, paid here untimed so that neither side's wall time depends on which ran
+    first: the first engine of a model architecture inspects it in a subprocess and caches the answer under
+    vLLM's cache directory (modelinfos), which every later engine reads (26 s on a fresh H200 host). Seconds."""
+    code = "import sys; from vllm.config import ModelConfig; ModelConfig(model=sys.argv[1])"
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code, cfg.model.path], check=True, cwd=ROOT, capture_output=True)
+    return time.perf_counter() - started
+
+
 def greedy_accuracy(model_dir: Path, cfg, device: str = "cpu") -> float:
     """Held-out accuracy of ``model_dir``, greedy, scored by the task's own ``is_correct``: transformers
     ``generate`` in float32, the one evaluator of both sides' final models (prompts through the starting model's
@@ -159,6 +169,7 @@ def run_rlx(workload: str, seed: int, out: Path, extra: list[str], eval_every: i
     return {
         "wall_s": wall,
         "step_s": phases.get("time_step"),
+        "steps_s": sum(m["time_step"] for m in steps),
         "phases": phases,
         "model": str(out / "hf"),
         "train_reward": [statistics.fmean(rewards[i : i + LOG_EVERY]) for i in range(0, len(rewards), LOG_EVERY)],
@@ -209,6 +220,7 @@ def run_trl(workload: str, seed: int, out: Path, overrides: list[str]) -> dict:
     return {
         "wall_s": wall,
         "step_s": statistics.median(steps),
+        "steps_s": sum(steps),
         "phases": {},
         "model": str(out / "final"),
         "train_reward": [entry["reward"] for entry in logged if "reward" in entry],
@@ -420,6 +432,8 @@ def bench(args) -> dict:
     if spec.trl_vllm == "server" and "trl" in args.sides:
         check_trl_server()
     ensure_model(cfg)
+    if spec.trl_vllm:
+        print(f"vLLM's one-time host set-up for the model, untimed: {warm_host(cfg):.1f} s", flush=True)
     base = greedy_accuracy(Path(cfg.model.path), cfg, device)
     rows = []
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="rlx-bench-e2e-"))
@@ -444,6 +458,9 @@ def bench(args) -> dict:
                 heldout_start=base,
                 heldout_end=accuracy,
                 samples_per_s=samples_per_step(cfg) * cfg.trainer.total_steps / result["wall_s"],
+                # what a long run approaches: the step's samples over its median time (no start-up, no export)
+                samples_per_s_steps=samples_per_step(cfg) / result["step_s"],
+                startup_s=result["wall_s"] - result["steps_s"],
             )
             result["model"] = str(Path(result["model"]).relative_to(work))  # the report names no path of this machine
             rows.append(result)
@@ -469,6 +486,7 @@ def bench(args) -> dict:
         "rlx_eval_every": args.rlx_eval_every,
         "samples_per_step": samples_per_step(cfg),
         "steps": cfg.trainer.total_steps,
+        "command": " ".join(["python", "benchmarks/bench_e2e.py", *sys.argv[1:]]),
     }
 
 
@@ -534,7 +552,8 @@ def per_seed(rows: list[dict]) -> list[dict]:
         for side in ("rlx", "trl"):
             mine = [r for r in rows if r["seed"] == seed and r["side"] == side]
             if mine:
-                keys = ("wall_s", "step_s", "gain", "samples_per_s", "heldout_start", "heldout_end")
+                keys = ("wall_s", "step_s", "gain", "samples_per_s", "samples_per_s_steps", "startup_s")
+                keys += ("heldout_start", "heldout_end")
                 sides[side] = {key: statistics.median(r[key] for r in mine) for key in keys if key in mine[0]}
         entry = {"seed": seed, **sides}
         if len(sides) == 2:
@@ -544,6 +563,8 @@ def per_seed(rows: list[dict]) -> list[dict]:
             entry["gain_diff"] = rlx["gain"] - trl["gain"]
             if "samples_per_s" in rlx:
                 entry["samples_ratio"] = rlx["samples_per_s"] / trl["samples_per_s"]
+            if "samples_per_s_steps" in rlx and "samples_per_s_steps" in trl:
+                entry["samples_ratio_steps"] = rlx["samples_per_s_steps"] / trl["samples_per_s_steps"]
             curves = [r["eval_curve"] for r in rows if r["seed"] == seed and r["side"] == "rlx" and r.get("eval_curve")]
             if curves and "heldout_end" in trl:
                 reached = [time_to(curve, trl["heldout_end"]) for curve in curves]
@@ -580,9 +601,10 @@ def over_seeds(seeds: list[dict]) -> dict:
         "gain_diff": statistics.fmean(diffs),
         "gain_diff_se": statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None,
     }
-    ratios = [s["samples_ratio"] for s in paired if "samples_ratio" in s]
-    if ratios:
-        summary["samples_ratio"] = statistics.fmean(ratios)
+    for key in ("samples_ratio", "samples_ratio_steps"):
+        ratios = [s[key] for s in paired if key in s]
+        if ratios:
+            summary[key] = statistics.fmean(ratios)
     reached = [s["time_to_trl_final_ratio"] for s in paired if "time_to_trl_final_ratio" in s]
     if reached:
         summary["time_to_trl_final_ratio"] = None if None in reached else statistics.fmean(reached)
@@ -594,7 +616,8 @@ def print_table(report: dict) -> None:
     from rich.table import Table
 
     table = Table(title=f"{report['workload']}: held-out accuracy from {report['start_accuracy']:.3f}")
-    for col in ("side", "seed", "round", "wall s", "median step s", "samples/s", "held-out", "gain"):
+    columns = ("side", "seed", "round", "wall s", "start-up s", "median step s", "samples/s", "in steps", "held-out")
+    for col in (*columns, "gain"):
         table.add_column(col, justify="right")
     for r in report["rows"]:
         table.add_row(
@@ -602,8 +625,10 @@ def print_table(report: dict) -> None:
             str(r["seed"]),
             str(r.get("round", 0)),
             f"{r['wall_s']:.1f}",
+            f"{r['startup_s']:.1f}" if "startup_s" in r else "",
             f"{r['step_s']:.3f}",
             f"{r['samples_per_s']:.1f}" if "samples_per_s" in r else "",
+            f"{r['samples_per_s_steps']:.1f}" if "samples_per_s_steps" in r else "",
             f"{r['eval_accuracy']:.3f}",
             f"{r['gain']:+.3f}",
         )
@@ -614,8 +639,10 @@ def print_table(report: dict) -> None:
                 str(entry["seed"]),
                 "median",
                 f"{entry['wall_ratio']:.2f}x",
+                "",
                 f"{entry['step_ratio']:.2f}x",
                 f"{entry['samples_ratio']:.2f}x" if "samples_ratio" in entry else "",
+                f"{entry['samples_ratio_steps']:.2f}x" if "samples_ratio_steps" in entry else "",
                 "",
                 f"{entry['gain_diff']:+.3f}",
             )
@@ -630,7 +657,9 @@ def print_table(report: dict) -> None:
             f"step {summary['step_ratio_median']:.2f}x, wall {summary['wall_ratio_median']:.2f}x"
         )
         if "samples_ratio" in summary:
-            print(f"samples/s, rlx / TRL (mean over seeds): {summary['samples_ratio']:.2f}x")
+            print(f"samples/s, rlx / TRL (mean over seeds): {summary['samples_ratio']:.2f}x over the wall time", end="")
+            steps = summary.get("samples_ratio_steps")
+            print(f", {steps:.2f}x in the steps" if steps is not None else "")
         if "time_to_trl_final_ratio" in summary:
             ratio = summary["time_to_trl_final_ratio"]
             print(

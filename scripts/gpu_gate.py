@@ -3,6 +3,7 @@
 Run on a GPU host (docs/gpu.md says how), from the repository root:
 
     python scripts/gpu_gate.py --out docs/results [--jobs separate colocated ...] [--seeds 0 1 2] [--steps 20]
+    python scripts/gpu_gate.py --out docs/results --merge A/gpu_gate_colocated.json B/gpu_gate_colocated.json
 
 Each job is one `rlx train` of SmolLM2-135M-Instruct on reasoning-gym sums (configs/gpu_smollm2_*.yaml) with
 ``sync.verify=true``, in its own process group, on GPUs of its own: jobs run side by side when the host has
@@ -36,8 +37,13 @@ H200_BF16_FLOPS = 989e12  # dense bf16 peak of an H100 / H200 SXM
 LAYOUTS = {  # name: (config, GPUs, overrides)
     "separate": ("configs/gpu_smollm2_separate.yaml", 2, []),
     "separate_nccl": ("configs/gpu_smollm2_separate.yaml", 2, ["sync.transport=nccl"]),
-    "colocated": ("configs/gpu_smollm2_colocated.yaml", 1, []),
-    "colocated_sleep2": ("configs/gpu_smollm2_colocated.yaml", 1, ["placement.sleep_level=2"]),
+    "colocated": ("configs/gpu_smollm2_colocated.yaml", 1, []),  # sleep level 2, the trainer stays on the GPU
+    "colocated_sleep1": ("configs/gpu_smollm2_colocated.yaml", 1, ["placement.sleep_level=1"]),
+    "colocated_offload": (  # the trainer moves to host memory in the engine's turn (a model too big to stay)
+        "configs/gpu_smollm2_colocated.yaml",
+        1,
+        ["placement.sleep_level=1", "placement.offload=true"],
+    ),
     "two_ranks": ("configs/gpu_smollm2_two_ranks.yaml", 2, []),
     # four GPUs
     "dp2": ("configs/gpu_smollm2_separate.yaml", 4, ["trainer.num_ranks=2", "rollout.num_servers=2"]),
@@ -73,8 +79,11 @@ class Job:
 
 def main() -> None:
     args = _parse()
-    args.jobs = check_jobs(args.jobs, _gpu_count())
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        print(f"[gate] wrote {merge(args.merge, args.out)}")
+        return
+    args.jobs = check_jobs(args.jobs, _gpu_count())
     jobs = [
         Job(layout, seed) for layout in args.jobs for seed in (args.seeds if layout in args.seeded else args.seeds[:1])
     ]
@@ -125,6 +134,9 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--task-jsonl", default="", help="reasoning-gym entries as JSONL (where the library is missing)")
     p.add_argument("--timeout-s", type=float, default=420.0, help="the longest one run may take")
     p.add_argument("--extra", nargs="*", default=[], help="overrides for every run")
+    p.add_argument(
+        "--merge", nargs="+", default=[], metavar="REPORT", help="join reports of one layout (other seeds) into OUT"
+    )
     return p.parse_args()
 
 
@@ -329,22 +341,34 @@ def _write_layout(layout: str, jobs: list[Job], args, host_left: list[str]) -> N
     import torch
     import vllm
 
-    plain = [j for j in jobs if not j.resume]
-    resumed = [j for j in jobs if j.resume]
-    runs = {j.name: j.result for j in jobs}
-    ok = [j.result for j in plain if j.result.get("exit_code") == 0]
-    base = plain[0].result if plain else {}
+    meta = {
+        "device": torch.cuda.get_device_name(0),
+        "vllm_version": vllm.__version__,
+        "command": _command(layout, args),
+        "steps": args.steps,
+        "host_leftovers": host_left,
+    }
+    out = layout_report(layout, {j.name: j.result for j in jobs}, meta)
+    (args.out / f"gpu_gate_{layout}.json").write_text(json.dumps(out, indent=1) + "\n")
+
+
+def layout_report(layout: str, runs: dict[str, dict], meta: dict) -> dict:
+    """One layout's report from its jobs' results (``runs``: job name -> result; resumed jobs are named
+    ``<layout>_resume_s<seed>``) and ``meta``: device, vllm_version, command, steps, host_leftovers."""
+    plain = {name: r for name, r in runs.items() if "_resume_" not in name}
+    resumed = [r for name, r in runs.items() if "_resume_" in name]
+    ok = [r for r in plain.values() if r.get("exit_code") == 0]
     out = {
         "layout": layout,
         "gpus": LAYOUTS[layout][1],
-        "device": torch.cuda.get_device_name(0),
+        "device": meta["device"],
         "backend": "vllm",
-        "vllm_version": vllm.__version__,
+        "vllm_version": meta["vllm_version"],
         "model": "SmolLM2-135M-Instruct (GGUF Q4_1, imported)",
         "task": "reasoning-gym chain_sum, 2 terms, 1-2 digits",
-        "command": _command(layout, args),
-        "seeds": [j.seed for j in plain],
-        "steps": args.steps,
+        "command": meta["command"],
+        "seeds": [int(name.rsplit("_s", 1)[1]) for name in plain],
+        "steps": meta["steps"],
         "heldout_start": statistics.mean(r["heldout_start"] for r in ok) if ok else None,
         "heldout_end": statistics.mean(r["heldout_end"] for r in ok) if ok else None,
         "dlogp_mean": statistics.mean(r["dlogp_mean"] for r in ok) if ok else None,
@@ -352,20 +376,38 @@ def _write_layout(layout: str, jobs: list[Job], args, host_left: list[str]) -> N
         "syncs_verified": sum(r["syncs_verified"] for r in ok),
         "step_s": statistics.median(r["step_s"] for r in ok) if ok else None,
         "sync_s": statistics.median(r["sync_s"] for r in ok) if ok else None,
-        "leftovers": sum(r["leftovers"]["count"] for r in (j.result for j in jobs) if "leftovers" in r)
-        + len(host_left),
-        "host_leftovers": host_left,
+        "leftovers": sum(r["leftovers"]["count"] for r in runs.values() if "leftovers" in r)
+        + len(meta["host_leftovers"]),
+        "host_leftovers": meta["host_leftovers"],
         "runs": runs,
     }
+    base = next(iter(plain.values()), {})
     if resumed and base:
-        r = resumed[0].result
+        r = resumed[0]
         out["resumed_reward_matches"] = (
             r.get("exit_code") == 0
             and abs(r["reward_last5"] - base["reward_last5"]) <= 0.05
             and abs(r["heldout_end"] - base["heldout_end"]) <= 0.05
         )
         out["sigterm_stop_s"] = r.get("sigterm_stop_s")
-    (args.out / f"gpu_gate_{layout}.json").write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+def merge(paths: list[str], out_dir: Path) -> Path:
+    """One layout's report from reports of the same layout made by separate gates (other seeds, other calls):
+    their runs joined and summarised again; the device, versions and steps must agree."""
+    reports = [json.loads(Path(p).read_text()) for p in paths]
+    first = reports[0]
+    for key in ("layout", "device", "vllm_version", "steps"):
+        differ = {str(r[key]) for r in reports}
+        if len(differ) > 1:
+            raise SystemExit(f"error: the reports differ in {key} ({', '.join(sorted(differ))}); merge one layout's")
+    runs = {name: result for r in reports for name, result in r["runs"].items()}
+    left = sorted({path for r in reports for path in r.get("host_leftovers", [])})
+    meta = dict(first, host_leftovers=left)
+    out = out_dir / f"gpu_gate_{first['layout']}.json"
+    out.write_text(json.dumps(layout_report(first["layout"], runs, meta), indent=1) + "\n")
+    return out
 
 
 def _command(layout: str, args) -> str:

@@ -74,6 +74,7 @@ def _row(side, seed, wall, gain, curve=()):
         "heldout_start": 0.2,
         "heldout_end": 0.2 + gain,
         "samples_per_s": 5120 / wall,
+        "samples_per_s_steps": 512 / (wall / 20),
         "eval_curve": [{"step": s, "at_s": t, "accuracy": a} for s, t, a in curve],
     }
 
@@ -92,6 +93,7 @@ def test_summary_reports_samples_ratio_paired_gain_and_time_to_trl_final(bench):
     assert seeds[1]["time_to_trl_final_ratio"] is None  # never reached TRL's final accuracy
     summary = bench.over_seeds(seeds)
     assert summary["samples_ratio"] == pytest.approx((2.0 + 2.5) / 2)
+    assert summary["samples_ratio_steps"] == pytest.approx((2.0 + 2.5) / 2)  # the steps' rate apart from start-up
     assert summary["gain_diff"] == pytest.approx(0.0)
     assert summary["gain_diff_se"] == pytest.approx(0.1)  # stdev of (+0.1, -0.1) over sqrt(2)
     assert summary["time_to_trl_final_ratio"] is None

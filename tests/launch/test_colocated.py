@@ -32,7 +32,7 @@ def test_colocated_run_takes_turns_and_syncs_verified(tiny_model_dir, tmp_path):
         tiny_model_dir,
         "hf",
         trace={"enabled": True},
-        placement={"mode": "colocated"},
+        placement={"mode": "colocated", "offload": True},  # unset, a CPU run's trainer has nothing to move
         checkpoint={"save_final": False},
     )
     code, output = run_to_end(config, tmp_path, "trainer.total_steps=2", "trainer.eval_every=0", "sync.verify=true")

@@ -55,3 +55,39 @@ def test_jobs_land_on_the_gates_own_gpus_when_it_is_confined(gate):
     assert gate.physical_gpus([0, 1], "2,3") == "2,3"
     assert gate.physical_gpus([1], " 5, 7") == "7"
     assert gate.physical_gpus([0, 2], None) == "0,2"
+
+
+def test_merge_joins_reports_of_one_layout_and_summarises_them_again(gate, tmp_path):
+    """Two gates of the colocated layout on other seeds (two device calls) make one report: the runs joined, the
+    means and medians over both; reports of another device or step count are refused, naming the field."""
+    import json
+
+    def run(seed: int, end: float, step_s: float) -> dict:
+        return {
+            "exit_code": 0,
+            "heldout_start": 0.2,
+            "heldout_end": end,
+            "reward_last5": 0.2,
+            "dlogp_mean": 0.05,
+            "syncs": 10,
+            "syncs_verified": 10,
+            "step_s": step_s,
+            "sync_s": 0.25,
+            "leftovers": {"count": 0},
+        }
+
+    meta = {"device": "GPU", "vllm_version": "0.25.1", "command": "gate", "steps": 10, "host_leftovers": []}
+    paths = []
+    for seed, end, step_s in ((1, 0.3, 2.0), (2, 0.4, 3.0)):
+        path = tmp_path / f"s{seed}" / "gpu_gate_colocated.json"
+        path.parent.mkdir()
+        report = gate.layout_report("colocated", {f"colocated_s{seed}": run(seed, end, step_s)}, meta)
+        path.write_text(json.dumps(report))
+        paths.append(str(path))
+    merged = json.loads(gate.merge(paths, tmp_path).read_text())
+    assert merged["seeds"] == [1, 2] and merged["syncs_verified"] == 20 and merged["leftovers"] == 0
+    assert merged["heldout_end"] == pytest.approx(0.35) and merged["step_s"] == pytest.approx(2.5)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(dict(json.loads(Path(paths[0]).read_text()), steps=20)))
+    with pytest.raises(SystemExit, match="differ in steps"):
+        gate.merge([paths[0], str(other)], tmp_path)
