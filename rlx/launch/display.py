@@ -71,11 +71,14 @@ class Display:
         self.task = self.progress.add_task("", total=total_steps)
         self.log_path: Path | None = None
         self._log: TextIO | None = None
+        self._early: list[str] = []  # log lines of the pre-flight, before the run directory's log exists
 
     def log_to(self, path: Path) -> None:
-        """From now on append every note, and any traceback, to ``path``."""
+        """From now on append every note, and any traceback, to ``path``; the lines logged before it go first."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path, self._log = path, open(path, "a", buffering=1)  # noqa: SIM115 - open until close_log()
+        self._log.writelines(self._early)
+        self._early = []
 
     def close_log(self) -> None:
         if self._log is not None:
@@ -111,8 +114,11 @@ class Display:
         self.note(f"[red]{escape(what)}:[/] {type(exc).__name__}: {escape(str(exc))}{where}{then}")
 
     def _write(self, text: str) -> None:
+        line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n"
         if self._log is not None:
-            self._log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
+            self._log.write(line)
+        else:
+            self._early.append(line)
 
     def log_line(self, line: str) -> None:
         self.console.print(line, markup=False, highlight=False)

@@ -12,9 +12,11 @@ socket files removed.
 A launched rollout server that dies mid-run is restarted when rollout.restart_on_failure is on
 (``rlx.launch.restarts``); the run goes on.
 
-Start-up overlaps: the servers are started first, and while they load their engines (about 20 s
-for vLLM) rank 0 builds the trainer and the controller (model, optimizer, task, weight arena);
-only then does it wait for the servers.
+Start-up overlaps: a standby process per launched server (``rlx.rollout.standby``) starts before the
+pre-flight, with the server's environment, and imports its engine (vLLM: 10-25 s) while the checks run;
+it opens nothing until the launch hands it its command line, and a run that ends in pre-flight stops it.
+The servers then load their engines while rank 0 builds the trainer and the controller (model, optimizer,
+task, weight arena) and warms up its kernels; only then does it wait for the servers.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from rich.markup import escape
 from rlx.launch.closing import already_done, done_line, resume_hint, where_things_go
 from rlx.launch.display import Display
 from rlx.launch.preflight import preflight
-from rlx.launch.processes import ProcessSet, python_argv
+from rlx.launch.processes import ProcessSet, child_env, python_argv
 from rlx.launch.restarts import ServerRestarts
 from rlx.launch.run_dir import (
     SECRET_ENV,
@@ -58,10 +60,17 @@ def run_train(cfg: RunConfig) -> int:
     display = Display(cfg.trainer.total_steps, enabled=cfg.logging.console)
     stops = StopWatch()
     with stops.installed():
-        stopped = prepare(cfg, run_dir, display, "train.log")
-        if stopped is not None:
-            return stopped
-        launch = Launch(cfg, run_dir, display, stops)
+        standbys = start_standbys(cfg, run_dir)  # the servers import their engines while the pre-flight runs
+        launch = None
+        try:
+            stopped = prepare(cfg, run_dir, display, "train.log")
+            if stopped is not None:
+                return stopped
+            launch = Launch(cfg, run_dir, display, stops, standbys)
+        finally:
+            if launch is None:  # a pre-flight error, a stop, nothing to do: the standbys go unused
+                for child in standbys.values():
+                    child.stop(timeout_s=2.0)
 
         def failed() -> str:
             dead = launch.procs.dead_children(within_s=2.0)  # a death often surfaces first as a peer's error
@@ -130,8 +139,11 @@ def _stopped(display: Display, exc: BaseException, what_next: str) -> int:
 class Launch:
     """One run's processes: rollout servers and trainer ranks started, rank 0 run here, all torn down."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, display: Display, stops: StopWatch) -> None:
+    def __init__(
+        self, cfg: RunConfig, run_dir: Path, display: Display, stops: StopWatch, standbys: dict | None = None
+    ) -> None:
         self.cfg, self.run_dir, self.display, self.stops = cfg, run_dir, display, stops
+        self.standbys = standbys if standbys is not None else {}  # server index -> its standby Child
         self.procs = ProcessSet(run_dir / "logs", emit=display.log_line)
         self.own_addresses: list[str] = []  # the ipc sockets of the servers this run started
         self.placement = plan(cfg, visible_gpus())  # checked in pre-flight
@@ -162,6 +174,8 @@ class Launch:
     def tear_down(self) -> None:
         """Children stopped by process group, what they left in /dev/shm and their sockets removed."""
         started = time.monotonic()
+        for child in self.standbys.values():  # the run ended before it started their servers
+            child.stop(timeout_s=2.0)
         removed = self.procs.stop_all()
         self.display.log(f"stopped every child in {time.monotonic() - started:.1f} s")
         if removed:  # vLLM leaves its psm_* buffers even when stopped cleanly: worth a log line, not a console one
@@ -176,16 +190,19 @@ class Launch:
         for index in range(self.cfg.rollout.servers_to_launch):
             address = server_address(self.cfg, index)
             slot = self.placement.server(index)
-            argv = python_argv(
-                "rlx", "rollout-serve", *config_args, *slot.overrides(), "--address", address, "--index", str(index)
-            )
-            server_env = dict(
-                env,
-                **quiet_server_env(),
-                **_server_priority(self.cfg),
-                **slot.env(os.environ.get("CUDA_VISIBLE_DEVICES")),
-            )
-            self.procs.start(f"rollout{index}", argv, server_env)
+            args = ["rollout-serve", *config_args, *slot.overrides(), "--address", address, "--index", str(index)]
+            argv = python_argv("rlx", *args)
+            server_env = dict(env, **server_env_of(self.cfg, slot))
+            standby = self.standbys.pop(index, None)
+            wanted = child_env(server_env)
+            if standby is not None and standby.alive() and standby.env == wanted:
+                self.procs.adopt(standby, argv, args)
+            else:  # none, or one whose environment no longer fits (the launcher's own changed meanwhile)
+                if standby is not None:
+                    changed = sorted(k for k in {*wanted, *standby.env} if wanted.get(k) != standby.env.get(k))
+                    self.display.log(f"rollout{index}: started anew, not from its standby (changed: {changed})")
+                    standby.stop(timeout_s=2.0)
+                self.procs.start(f"rollout{index}", argv, server_env)
             self.own_addresses.append(address)
         return list(self.own_addresses)
 
@@ -256,6 +273,40 @@ class Launch:
             if controller is not None:
                 controller.close()
             client.close()
+
+
+def server_env_of(cfg: RunConfig, slot) -> dict[str, str]:
+    """What a launched server's environment adds to the run's: quiet vLLM, CPU priority, its GPUs."""
+    return dict(**quiet_server_env(), **_server_priority(cfg), **slot.env(os.environ.get("CUDA_VISIBLE_DEVICES")))
+
+
+def start_standbys(cfg: RunConfig, run_dir: Path) -> dict:
+    """One standby process per server the run launches (``rlx.rollout.standby``), started before the pre-flight
+    with the environment the server will have: it imports its engine meanwhile and becomes the server when the
+    launch hands it its command line. None where the layout does not plan (the pre-flight names why)."""
+    from rlx.config.errors import ConfigError
+    from rlx.launch.processes import Child
+
+    if not cfg.rollout.servers_to_launch:
+        return {}
+    try:
+        layout = plan(cfg, visible_gpus())
+    except ConfigError:
+        return {}
+    _, secret_env = secret_overrides(cfg)
+    env = dict(_trace_env(cfg, run_dir), **secret_env)
+    argv = python_argv("rlx.rollout.standby", cfg.rollout.backend)
+    return {
+        index: Child(
+            f"rollout{index}",
+            argv,
+            child_env(dict(env, **server_env_of(cfg, layout.server(index)))),
+            None,
+            print,
+            standby=True,
+        )
+        for index in range(cfg.rollout.servers_to_launch)
+    }
 
 
 def _openai_endpoints(cfg: RunConfig) -> str:

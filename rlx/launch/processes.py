@@ -42,26 +42,50 @@ def write_json(path: Path, record: dict) -> None:
 
 class Child:
     def __init__(
-        self, name: str, argv: list[str], env: dict[str, str], log_path: Path, emit: Callable[[str], None]
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        log_path: Path | None,
+        emit: Callable[[str], None],
+        standby: bool = False,
     ) -> None:
+        """``standby``: the process waits for its command line on stdin (``rlx.rollout.standby``) and has no log
+        yet; ``go`` gives it both."""
         self.name, self.argv, self.env = name, argv, env
         self.log_path = log_path
         self.expected_exit = False
         self.restarts = 0  # how many times this child was started again after dying
-        self._log: TextIO = open(log_path, "a", buffering=1)  # noqa: SIM115 - open until the child's output ends
-        self._log.write(f"rlx: starting {name}: {' '.join(argv)}\n")
         self.proc = subprocess.Popen(
             argv,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if standby else subprocess.DEVNULL,
             start_new_session=True,
             text=True,
             bufsize=1,
             preexec_fn=_term_when_parent_dies,
         )
-        self._pump = threading.Thread(target=self._stream, args=(emit,), daemon=True, name=f"log-{name}")
+        self._pump: threading.Thread | None = None
+        if log_path is not None:
+            self._open_log(log_path, emit)
+
+    def go(self, argv: list[str], args: list[str], log_path: Path, emit: Callable[[str], None]) -> None:
+        """A standby child becomes the command ``argv`` (which a restart runs): it is handed ``args``, the
+        arguments after ``rlx``, and its output streams into ``log_path`` from here (what it printed while
+        waiting included)."""
+        self.argv = argv
+        self._open_log(log_path, emit)
+        with contextlib.suppress(BrokenPipeError, OSError):  # it died meanwhile: the watch reports it
+            self.proc.stdin.write(json.dumps(args) + "\n")
+            self.proc.stdin.close()
+
+    def _open_log(self, log_path: Path, emit: Callable[[str], None]) -> None:
+        self.log_path = log_path
+        self._log: TextIO = open(log_path, "a", buffering=1)  # noqa: SIM115 - open until the child's output ends
+        self._log.write(f"rlx: starting {self.name}: {' '.join(self.argv)}\n")
+        self._pump = threading.Thread(target=self._stream, args=(emit,), daemon=True, name=f"log-{self.name}")
         self._pump.start()
 
     @property
@@ -87,6 +111,9 @@ class Child:
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM the process group, then SIGKILL whatever is left after ``timeout_s``."""
         self.expected_exit = True
+        if self.proc.stdin is not None:  # a standby that never went: its wait for a command line ends
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
         if self.alive():
             self.signal_group(signal.SIGTERM)
             self.signal_group(signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
@@ -95,7 +122,8 @@ class Child:
         self.signal_group(signal.SIGKILL)  # the leader may be gone while its children live on
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
-        self._pump.join(timeout=2)
+        if self._pump is not None:
+            self._pump.join(timeout=2)
 
 
 class TracebackFolder:
@@ -148,8 +176,15 @@ class ProcessSet:
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONSAFEPATH="1", **(env or {}))
-        child = Child(name, argv, full_env, self.log_dir / f"{name}.log", self.emit)
+        child = Child(name, argv, child_env(env), self.log_dir / f"{name}.log", self.emit)
+        self.children.append(child)
+        self._write_pids()
+        return child
+
+    def adopt(self, child: Child, argv: list[str], args: list[str]) -> Child:
+        """A standby ``child`` started before this set existed joins it and becomes ``argv`` (``Child.go``)."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        child.go(argv, args, self.log_dir / f"{child.name}.log", self.emit)
         self.children.append(child)
         self._write_pids()
         return child
@@ -230,6 +265,11 @@ class ProcessSet:
             child.stop(timeout_s)
         self.leftovers.remove_unused([child.pid for child in self.children])
         return list(self.leftovers.removed)
+
+
+def child_env(env: dict[str, str] | None) -> dict[str, str]:
+    """The launcher's environment with ``env`` over it, unbuffered output and a safe import path."""
+    return dict(os.environ, PYTHONUNBUFFERED="1", PYTHONSAFEPATH="1", **(env or {}))
 
 
 def _term_when_parent_dies() -> None:

@@ -26,3 +26,19 @@ def test_the_ready_line_names_the_launched_servers_openai_endpoints():
     cfg = load_config(config, ["rollout.openai_port=8000", "rollout.num_servers=2"])
     assert _openai_endpoints(cfg) == "; OpenAI-compatible endpoints: http://127.0.0.1:8000/v1, http://127.0.0.1:8001/v1"
     assert _openai_endpoints(load_config(config, [])) == ""
+
+
+def test_lines_logged_in_pre_flight_reach_the_log_once_it_opens(tmp_path):
+    """The pre-flight logs (the offload decision, a stale buffer removed) before the run directory's log exists."""
+    from rlx.launch.display import Display
+
+    display = Display(total_steps=1, enabled=False)
+    display.log("placement: the trainer stays on the GPU while the engine generates")
+    display.log_to(tmp_path / "logs" / "train.log")
+    display.log("run directory made")
+    display.close_log()
+    lines = (tmp_path / "logs" / "train.log").read_text().splitlines()
+    assert [line.split(" ", 2)[2] for line in lines] == [
+        "placement: the trainer stays on the GPU while the engine generates",
+        "run directory made",
+    ]
