@@ -168,17 +168,22 @@ async def _restore(address: str, v0) -> None:
         client.close()
 
 
-async def _paused_mid_request(client: RolloutClient, seed: int) -> tuple[int, asyncio.Task]:
-    """The server's weight version, and an 8-sample request paused (kept) after its first tokens. The random
-    model ends a sample at eos after a few dozen tokens on average and vLLM on a CPU makes a token in a few
-    milliseconds: a pause soon after the request is in flight, and 8 samples, make it likely that one is still
-    generating (4 samples and a 0.1 s wait had every sample ended on three seeds once in a while); the tests
-    try further seeds where none spans the update."""
+PAUSE_AFTER_S = (0.05, 0.2, 0.02, 0.5, 0.1, 1.0)
+"""How long each try lets a request generate before the pause: a busy host may not have started its samples
+after 0.05 s (every token then comes after the update), an idle one may have ended them all after 0.2 s."""
+
+
+async def _paused_mid_request(client: RolloutClient, seed: int, wait_s: float = 0.05) -> tuple[int, asyncio.Task]:
+    """The server's weight version, and an 8-sample request paused (kept) ``wait_s`` after it is in flight. The
+    random model ends a sample at eos after a few dozen tokens on average and vLLM on a CPU makes a token in a
+    few milliseconds: a pause soon after the request is in flight, and 8 samples, make it likely that one is
+    still generating (4 samples and a 0.1 s wait had every sample ended on three seeds once in a while); the
+    tests try further seeds, and other waits (``PAUSE_AFTER_S``), where none spans the update."""
     before = (await client.health())[0].weight_version
     spec = p.SamplingSpec(n=8, temperature=1.0, max_tokens=200, seed=seed)
     request = asyncio.create_task(client.generate(["12+7="], spec, timeout_s=120))
     await _until_in_flight(client, request)
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(wait_s)
     await client.pause()
     return before, request
 
@@ -211,10 +216,10 @@ def test_vllm_request_kept_across_an_update_returns_the_version_of_each_token(ve
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
 
-    async def scenario(seed: int):
+    async def scenario(seed: int, wait_s: float):
         client = RolloutClient([vllm_server])
         try:
-            before, request = await _paused_mid_request(client, seed)
+            before, request = await _paused_mid_request(client, seed, wait_s)
             with WeightSender(transport="shm", bucket_mb=1, num_buffers=2) as sender:
                 await sender.send(
                     [(n, t.detach().contiguous()) for n, t in model.named_parameters()], client.channels()
@@ -225,8 +230,8 @@ def test_vllm_request_kept_across_an_update_returns_the_version_of_each_token(ve
             client.close()
 
     spanning = []
-    for seed in (3, 4, 5, 6):  # every sample may end before the update lands (or start after it); another seed then
-        before, result = asyncio.run(scenario(seed))
+    for seed, wait_s in zip(range(3, 9), PAUSE_AFTER_S, strict=True):  # every sample may end before the update
+        before, result = asyncio.run(scenario(seed, wait_s))  # lands (or start after it); another try then
         after = before + NEW_VERSION
         for sample in result.samples:
             assert len(sample.versions) == len(sample.token_ids)
@@ -252,10 +257,10 @@ def test_vllm_request_kept_across_an_update_recomputes_its_kv_with_the_new_weigh
         for layer in v1.model.layers:
             layer.self_attn.v_proj.weight.mul_(1.7)
 
-    async def scenario(seed: int):
+    async def scenario(seed: int, wait_s: float):
         client = RolloutClient([vllm_server])
         try:
-            before, request = await _paused_mid_request(client, seed)
+            before, request = await _paused_mid_request(client, seed, wait_s)
             with WeightSender(transport="shm", bucket_mb=1, num_buffers=2) as sender:
                 await sender.send([(n, t.detach().contiguous()) for n, t in v1.named_parameters()], client.channels())
                 await client.broadcast(p.Resume(weight_version=before + 1))
@@ -268,8 +273,8 @@ def test_vllm_request_kept_across_an_update_recomputes_its_kv_with_the_new_weigh
             client.close()
 
     spanning = []
-    for seed in (5, 6, 7):  # a sample may end (eos) before the update lands; another seed then
-        after, result = asyncio.run(scenario(seed))
+    for seed, wait_s in zip(range(5, 11), PAUSE_AFTER_S, strict=True):  # a sample may end (eos) before the
+        after, result = asyncio.run(scenario(seed, wait_s))  # update lands, or start after it; another try then
         spanning = [s for s in result.samples if after in s.versions and s.versions[0] != after]
         if spanning:
             break
