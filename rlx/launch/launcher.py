@@ -284,14 +284,13 @@ def start_standbys(cfg: RunConfig, run_dir: Path) -> dict:
     """One standby process per server the run launches (``rlx.rollout.standby``), started before the pre-flight
     with the environment the server will have: it imports its engine meanwhile and becomes the server when the
     launch hands it its command line. None where the layout does not plan (the pre-flight names why)."""
-    from rlx.config.errors import ConfigError
     from rlx.launch.processes import Child
 
     if not cfg.rollout.servers_to_launch:
         return {}
     try:
         layout = plan(cfg, visible_gpus())
-    except ConfigError:
+    except Exception:  # noqa: BLE001 - a layout error is the pre-flight's to report; without a plan, no standby
         return {}
     _, secret_env = secret_overrides(cfg)
     env = dict(_trace_env(cfg, run_dir), **secret_env)
