@@ -12,7 +12,7 @@ socket files removed.
 A launched rollout server that dies mid-run is restarted when rollout.restart_on_failure is on
 (``rlx.launch.restarts``); the run goes on.
 
-Start-up overlaps: a standby process per launched server (``rlx.rollout.standby``) starts before the
+Start-up overlaps: a standby process per launched server (``rlx.cli.standby``) starts before the
 pre-flight, with the server's environment, and imports its engine (vLLM: 10-25 s) while the checks run;
 it opens nothing until the launch hands it its command line, and a run that ends in pre-flight stops it.
 The servers then load their engines while rank 0 builds the trainer and the controller (model, optimizer,
@@ -281,7 +281,7 @@ def server_env_of(cfg: RunConfig, slot) -> dict[str, str]:
 
 
 def start_standbys(cfg: RunConfig, run_dir: Path) -> dict:
-    """One standby process per server the run launches (``rlx.rollout.standby``), started before the pre-flight
+    """One standby process per server the run launches (``rlx.cli.standby``), started before the pre-flight
     with the environment the server will have: it imports its engine meanwhile and becomes the server when the
     launch hands it its command line. None where the layout does not plan (the pre-flight names why)."""
     from rlx.launch.processes import Child
@@ -294,7 +294,7 @@ def start_standbys(cfg: RunConfig, run_dir: Path) -> dict:
         return {}
     _, secret_env = secret_overrides(cfg)
     env = dict(_trace_env(cfg, run_dir), **secret_env)
-    argv = python_argv("rlx.rollout.standby", cfg.rollout.backend)
+    argv = python_argv("rlx.cli.standby", cfg.rollout.backend)
     return {
         index: Child(
             f"rollout{index}",

@@ -50,7 +50,7 @@ class Child:
         emit: Callable[[str], None],
         standby: bool = False,
     ) -> None:
-        """``standby``: the process waits for its command line on stdin (``rlx.rollout.standby``) and has no log
+        """``standby``: the process waits for its command line on stdin (``rlx.cli.standby``) and has no log
         yet; ``go`` gives it both."""
         self.name, self.argv, self.env = name, argv, env
         self.log_path = log_path

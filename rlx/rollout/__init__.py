@@ -5,6 +5,5 @@
 - ``client``: the asyncio client of one or many servers (rank 0, a teacher, a judge, bench-sync).
 - ``openai_http``: the OpenAI-compatible HTTP endpoint that records episodes for training.
 - ``priority``: a server that yields the CPU to the trainer beside it.
-- ``standby``: the server process `rlx train` starts before its pre-flight, importing the engine meanwhile.
 - ``backends/``: the engines behind the server: vLLM (with its worker extension and LoRA loader) and hf.
 """

@@ -14,7 +14,7 @@ from tests.launch.test_train import small_config
 
 def test_a_standby_becomes_the_command_it_is_handed_and_streams_its_output_from_then(tmp_path):
     lines: list[str] = []
-    child = Child("rollout0", python_argv("rlx.rollout.standby", "hf"), child_env(None), None, print, standby=True)
+    child = Child("rollout0", python_argv("rlx.cli.standby", "hf"), child_env(None), None, print, standby=True)
     try:
         assert child.log_path is None and child.alive()  # no log, no command line yet: it only imports
         argv = python_argv("rlx", "--version")
@@ -30,7 +30,7 @@ def test_a_standby_becomes_the_command_it_is_handed_and_streams_its_output_from_
 
 
 def test_a_standby_that_gets_no_command_line_ends_having_done_nothing(tmp_path):
-    child = Child("rollout0", python_argv("rlx.rollout.standby", "hf"), child_env(None), None, print, standby=True)
+    child = Child("rollout0", python_argv("rlx.cli.standby", "hf"), child_env(None), None, print, standby=True)
     child.stop(timeout_s=5.0)  # its stdin closes: an empty line, it returns; SIGTERM ends it if it still imports
     assert not child.alive() and child.log_path is None
 

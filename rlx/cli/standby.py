@@ -1,12 +1,13 @@
 """A rollout server process started while `rlx train` still checks the run: it imports what serving needs (the
 server, the backend's engine: vLLM takes 10-25 s) beside the pre-flight, then waits for its command line.
 
-    python -m rlx.rollout.standby BACKEND          (the launcher starts it; ``rlx.launch.standby``)
+    python -m rlx.cli.standby BACKEND          (the launcher starts it: ``rlx.launch.launcher.start_standbys``)
 
 The launcher writes one line to its stdin, the JSON list of `rlx rollout-serve` arguments, and the process
 becomes that server; an empty stdin (the launcher stopped: a pre-flight error, Ctrl-C) ends it having done
 nothing but imports. It opens no socket, file or device before that line; its environment (the GPUs it sees)
-was set when it started. Everything after the line is `rlx rollout-serve` unchanged.
+was set when it started. Everything after the line is `rlx rollout-serve` unchanged. It lives beside the
+subcommands because it is an entry point that becomes one; nothing imports it.
 """
 
 from __future__ import annotations
