@@ -316,8 +316,7 @@ def resolve_offload(cfg: RunConfig, gpu_bytes: int | None) -> tuple[bool, str]:
     if params is None:
         return True, f"the size of {cfg.model.path} is unknown"
     state = trainer_state_bytes(cfg, params)
-    config = Path(cfg.model.path, "config.json")
-    kv = kv_cache_bytes(cfg, json.loads(config.read_text())) if config.is_file() else None
+    kv = model_kv_cache_bytes(cfg)
     engine = params * _dtype_bytes(cfg.model.engine_dtype) + (kv or 0) + ENGINE_ROOM_BYTES
     gib = lambda n: f"{n / 2**30:.1f} GiB"  # noqa: E731
     sizes = f"its state {gib(state)} and the engine's {gib(engine)} of {gib(gpu_bytes)}"
@@ -349,6 +348,12 @@ def trainer_state_bytes(cfg: RunConfig, params: int) -> int:
     if cfg.algorithm.kl_coef > 0:
         state += params * width
     return state
+
+
+def model_kv_cache_bytes(cfg: RunConfig) -> int | None:
+    """``kv_cache_bytes`` for model.path's own config.json; None where the directory has none."""
+    config = Path(cfg.model.path, "config.json")
+    return kv_cache_bytes(cfg, json.loads(config.read_text())) if config.is_file() else None
 
 
 def _dtype_bytes(dtype: str) -> int:

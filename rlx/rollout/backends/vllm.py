@@ -441,18 +441,14 @@ def _batch_limits(cfg: RunConfig, cpu_platform: bool) -> dict:
     """rollout.max_num_seqs where set; the KV cache size: on a GPU what ``rlx.placement.kv_cache_bytes`` gives, on a
     CPU rollout.kv_cache_gb where set (else vLLM's CPU build sizes it from its memory fraction of the host's first
     NUMA node, less what the engine process already holds)."""
-    import json
-    from pathlib import Path
-
-    from rlx.placement import kv_cache_bytes
+    from rlx.placement import model_kv_cache_bytes
 
     r = cfg.rollout
     limits = {"max_num_seqs": r.max_num_seqs} if r.max_num_seqs else {}
-    config = Path(cfg.model.path, "config.json")
     if cpu_platform:
         kv = None if r.kv_cache_gb is None else int(r.kv_cache_gb * 2**30)
     else:
-        kv = kv_cache_bytes(cfg, json.loads(config.read_text())) if config.is_file() else None
+        kv = model_kv_cache_bytes(cfg)
     if kv is not None:
         limits["kv_cache_memory_bytes"] = kv
         log.info("KV cache: %.2f GiB per GPU", kv / 2**30)
