@@ -25,6 +25,10 @@ sequence has fewer queries than keys. The branches:
 - long sequences: ``scaled_dot_product_attention`` once per sequence, causal. On an H100 (torch 2.11)
   sdpa's causal kernel runs one 16k sequence in half the time varlen_attn takes, while for
   eight 1280-token sequences one varlen call takes half the time of eight sdpa calls.
+- a layer with a sliding window or attention-logit soft-capping (Gemma 2 and 3, Mistral and Qwen2
+  with their windows on), which neither sdpa nor varlen_attn takes: explicit scores once per
+  sequence, capped (``softcap * tanh(s / softcap)``) and masked to the window (a query sees the
+  ``sliding_window`` keys up to itself), as transformers' eager attention and vLLM compute them.
 
 The function leaves dropout out (the trainer does not fuse the logprob pass when the model has
 dropout, and RL fine-tuning of these models runs without it). transformers builds no mask for
@@ -68,7 +72,8 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
             f"attn_implementation={NAME!r} needs one packed row and cu_seq_lens_q; got a batch of "
             f"{query.shape[0]} rows: build micro-batches with rlx.trainer.packing"
         )
-    blocks = kwargs.get(BLOCKS)
+    window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
+    blocks = None if window or softcap else kwargs.get(BLOCKS)
     if blocks is not None and not _varlen_ok(query, scaling):
         return _blocked(query, key, value, blocks, scaling, query.shape[1] != key.shape[1]), None
     kv_index = kwargs.get(KV_INDEX)
@@ -77,6 +82,8 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
     else:  # shared prompts: each sequence's keys are its prompt's (once in the row) and then its own tokens
         key, value = key[:, :, kv_index], value[:, :, kv_index]
         cu_k, max_q, max_k = kwargs["cu_seq_lens_k"], int(kwargs["max_length_q"]), int(kwargs["max_length_k"])
+    if window or softcap:
+        return _explicit(query, key, value, cu_q, cu_k, scaling, window, softcap), None
     num_sequences = cu_q.numel() - 1
     short = query.shape[2] < LONG_SEQUENCE * num_sequences
     if short and _varlen_ok(query, scaling):
@@ -93,6 +100,30 @@ def packed_attention(module, query, key, value, attention_mask, dropout: float =
             )
         )
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _explicit(query, key, value, cu_q, cu_k, scaling, window: int | None, softcap: float | None):
+    """Per sequence, the scores computed out: soft-capped, causal aligned to the last key, and limited to the last
+    ``window`` keys up to each query (``kv > q - window``, transformers' sliding window and vLLM's). Softmax in
+    float32, as transformers' eager attention does it."""
+    groups = query.shape[1] // key.shape[1]
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    outputs = []
+    for (qs, qe), (ks, ke) in zip(itertools.pairwise(cu_q.tolist()), itertools.pairwise(cu_k.tolist()), strict=True):
+        q, k, v = query[0, :, qs:qe], key[0, :, ks:ke], value[0, :, ks:ke]
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=0), v.repeat_interleave(groups, dim=0)
+        scores = (q @ k.transpose(-1, -2)) * scale
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        q_pos = torch.arange(qe - qs, device=query.device) + (ke - ks) - (qe - qs)
+        k_pos = torch.arange(ke - ks, device=query.device)
+        allowed = k_pos[None, :] <= q_pos[:, None]
+        if window:
+            allowed &= k_pos[None, :] > q_pos[:, None] - window
+        weights = scores.masked_fill(~allowed, float("-inf")).float().softmax(dim=-1).to(v.dtype)
+        outputs.append(weights @ v)  # [heads, Lq, d]
+    return torch.cat(outputs, dim=1).transpose(0, 1).unsqueeze(0)
 
 
 def _padded(query, key, value, cu_q, cu_k, scaling, gqa: bool):

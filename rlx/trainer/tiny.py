@@ -1,9 +1,12 @@
-"""Tiny-model kit: a small Qwen2-architecture causal LM with a character-level tokenizer.
+"""Tiny-model kit: small causal LMs with a character-level tokenizer.
 
 ``build_tiny_model(out_dir)`` writes a normal Hugging Face directory (config.json,
-generation_config.json, tokenizer.json, tokenizer_config.json, model.safetensors) that
-transformers and vLLM both load in seconds. Tests and the quickstart use it; nothing is
-downloaded. It leaves out any pre-training: ``rlx.trainer.warmstart`` does that.
+generation_config.json, tokenizer.json, tokenizer_config.json, model.safetensors) of a 2-layer
+Qwen2-architecture model that transformers and vLLM both load in seconds. Tests and the quickstart
+use it; nothing is downloaded. ``build_tiny_family(out_dir, family)`` writes the same kind of
+directory for another architecture family (``FAMILIES``: the traits each one brings to the weight
+sync, tied heads, q/k norms, rope scaling, soft-capping, offset norms, sliding windows). It leaves out
+any pre-training: ``rlx.trainer.warmstart`` does that.
 """
 
 from __future__ import annotations
@@ -180,3 +183,86 @@ def _pin_dtype(config_path: Path, dtype: str) -> None:
 
 def _round_up(value: int, multiple: int) -> int:
     return (value + multiple - 1) // multiple * multiple
+
+
+FAMILIES: dict[str, str] = {
+    "qwen2": "Qwen2 (Qwen2.5-0.5B to 3B): tied embeddings, qkv bias, GQA",
+    "qwen2_untied": "Qwen2 (Qwen2.5-7B, the Coder instruct models): an LM head of its own",
+    "qwen3": "Qwen3 (0.6B to 4B): q/k RMS norms, no qkv bias, tied embeddings",
+    "llama3": "Llama 3: untied head, llama3 rope scaling",
+    "gemma2": "Gemma 2: tied, attention and final logit soft-capping, (1 + w) norms, sliding window on alternate layers",
+    "gemma3": "Gemma 3 (text): tied, q/k norms, (1 + w) norms, local and global rope, sliding window",
+    "mistral": "Mistral: untied head, GQA",
+}
+"""The architecture families ``build_tiny_family`` writes, with what each one brings to the weight sync."""
+
+
+def tiny_family_config(family: str, vocab_size: int, hidden_size: int = 128, num_layers: int = 2):
+    """A transformers config of ``family`` (``FAMILIES``) at a tiny size: 4 heads of 32 (2 KV heads), the token
+    ids of the character tokenizer."""
+    import transformers
+
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; pick one of {', '.join(FAMILIES)}")
+    shape = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=2 * hidden_size,
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    head_dim = hidden_size // 4
+    if family in ("qwen2", "qwen2_untied"):
+        return tiny_qwen2_config(
+            vocab_size,
+            hidden_size,
+            num_layers,
+            intermediate_size=2 * hidden_size,
+            tie_word_embeddings=family == "qwen2",
+        )
+    if family == "qwen3":
+        return transformers.Qwen3Config(**shape, head_dim=head_dim, tie_word_embeddings=True, use_sliding_window=False)
+    if family == "llama3":
+        scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
+        return transformers.LlamaConfig(
+            **shape,
+            rope_scaling={**scaling, "original_max_position_embeddings": 256},
+            tie_word_embeddings=False,
+        )
+    if family == "gemma2":
+        return transformers.Gemma2Config(
+            **shape, head_dim=head_dim, query_pre_attn_scalar=head_dim, sliding_window=8, tie_word_embeddings=True
+        )
+    if family == "gemma3":
+        return transformers.Gemma3TextConfig(
+            **shape,
+            head_dim=head_dim,
+            query_pre_attn_scalar=head_dim,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"][:num_layers],
+            tie_word_embeddings=True,
+        )
+    return transformers.MistralConfig(**shape, sliding_window=None, tie_word_embeddings=False)
+
+
+def build_tiny_family(out_dir: str | Path, family: str, *, seed: int = 0, dtype: str = "float32") -> Path:
+    """A randomly initialised tiny model of ``family`` (``FAMILIES``) with the character tokenizer in ``out_dir``
+    (a Hugging Face directory, as ``build_tiny_model`` writes)."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out_dir)
+    config = tiny_family_config(family, _round_up(len(tokenizer), 64))
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype))
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    _pin_dtype(out_dir / "config.json", dtype)
+    return out_dir

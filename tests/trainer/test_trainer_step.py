@@ -68,11 +68,11 @@ def assert_same(a, b, tol):
         torch.testing.assert_close(pa[name], pb[name], rtol=tol, atol=tol)
 
 
-def reference_logprobs(model_dir, batch):
+def reference_logprobs(model_dir, batch, **load):
     """Each sequence alone, unpadded, through the plain transformers model and a float64 log-softmax."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, **load)
     out = torch.zeros(batch.mask.shape, dtype=torch.float64)
     prompt_len = batch.input_ids.shape[1] - batch.completion_ids.shape[1]
     for i in range(batch.size):
@@ -97,6 +97,31 @@ def test_completion_logprobs_match_each_sequence_alone(tiny_model_dir, budget, s
             logp, entropy = completion_logprobs(trainer.model, mb, 1.0, 7, split_head=split_head)
             torch.testing.assert_close(logp.double(), expected[mb.rows], rtol=0, atol=1e-5)
             assert (entropy[mb.batch.mask == 0] == 0).all() and (entropy[mb.batch.mask == 1] > 0).all()
+
+
+@pytest.fixture(scope="module", params=["gemma2", "gemma3", "qwen3"])
+def family_dir(request, tmp_path_factory):
+    """A tiny model of a family whose attention is not plain causal sdpa: Gemma 2's soft-capping and sliding window
+    on alternate layers, Gemma 3's window and q/k norms (Qwen3's q/k norms beside them, plain attention)."""
+    from rlx.trainer.tiny import build_tiny_family
+
+    return build_tiny_family(tmp_path_factory.mktemp(request.param) / "model", request.param)
+
+
+@pytest.mark.parametrize("budget", [0, 200])
+def test_windowed_and_soft_capped_attention_logprobs_match_each_sequence_alone(family_dir, budget):
+    """Sequences longer than the families' window of 8 keys: the packed forward caps and windows its scores as the
+    model's own eager attention does."""
+    trainer = make_trainer(family_dir, micro_batch_tokens=budget)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(4, 40, (6 + 3 * i,), generator=gen).tolist() for i in range(6)]
+    completions = [torch.randint(4, 40, (4 + (i * 5) % 7,), generator=gen).tolist() for i in range(6)]
+    batch = build_batch(prompts, completions, [[-1.0] * len(c) for c in completions], [0.0] * 6, pad_id=0)
+    with torch.no_grad():
+        expected = reference_logprobs(family_dir, batch, attn_implementation="eager")
+        for mb in micro_batches(batch, 0, 1, budget, 3):
+            logp, _ = completion_logprobs(trainer.model, mb, 1.0, 7, split_head=False)
+            torch.testing.assert_close(logp.double(), expected[mb.rows], rtol=0, atol=1e-5)
 
 
 def test_packed_step_equals_padded_step(tiny_model_dir):

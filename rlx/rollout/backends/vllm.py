@@ -21,8 +21,9 @@ Any failure aborts the sync -- the reload is finalized (layers that got no tenso
 weights) and the receiver's state and mappings dropped -- and comes back as a failed ack, so the
 engine generates again and takes the next sync. vLLM's reload warns "Failed to load weights" for
 every layer that received no tensor; two of those are expected at every sync and are not logged:
-rotary embeddings (their buffers are computed, never in a checkpoint) and, with tied embeddings, the
-LM head (re-tied after the sync). Any other layer that misses its weights is still reported.
+rotary embeddings (their buffers are computed, never in a checkpoint) and a tied LM head that is a module of its
+own (``tied_head`` reads the tie off the engine's own model, whatever its family and vLLM version, and ``retie``
+restores it after the sync). Any other layer that misses its weights is still reported.
 
 Policy versions per token: vLLM labels every engine step's output with the engine's weight version
 (``AsyncLLM.update_weight_version``, changed only while generation is paused) and hands the spans
@@ -482,15 +483,18 @@ class _EngineDeathWithoutTraceback(logging.Filter):
 
 
 class _ExpectedReloadWarnings(logging.Filter):
-    def __init__(self, tied_head: bool) -> None:
+    """Drops the reload's "Failed to load weights" of rotary embeddings and of the layers in ``tied`` (class names
+    of the modules that hold another module's parameter, re-tied after every sync); every other layer's stays."""
+
+    def __init__(self, tied: set[str]) -> None:
         super().__init__()
-        self.tied_head = tied_head
+        self.tied = tied
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg != "%s: Failed to load weights" or not record.args:
             return True
         layer = str(record.args[0])
-        return not (layer.endswith("RotaryEmbedding") or (self.tied_head and layer == "ParallelLMHead"))
+        return not (layer.endswith("RotaryEmbedding") or layer in self.tied)
 
 
 class WeightSyncExtension:
@@ -567,9 +571,9 @@ class _VllmLoader(Consumer):
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
         if not self.quieted:
-            tied = bool(getattr(getattr(self.model(), "config", None), "tie_word_embeddings", False))
+            tied = tied_head(self.model())
             logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
-                _ExpectedReloadWarnings(tied)
+                _ExpectedReloadWarnings({type(tied[0]).__name__} if tied else set())
             )
             self.quieted = True
         with set_current_vllm_config(self.worker.vllm_config):
@@ -595,19 +599,37 @@ class _VllmLoader(Consumer):
         self.reloading = False
         with set_current_vllm_config(self.worker.vllm_config):
             finalize_layerwise_reload(self.model(), self.worker.model_config)
-            _retie_lm_head(self.model())
+            tied = tied_head(self.model())
+            if tied:
+                retie(*tied)
 
 
-def _retie_lm_head(model) -> None:
-    """With tied embeddings the checkpoint has no lm_head.weight, so layerwise reload puts the
-    old head back; point it at the new embedding again and redo its post-processing (on CPU
-    that re-packs the GEMM weights the sampler uses)."""
-    config = getattr(model, "config", None)
-    lm_head = getattr(model, "lm_head", None)
-    if not getattr(config, "tie_word_embeddings", False) or lm_head is None:
-        return
-    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else model.model.embed_tokens
-    lm_head.tie_weights(embed)
-    quant_method = getattr(lm_head, "quant_method", None)
-    if quant_method is not None:
-        quant_method.process_weights_after_loading(lm_head)
+def tied_head(model) -> tuple | None:
+    """``(head, embedding)`` where the engine's model ties its LM head to the input embedding with a head module of
+    its own (Llama's; Qwen2's in vLLM 0.32), else None: the model does not tie (``tie_word_embeddings``), or its head
+    is the embedding module itself (Qwen2's in vLLM 0.25: loading the embedding loads the head), or it has no head
+    module (Gemma's logits come from the embedding). Read off the model the engine built, so it holds whatever
+    the family and the vLLM version."""
+    head = getattr(model, "lm_head", None)
+    if not getattr(getattr(model, "config", None), "tie_word_embeddings", False) or head is None:
+        return None
+    embedding = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if embedding is None:
+        raise RuntimeError(
+            f"{type(model).__name__} ties its LM head to its embeddings, but has no model.embed_tokens to tie it to "
+            "after a sync; this architecture's weight sync is not supported yet"
+        )
+    return None if head is embedding else (head, embedding)
+
+
+def retie(head, embedding) -> None:
+    """After a layerwise reload, which put the tied head's old tensor back (no tensor of the sync names it): tie it
+    to the synced embedding again, as the model class did when it was built (the head's own ``tie_weights``), and
+    redo its post-processing (on a CPU that re-packs the GEMM weights the sampler uses)."""
+    if hasattr(head, "tie_weights"):
+        head.tie_weights(embedding)
+    else:
+        head.weight = embedding.weight
+    method = getattr(head, "quant_method", None)
+    if method is not None:
+        method.process_weights_after_loading(head)
