@@ -190,7 +190,7 @@ FAMILIES: dict[str, str] = {
     "qwen2_untied": "Qwen2 (Qwen2.5-7B, the Coder instruct models): an LM head of its own",
     "qwen3": "Qwen3 (0.6B to 4B): q/k RMS norms, no qkv bias, tied embeddings",
     "llama3": "Llama 3: untied head, llama3 rope scaling",
-    "gemma2": "Gemma 2: tied, attention and final logit soft-capping, (1 + w) norms, sliding window on alternate layers",
+    "gemma2": "Gemma 2: tied, attention and final logit soft-capping, (1 + w) norms, alternate sliding windows",
     "gemma3": "Gemma 3 (text): tied, q/k norms, (1 + w) norms, local and global rope, sliding window",
     "mistral": "Mistral: untied head, GQA",
 }
