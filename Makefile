@@ -1,10 +1,10 @@
 # The two entry points of the README. Each creates or reuses .venv and installs what it needs.
 # `make test PYTEST_ARGS=tests/sync` runs only tests/sync; PYTEST_ARGS holds pytest's own arguments (paths,
 # -k, -m ...), and without a path pytest collects every test under tests/ (pyproject's testpaths).
-PY := .venv/bin/python
+PY ?= .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup quickstart test test-docs lint
+.PHONY: setup quickstart test test-gpu test-docs lint
 
 setup:
 	@bash scripts/setup-venv.sh
@@ -15,6 +15,11 @@ quickstart: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The GPU suite (the tests marked gpu) on a CUDA host, in the Python that has rlx's gpu extra (`make test-gpu PY=python`
+# where it is installed outside .venv); its report, with the GPU's name and the commit: docs/results/gpu_tests.json.
+test-gpu:
+	$(PY) -m pytest -m gpu --report-json docs/results/gpu_tests.json $(PYTEST_ARGS)
 
 # The linter and the formatter's check, as CI runs them before the tests (pyproject.toml says which rules and why).
 lint: setup

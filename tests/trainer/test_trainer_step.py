@@ -557,6 +557,7 @@ def test_fused_kernels_give_the_same_step_on_gpu(tiny_model_dir):
     """Liger's RMSNorm and SwiGLU on the trainer's model: same loss, logprobs and gradients as without."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    pytest.importorskip("liger_kernel", reason="the fused kernels come from liger-kernel: pip install liger-kernel")
     batch = ragged_batch(rows=16)
     results = []
     for mode in ("off", "on"):
