@@ -18,6 +18,8 @@ Workloads (CPU):
   long         configs/bench_long.yaml: a generation-heavy run (see that file).
 Workloads (GPU; SmolLM2-135M-Instruct on reasoning-gym sums through its chat template, vLLM on both sides):
   1gpu               rlx colocated (the engine sleeps while the trainer trains) / TRL vllm_mode="colocate".
+  qwen05_1gpu        the same layout, Qwen2.5-Coder-0.5B-Instruct on reasoning-gym's gsm_symbolic
+                     (configs/gpu_qwen05_colocated.yaml).
   2gpu               rlx separate (trainer GPU 0, engine GPU 1) / TRL vllm_mode="server" (vllm-serve on GPU 1).
   2gpu_one_step_off  the same, rlx trainer.mode=one_step_off.
   2gpu_fully_async   the same, rlx trainer.mode=fully_async.
@@ -73,6 +75,7 @@ WORKLOADS = {
     "long": Workload("configs/bench_long.yaml"),
     # GPU layouts: SmolLM2-135M-Instruct on reasoning-gym sums through its chat template, vLLM on both sides.
     "1gpu": Workload("configs/gpu_smollm2_colocated.yaml", 1, "colocate"),
+    "qwen05_1gpu": Workload("configs/gpu_qwen05_colocated.yaml", 1, "colocate"),
     "2gpu": Workload("configs/gpu_smollm2_separate.yaml", 2, "server"),
     "2gpu_one_step_off": Workload("configs/gpu_smollm2_separate.yaml", 2, "server", ("trainer.mode=one_step_off",)),
     "2gpu_fully_async": Workload("configs/gpu_smollm2_separate.yaml", 2, "server", ("trainer.mode=fully_async",)),
@@ -166,7 +169,15 @@ def run_rlx(workload: str, seed: int, out: Path, extra: list[str], eval_every: i
     steps = [m for m in metrics if "time_step" in m]
     phases = {k: statistics.median(m[k] for m in steps) for k in ("time_step", *STEP_PHASES) if k in steps[0]}
     rewards = [m["reward_mean"] for m in steps]
+    mismatch = {
+        key: [m[metric] for m in steps if metric in m]
+        for key, metric in (("dlogp", "logprob_diff_mean"), ("k3", "logprob_k3"), ("dprob", "prob_diff_mean"))
+    }
     return {
+        "dlogp_mean": statistics.fmean(mismatch["dlogp"]) if mismatch["dlogp"] else None,
+        "dlogp_per_step": mismatch["dlogp"],
+        "k3_mean": statistics.fmean(mismatch["k3"]) if mismatch["k3"] else None,
+        "dprob_mean": statistics.fmean(mismatch["dprob"]) if mismatch["dprob"] else None,
         "wall_s": wall,
         "step_s": phases.get("time_step"),
         "steps_s": sum(m["time_step"] for m in steps),

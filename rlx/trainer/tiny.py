@@ -197,9 +197,9 @@ FAMILIES: dict[str, str] = {
 """The architecture families ``build_tiny_family`` writes, with what each one brings to the weight sync."""
 
 
-def tiny_family_config(family: str, vocab_size: int, hidden_size: int = 128, num_layers: int = 2):
-    """A transformers config of ``family`` (``FAMILIES``) at a tiny size: 4 heads of 32 (2 KV heads), the token
-    ids of the character tokenizer."""
+def tiny_family_config(family: str, vocab_size: int, hidden_size: int = 256, num_layers: int = 2):
+    """A transformers config of ``family`` (``FAMILIES``) at a tiny size: 4 heads of 64 (2 KV heads; 64 is the
+    smallest head size every GPU attention kernel of vLLM takes), the token ids of the character tokenizer."""
     import transformers
 
     if family not in FAMILIES:

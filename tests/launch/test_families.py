@@ -64,6 +64,7 @@ def check_family(rows: list[dict], bar: float, record_property) -> None:
     dlogp = [r["logprob_diff_mean"] for r in rows]
     record_property("dlogp_mean", dlogp)
     record_property("logprob_k3", [r["logprob_k3"] for r in rows])
+    record_property("prob_diff_mean", [r["prob_diff_mean"] for r in rows])
     # step 1 samples the weights the engine loaded itself; steps 2 and 3 sample what the syncs carried
     assert max(dlogp) < bar, dlogp
 

@@ -361,6 +361,8 @@ def test_mismatch_metrics_are_reported_without_correction():
     close(metrics["logprob_k3"], (3.75 - math.log(3.375)) / 5)
     # raw token weights [3, 1/4, 1.5 | 3, 1] -> 8.75 / 5
     close(metrics["is_weight_mean"], 8.75 / 5)
+    # |p_old - p_rollout| with p_rollout = e^-1 and p_old = e^-1 * w: e^-1 * (2 + 3/4 + 1/2 + 2 + 0) / 5
+    close(metrics["prob_diff_mean"], math.exp(-1.0) * 5.25 / 5)
 
 
 def test_tis_token_level_truncates_weights():

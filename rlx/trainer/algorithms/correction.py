@@ -22,7 +22,8 @@ log w = old_logp - rollout_logp:
 The weights are detached and multiply the per-token policy loss. The mismatch metrics are
 always computed, whatever the method: ``logprob_diff_mean`` = mean |old - rollout| and
 ``logprob_k3`` = k3 estimate of KL(rollout || trainer) (the samples come from the rollout
-policy), both over real tokens; fractions are over real tokens too. Log-weights are capped at
+policy) and ``prob_diff_mean`` = mean |p_old - p_rollout| of the sampled tokens (verl's and prime-rl's), all
+over real tokens; fractions are over real tokens too. Log-weights are capped at
 +-20 before exp so a broken sequence cannot overflow. Masking whole sequences or
 geometric-mean sequence weights are left out.
 """
@@ -64,6 +65,7 @@ def rollout_correction(
     metrics = {
         "logprob_diff_mean": masked_mean((old_logp - rollout_logp).abs(), mask),
         "logprob_k3": masked_mean(kl_estimate(rollout_logp, old_logp, "k3"), mask),
+        "prob_diff_mean": masked_mean((old_logp.exp() - rollout_logp.exp()).abs(), mask),
         "is_weight_mean": masked_mean(raw, mask),
     }
     if method in ("none", "bypass"):
