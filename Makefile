@@ -16,10 +16,11 @@ quickstart: setup
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The GPU suite (the tests marked gpu) on a CUDA host, in the Python that has rlx's gpu extra (`make test-gpu PY=python`
+# The GPU suite (the tests marked gpu, from the files that hold them) on a CUDA host, in the Python that has rlx's gpu extra (`make test-gpu PY=python`
 # where it is installed outside .venv); its report, with the GPU's name and the commit: docs/results/gpu_tests.json.
+GPU_TESTS = $(shell grep -rl --include='*.py' 'mark.gpu' tests)
 test-gpu:
-	$(PY) -m pytest -m gpu --report-json docs/results/gpu_tests.json $(PYTEST_ARGS)
+	$(PY) -m pytest -m gpu --report-json docs/results/gpu_tests.json $(GPU_TESTS) $(PYTEST_ARGS)
 
 # The linter and the formatter's check, as CI runs them before the tests (pyproject.toml says which rules and why).
 lint: setup
