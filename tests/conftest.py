@@ -56,7 +56,7 @@ class JsonReport:
             "device": _device_name(),
             "commit": os.environ.get("RLX_COMMIT") or git.stdout.strip() or "unknown",  # a tree copied without .git
             "versions": _versions(),
-            "command": "make test-gpu",
+            "command": " ".join(["python", "-m", "pytest", *session.config.invocation_params.args]),
             "families": sorted(
                 match.group(1)
                 for nodeid, t in self.tests.items()
