@@ -108,8 +108,7 @@ def build_tiny_model(
     vocab_size: int | None = None,
 ) -> Path:
     """Build a randomly initialised tiny Qwen2 model + tokenizer in ``out_dir`` and return it."""
-    import torch
-    from transformers import GenerationConfig, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -124,8 +123,17 @@ def build_tiny_model(
         intermediate_size=intermediate_size,
         tie_word_embeddings=tie_word_embeddings,
     )
+    return _write_model(out_dir, Qwen2ForCausalLM, config, seed, dtype)
+
+
+def _write_model(out_dir: Path, make, config, seed: int, dtype: str) -> Path:
+    """``make(config)`` initialised under ``seed``, cast to ``dtype`` and saved into ``out_dir`` (beside the tokenizer
+    already there) with the character tokenizer's generation config."""
+    import torch
+    from transformers import GenerationConfig
+
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
+    model = make(config).to(getattr(torch, dtype))
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model.save_pretrained(str(out_dir), safe_serialization=True)
     _pin_dtype(out_dir / "config.json", dtype)
@@ -204,6 +212,14 @@ def tiny_family_config(family: str, vocab_size: int, hidden_size: int = 256, num
 
     if family not in FAMILIES:
         raise ValueError(f"unknown model family {family!r}; pick one of {', '.join(FAMILIES)}")
+    if family in ("qwen2", "qwen2_untied"):
+        return tiny_qwen2_config(
+            vocab_size,
+            hidden_size,
+            num_layers,
+            intermediate_size=2 * hidden_size,
+            tie_word_embeddings=family == "qwen2",
+        )
     shape = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -217,14 +233,6 @@ def tiny_family_config(family: str, vocab_size: int, hidden_size: int = 256, num
         pad_token_id=0,
     )
     head_dim = hidden_size // 4
-    if family in ("qwen2", "qwen2_untied"):
-        return tiny_qwen2_config(
-            vocab_size,
-            hidden_size,
-            num_layers,
-            intermediate_size=2 * hidden_size,
-            tie_word_embeddings=family == "qwen2",
-        )
     if family == "qwen3":
         return transformers.Qwen3Config(**shape, head_dim=head_dim, tie_word_embeddings=True, use_sliding_window=False)
     if family == "llama3":
@@ -253,16 +261,10 @@ def tiny_family_config(family: str, vocab_size: int, hidden_size: int = 256, num
 def build_tiny_family(out_dir: str | Path, family: str, *, seed: int = 0, dtype: str = "float32") -> Path:
     """A randomly initialised tiny model of ``family`` (``FAMILIES``) with the character tokenizer in ``out_dir``
     (a Hugging Face directory, as ``build_tiny_model`` writes)."""
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out_dir)
     config = tiny_family_config(family, _round_up(len(tokenizer), 64))
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype))
-    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    model.save_pretrained(str(out_dir), safe_serialization=True)
-    _pin_dtype(out_dir / "config.json", dtype)
-    return out_dir
+    return _write_model(out_dir, AutoModelForCausalLM.from_config, config, seed, dtype)

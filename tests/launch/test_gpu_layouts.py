@@ -21,7 +21,14 @@ import pytest
 
 from rlx.formats.checkpoint import list_checkpoints
 from tests.helpers import start_rlx, stop_group
-from tests.launch.test_train import assert_no_children_alive, read_metrics, run_to_end, small_config, wait_for
+from tests.launch.test_train import (
+    assert_no_children_alive,
+    child_pids,
+    read_metrics,
+    run_to_end,
+    small_config,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -47,8 +54,6 @@ class GpuLeftovers:
         self.free_before = None if self.shared else free_gpu_bytes()
 
     def check(self, run_dir, record_property) -> None:
-        from tests.launch.test_train import child_pids
-
         if not self.shared:
             record_property("gpu_leftover_check", "free memory")
             lost = self.free_before - free_gpu_bytes()
