@@ -44,7 +44,9 @@ def load(path: Path, device: str):
 
 
 def measure(path: Path, device: str, rounds: int, steps: int) -> dict:
-    from rlx.config.schema import ModelConfig, RunConfig, TrainerConfig
+    from rlx.config.model import ModelConfig
+    from rlx.config.schema import RunConfig
+    from rlx.config.trainer import TrainerConfig
     from rlx.trainer.optim import build_optimizer
 
     cfg = RunConfig(model=ModelConfig(path=str(path)), trainer=TrainerConfig(lr=1e-6))

@@ -127,7 +127,10 @@ class PlainLoop:
 
 
 def rlx_trainer(model_dir: Path, checkpointing: bool, shape: str, lr: float):
-    from rlx.config.schema import AlgorithmConfig, ModelConfig, RunConfig, TrainerConfig
+    from rlx.config.algorithm import AlgorithmConfig
+    from rlx.config.model import ModelConfig
+    from rlx.config.schema import RunConfig
+    from rlx.config.trainer import TrainerConfig
     from rlx.trainer.trainer import Trainer
 
     rows, _, (_, high), rows_per_batch, budget, _ = SHAPES[shape]

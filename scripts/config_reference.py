@@ -1,7 +1,7 @@
 """Write docs/config.md, the config reference, from the schema's own source.
 
-Every section of a run config is a dataclass in rlx/config/ (schema.py, and the sections it includes from
-agent.py, reward_models.py and store.py). This script reads those files with ``ast`` -- it imports nothing of
+Every section of a run config is a dataclass in a module of rlx/config/ (schema.py holds ``RunConfig``, which
+includes the others). This script reads those files with ``ast`` -- it imports nothing of
 rlx -- and writes, per section, a table of each key with its type, its default, its allowed values (the
 ``*_CHOICES`` tuples, or inline tuples, that ``check_choice`` or a ``not in (...)`` test enforces in the
 section's ``__post_init__``) and its one-line docstring (the string literal after the field).
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA_FILES = ("rlx/config/schema.py", "rlx/config/agent.py", "rlx/config/reward_models.py", "rlx/config/store.py")
+SCHEMA_FILES = tuple(sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "rlx" / "config").glob("*.py")))
 TOP_CLASS = "RunConfig"
 OUT = ROOT / "docs" / "config.md"
 UNKNOWN = object()

@@ -55,7 +55,7 @@ def merged_stream(tensors: list[tuple[str, torch.Tensor]], factors: dict[str, to
 async def bench_lora(opts, model, transport: str, device: str, bucket_mb: int, channels) -> list:
     """Rows ``merged rR`` and ``adapter rR`` (vs_ceiling is filled in by the caller; the footer compares them)."""
     from rlx.bench.sync import BenchRow
-    from rlx.config.schema import SyncConfig
+    from rlx.config.sync import SyncConfig
     from rlx.sync.factory import make_sender
 
     rank = opts.lora_rank

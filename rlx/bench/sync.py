@@ -276,7 +276,7 @@ async def _bench_bucket(
     arena: WeightArena | None,
     resident: list[tuple[str, torch.Tensor]] | None,
 ) -> list[BenchRow]:
-    from rlx.config.schema import SyncConfig
+    from rlx.config.sync import SyncConfig
     from rlx.sync.factory import make_sender
 
     def config(num_buffers: int) -> SyncConfig:

@@ -18,7 +18,8 @@ from rlx.cli.common import UserError, err_console, user_errors
 from rlx.launch.run_dir import SECRET_ENV
 
 if TYPE_CHECKING:
-    from rlx.config.schema import RolloutConfig, RunConfig, SamplingConfig
+    from rlx.config.rollout import RolloutConfig, SamplingConfig
+    from rlx.config.schema import RunConfig
 
 TOKEN_ENV = SECRET_ENV["rollout.auth_token"]  # the variable `rlx train` hands its servers the token in
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlx.config.checks import check_choice, check_range
+
 
 @dataclass
 class OpenEnvConfig:
@@ -27,8 +29,6 @@ class OpenEnvConfig:
     """Longest one reset or step may take before the episode fails, naming the server."""
 
     def __post_init__(self) -> None:
-        from rlx.config.schema import check_range
-
         check_range(
             "agent.openenv.max_sessions", self.max_sessions, 1, hint="set it to the server's max_concurrent_envs"
         )
@@ -67,8 +67,6 @@ class AgentConfig:
     """task.name=openenv: the OpenEnv environment server and how turns map to its actions and observations."""
 
     def __post_init__(self) -> None:
-        from rlx.config.schema import check_choice, check_range
-
         check_choice("agent.tool_format", self.tool_format, ("auto", "plain", "hermes"))
         check_range("agent.max_turns", self.max_turns, 1)
         check_range("agent.max_total_tokens", self.max_total_tokens, 2)

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import typing
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import (
     InterpolationResolutionError,
@@ -26,6 +27,7 @@ from omegaconf.errors import (
 from rlx.config.errors import ConfigError
 from rlx.config.redact import REDACTED, SECRET_FIELDS
 from rlx.config.schema import RunConfig
+from rlx.config.yaml_file import read_yaml
 
 SCHEMA_NAME = "rlx_schema"
 # Names users bring from other RL frameworks (TRL, verl, OpenRLHF) -> the rlx key.
@@ -76,67 +78,6 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
         check_key_path(key, source="overrides")
     composed = _compose(path, raw, user_defaults, list(overrides))
     return to_run_config(composed)
-
-
-MAX_CONFIG_BYTES = 16 << 20
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, but a key given twice in one mapping is an error instead of the later one silently
-    winning."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *anchor``, merged by the base class
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} appears twice in one section; keep one of them", key_node.start_mark
-                )
-            seen.add(key) if isinstance(key, (str, int, float, bool)) else None
-        return super().construct_mapping(node, deep)
-
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        raise ConfigError(
-            f"config file not found: {path}; pass the path of a YAML run config, e.g. configs/quickstart.yaml"
-        )
-    if path.is_dir():
-        raise ConfigError(f"config path {path} is a directory; pass a YAML file inside it")
-    if not path.is_file():  # a device, a FIFO, a socket: reading it could block or never end
-        raise ConfigError(
-            f"config path {path} is not a regular file; pass the path of a YAML run config, "
-            "e.g. configs/quickstart.yaml"
-        )
-    size = path.stat().st_size
-    if size > MAX_CONFIG_BYTES:
-        raise ConfigError(
-            f"{path} is {size / 2**20:.0f} MiB, not a run config (a YAML file of a few KiB); "
-            "pass the config file, e.g. configs/quickstart.yaml"
-        )
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ConfigError(
-            f"{path} is not UTF-8 text (byte {raw[exc.start]:#04x} on line {line}); save the config as UTF-8"
-        ) from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"malformed YAML at {where}: {problem}; fix the syntax on that line") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping of sections (model:, task:, ...), not a {type(data).__name__}")
-    return data
 
 
 def check_keys(data: dict[str, Any], schema: type, prefix: str, source: str) -> None:
@@ -309,7 +250,18 @@ def _default_text(field: dataclasses.Field) -> str:
 
 def _dataclass_type(tp: Any) -> type | None:
     if isinstance(tp, str):
-        import rlx.config.schema as schema_module
-
-        tp = getattr(schema_module, tp, None)
+        tp = _section_classes().get(tp)
     return tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None
+
+
+@functools.cache
+def _section_classes() -> dict[str, type]:
+    """Every section's dataclass by name, found by resolving the annotations from ``RunConfig`` down (each
+    section's module names the sections it holds)."""
+    found, todo = {}, [RunConfig]
+    while todo:
+        for tp in typing.get_type_hints(todo.pop()).values():
+            if dataclasses.is_dataclass(tp) and tp.__name__ not in found:
+                found[tp.__name__] = tp
+                todo.append(tp)
+    return found

@@ -11,6 +11,7 @@ import re
 import string
 from dataclasses import dataclass
 
+from rlx.config.checks import check_choice, check_range
 from rlx.config.errors import ConfigError
 
 KIND_CHOICES = ("none", "judge", "classifier")
@@ -48,8 +49,6 @@ class RewardModelConfig:
     """classifier: prompt + completion are cut to this many tokens (keeping the end)."""
 
     def __post_init__(self) -> None:
-        from rlx.config.schema import check_choice, check_range
-
         check_choice("task.reward_model.kind", self.kind, KIND_CHOICES)
         check_choice("task.reward_model.parse", self.parse, PARSE_CHOICES)
         check_range("task.reward_model.weight", self.weight, 0.0, 1.0)

@@ -1,18 +1,11 @@
-"""Config sections of the sample store, rollout dumps and DAPO's sampling filters (no torch here:
-``rlx.config.schema`` imports this module)."""
+"""Config sections of the sample store, rollout dumps and DAPO's sampling filters."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
-
-def ConfigError(message: str) -> Exception:  # noqa: N802 -- raised like the class it returns
-    """``rlx.config.errors.ConfigError``, imported late: ``rlx.config`` imports this module."""
-    from rlx.config.errors import ConfigError as error
-
-    return error(message)
-
+from rlx.config.errors import ConfigError
 
 REUSE_CHOICES = ("", "replay", "first_k", "mix")
 OVERLONG_CHOICES = ("off", "filter", "soft")

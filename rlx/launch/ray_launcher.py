@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlx.config.errors import ConfigError
-from rlx.config.schema import check_ray_address
+from rlx.config.ray import check_ray_address
 from rlx.launch.display import Display
 from rlx.launch.launcher import (
     _trace_env,

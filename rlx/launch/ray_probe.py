@@ -45,7 +45,7 @@ def check_reachable(address: str, where: str) -> str:
 
 
 def host_port(address: str) -> tuple[str, int] | None:
-    """(host, port) of ``[ray://]HOST:PORT`` (the forms ``rlx.config.schema.check_ray_address`` lets through),
+    """(host, port) of ``[ray://]HOST:PORT`` (the forms ``rlx.config.ray.check_ray_address`` lets through),
     or None for ``auto``, ``local`` and anything else."""
     host, sep, port = address.removeprefix("ray://").rpartition(":")
     host = host.removeprefix("[").removesuffix("]")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from rlx.config.schema import PlacementConfig
+from rlx.config.placement import PlacementConfig
 from rlx.rollout import protocol as p
 from rlx.trace import tracer
 from rlx.trainer.offload import Offloader, PhasePeaks

@@ -14,7 +14,8 @@ import math
 
 import msgspec
 
-from rlx.config.schema import MIN_TEMPERATURE, SamplingConfig
+from rlx.config.checks import MIN_TEMPERATURE
+from rlx.config.rollout import SamplingConfig
 from rlx.sync.messages import BucketAck
 
 PROTOCOL_VERSION = 1

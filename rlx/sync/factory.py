@@ -24,7 +24,7 @@ from rlx.sync.transports import TRANSPORTS
 if TYPE_CHECKING:
     import torch
 
-    from rlx.config.schema import SyncConfig
+    from rlx.config.sync import SyncConfig
     from rlx.sync.arena import WeightArena
     from rlx.sync.sender import WeightSender
 
@@ -56,7 +56,7 @@ def make_sender(
     module: torch.nn.Module | None = None,
     arena: WeightArena | None = None,
 ) -> WeightSender:
-    """A ``WeightSender`` configured by ``cfg`` (an ``rlx.config.schema.SyncConfig``) on ``device``.
+    """A ``WeightSender`` configured by ``cfg`` (an ``rlx.config.sync.SyncConfig``) on ``device``.
 
     ``module``: the trainer's model when its tensors are sent as they are; with zero-copy possible
     its parameters are adopted into a new arena (``sender.arena``; the caller closes it). ``arena``:

@@ -21,7 +21,7 @@ from rlx.tasks.base import DataStream, Problem, Task
 from rlx.tasks.reward_fn import load_reward_fn
 
 if TYPE_CHECKING:
-    from rlx.config.schema import TaskConfig
+    from rlx.config.task import TaskConfig
 
 __all__ = ["TASKS", "DataStream", "Problem", "Task", "build_task", "load_reward_fn"]
 
@@ -39,7 +39,7 @@ TASKS = {
 
 
 def build_task(cfg: TaskConfig, tokenizer_path: str = "") -> Task:
-    """The task named by ``cfg.name`` (a ``rlx.config.schema.TaskConfig``), with the user reward if set;
+    """The task named by ``cfg.name`` (a ``rlx.config.task.TaskConfig``), with the user reward if set;
     ``tokenizer_path`` (model.path) supplies the chat template of dataset prompts."""
     if cfg.name not in TASKS:
         raise ValueError(f"task.name={cfg.name!r} is unknown; use one of: {', '.join(TASKS)}")

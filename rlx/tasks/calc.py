@@ -28,7 +28,7 @@ from rlx.tasks.base import Problem, RewardFn, task_reward
 from rlx.tasks.tiny_math import normalize
 
 if TYPE_CHECKING:
-    from rlx.config.schema import TaskConfig
+    from rlx.config.task import TaskConfig
 
 REWARD_REF = "rlx.tasks.calc:score"
 TOOLS = ["calc"]

@@ -18,7 +18,7 @@ from rlx.config.errors import ConfigError
 from rlx.formats.chat import ChatFormat
 
 if TYPE_CHECKING:
-    from rlx.config.schema import TaskConfig
+    from rlx.config.task import TaskConfig
 
 SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 

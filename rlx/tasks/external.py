@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from rlx.tasks.base import Problem
 
 if TYPE_CHECKING:
-    from rlx.config.schema import TaskConfig
+    from rlx.config.task import TaskConfig
     from rlx.tasks.base import RewardFn
 
 

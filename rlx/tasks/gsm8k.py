@@ -25,7 +25,7 @@ from rlx.tasks.base import Problem, RewardFn, task_reward
 from rlx.tasks.dataset import PromptMaker, check_columns, read_dataset
 
 if TYPE_CHECKING:
-    from rlx.config.schema import TaskConfig
+    from rlx.config.task import TaskConfig
 
 THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
 

@@ -25,7 +25,7 @@ from rlx.tasks.dataset import PromptMaker
 from rlx.tasks.gsm8k import extract_answer
 
 if TYPE_CHECKING:
-    from rlx.config.schema import TaskConfig
+    from rlx.config.task import TaskConfig
 
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from rlx.tasks.base import Problem, RewardFn, task_reward
 
 if TYPE_CHECKING:
-    from rlx.config.schema import TaskConfig
+    from rlx.config.task import TaskConfig
 
 
 def worked(terms: list[int]) -> str:

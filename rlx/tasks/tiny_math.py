@@ -18,7 +18,7 @@ from rlx.config.errors import ConfigError
 from rlx.tasks.base import Problem, RewardFn, task_reward
 
 if TYPE_CHECKING:
-    from rlx.config.schema import TaskConfig
+    from rlx.config.task import TaskConfig
 
 OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 

@@ -33,7 +33,9 @@ from rlx.trainer.optim import adamw, live_implementation, step_if_finite
 from rlx.trainer.packing import MicroBatch
 
 if TYPE_CHECKING:
-    from rlx.config.schema import AlgorithmConfig, ModelConfig, TrainerConfig
+    from rlx.config.algorithm import AlgorithmConfig
+    from rlx.config.model import ModelConfig
+    from rlx.config.trainer import TrainerConfig
 
 VALUE_FILE = "critic.safetensors"
 OPTIMIZER_FILE = "critic_optimizer.safetensors"

@@ -39,7 +39,7 @@ from rlx.trainer.batch import TrainBatch
 from rlx.trainer.packing import MicroBatch, build
 
 if TYPE_CHECKING:
-    from rlx.config.schema import DistillConfig
+    from rlx.config.algorithm import DistillConfig
 
 
 def check_same_tokenizer(student_path: str, teacher_path: str) -> None:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from rlx.placement import device_type
 
 if TYPE_CHECKING:
-    from rlx.config.schema import ModelConfig
+    from rlx.config.model import ModelConfig
 
 
 def resolve_device(want: str) -> torch.device:

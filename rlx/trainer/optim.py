@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from rlx.config.schema import TrainerConfig
+    from rlx.config.trainer import TrainerConfig
 
 IMPLEMENTATION_KEYS = ("foreach", "fused", "capturable", "differentiable")
 """Param-group keys that say how ``step`` runs its kernels, not what the optimizer has learned."""

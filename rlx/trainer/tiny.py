@@ -14,6 +14,10 @@ from __future__ import annotations
 import json
 import string
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 CHARACTERS = string.digits + "+-*/=" + string.ascii_letters + " \n.,?!:;()'\"#%$<>_"
@@ -126,7 +130,7 @@ def build_tiny_model(
     return _write_model(out_dir, Qwen2ForCausalLM, config, seed, dtype)
 
 
-def _write_model(out_dir: Path, make, config, seed: int, dtype: str) -> Path:
+def _write_model(out_dir: Path, make, config: PretrainedConfig, seed: int, dtype: str) -> Path:
     """``make(config)`` initialised under ``seed``, cast to ``dtype`` and saved into ``out_dir`` (beside the tokenizer
     already there) with the character tokenizer's generation config."""
     import torch

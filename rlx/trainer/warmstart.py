@@ -23,7 +23,7 @@ import torch
 from rlx.trainer.tiny import build_tiny_model
 
 if TYPE_CHECKING:
-    from rlx.config.schema import TaskConfig
+    from rlx.config.task import TaskConfig
 
 DEFAULT_STEPS = 400
 RUNNING_SUM_STEPS = 600
@@ -135,7 +135,7 @@ def _train(
 
 
 def main() -> None:
-    from rlx.config.schema import TaskConfig
+    from rlx.config.task import TaskConfig
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out_dir")

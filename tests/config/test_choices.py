@@ -1,11 +1,11 @@
-"""Each choice list is defined once, in the schema, and the dispatcher that acts on it agrees: every choice
+"""Each choice list is defined once, beside its config section, and the dispatcher that acts on it agrees: every choice
 has a handler and every handler is a choice. The dispatch tables are imported as they are; where a
 dispatcher branches instead of looking up a table, each choice is run through it."""
 
 import pytest
 import torch
 
-from rlx.config import schema
+from rlx.config import algorithm, model, rollout, sync, task
 from rlx.convert.gguf_import import PACKAGED
 from rlx.rollout.backends.base import BACKENDS
 from rlx.sync.transports import TRANSPORTS
@@ -27,16 +27,16 @@ are imported from their packaged GGUF files)."""
 @pytest.mark.parametrize(
     "choices, handlers",
     [
-        (schema.ADVANTAGE_CHOICES, {**ESTIMATORS, **CRITIC_ADVANTAGES}),
-        (schema.POLICY_LOSS_CHOICES, LOSSES),
-        (schema.KL_CHOICES, KL_ESTIMATORS),
-        (schema.BACKEND_CHOICES, BACKENDS),
-        (tuple(c for c in schema.TRANSPORT_CHOICES if c != "auto"), TRANSPORTS),
+        (algorithm.ADVANTAGE_CHOICES, {**ESTIMATORS, **CRITIC_ADVANTAGES}),
+        (algorithm.POLICY_LOSS_CHOICES, LOSSES),
+        (algorithm.KL_CHOICES, KL_ESTIMATORS),
+        (rollout.BACKEND_CHOICES, BACKENDS),
+        (tuple(c for c in sync.TRANSPORT_CHOICES if c != "auto"), TRANSPORTS),
         (
-            tuple(c for c in schema.BUILD_CHOICES if c not in BUILT_ELSEWHERE),
-            [r for r in RECIPES if r not in schema.TEACHER_BUILD_CHOICES],
+            tuple(c for c in model.BUILD_CHOICES if c not in BUILT_ELSEWHERE),
+            [r for r in RECIPES if r not in algorithm.TEACHER_BUILD_CHOICES],
         ),
-        (tuple(c for c in schema.TEACHER_BUILD_CHOICES if c), [r for r in RECIPES if r not in schema.BUILD_CHOICES]),
+        (tuple(c for c in algorithm.TEACHER_BUILD_CHOICES if c), [r for r in RECIPES if r not in model.BUILD_CHOICES]),
     ],
     ids=[
         "advantage",
@@ -69,7 +69,7 @@ def _logps():
     return logp, logp - 0.1 * torch.rand(2, 5, generator=gen), torch.ones(2, 5)
 
 
-@pytest.mark.parametrize("mode", schema.LOSS_AGG_CHOICES)
+@pytest.mark.parametrize("mode", algorithm.LOSS_AGG_CHOICES)
 def test_every_loss_aggregation_choice_is_applied(mode):
     logp, _, mask = _logps()
     assert torch.isfinite(LossAgg(mode, global_tokens=10.0, global_seqs=2.0, max_len=5)(logp, mask))
@@ -80,7 +80,7 @@ def test_a_loss_aggregation_outside_the_choices_is_refused():
         LossAgg("seq_sum", global_tokens=10.0, global_seqs=2.0, max_len=5)
 
 
-@pytest.mark.parametrize("method", schema.CORRECTION_CHOICES)
+@pytest.mark.parametrize("method", algorithm.CORRECTION_CHOICES)
 def test_every_rollout_correction_choice_is_applied(method):
     old, rollout, mask = _logps()
     weights, metrics = rollout_correction(
@@ -102,7 +102,7 @@ def test_a_correction_or_kl_estimator_outside_the_choices_is_refused():
 def test_every_task_choice_has_a_task_and_every_task_a_choice():
     from rlx.tasks import TASKS
 
-    assert set(schema.TASK_CHOICES) == set(TASKS) and len(schema.TASK_CHOICES) == len(TASKS)
+    assert set(task.TASK_CHOICES) == set(TASKS) and len(task.TASK_CHOICES) == len(TASKS)
     for name, ref in TASKS.items():  # each entry names a class that exists and makes itself from the config
         module, _, attr = ref.partition(":")
         assert hasattr(getattr(__import__(module, fromlist=[attr]), attr), "from_config"), name

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rlx.config import ConfigError, load_config
-from rlx.config.schema import RolloutConfig, SamplingConfig
+from rlx.config.rollout import RolloutConfig, SamplingConfig
 
 QUICKSTART = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
 

@@ -74,7 +74,9 @@ def test_adapter_checkpoint_refuses_hf_and_plans_peft(lora_run, tmp_path):
 
 
 def test_full_checkpoint_refuses_peft(tiny_model_dir, tmp_path):
-    from rlx.config.schema import ModelConfig, RunConfig, TrainerConfig
+    from rlx.config.model import ModelConfig
+    from rlx.config.schema import RunConfig
+    from rlx.config.trainer import TrainerConfig
     from rlx.trainer.trainer import Trainer
 
     trainer = Trainer(RunConfig(model=ModelConfig(path=str(tiny_model_dir)), trainer=TrainerConfig(device="cpu")))

@@ -3,7 +3,8 @@ round is dropped the step trains on the first round's samples exactly as they we
 
 import asyncio
 
-from rlx.config.schema import ModelConfig, RunConfig
+from rlx.config.model import ModelConfig
+from rlx.config.schema import RunConfig
 from rlx.config.store import FiltersConfig
 from rlx.orchestrator.collector import Collected
 from rlx.orchestrator.source import StepSource

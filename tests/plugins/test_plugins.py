@@ -83,7 +83,7 @@ def test_unknown_plugin_fails_before_any_process_starts(site, tiny_model_dir, tm
 
 
 def test_raising_plugin_fails_the_run_and_keeps_the_newest_checkpoint(site, tiny_model_dir, tmp_path):
-    from rlx.config.schema import LoraConfig
+    from rlx.config.model import LoraConfig
     from tests.trainer.test_lora import lora_trainer
 
     config = small_config(

@@ -372,7 +372,9 @@ def test_a_prompt_is_tokenized_while_the_server_goes_on_answering(chat_model_dir
     Health request on the loop; were it tokenizing on the loop itself, that wait could never end."""
     from transformers import AutoTokenizer
 
-    from rlx.config.schema import ModelConfig, RolloutConfig, RunConfig
+    from rlx.config.model import ModelConfig
+    from rlx.config.rollout import RolloutConfig
+    from rlx.config.schema import RunConfig
     from rlx.rollout.backends.base import make_backend
     from rlx.rollout.openai_http import OpenAIEndpoint
     from rlx.rollout.server import RolloutServer

@@ -151,7 +151,7 @@ def test_kept_kv_cache_reads_the_old_weights_keys_and_values_after_an_update(tin
 
 def test_kept_kv_cache_is_refused_on_vllm():
     from rlx.config.errors import ConfigError
-    from rlx.config.schema import RolloutConfig
+    from rlx.config.rollout import RolloutConfig
 
     with pytest.raises(ConfigError, match="kv_after_sync=keep needs rollout.backend=hf"):
         RolloutConfig(backend="vllm", kv_after_sync="keep")

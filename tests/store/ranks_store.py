@@ -33,7 +33,9 @@ def batches():
 def main(model_dir: str, output_dir: str) -> None:
     import torch.distributed as dist
 
-    from rlx.config.schema import ModelConfig, RunConfig, TrainerConfig
+    from rlx.config.model import ModelConfig
+    from rlx.config.schema import RunConfig
+    from rlx.config.trainer import TrainerConfig
     from rlx.trainer.ranks import init_distributed
 
     init_distributed("cpu")

@@ -9,13 +9,10 @@ import pytest
 import torch
 
 from rlx.config.errors import ConfigError
-from rlx.config.schema import (
-    LoraConfig,
-    ModelConfig,
-    RolloutConfig,
-    RunConfig,
-    TrainerConfig,
-)
+from rlx.config.model import LoraConfig, ModelConfig
+from rlx.config.rollout import RolloutConfig
+from rlx.config.schema import RunConfig
+from rlx.config.trainer import TrainerConfig
 from rlx.rollout.client import RolloutClient
 from rlx.sync.errors import SyncError
 from rlx.sync.sender import WeightSender

@@ -34,7 +34,7 @@ def test_auto_transport_follows_the_device_and_the_peers():
 
 
 def test_make_sender_adopts_the_model_only_when_zero_copy_can_work():
-    from rlx.config.schema import SyncConfig
+    from rlx.config.sync import SyncConfig
     from rlx.sync.factory import make_sender
 
     model = torch.nn.Linear(4, 4)

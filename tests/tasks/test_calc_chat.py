@@ -8,7 +8,7 @@ import json
 import pytest
 
 from rlx.config.errors import ConfigError
-from rlx.config.schema import TaskConfig
+from rlx.config.task import TaskConfig
 from rlx.tasks.calc import EXAMPLES, Calc
 
 

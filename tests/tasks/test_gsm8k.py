@@ -5,7 +5,7 @@ import json
 import pytest
 
 from rlx.config.errors import ConfigError
-from rlx.config.schema import TaskConfig
+from rlx.config.task import TaskConfig
 from rlx.tasks import build_task
 
 ROWS = [

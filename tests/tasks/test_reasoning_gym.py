@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rlx.config.errors import ConfigError
-from rlx.config.schema import TaskConfig
+from rlx.config.task import TaskConfig
 from rlx.tasks import build_task
 
 pytest.importorskip("reasoning_gym")

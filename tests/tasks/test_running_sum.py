@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlx.config.schema import TaskConfig
+from rlx.config.task import TaskConfig
 from rlx.tasks import build_task
 from rlx.tasks.running_sum import progress, worked
 

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from rlx.config.schema import TaskConfig
+from rlx.config.task import TaskConfig
 from rlx.tasks import DataStream, Problem, build_task, load_reward_fn
 
 PROBLEMS = [Problem(id=i, prompt=f"p{i}", answer=str(i)) for i in range(5)]

@@ -3,7 +3,7 @@
 import pytest
 
 from rlx.config.errors import ConfigError
-from rlx.config.schema import TaskConfig
+from rlx.config.task import TaskConfig
 from rlx.tasks import build_task
 
 

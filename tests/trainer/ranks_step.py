@@ -15,7 +15,9 @@ import torch
 
 
 def main(model_dir: str, lora: list[str], nan: bool = False) -> None:
-    from rlx.config.schema import LoraConfig, ModelConfig, RunConfig, TrainerConfig
+    from rlx.config.model import LoraConfig, ModelConfig
+    from rlx.config.schema import RunConfig
+    from rlx.config.trainer import TrainerConfig
     from rlx.trainer.ranks import init_distributed
     from rlx.trainer.trainer import Trainer
 

@@ -6,7 +6,10 @@ import json
 import pytest
 import torch
 
-from rlx.config.schema import AlgorithmConfig, ModelConfig, RunConfig, TrainerConfig
+from rlx.config.algorithm import AlgorithmConfig
+from rlx.config.model import ModelConfig
+from rlx.config.schema import RunConfig
+from rlx.config.trainer import TrainerConfig
 from rlx.trainer.algorithms.gae import gae_advantages
 from rlx.trainer.critic import OPTIMIZER_FILE, STATE_FILE, VALUE_FILE
 from rlx.trainer.trainer import Trainer

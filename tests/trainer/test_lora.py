@@ -4,7 +4,9 @@
 import pytest
 import torch
 
-from rlx.config.schema import LoraConfig, ModelConfig, RunConfig, TrainerConfig
+from rlx.config.model import LoraConfig, ModelConfig
+from rlx.config.schema import RunConfig
+from rlx.config.trainer import TrainerConfig
 from rlx.formats.checkpoint import ADAPTER_FILE, verify_checkpoint
 from rlx.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rlx.trainer.lora import adapter_state

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlx.config.schema import ModelConfig, RunConfig, TrainerConfig
+from rlx.config.model import ModelConfig
+from rlx.config.schema import RunConfig
+from rlx.config.trainer import TrainerConfig
 from rlx.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rlx.trainer.optim import build_optimizer, build_scheduler
 

@@ -8,7 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlx.config.schema import AlgorithmConfig, ModelConfig, RunConfig, TrainerConfig
+from rlx.config.algorithm import AlgorithmConfig
+from rlx.config.model import ModelConfig
+from rlx.config.schema import RunConfig
+from rlx.config.trainer import TrainerConfig
 from rlx.trainer.batch import build_batch
 from rlx.trainer.logprobs import chunked_logprobs, completion_logprobs
 from rlx.trainer.packing import micro_batches, plan_packed

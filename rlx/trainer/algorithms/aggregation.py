@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from rlx.config.schema import LOSS_AGG_CHOICES
+from rlx.config.algorithm import LOSS_AGG_CHOICES
 
 AGG_MODES = LOSS_AGG_CHOICES
-"""The modes ``LossAgg`` applies: algorithm.loss_agg's choices, defined once in the schema."""
+"""The modes ``LossAgg`` applies: algorithm.loss_agg's choices, defined once in rlx.config.algorithm."""
 
 
 @dataclass

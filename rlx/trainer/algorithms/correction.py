@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlx.config.schema import CORRECTION_CHOICES
+from rlx.config.algorithm import CORRECTION_CHOICES
 from rlx.trainer.algorithms.aggregation import masked_mean
 from rlx.trainer.algorithms.kl import kl_estimate
 
