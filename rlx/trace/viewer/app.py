@@ -27,6 +27,8 @@ from rlx.trace.viewer.details import SpanDetails
 from rlx.trace.viewer.summary_view import SummaryTable
 from rlx.trace.viewer.timeline import Timeline
 
+TABS = Binding.Group("tabs")
+"""The footer shows the tab keys as one entry, "1 2 3 tabs" (the tab bar's order), leaving room for the rest."""
 FILTER_HELP = "filter: name, name=generate, finish_reason=length, dur>10ms, proc=rollout0 (Enter applies, Esc clears)"
 
 
@@ -44,9 +46,9 @@ class TraceViewerApp(App):
         Binding("q", "quit", "quit"),
         Binding("question_mark", "help", "help"),
         Binding("slash", "focus_filter", "filter"),
-        Binding("1", "show_tab('timeline')", "timeline", show=False),
-        Binding("2", "show_tab('summary')", "summary", show=False),
-        Binding("3", "show_tab('metrics')", "metrics", show=False),
+        Binding("1", "show_tab('timeline')", "timeline", group=TABS),
+        Binding("2", "show_tab('summary')", "summary", group=TABS),
+        Binding("3", "show_tab('metrics')", "metrics", group=TABS),
     ]
 
     def __init__(

@@ -4,7 +4,6 @@ screen that any key closes. Kept beside the bindings it lists; the footer shows 
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
@@ -35,8 +34,8 @@ class HelpScreen(ModalScreen):
     """
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="help"):
-            yield Static(HELP)
+        # the text is the box: a width-auto container around a Static (1fr wide by default) laid out at 0x0
+        yield Static(HELP, id="help")
 
     def on_key(self, event) -> None:
         event.stop()
