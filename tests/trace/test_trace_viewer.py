@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import io
+import time
 
 import numpy as np
 import pytest
+from rich.text import Text
 from textual.widgets import DataTable
 
 from rlx.trace.loader import find_trace_files, load_trace
 from rlx.trace.metrics import load_metrics
+from rlx.trace.tracer import Tracer
 from rlx.trace.viewer import TraceViewerApp
 from rlx.trace.viewer.details import SpanDetails
 from rlx.trace.viewer.lanes import REQUEST, REQUESTS, SPANS
@@ -271,11 +274,14 @@ async def test_question_mark_lists_every_key(small_trace):
         await pilot.pause()
         await pilot.press("question_mark")
         await pilot.pause()
-        from rlx.trace.viewer.help import HelpScreen
+        from rlx.trace.viewer.help import HELP, HelpScreen
 
         assert isinstance(app.screen, HelpScreen)
-        text = str(app.screen.query_one("Static").content)
+        help_box = app.screen.query_one("#help")
+        text = str(help_box.content)
         assert "zoom to it" in text and "total can exceed the wall time" in text and "status=error" in text
+        lines = Text.from_markup(HELP).plain.splitlines()  # laid out at its text's size, not 0x0 in a box
+        assert help_box.content_region.width >= max(map(len, lines)) and help_box.content_region.height == len(lines)
         await pilot.press("x")  # any key closes it
         await pilot.pause()
         assert not isinstance(app.screen, HelpScreen)
@@ -306,3 +312,60 @@ async def test_the_summary_tab_says_totals_add_up_overlapping_spans(small_trace)
         await pilot.press("2")
         await pilot.pause()
         assert "total can exceed the wall time" in str(app.query_one("#summary-note").content)
+
+
+async def test_the_footer_lists_the_tab_keys(small_trace):
+    app = make_app(small_trace)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        footer = app.query_one("Footer")
+        keys = [key.key for key in footer.query("FooterKey")]
+        assert {"1", "2", "3"} <= set(keys) and "tabs" in [str(label.render()) for label in footer.query("FooterLabel")]
+        await pilot.press("2")
+        assert app.query_one("TabbedContent").active == "summary"
+
+
+async def test_bar_labels_leave_event_marks_and_child_bars_whole(tmp_path):
+    """A request's ``queued`` event at the start of its ``generate`` bar and a child bar in the middle
+    of it: each label sits in cells of its own bar (``◆enerate`` was the mark over the 'g')."""
+    trace_dir = tmp_path / "trace"
+    tracer = Tracer()
+    tracer.configure(trace_dir, role="rollout", name="rollout0")
+    tracer.event("queued", request_id="r0")
+    with tracer.span("generate", request_id="r0"):
+        time.sleep(0.02)
+        with tracer.span("sample", request_id="r0"):
+            time.sleep(0.01)
+        time.sleep(0.02)
+    tracer.close()
+    app = make_app(trace_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        tl, spans = app.timeline, app.trace.spans
+        tl.set_row(row_of(tl, REQUESTS, "rollout0"))
+        await pilot.press("space")
+        generate = int(np.flatnonzero(spans.name == app.trace.names.index("generate"))[0])
+        tl.set_window(spans.start[generate] - 100_000, spans.end[generate])  # the event and the start in cell 0
+        tl.set_cursor(tl.t1 + 1)  # off the row, so it marks no cell
+        await pilot.pause()
+        row = next(k for k, key in enumerate(tl.lanes.rows) if key.kind == REQUEST)
+        cells = tl.render_line(row - tl.top + 1).text[LABEL_WIDTH:]
+        assert cells.startswith("◆generate") and "sample" in cells, cells
+
+
+async def test_metric_axes_read_round_numbers(small_trace):
+    """A k3 of float noise (1e-9) labels its ticks 1e-09, 0, -1e-09, not -0.0000000018."""
+    metrics_path = small_trace.parent / "metrics.jsonl"
+    k3 = [1.8e-9, -1.8e-9, 0.0, 2e-10, -5e-10]
+    metrics_path.write_text(
+        "".join(f'{{"step": {s}, "logprob_k3": {v}, "entropy": {2.3456 + s / 1000}}}\n' for s, v in enumerate(k3))
+    )
+    app = make_app(small_trace, metrics=load_metrics(metrics_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("3")
+        await pilot.pause()
+        plots = {p.title.split(" ")[0]: p.render().plain for p in app.query(MetricPlot)}
+        ticks = [line.split("┤")[0].strip() for line in plots["KL"].splitlines() if "┤" in line]
+        assert ticks == ["1e-09", "0", "-1e-09"], ticks
+        ticks = [line.split("┤")[0].strip() for line in plots["entropy"].splitlines() if "┤" in line]
+        assert ticks == ["2.349", "2.348", "2.347", "2.346"], ticks

@@ -101,6 +101,7 @@ def row_cells(
 ) -> tuple[list[str], list[Style]]:
     """Characters and styles of the ``width`` cells of one row."""
     chars, styles = [" "] * width, [BLANK] * width
+    bars = None
     if kind == REQUESTS:
         _draw_in_flight(chars, styles, palette, data, t0, t1, width)
     else:
@@ -108,17 +109,22 @@ def row_cells(
         if len(pos) > 2 * width:
             _draw_dense(chars, styles, trace, palette, data, pos, t0, t1, width)
         else:
-            _draw_bars(chars, styles, trace, palette, data, pos, t0, t1, width, selected)
-    _draw_events(chars, styles, trace, palette, data, t0, t1, width)
+            bars = _draw_bars(styles, trace, palette, data, pos, t0, t1, width, selected)
+    marks = _draw_events(chars, styles, trace, palette, data, t0, t1, width)
+    if bars is not None:
+        _draw_labels(chars, trace, palette, *bars, marks)
     return chars, styles
 
 
-def _draw_bars(chars, styles, trace, palette, data, pos, t0, t1, width, selected) -> None:
+def _draw_bars(styles, trace, palette, data, pos, t0, t1, width, selected) -> tuple[np.ndarray, np.ndarray]:
+    """Colour each bar's cells, later starts over earlier ones (a child over its parent); returns the
+    bars' span indices and, per cell, which of them shows there (-1: none)."""
     spans = trace.spans
     idx = data.spans[pos]
     cs = _cols(data.starts[pos], t0, t1, width)
     ce = _end_cols(data.ends[pos], cs, t0, t1, width)
-    for i, first, last in zip(idx.tolist(), cs.tolist(), ce.tolist(), strict=True):
+    owner = np.full(width, -1)
+    for k, (i, first, last) in enumerate(zip(idx.tolist(), cs.tolist(), ce.tolist(), strict=True)):
         a, b = max(first, 0), min(last, width - 1)
         style = palette.bar[spans.name[i]]
         if spans.status[i] == STATUS_ERROR:
@@ -126,11 +132,31 @@ def _draw_bars(chars, styles, trace, palette, data, pos, t0, t1, width, selected
         if i == selected:
             style = palette.selected
         styles[a : b + 1] = [style] * (b - a + 1)
-        _label(chars, a, b, palette.labels[spans.name[i]], spans.status[i] == STATUS_UNFINISHED)
+        owner[a : b + 1] = k
+    return idx, owner
+
+
+def _draw_labels(chars, trace, palette, idx: np.ndarray, owner: np.ndarray, marks: np.ndarray) -> None:
+    """Each bar's name in the first run of cells that still show the bar and hold the whole name, else
+    in its longest run: a child bar or an event mark covers some of a bar's cells, and no label
+    overwrites another label or a mark (``◆enerate``)."""
+    owner = owner.copy()
+    owner[marks] = -1
+    starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+    ends = np.r_[starts[1:], len(owner)] - 1
+    spans, runs = trace.spans, {}
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        if owner[a] >= 0:
+            runs.setdefault(int(owner[a]), []).append((a, b))
+    for k, bar_runs in runs.items():
+        i = idx[k]
+        text = palette.labels[spans.name[i]]
+        a, b = next((r for r in bar_runs if r[1] - r[0] >= len(text)), max(bar_runs, key=lambda r: r[1] - r[0]))
+        _label(chars, a, b, text, spans.status[i] == STATUS_UNFINISHED)
 
 
 def _label(chars: list[str], a: int, b: int, name: str, unfinished: bool) -> None:
-    """The name inside its bar; cut with '…' so that neighbouring bars stay apart."""
+    """The name in cells a..b of its bar; cut with '…' so that neighbouring bars stay apart."""
     room = b - a + 1
     text = name + (" …" if unfinished else "")
     if len(text) >= room:
@@ -165,16 +191,18 @@ def _draw_in_flight(chars, styles, palette, data, t0, t1, width) -> None:
         styles[col] = palette.requests
 
 
-def _draw_events(chars, styles, trace, palette, data, t0, t1, width) -> None:
+def _draw_events(chars, styles, trace, palette, data, t0, t1, width) -> np.ndarray:
+    """Mark each event's cell; returns the marked columns."""
     pos = data.visible_events(t0, t1)
     if not len(pos):
-        return
+        return np.arange(0)
     cols = np.clip(_cols(data.event_times[pos], t0, t1, width), 0, width - 1)
     names = trace.events.name[data.events[pos]]
     last = np.r_[cols[1:] != cols[:-1], True]  # by time, so the last event of each cell is the one drawn
     for col, name in zip(cols[last].tolist(), names[last].tolist(), strict=True):
         chars[col] = EVENT_MARK
         styles[col] = styles[col] + palette.event[name] if styles[col].bgcolor else palette.event[name]
+    return cols
 
 
 def to_segments(chars: list[str], styles: list[Style], cursor: int | None = None) -> list[Segment]:
