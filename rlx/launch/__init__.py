@@ -2,7 +2,8 @@
 
 - ``launcher``: the embedded launcher (one host): checks, children, rank 0, teardown.
 - ``ray_launcher`` / ``ray_actors`` / ``ray_probe``: ``launcher=ray``: the same run on a Ray cluster's nodes.
-- ``preflight``: checks that run before any process starts.
+- ``preflight``: checks that run before any process starts; ``build_target``: where ``model.build_if_missing``
+  may build (not at a typo of an existing model's path).
 - ``processes``: child processes in their own process groups, logs streamed with a prefix.
 - ``stops``: why a run stops early (a child's death, Ctrl-C, SIGTERM), delivered to the main thread.
 - ``restarts``: restarting a launched rollout server that died.

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from rich.markup import escape
 
 from rlx.config.errors import ConfigError
+from rlx.launch.build_target import check_build_target
 from rlx.launch.display import Display
 from rlx.sync.transports.shm import remove_stale_segments
 
@@ -37,6 +38,7 @@ def preflight(cfg: RunConfig, display: Display) -> int | None:
     check_output_dir(run_dir)
     check_loadable(cfg.checkpoint.plugins)
     if cfg.model.build_if_missing and not Path(cfg.model.path, "config.json").is_file():
+        check_build_target(cfg.model.path, "model.path", "model.build_if_missing", cfg.model.build_if_missing, display)
         build_model(cfg, display)
     check_model_dir(cfg.model.path)
     if cfg.placement.offload is None:  # every process of the run reads the value the launcher settles here
@@ -49,6 +51,8 @@ def preflight(cfg: RunConfig, display: Display) -> int | None:
         from rlx.trainer.distill import check_same_tokenizer
 
         if distill.teacher_build_if_missing and not Path(distill.teacher, "config.json").is_file():
+            build, key = distill.teacher_build_if_missing, "algorithm.distill.teacher_build_if_missing"
+            check_build_target(distill.teacher, "algorithm.distill.teacher", key, build, display)
             build_warmstart_model(distill.teacher_build_if_missing, distill.teacher, cfg, display, "the teacher")
         check_same_tokenizer(cfg.model.path, distill.teacher)
     if cfg.task.name == "external":
