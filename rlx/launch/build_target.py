@@ -55,7 +55,8 @@ def near_miss(target: Path) -> Path | None:
         here = Path(*parts[: depth + 1])
         if here.exists():
             continue
-        siblings = [p.name for p in _directories(here.parent)]
+        staging = (here.name + ".", "." + here.name + ".")  # a killed build's NAME.building, .NAME.tmp-PID
+        siblings = [p.name for p in _directories(here.parent) if not p.name.startswith(staging)]
         for name in difflib.get_close_matches(here.name, siblings, n=5, cutoff=NEAR_MISS):
             meant = Path(here.parent, name, *parts[depth + 1 :])
             if _digits(name) == _digits(here.name) and (meant / "config.json").is_file():

@@ -75,6 +75,7 @@ def announced(path: Path) -> str:
 def test_a_build_elsewhere_says_what_it_builds_where_and_how_to_stop_it(tmp_path):
     fake_model(tmp_path / "models" / "warmstart-seed1")
     fake_model(tmp_path / "models" / "tiny-math-warmstart")
+    fake_model(tmp_path / "models" / "calc-tools-warmstart.building")  # a warm start stopped part-way
     for path in (
         tmp_path / "models" / "calc-tools-warmstart",  # the quickstart's other models are not near misses
         tmp_path / "models" / "warmstart-seed2",  # a numbered variant, not a typo
