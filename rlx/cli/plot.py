@@ -1,4 +1,5 @@
-"""`rlx plot`: draw metrics over steps from a run's metrics.jsonl into a PNG or SVG."""
+"""`rlx plot`: draw metrics over steps from a run's metrics.jsonl into a PNG or SVG (matplotlib, an optional
+dependency: the 'logging' extra)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ def plot(
         "--out",
         "-o",
         help="Image to write (.png or .svg); default "
-        "RUN_DIR/metrics-<metric>-<metric>.png, beside the "
-        "run's metrics.jsonl.",
+        "RUN_DIR/plots/metrics-<metric>-<metric>.png, which a new run in "
+        "RUN_DIR moves aside with the rest of the old run.",
     ),
     metric: list[str] | None = typer.Option(
         None, "--metric", "-m", help="Metric to draw (repeatable); default reward_mean and eval_accuracy."
@@ -28,11 +29,12 @@ def plot(
     title: str = typer.Option("", help="Figure title; default the run directory's name."),
 ) -> None:
     """Plot metrics against step (one panel per metric)."""
+    from rlx.launch.run_dir import PLOTS_DIR
     from rlx.trace.sinks import METRICS_FILE, read_metrics
 
     with user_errors():
         path = run / METRICS_FILE if run.is_dir() else run
-        out = out or path.parent / f"metrics-{'-'.join(metric or DEFAULT_METRICS)}.png"
+        out = out or path.parent / PLOTS_DIR / f"metrics-{'-'.join(metric or DEFAULT_METRICS)}.png"
         _check_out(out)
         if not path.is_file():
             raise UserError(f"no metrics file at {path}; pass a run directory of `rlx train` or its metrics.jsonl")
@@ -91,7 +93,10 @@ def _check_out(out: Path) -> None:
 
 
 def _draw(series: dict[str, list[tuple[int, float]]], out: Path, title: str) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise UserError("rlx plot needs matplotlib: pip install matplotlib (or pip install 'rlx[logging]')") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -19,8 +19,10 @@ from rlx.net import ipc_path
 if TYPE_CHECKING:
     from rlx.config.schema import RunConfig
 
-# What a run writes into its directory (``trace`` only when trace.dir is not set elsewhere).
-RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "checkpoints", "logs", "trace", "tb", "hf")
+PLOTS_DIR = "plots"
+"""Where `rlx plot` writes a run's images by default: inside the run's outputs, so they move aside with them."""
+# What a run writes into its directory (``trace`` only when trace.dir is not set elsewhere), and `rlx plot`.
+RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "checkpoints", "logs", "trace", "tb", "hf", PLOTS_DIR)
 SECRET_ENV = {"rollout.auth_token": "RLX_ROLLOUT_AUTH_TOKEN"}
 
 

@@ -1,8 +1,18 @@
+import io
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+from rich.console import Console
 from typer.testing import CliRunner
 
 from rlx.cli import app
+from rlx.launch.display import Display
+from rlx.launch.run_dir import archive_previous_run
+
+ROOT = Path(__file__).resolve().parents[2]
 
 runner = CliRunner()
 
@@ -69,12 +79,52 @@ def test_plot_writes_into_the_run_directory_by_default(tmp_path, monkeypatch):
         (tmp_path / run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         assert runner.invoke(app, ["plot", run]).exit_code == 0
     assert runner.invoke(app, ["plot", "a", "-m", "kl"]).exit_code == 0
-    assert sorted(p.name for p in (tmp_path / "a").glob("*.png")) == [
+    assert sorted(p.name for p in (tmp_path / "a" / "plots").glob("*.png")) == [
         "metrics-kl.png",
         "metrics-reward_mean-eval_accuracy.png",
     ]
-    assert (tmp_path / "b" / "metrics-reward_mean-eval_accuracy.png").is_file()
+    assert (tmp_path / "b" / "plots" / "metrics-reward_mean-eval_accuracy.png").is_file()
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_the_default_plot_moves_aside_with_its_run(tmp_path):
+    """A new run in the same directory moves the old run's outputs aside: its plot goes with them, so no image of
+    the old run stays beside the new run's metrics."""
+    run_dir = tmp_path / "quickstart"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "reward_mean": 0.1 * s}) + "\n" for s in range(3))
+    )
+    result = runner.invoke(app, ["plot", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    image = run_dir / "plots" / "metrics-reward_mean-eval_accuracy.png"
+    assert image.is_file() and str(image) in "".join(result.output.split())  # the path wraps at 80 columns
+    archive = archive_previous_run(run_dir, Display(1, console=Console(file=io.StringIO())))
+    assert (archive / "plots" / image.name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list(run_dir.iterdir()) == []
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(tmp_path):
+    """With matplotlib not importable (a module on PYTHONPATH that fails as a missing one does), one line naming the
+    pip command, no traceback, no image."""
+    shadow = tmp_path / "shadow" / "matplotlib"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'matplotlib'\", name='matplotlib')\n"
+    )
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.3}) + "\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "rlx", "plot", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(shadow.parent), str(ROOT)])),
+        timeout=120,
+        check=False,
+    )
+    output = (result.stdout + result.stderr).strip()
+    assert result.returncode == 2 and len(output.splitlines()) == 1, output
+    assert output == "error: rlx plot needs matplotlib: pip install matplotlib (or pip install 'rlx[logging]')"
+    assert not (tmp_path / "plots").exists()
 
 
 def test_plot_of_a_run_without_held_out_accuracy(tmp_path):
