@@ -23,7 +23,8 @@ has no answer to check, so accuracy is not measured (it reads 0); the reward is 
 OpenEnv and not ``verifiers``: OpenEnv's client and server install beside vLLM without changing a package
 (its web UI's gradio, which pins an older pillow, is left out), while verifiers pins ``mcp`` and ``openai``
 below the versions vLLM needs; and an OpenEnv environment is a server any trainer reaches, which is how TRL
-and its users run them. The library is imported here only (``pip install rlx[openenv]``).
+and its users run them. The library is imported here only (``INSTALL``: openenv-core without its dependencies,
+which the extra carries, gradio left out).
 Left out: OpenEnv's MCP tool mode, starting servers from Docker images or Spaces (start the server, give its
 URL), and per-step rewards (an episode has one reward).
 """
@@ -39,7 +40,7 @@ from rlx.config.agent import OpenEnvConfig
 from rlx.config.errors import ConfigError
 from rlx.tasks.base import Problem
 
-INSTALL = "pip install 'rlx[openenv]' (OpenEnv's client: openenv-core)"
+INSTALL = "pip install 'rlx[openenv]' && pip install --no-deps openenv-core==0.3.0 (its gradio would downgrade pillow)"
 HIDDEN_FIELDS = ("done", "reward", "metadata")
 
 
