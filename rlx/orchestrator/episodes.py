@@ -249,7 +249,9 @@ def episode_metrics(episodes: list[Episode], stats: ToolStats, reward_errors: in
     return {
         "turns_per_episode": statistics.fmean(len(e.turns) for e in episodes),
         "tool_calls_per_episode": stats.calls / len(episodes),
-        "tool_call_success_rate": stats.ok / stats.calls if stats.calls else 0.0,
+        # no calls (a task without tools, or a step that called none): no rate, which metrics.jsonl writes as
+        # null and the console leaves off, rather than a success rate of 0
+        "tool_call_success_rate": stats.ok / stats.calls if stats.calls else math.nan,
         "tool_errors": float(stats.errors),
         "tool_timeouts": float(stats.timeouts),
         "reward_errors": float(reward_errors),
