@@ -407,10 +407,12 @@ def trl_memory_fraction(cfg, gpus: int, gpu_bytes: int | None = None) -> float:
     """TRL's colocated vLLM share of the GPU: rlx's plan's, or where rlx sizes its KV cache to the step
     (``rlx.placement.kv_cache_bytes``), the share that holds that KV cache and ``ENGINE_ROOM_GB`` beside it (TRL
     takes a fraction only): the same room for the step's sequences, and as little to sleep and wake."""
+    from rlx.config.roles import rollout_role
     from rlx.placement import model_kv_cache_bytes, plan
 
-    planned = plan(cfg, gpus).rollout[0].memory_fraction
-    kv = model_kv_cache_bytes(cfg)
+    servers = rollout_role(cfg)
+    planned = plan(servers, cfg.trainer, gpus).rollout[0].memory_fraction
+    kv = model_kv_cache_bytes(servers)
     if kv is None:
         return planned
     if gpu_bytes is None:

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from rlx.config.roles import trainer_role
+
 QWEN3_0P6B = {
     "model_type": "qwen3",
     "vocab_size": 151936,
@@ -149,7 +151,7 @@ def rlx_trainer(model_dir: Path, checkpointing: bool, shape: str, lr: float):
     )  # every token through, as the plain loop
     cfg.rollout.n = n
     cfg.rollout.max_tokens = high
-    return Trainer(cfg)
+    return Trainer(trainer_role(cfg))
 
 
 def timed(fn) -> tuple[float, float, object]:

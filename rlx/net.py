@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 if TYPE_CHECKING:
-    from rlx.config.schema import RunConfig
+    from rlx.config.rollout import RolloutConfig
 
 
-def server_address(cfg: RunConfig, index: int) -> str:
+def server_address(rollout: RolloutConfig, run_dir: str, index: int) -> str:
     """tcp://host:(port+index) when rollout.port is set, else an ipc:// socket in the run directory."""
-    if cfg.rollout.port:
-        return f"tcp://{cfg.rollout.host}:{cfg.rollout.port + index}"
-    path = Path(cfg.trainer.output_dir).resolve() / f"rollout-{index}.sock"
+    if rollout.port:
+        return f"tcp://{rollout.host}:{rollout.port + index}"
+    path = Path(run_dir).resolve() / f"rollout-{index}.sock"
     path.parent.mkdir(parents=True, exist_ok=True)
     if len(os.fsencode(path)) > MAX_IPC_PATH_BYTES:  # too long for a Unix socket: a short name in the temp dir
         digest = hashlib.sha256(os.fsencode(path.parent)).hexdigest()[:12]

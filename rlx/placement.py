@@ -35,7 +35,9 @@ from typing import TYPE_CHECKING
 from rlx.config.errors import ConfigError
 
 if TYPE_CHECKING:
-    from rlx.config.schema import RunConfig
+    from rlx.config.placement import PlacementConfig
+    from rlx.config.roles import RolloutRole, TrainerRole
+    from rlx.config.trainer import TrainerConfig
 
 SEPARATE_FRACTION = 0.9
 """An engine alone on its GPU: vLLM's own default, room left for the CUDA context and the sampler."""
@@ -73,9 +75,12 @@ class Slot:
             return {}
         return {"CUDA_VISIBLE_DEVICES": visible_devices((*self.devices, *self.peer_devices), parent_visible)}
 
-    def overrides(self) -> list[str]:
-        """Config overrides of this child (`rlx rollout-serve CONFIG KEY=VALUE ...`)."""
-        return [] if self.memory_fraction is None else [f"rollout.gpu_memory_utilization={self.memory_fraction:.4g}"]
+    def serving(self, role: RolloutRole) -> RolloutRole:
+        """``role`` as the server in this slot runs it: with its share of the GPU's memory
+        (rollout.gpu_memory_utilization), where the plan gave it one."""
+        if self.memory_fraction is None:
+            return role
+        return replace(role, rollout=replace(role.rollout, gpu_memory_utilization=round(self.memory_fraction, 4)))
 
 
 @dataclass(frozen=True)
@@ -110,39 +115,39 @@ class Plan:
         return line
 
 
-def uses_gpus(cfg: RunConfig, num_gpus: int) -> bool:
-    return num_gpus > 0 and cfg.trainer.device != "cpu"
+def uses_gpus(trainer: TrainerConfig, num_gpus: int) -> bool:
+    return num_gpus > 0 and trainer.device != "cpu"
 
 
-def rollout_gpus(cfg: RunConfig) -> int:
-    return cfg.placement.rollout_gpus or cfg.rollout.servers_to_launch * cfg.rollout.tensor_parallel_size
+def rollout_gpus(servers: RolloutRole) -> int:
+    return servers.placement.rollout_gpus or servers.rollout.servers_to_launch * servers.rollout.tensor_parallel_size
 
 
-def check(cfg: RunConfig, num_gpus: int, peer_access=None) -> None:
-    """Every layout mistake as one error naming the fix; nothing has been started. ``peer_access`` as in
-    ``plan``."""
-    r, t, pl = cfg.rollout, cfg.trainer, cfg.placement
+def check(servers: RolloutRole, trainer: TrainerConfig, num_gpus: int, peer_access=None) -> None:
+    """Every layout mistake as one error naming the fix; nothing has been started. ``servers``: the rollout servers'
+    view of the run (``rlx.config.roles``); ``peer_access`` as in ``plan``."""
+    r, t, pl = servers.rollout, trainer, servers.placement
     if t.device == "cuda" and num_gpus == 0:
         raise ConfigError(
             "trainer.device=cuda but this host sees no GPU (CUDA_VISIBLE_DEVICES, driver); "
             "set trainer.device=auto or cpu"
         )
-    if not uses_gpus(cfg, num_gpus):
+    if not uses_gpus(t, num_gpus):
         return
-    tp, servers, wanted = r.tensor_parallel_size, r.servers_to_launch, rollout_gpus(cfg)
+    tp, launched, wanted = r.tensor_parallel_size, r.servers_to_launch, rollout_gpus(servers)
     if wanted % tp:
         raise ConfigError(
             f"rollout.tensor_parallel_size={tp} does not divide placement.rollout_gpus={wanted}; "
             f"set placement.rollout_gpus to a multiple of {tp} or change the tensor parallel size"
         )
-    if wanted // tp != servers:
+    if wanted // tp != launched:
         raise ConfigError(
             f"placement.rollout_gpus={wanted} with rollout.tensor_parallel_size={tp} makes "
-            f"{wanted // tp} engines but rollout.num_servers={servers}; set rollout.num_servers="
+            f"{wanted // tp} engines but rollout.num_servers={launched}; set rollout.num_servers="
             f"{wanted // tp} (one server per engine: data parallelism)"
         )
     reach = peer_access or _peer_access
-    if cfg.sync.transport == "cuda_ipc" and not all(reach(0, d) for d in range(1, num_gpus)):
+    if servers.sync.transport == "cuda_ipc" and not all(reach(0, d) for d in range(1, num_gpus)):
         raise ConfigError(
             "sync.transport=cuda_ipc needs every engine to open the trainer's GPU memory, but the GPUs "
             "of this host cannot reach each other peer-to-peer; set sync.transport=auto (NCCL then)"
@@ -152,7 +157,7 @@ def check(cfg: RunConfig, num_gpus: int, peer_access=None) -> None:
         if need > num_gpus:
             raise ConfigError(
                 f"placement.mode=separate needs {need} GPUs ({t.num_ranks} for trainer.num_ranks, {wanted} for "
-                f"{servers} rollout server(s) x rollout.tensor_parallel_size={tp}) but this host sees {num_gpus}; "
+                f"{launched} rollout server(s) x rollout.tensor_parallel_size={tp}) but this host sees {num_gpus}; "
                 "lower trainer.num_ranks or rollout.num_servers, or set placement.mode=colocated"
             )
         return
@@ -171,7 +176,7 @@ def check(cfg: RunConfig, num_gpus: int, peer_access=None) -> None:
             f"rollout.tensor_parallel_size={tp} spans more GPUs than the {t.num_ranks} colocated ones "
             f"(trainer.num_ranks); set trainer.num_ranks >= {tp} or placement.mode=separate"
         )
-    per_gpu = _engines_per_gpu(cfg)
+    per_gpu = _engines_per_gpu(r, t)
     if per_gpu > 1 and pl.sleep_level == 0:
         raise ConfigError(
             f"placement.mode=colocated puts {per_gpu} rollout servers on one GPU with "
@@ -180,12 +185,12 @@ def check(cfg: RunConfig, num_gpus: int, peer_access=None) -> None:
         )
 
 
-def sync_transport(cfg: RunConfig, rollout: tuple[Slot, ...], peer_access) -> str:
+def sync_transport(servers: RolloutRole, rollout: tuple[Slot, ...], peer_access) -> str:
     """``sync.transport=auto`` on one GPU host: CUDA IPC where every launched engine sees the sending rank's
     GPU (it shares it, or can reach it peer-to-peer: ``peer_access(a, b)``), else NCCL; a named transport,
     or servers beyond this host (the trainer decides then), stay as they are."""
-    wanted = cfg.sync.transport
-    if wanted != "auto" or not rollout or cfg.rollout.servers:
+    wanted = servers.sync.transport
+    if wanted != "auto" or not rollout or servers.rollout.servers:
         return wanted
     sender = 0  # trainer rank 0 sends, from the first visible GPU
     if all(sender in s.devices or all(peer_access(sender, d) for d in s.devices) for s in rollout):
@@ -199,21 +204,21 @@ def sync_transport(cfg: RunConfig, rollout: tuple[Slot, ...], peer_access) -> st
     return "nccl"
 
 
-def plan(cfg: RunConfig, num_gpus: int, peer_access=None) -> Plan:
-    """The slot of every child; ``check(cfg, num_gpus)`` must have passed. ``peer_access(a, b)``: whether GPU
-    ``a``'s memory can be opened from GPU ``b`` (default: torch's answer on this host)."""
-    t, r = cfg.trainer, cfg.rollout
-    servers = r.servers_to_launch
-    if not uses_gpus(cfg, num_gpus):
+def plan(servers: RolloutRole, trainer: TrainerConfig, num_gpus: int, peer_access=None) -> Plan:
+    """The slot of every child; ``check(servers, trainer, num_gpus)`` must have passed. ``peer_access(a, b)``:
+    whether GPU ``a``'s memory can be opened from GPU ``b`` (default: torch's answer on this host)."""
+    t, r = trainer, servers.rollout
+    launched = r.servers_to_launch
+    if not uses_gpus(t, num_gpus):
         return Plan(
             tuple(Slot(f"trainer{i}") for i in range(t.num_ranks)),
-            tuple(Slot(f"rollout{i}") for i in range(servers)),
+            tuple(Slot(f"rollout{i}") for i in range(launched)),
             0,
-            cfg.sync.transport,
+            servers.sync.transport,
         )
     tp = r.tensor_parallel_size
     trainer = tuple(Slot(f"trainer{i}", (i,)) for i in range(t.num_ranks))
-    if cfg.placement.mode == "separate":
+    if servers.placement.mode == "separate":
         first = t.num_ranks
         rollout = tuple(
             Slot(
@@ -221,14 +226,14 @@ def plan(cfg: RunConfig, num_gpus: int, peer_access=None) -> Plan:
                 tuple(range(first + i * tp, first + (i + 1) * tp)),
                 r.gpu_memory_utilization or SEPARATE_FRACTION,
             )
-            for i in range(servers)
+            for i in range(launched)
         )
     else:
-        fraction = r.gpu_memory_utilization or round(_turn_share(cfg) / _engines_per_gpu(cfg), 4)
+        fraction = r.gpu_memory_utilization or round(_turn_share(servers.placement) / _engines_per_gpu(r, t), 4)
         rollout = tuple(
-            Slot(f"rollout{i}", tuple((i * tp + k) % t.num_ranks for k in range(tp)), fraction) for i in range(servers)
+            Slot(f"rollout{i}", tuple((i * tp + k) % t.num_ranks for k in range(tp)), fraction) for i in range(launched)
         )
-    transport = sync_transport(cfg, rollout, peer_access or _peer_access)
+    transport = sync_transport(servers, rollout, peer_access or _peer_access)
     if transport == "cuda_ipc":  # engines away from the sender's GPU see it after their own
         rollout = tuple(s if 0 in s.devices else replace(s, peer_devices=(0,)) for s in rollout)
     return Plan(trainer, rollout, num_gpus, transport)
@@ -240,12 +245,11 @@ def _peer_access(a: int, b: int) -> bool:
     return torch.cuda.can_device_access_peer(b, a)
 
 
-def _engines_per_gpu(cfg: RunConfig) -> int:
-    return math.ceil(cfg.rollout.servers_to_launch * cfg.rollout.tensor_parallel_size / cfg.trainer.num_ranks)
+def _engines_per_gpu(rollout, trainer: TrainerConfig) -> int:
+    return math.ceil(rollout.servers_to_launch * rollout.tensor_parallel_size / trainer.num_ranks)
 
 
-def _turn_share(cfg: RunConfig) -> float:
-    pl = cfg.placement
+def _turn_share(pl: PlacementConfig) -> float:
     return TURN_FRACTION if pl.sleep_level > 0 and pl.offload else SHARED_FRACTION
 
 
@@ -258,7 +262,7 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def engine_memory_fraction(cfg: RunConfig, cpu_platform: bool) -> float:
+def engine_memory_fraction(cfg: RolloutRole, cpu_platform: bool) -> float:
     """The vLLM memory fraction of a server: rollout.gpu_memory_utilization when set (the launcher sets it
     from the plan), else that of a lone engine (`rlx rollout-serve` by hand), scaled to placement.gpu_memory_gb."""
     if cpu_platform:
@@ -271,7 +275,7 @@ KV_MARGIN = 1.25
 """Colocated KV cache: this much more than a step's samples at rollout.max_model_len hold."""
 
 
-def kv_cache_bytes(cfg: RunConfig, model_config: dict) -> int | None:
+def kv_cache_bytes(cfg: RolloutRole, model_config: dict) -> int | None:
     """The KV cache per GPU of one engine: rollout.kv_cache_gb when set; colocated, room for the engine's share of a
     step's samples (a step's ``prompts_per_step * n`` over the launched servers, at most rollout.max_num_seqs at
     once) at rollout.max_model_len tokens each, ``KV_MARGIN`` over; else None (vLLM sizes it from the memory
@@ -290,7 +294,7 @@ def kv_cache_bytes(cfg: RunConfig, model_config: dict) -> int | None:
     per_token = (
         2 * layers * max(1, kv_heads // r.tensor_parallel_size) * head_dim * _dtype_bytes(cfg.model.engine_dtype)
     )
-    samples = -(-cfg.trainer.prompts_per_step * r.n // max(1, r.servers_to_launch))
+    samples = -(-cfg.samples_per_step // max(1, r.servers_to_launch))
     if r.max_num_seqs:
         samples = min(samples, r.max_num_seqs)
     return int(KV_MARGIN * samples * r.max_model_len * per_token)
@@ -303,21 +307,21 @@ ENGINE_ROOM_BYTES = 4 * 2**30
 """An awake engine's memory beside its weights and KV cache: activations, CUDA graphs, the sampler."""
 
 
-def resolve_offload(cfg: RunConfig, gpu_bytes: int | None) -> tuple[bool, str]:
+def resolve_offload(trainer: TrainerRole, servers: RolloutRole, gpu_bytes: int | None) -> tuple[bool, str]:
     """placement.offload made concrete, and why: as set; else (unset) on for a colocated single-rank trainer whose
     state (``trainer_state_bytes``) and the engine's awake memory exceed ``OFFLOAD_SHARE`` of its GPU
     (``gpu_bytes``, None on a host without one), or where the model's size cannot be read."""
-    pl = cfg.placement
+    pl, model = servers.placement, trainer.model
     if pl.offload is not None:
         return pl.offload, "as placement.offload says"
-    if pl.mode != "colocated" or cfg.trainer.num_ranks > 1 or not gpu_bytes:
+    if pl.mode != "colocated" or trainer.trainer.num_ranks > 1 or not gpu_bytes:
         return False, "nothing to offload to make room"
-    params = count_parameters(cfg.model.path)
+    params = count_parameters(model.path)
     if params is None:
-        return True, f"the size of {cfg.model.path} is unknown"
-    state = trainer_state_bytes(cfg, params)
-    kv = model_kv_cache_bytes(cfg)
-    engine = params * _dtype_bytes(cfg.model.engine_dtype) + (kv or 0) + ENGINE_ROOM_BYTES
+        return True, f"the size of {model.path} is unknown"
+    state = trainer_state_bytes(trainer, params)
+    kv = model_kv_cache_bytes(servers)
+    engine = params * _dtype_bytes(model.engine_dtype) + (kv or 0) + ENGINE_ROOM_BYTES
     gib = lambda n: f"{n / 2**30:.1f} GiB"  # noqa: E731
     sizes = f"its state {gib(state)} and the engine's {gib(engine)} of {gib(gpu_bytes)}"
     if kv is None or state + engine > OFFLOAD_SHARE * gpu_bytes:
@@ -339,7 +343,7 @@ def count_parameters(model_dir: str) -> int | None:
     return total
 
 
-def trainer_state_bytes(cfg: RunConfig, params: int) -> int:
+def trainer_state_bytes(cfg: TrainerRole, params: int) -> int:
     """What one trainer rank keeps on its GPU between steps for a model of ``params`` elements: the weights, their
     gradients and AdamW's two moments in model.dtype (with LoRA only the weights: the adapter is small), and a
     reference model where the KL term needs one."""
@@ -350,7 +354,7 @@ def trainer_state_bytes(cfg: RunConfig, params: int) -> int:
     return state
 
 
-def model_kv_cache_bytes(cfg: RunConfig) -> int | None:
+def model_kv_cache_bytes(cfg: RolloutRole) -> int | None:
     """``kv_cache_bytes`` for model.path's own config.json; None where the directory has none."""
     config = Path(cfg.model.path, "config.json")
     return kv_cache_bytes(cfg, json.loads(config.read_text())) if config.is_file() else None
@@ -360,14 +364,14 @@ def _dtype_bytes(dtype: str) -> int:
     return {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 2)
 
 
-def gpu_bytes(cfg: RunConfig) -> int | None:
+def gpu_bytes(trainer: TrainerConfig, placement: PlacementConfig) -> int | None:
     """The memory of the first visible GPU, within placement.gpu_memory_gb; None where the run uses no GPU."""
-    if not uses_gpus(cfg, visible_gpus()):
+    if not uses_gpus(trainer, visible_gpus()):
         return None
     import torch
 
     total = torch.cuda.get_device_properties(0).total_memory
-    return int(total * budget_fraction(cfg.placement.gpu_memory_gb))
+    return int(total * budget_fraction(placement.gpu_memory_gb))
 
 
 def budget_fraction(gpu_memory_gb: float) -> float:

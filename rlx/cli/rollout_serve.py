@@ -15,17 +15,19 @@ from typing import TYPE_CHECKING
 import typer
 
 from rlx.cli.common import UserError, err_console, user_errors
-from rlx.launch.run_dir import SECRET_ENV
+from rlx.config.redact import SECRET_ENV
 
 if TYPE_CHECKING:
+    from rlx.config.roles import RolloutRole
     from rlx.config.rollout import RolloutConfig, SamplingConfig
-    from rlx.config.schema import RunConfig
 
 TOKEN_ENV = SECRET_ENV["rollout.auth_token"]  # the variable `rlx train` hands its servers the token in
 
 
 def rollout_serve(
-    config: str = typer.Argument(..., help="YAML run config (model, rollout sections)."),
+    config: str = typer.Argument(
+        ..., help="YAML run config (model, rollout sections), or the rollout role file (.json) `rlx train` writes."
+    ),
     overrides: list[str] | None = typer.Argument(None, help="key=value overrides."),
     address: str | None = typer.Option(
         None,
@@ -64,7 +66,6 @@ def rollout_serve(
     import asyncio
     import logging
 
-    from rlx.config import load_config
     from rlx.rollout.backends.base import make_backend
     from rlx.rollout.priority import apply_from_env
     from rlx.rollout.server import BackendDied, run_server
@@ -72,7 +73,7 @@ def rollout_serve(
     from rlx.trainer.model import check_model_dir
 
     with user_errors():
-        cfg = load_config(config, overrides or [])
+        cfg = _role(config, overrides or [])
         check_model_dir(cfg.model.path)
         cfg.rollout.auth_token = cfg.rollout.auth_token or _token_from_env(auth_token_env)
         address = _bind_address(cfg, address, host, port, index, allow_remote)
@@ -122,6 +123,22 @@ def _exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _role(config: str, overrides: list[str]) -> RolloutRole:
+    """What this server reads of the run: the role file `rlx train` wrote (``rlx.config.roles``), or the rollout
+    role cut from a whole run config given by hand."""
+    from rlx.config import load_config
+    from rlx.config.roles import RolloutRole, read_role, rollout_role
+
+    if config.endswith(".json"):
+        if overrides:
+            raise UserError(
+                f"{config} is a rollout role file, which takes no overrides ({' '.join(overrides)}); "
+                "pass the run's YAML config to override keys"
+            )
+        return read_role(config, RolloutRole)
+    return rollout_role(load_config(config, overrides))
 
 
 def _openai_socket(rollout: RolloutConfig, port: int | None, index: int):
@@ -191,7 +208,7 @@ def _token_from_env(variable: str | None) -> str:
 
 
 def _bind_address(
-    cfg: RunConfig, address: str | None, host: str | None, port: int | None, index: int, allow_remote: bool
+    cfg: RolloutRole, address: str | None, host: str | None, port: int | None, index: int, allow_remote: bool
 ) -> str:
     """The address to bind: --address, or tcp://--host:port, or the run's default for ``index``."""
     from rlx.net import MAX_IPC_PATH_BYTES, ipc_path, server_address
@@ -208,7 +225,7 @@ def _bind_address(
         if port is None:
             raise UserError(f"--host {host} needs a port: pass --port PORT or set rollout.port")
         address, allow_remote = f"tcp://{host}:{port}", True  # naming the host is the explicit request
-    address = address or server_address(cfg, index)
+    address = address or server_address(cfg.rollout, cfg.run_dir, index)
     try:
         check_bind_address(address, allow_remote, cfg.rollout.auth_token)
     except ValueError as exc:

@@ -11,6 +11,8 @@ from typing import Any
 
 SECRET_FIELDS = frozenset({"auth_token"})
 REDACTED = "***"
+SECRET_ENV = {"rollout.auth_token": "RLX_ROLLOUT_AUTH_TOKEN"}
+"""The environment variable each secret key reaches the run's children in."""
 
 
 def redacted(cfg: Any) -> dict:

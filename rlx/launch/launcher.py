@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
+from rlx.config.roles import rollout_role, trainer_role, write_role
 from rlx.launch.closing import already_done, done_line, resume_hint, where_things_go
 from rlx.launch.display import Display
 from rlx.launch.preflight import preflight
@@ -146,7 +147,8 @@ class Launch:
         self.standbys = standbys if standbys is not None else {}  # server index -> its standby Child
         self.procs = ProcessSet(run_dir / "logs", emit=display.log_line)
         self.own_addresses: list[str] = []  # the ipc sockets of the servers this run started
-        self.placement = plan(cfg, visible_gpus())  # checked in pre-flight
+        self.servers, self.ranks = rollout_role(cfg), trainer_role(cfg)  # what each role reads of the run
+        self.placement = plan(self.servers, cfg.trainer, visible_gpus())  # checked in pre-flight
         cfg.sync.transport = self.placement.sync_transport  # what the launched engines were set up for
         self.restarts = ServerRestarts(
             self.procs,
@@ -158,13 +160,13 @@ class Launch:
 
     def run(self) -> int:
         cfg = self.cfg
-        config_file = write_config(cfg, self.run_dir)
-        secret_args, secret_env = secret_overrides(cfg)
+        write_config(cfg, self.run_dir)
+        _, secret_env = secret_overrides(cfg)  # the children read the secrets their role files leave out from here
         env = dict(_trace_env(cfg, self.run_dir), **secret_env)
         with self.display:
             self.display.log(self.placement.describe())
-            addresses = self._start_servers([str(config_file), *secret_args], env) + list(cfg.rollout.servers)
-            self._start_ranks([str(config_file), *secret_args], env)
+            addresses = self._start_servers(env) + list(cfg.rollout.servers)
+            self._start_ranks(env)
             self.procs.watch(self.restarts.on_death)
             code = self._run_rank0(addresses)
         if code == 0 and cfg.checkpoint.export_hf:
@@ -184,13 +186,14 @@ class Launch:
         _close_distributed()
         self.display.close_log()
 
-    def _start_servers(self, config_args: list[str], env: dict) -> list[str]:
+    def _start_servers(self, env: dict) -> list[str]:
         from rlx.net import server_address
 
         for index in range(self.cfg.rollout.servers_to_launch):
-            address = server_address(self.cfg, index)
+            address = server_address(self.cfg.rollout, self.cfg.trainer.output_dir, index)
             slot = self.placement.server(index)
-            args = ["rollout-serve", *config_args, *slot.overrides(), "--address", address, "--index", str(index)]
+            role_file = write_role(slot.serving(self.servers), self.run_dir / "roles" / f"rollout{index}.json")
+            args = ["rollout-serve", str(role_file), "--address", address, "--index", str(index)]
             argv = python_argv("rlx", *args)
             server_env = dict(env, **server_env_of(self.cfg, slot))
             standby = self.standbys.pop(index, None)
@@ -206,10 +209,11 @@ class Launch:
             self.own_addresses.append(address)
         return list(self.own_addresses)
 
-    def _start_ranks(self, config_args: list[str], env: dict) -> None:
+    def _start_ranks(self, env: dict) -> None:
         world = self.cfg.trainer.num_ranks
         if world <= 1:
             return
+        role_file = write_role(self.ranks, self.run_dir / "roles" / "trainer.json")
         port = free_port()
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK="0")
         for rank in range(1, world):
@@ -221,7 +225,7 @@ class Launch:
                 RANK=str(rank),
                 **self.placement.rank(rank).env(os.environ.get("CUDA_VISIBLE_DEVICES")),
             )
-            self.procs.start(f"trainer{rank}", python_argv("rlx.trainer.ranks", *config_args), rank_env)
+            self.procs.start(f"trainer{rank}", python_argv("rlx.trainer.ranks", str(role_file)), rank_env)
 
     def _run_rank0(self, addresses: list[str]) -> int:
         """Build the trainer and the controller while the servers load their engines, then train."""
@@ -234,7 +238,7 @@ class Launch:
             tracer.configure(_trace_dir(cfg, run_dir), role="trainer", name="trainer0")
         try:
             init_distributed(_device_type(cfg))
-            trainer = Trainer(cfg)
+            trainer = Trainer(self.ranks)
             evals = asyncio.run(self.stops.guard(self._control(trainer, addresses)))
         finally:
             tracer.close()
@@ -289,7 +293,7 @@ def start_standbys(cfg: RunConfig, run_dir: Path) -> dict:
     if not cfg.rollout.servers_to_launch:
         return {}
     try:
-        layout = plan(cfg, visible_gpus())
+        layout = plan(rollout_role(cfg), cfg.trainer, visible_gpus())
     except Exception:  # noqa: BLE001 - a layout error is the pre-flight's to report; without a plan, no standby
         return {}
     _, secret_env = secret_overrides(cfg)

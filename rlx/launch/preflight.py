@@ -27,14 +27,16 @@ def preflight(cfg: RunConfig, display: Display) -> int | None:
     resume. Returns the step ``--resume`` continues from (None without --resume or a checkpoint)."""
     from rlx import placement
     from rlx.agent.tools import check_agent
+    from rlx.config.roles import rollout_role, trainer_role
     from rlx.plugins import check_loadable
     from rlx.tasks import build_task
     from rlx.tasks.reward_models import check_reward_model
     from rlx.trainer.model import check_model_dir
 
     run_dir = Path(cfg.trainer.output_dir).resolve()
-    placement.check(cfg, placement.visible_gpus())
-    placement.plan(cfg, placement.visible_gpus())  # the weight transport this host's layout allows
+    servers, ranks = rollout_role(cfg), trainer_role(cfg)
+    placement.check(servers, cfg.trainer, placement.visible_gpus())
+    placement.plan(servers, cfg.trainer, placement.visible_gpus())  # the weight transport this host's layout allows
     check_output_dir(run_dir)
     check_loadable(cfg.checkpoint.plugins)
     if cfg.model.build_if_missing and not Path(cfg.model.path, "config.json").is_file():
@@ -42,7 +44,8 @@ def preflight(cfg: RunConfig, display: Display) -> int | None:
         build_model(cfg, display)
     check_model_dir(cfg.model.path)
     if cfg.placement.offload is None:  # every process of the run reads the value the launcher settles here
-        cfg.placement.offload, why = placement.resolve_offload(cfg, placement.gpu_bytes(cfg))
+        gpu = placement.gpu_bytes(cfg.trainer, cfg.placement)
+        cfg.placement.offload, why = placement.resolve_offload(ranks, servers, gpu)
         if cfg.placement.mode == "colocated":
             display.log(f"placement: {why}")
     check_tensor_parallel(cfg)
@@ -127,7 +130,7 @@ def check_store(cfg: RunConfig, display: Display) -> None:
     for path in remove_stale_stores():
         display.note(f"removed {path}, the sample store of an rlx run that was killed")
     if cfg.rollout.reuse:
-        check_dump(cfg)
+        check_dump(cfg.model.path, cfg.rollout, cfg.trainer.total_steps)
 
 
 def build_model(cfg: RunConfig, display: Display) -> None:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from rlx.config.errors import ConfigError
 from rlx.config.ray import check_ray_address
+from rlx.config.roles import rollout_role, trainer_role, write_role
 from rlx.launch.display import Display
 from rlx.launch.launcher import (
     _trace_env,
@@ -167,7 +168,7 @@ class RayRun:
         _absolute_paths(cfg)
         secret_args, secret_env = secret_overrides(cfg)
         env = dict(_trace_env(cfg, self.run_dir), **secret_env, **progress_bar_env())
-        servers = self._start_servers(secret_args, env)
+        servers = self._start_servers(env)
         cfg.rollout.servers = list(cfg.rollout.servers) + servers
         cfg.rollout.num_servers = 0
         self._start_ranks(secret_args, env)
@@ -219,11 +220,19 @@ class RayRun:
         self._write_processes()
 
     def _config_files(self) -> dict[str, str]:
-        """The run's config, as every process loads it (written on its own node: no shared storage needed)."""
+        """The run's config as rank 0 loads it, and each role's view of it (``rlx.config.roles``) as the servers and
+        the other ranks parse it: written on each process's own node (no shared storage needed)."""
         write_config(self.cfg, self.run_dir)
-        return {"config.yaml": (self.run_dir / "config.yaml").read_text()}
+        roles = self.run_dir / "roles"
+        write_role(rollout_role(self.cfg), roles / "rollout.json")
+        write_role(trainer_role(self.cfg), roles / "trainer.json")
+        return {
+            "config.yaml": (self.run_dir / "config.yaml").read_text(),
+            "rollout.json": (roles / "rollout.json").read_text(),
+            "trainer.json": (roles / "trainer.json").read_text(),
+        }
 
-    def _start_servers(self, secret_args: list[str], env: dict) -> list[str]:
+    def _start_servers(self, env: dict) -> list[str]:
         count = self.cfg.rollout.servers_to_launch
         if count == 0:
             return []
@@ -236,8 +245,7 @@ class RayRun:
             args = [
                 "rlx",
                 "rollout-serve",
-                "{workdir}/config.yaml",
-                *secret_args,
+                "{workdir}/rollout.json",
                 "--address",
                 address,
                 "--index",
@@ -269,7 +277,8 @@ class RayRun:
             rank_env = dict(
                 env, MASTER_ADDR=master["ip"], MASTER_PORT=str(master["port"]), WORLD_SIZE=str(world), RANK=str(rank)
             )
-            self._launch(handle, [module, "{workdir}/config.yaml", *secret_args], rank_env, files)
+            args = [module, "{workdir}/config.yaml", *secret_args] if rank == 0 else [module, "{workdir}/trainer.json"]
+            self._launch(handle, args, rank_env, files)
 
     def _write_processes(self) -> None:
         """logs/ray_processes.json: where each started process runs, for users and tests (a placed, not yet

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rlx.config.redact import SECRET_ENV
 from rlx.launch.display import Display
 from rlx.net import ipc_path
 
@@ -23,7 +24,6 @@ PLOTS_DIR = "plots"
 """Where `rlx plot` writes a run's images by default: inside the run's outputs, so they move aside with them."""
 # What a run writes into its directory (``trace`` only when trace.dir is not set elsewhere), and `rlx plot`.
 RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "checkpoints", "logs", "trace", "tb", "hf", PLOTS_DIR)
-SECRET_ENV = {"rollout.auth_token": "RLX_ROLLOUT_AUTH_TOKEN"}
 
 
 def archive_previous_run(run_dir: Path, display: Display) -> Path | None:

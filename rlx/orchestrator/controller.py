@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from rich.markup import escape
 
+from rlx.config.redact import redacted
 from rlx.config.schema import RunConfig
 from rlx.orchestrator.collector import Collected
 from rlx.orchestrator.rollouts import make_rollouts
@@ -54,7 +55,7 @@ class Controller:
         self.collector = make_rollouts(
             cfg, client, self.task, lambda: self.policy_version, note=lambda text: display.note(escape(text))
         )
-        self.ranks = RankGroup(cfg, trainer, tokenizer.pad_token_id)
+        self.ranks = RankGroup(trainer.cfg, trainer, tokenizer.pad_token_id)
         from rlx.orchestrator.source import StepSource  # DAPO filters, rollout.dump_dir, rollout.reuse
 
         self.source = StepSource(cfg, self.collector, self.stream.next_batch)
@@ -315,7 +316,9 @@ class Controller:
             self.start_step, restored = self._load_newest()
         self.policy_version = self.start_step
         self._state_before_prefetch = self.stream.state()
-        self.metrics = MetricsLogger(self.cfg, self.run_dir, self.start_step if self.cfg.trainer.resume else None)
+        cfg = self.cfg
+        resumed = self.start_step if cfg.trainer.resume else None
+        self.metrics = MetricsLogger(cfg.logging, cfg.run_name, redacted(cfg), self.run_dir, resumed)
         if restored is not None:  # stopped after the checkpoint, before its step's line: the curve has no gap
             self.metrics.log_if_missing(self.start_step, restored)
 

@@ -36,8 +36,12 @@ class StepSource:
         from rlx.store.dump import DumpWriter, check_dump
 
         self.cfg, self.collector, self.more = cfg, collector, more
-        self.dump = check_dump(cfg, contents=False) if cfg.rollout.reuse else None  # pre-flight read them
-        self.writer = DumpWriter(cfg) if cfg.rollout.dump_dir else None
+        self.dump = (
+            check_dump(cfg.model.path, cfg.rollout, cfg.trainer.total_steps, contents=False)
+            if cfg.rollout.reuse
+            else None
+        )  # pre-flight read them
+        self.writer = DumpWriter(cfg.model.path, cfg.rollout, cfg.task) if cfg.rollout.dump_dir else None
 
     @property
     def passthrough(self) -> bool:

@@ -44,6 +44,7 @@ import torch
 import zmq
 
 from rlx import rpc
+from rlx.config.redact import SECRET_ENV
 from rlx.net import is_loopback_host
 from rlx.store.base import RowGone, Sample, SampleStore, StoreHandle, StoreReader
 from rlx.store.shm import _ROW, ShmStore
@@ -51,7 +52,7 @@ from rlx.store.shm import _ROW, ShmStore
 log = logging.getLogger(__name__)
 
 VERSION = 1
-TOKEN_ENV = "RLX_ROLLOUT_AUTH_TOKEN"  # rlx.launch.run_dir.SECRET_ENV["rollout.auth_token"]
+TOKEN_ENV = SECRET_ENV["rollout.auth_token"]
 _POLL_MS = 100
 MAX_TOKEN_BYTES = 64 << 10
 """Room for the auth token in a request's bytes (``max_request_bytes``)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rlx.config.schema import RunConfig
+    from rlx.config.outputs import LoggingConfig
 
 METRICS_FILE = "metrics.jsonl"
 # a step's phases in its metrics line (seconds): the finer ones, what holds them (collect: generate and reward;
@@ -83,16 +83,18 @@ class WandbSink:
 
 
 class MetricsLogger:
-    def __init__(self, cfg: RunConfig, run_dir: Path, resume_from_step: int | None) -> None:
+    def __init__(
+        self, logging: LoggingConfig, run_name: str, run_config: dict, run_dir: Path, resume_from_step: int | None
+    ) -> None:
+        """``run_config``: the run's whole config, secrets redacted (``rlx.config.redact.redacted``), which W&B
+        records beside the metrics."""
         self.sinks = []
-        if cfg.logging.jsonl:
+        if logging.jsonl:
             self.sinks.append(JsonlSink(run_dir / METRICS_FILE, resume_from_step))
-        if cfg.logging.tensorboard:
+        if logging.tensorboard:
             self.sinks.append(TensorBoardSink(run_dir / "tb"))
-        if cfg.logging.wandb:
-            from rlx.config.redact import redacted
-
-            self.sinks.append(WandbSink(cfg.logging.wandb_project, cfg.run_name, redacted(cfg)))
+        if logging.wandb:
+            self.sinks.append(WandbSink(logging.wandb_project, run_name, run_config))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for sink in self.sinks:

@@ -5,7 +5,8 @@ its command (one small integer tensor broadcast over torch.distributed, no pickl
 Ranks 1..N-1 sit in ``RankGroup.follow``: each command they receive runs the same method on them.
 Every collective the trainer runs (the batch broadcast or the store notice, FSDP2 gathers,
 checkpoint gathering) is then entered by all ranks in the same order, with its arguments written
-once, in that method. ``python -m rlx.trainer.ranks CONFIG`` is the entry point of ranks 1..N-1.
+once, in that method. ``python -m rlx.trainer.ranks ROLE_FILE`` is the entry point of ranks 1..N-1 (ROLE_FILE:
+the ``TrainerRole`` the launcher writes, ``rlx.config.roles``).
 
 What only rank 0 has comes in as arguments that the others leave out: the step's samples
 (``train``), the run's state a checkpoint records (``checkpoint``).
@@ -27,7 +28,7 @@ import torch.distributed as dist
 from rlx.trace import tracer
 
 if TYPE_CHECKING:
-    from rlx.config.schema import RunConfig
+    from rlx.config.roles import TrainerRole
     from rlx.store.base import Sample
     from rlx.trainer.batch import TrainBatch
     from rlx.trainer.trainer import Trainer
@@ -46,7 +47,7 @@ class Command(enum.IntEnum):
 class RankGroup:
     """The trainer's ranks (one rank alone is a group of one, announcing nothing)."""
 
-    def __init__(self, cfg: RunConfig, trainer: Trainer, pad_id: int = 0) -> None:
+    def __init__(self, cfg: TrainerRole, trainer: Trainer, pad_id: int = 0) -> None:
         """``pad_id``: what rank 0 pads the step's batch with (the other ranks receive padded rows)."""
         self.trainer, self.device, self.pad_id = trainer, trainer.device, pad_id
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -172,7 +173,7 @@ def init_distributed(device_type: str) -> None:
     dist.init_process_group(backend, timeout=RANK_TIMEOUT)
 
 
-def follow(cfg: RunConfig) -> None:
+def follow(cfg: TrainerRole) -> None:
     """Ranks 1..N-1: build this rank's trainer and follow rank 0 until it stops the group."""
     from rlx.trainer.trainer import Trainer
 
@@ -184,11 +185,12 @@ def follow(cfg: RunConfig) -> None:
 
 
 def main() -> None:
-    from rlx.config import load_config
+    from rlx.config.redact import SECRET_ENV
+    from rlx.config.roles import TrainerRole, read_role
     from rlx.placement import device_type
     from rlx.trace import tracer
 
-    cfg = load_config(sys.argv[1], sys.argv[2:])
+    cfg = read_role(sys.argv[1], TrainerRole, secret=os.environ.get(SECRET_ENV["rollout.auth_token"], ""))
     init_distributed(device_type(cfg.trainer.device))
     tracer.configure_from_env("trainer", f"trainer{dist.get_rank()}")
     try:

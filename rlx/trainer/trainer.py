@@ -54,11 +54,11 @@ from rlx.trainer.optim import build_optimizer, build_scheduler, step_if_finite
 from rlx.trainer.packing import MicroBatch, micro_batches
 
 if TYPE_CHECKING:
-    from rlx.config.schema import RunConfig
+    from rlx.config.roles import TrainerRole
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: TrainerRole) -> None:
         self.cfg = cfg
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
@@ -79,7 +79,7 @@ class Trainer:
             else None
         )
         self.teacher = make_teacher(
-            cfg.algorithm.distill, cfg.rollout.auth_token, cfg.trainer.logprob_chunk_size, self.device
+            cfg.algorithm.distill, cfg.teacher_auth_token, cfg.trainer.logprob_chunk_size, self.device
         )  # on-policy distillation (rlx.trainer.distill)
         self.optimizer = build_optimizer(self.model, cfg.trainer)
         self.scheduler = build_scheduler(self.optimizer, cfg.trainer)

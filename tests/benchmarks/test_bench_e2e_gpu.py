@@ -26,6 +26,7 @@ def bench():
 
 
 def test_trl_vllm_follows_rlx_engine_layout(bench):
+    from rlx.config.roles import rollout_role
     from rlx.placement import plan
 
     one = bench.WORKLOADS["1gpu"]
@@ -35,7 +36,7 @@ def test_trl_vllm_follows_rlx_engine_layout(bench):
     assert "vllm_importance_sampling_correction" not in args  # TRL's own default (on) unless asked to match rlx
     args = bench.trl_vllm_args(one, no_config, 0, 0, "rlx")
     assert args["vllm_mode"] == "colocate" and args["use_vllm"]
-    assert args["vllm_gpu_memory_utilization"] == plan(cfg, 1).rollout[0].memory_fraction
+    assert args["vllm_gpu_memory_utilization"] == plan(rollout_role(cfg), cfg.trainer, 1).rollout[0].memory_fraction
     assert args["vllm_enable_sleep_mode"] is (cfg.placement.sleep_level > 0)
     assert args["vllm_max_model_length"] == cfg.rollout.max_model_len
     assert args["vllm_importance_sampling_correction"] is False  # rlx's sync run corrects nothing
@@ -54,16 +55,24 @@ def test_trl_gets_the_share_that_holds_rlx_kv_cache(bench, tmp_path):
     and room for the engine's weights and activations, never more than rlx's plan gives."""
     import json
 
+    from rlx.config.roles import rollout_role
     from rlx.placement import kv_cache_bytes, plan
 
     config = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
     (tmp_path / "config.json").write_text(json.dumps(config))
     cfg = bench.load_cfg("1gpu", [f"model.path={tmp_path}"])
-    kv = kv_cache_bytes(cfg, config)
+    kv = kv_cache_bytes(rollout_role(cfg), config)
     h200 = 150 * 10**9
     expected = round((kv + bench.ENGINE_ROOM_GB * 2**30) / h200, 4)
-    assert bench.trl_memory_fraction(cfg, 1, h200) == expected < plan(cfg, 1).rollout[0].memory_fraction
-    assert bench.trl_memory_fraction(cfg, 1, 2 * 2**30) == plan(cfg, 1).rollout[0].memory_fraction  # a small GPU
+    assert (
+        bench.trl_memory_fraction(cfg, 1, h200)
+        == expected
+        < plan(rollout_role(cfg), cfg.trainer, 1).rollout[0].memory_fraction
+    )
+    assert (
+        bench.trl_memory_fraction(cfg, 1, 2 * 2**30)
+        == plan(rollout_role(cfg), cfg.trainer, 1).rollout[0].memory_fraction
+    )  # a small GPU
 
 
 def _row(side, seed, wall, gain, curve=()):

@@ -129,6 +129,6 @@ def test_a_run_directory_too_deep_for_a_unix_socket_gets_a_short_server_address(
 
     deep = tmp_path.joinpath(*["abcdefghij"] * 12)
     cfg = load_config("configs/quickstart.yaml", [f"trainer.output_dir={deep}"])
-    address = server_address(cfg, 0)
+    address = server_address(cfg.rollout, cfg.trainer.output_dir, 0)
     assert address.startswith("ipc://") and len(address.removeprefix("ipc://").encode()) <= MAX_IPC_PATH_BYTES
-    assert server_address(cfg, 1) != address
+    assert server_address(cfg.rollout, cfg.trainer.output_dir, 1) != address

@@ -8,6 +8,7 @@ import torch
 from typer.testing import CliRunner
 
 from rlx.cli import app
+from rlx.config.roles import trainer_role
 from rlx.trainer.checkpoint import save_checkpoint
 from tests.trainer.test_lora import LORA, lora_trainer
 from tests.trainer.test_trainer_step import ragged_batch
@@ -79,7 +80,9 @@ def test_full_checkpoint_refuses_peft(tiny_model_dir, tmp_path):
     from rlx.config.trainer import TrainerConfig
     from rlx.trainer.trainer import Trainer
 
-    trainer = Trainer(RunConfig(model=ModelConfig(path=str(tiny_model_dir)), trainer=TrainerConfig(device="cpu")))
+    trainer = Trainer(
+        trainer_role(RunConfig(model=ModelConfig(path=str(tiny_model_dir)), trainer=TrainerConfig(device="cpu")))
+    )
     ckpt = save_checkpoint(
         tmp_path / "checkpoints",
         1,

@@ -7,6 +7,7 @@ import pytest
 from rlx import placement
 from rlx.config import load_config
 from rlx.config.errors import ConfigError
+from rlx.config.roles import rollout_role, trainer_role
 from tests.helpers import write_config
 
 
@@ -18,15 +19,37 @@ def cfg(tmp_path, *overrides: str):
     return load_config(str(path), list(overrides))
 
 
+# the layout functions take the roles' views of the run, cut as the launcher cuts them
+def check(c, *args):
+    placement.check(rollout_role(c), c.trainer, *args)
+
+
+def plan(c, *args):
+    return placement.plan(rollout_role(c), c.trainer, *args)
+
+
+def kv_cache_bytes(c, model_config):
+    return placement.kv_cache_bytes(rollout_role(c), model_config)
+
+
+def resolve_offload(c, gpu_bytes):
+    return placement.resolve_offload(trainer_role(c), rollout_role(c), gpu_bytes)
+
+
+def served_fraction(slot, c):
+    """The engine memory fraction the server in ``slot`` is started with."""
+    return slot.serving(rollout_role(c)).rollout.gpu_memory_utilization
+
+
 def test_cpu_host_assigns_nothing_and_keeps_the_engine_setting(tmp_path):
     c = cfg(tmp_path)
-    placement.check(c, 0)
-    p = placement.plan(c, 0)
+    check(c, 0)
+    p = plan(c, 0)
     assert [s.name for s in (*p.trainer, *p.rollout)] == ["trainer0", "rollout0"]
-    assert all(s.env("0,1") == {} and s.overrides() == [] for s in (*p.trainer, *p.rollout))
-    assert placement.engine_memory_fraction(c, cpu_platform=True) == placement.CPU_FRACTION
+    assert all(s.env("0,1") == {} and s.serving(rollout_role(c)) == rollout_role(c) for s in (*p.trainer, *p.rollout))
+    assert placement.engine_memory_fraction(rollout_role(c), cpu_platform=True) == placement.CPU_FRACTION
     # trainer.device=cpu on a GPU host: the same no-op
-    assert placement.plan(cfg(tmp_path, "trainer.device=cpu"), 8).rollout[0].devices == ()
+    assert plan(cfg(tmp_path, "trainer.device=cpu"), 8).rollout[0].devices == ()
 
 
 def peers(a: int, b: int) -> bool:
@@ -39,28 +62,28 @@ def no_peers(a: int, b: int) -> bool:
 
 def test_separate_gives_each_role_its_own_gpus(tmp_path):
     c = cfg(tmp_path, "trainer.num_ranks=2", "rollout.num_servers=2", "rollout.tensor_parallel_size=2")
-    placement.check(c, 6, peers)
-    p = placement.plan(c, 6, peers)
+    check(c, 6, peers)
+    p = plan(c, 6, peers)
     assert [s.devices for s in p.trainer] == [(0,), (1,)]
     assert [s.devices for s in p.rollout] == [(2, 3), (4, 5)]
     # sync.transport=auto: CUDA IPC peer-to-peer, each engine sees the sending rank's GPU after its own
     assert p.sync_transport == "cuda_ipc" and p.rollout[1].peer_devices == (0,)
     assert p.rollout[1].env(None) == {"CUDA_VISIBLE_DEVICES": "4,5,0"}
     assert p.rollout[1].env("3,5,6,7,8,9") == {"CUDA_VISIBLE_DEVICES": "8,9,3"}  # through the launcher's own list
-    assert p.rollout[0].overrides() == [f"rollout.gpu_memory_utilization={placement.SEPARATE_FRACTION:.4g}"]
+    assert served_fraction(p.rollout[0], c) == placement.SEPARATE_FRACTION
     assert "rollout1: GPU 4,5" in p.describe()
 
 
 def test_auto_transport_falls_back_to_nccl_where_gpus_are_not_peers_and_keeps_a_named_one(tmp_path):
     c = cfg(tmp_path, "rollout.backend=vllm")
-    p = placement.plan(c, 2, no_peers)
+    p = plan(c, 2, no_peers)
     assert p.sync_transport == "nccl" and p.rollout[0].env(None) == {"CUDA_VISIBLE_DEVICES": "1"}
     assert "weights over NCCL" in p.describe()
-    assert placement.plan(cfg(tmp_path, "sync.transport=nccl"), 2, peers).sync_transport == "nccl"
+    assert plan(cfg(tmp_path, "sync.transport=nccl"), 2, peers).sync_transport == "nccl"
     with pytest.raises(ConfigError, match="set sync.transport=auto"):
-        placement.check(cfg(tmp_path, "sync.transport=cuda_ipc"), 2, no_peers)
-    assert placement.plan(c, 0).sync_transport == "auto"  # no GPU: the trainer's choice (shm)
-    assert placement.plan(cfg(tmp_path, "sync.transport=gloo"), 0).sync_transport == "gloo"  # a named one stays
+        check(cfg(tmp_path, "sync.transport=cuda_ipc"), 2, no_peers)
+    assert plan(c, 0).sync_transport == "auto"  # no GPU: the trainer's choice (shm)
+    assert plan(cfg(tmp_path, "sync.transport=gloo"), 0).sync_transport == "gloo"  # a named one stays
 
 
 def test_colocated_engines_away_from_the_senders_gpu_see_it(tmp_path):
@@ -73,23 +96,23 @@ def test_colocated_engines_away_from_the_senders_gpu_see_it(tmp_path):
         "placement.offload=false",
         "rollout.backend=vllm",
     )
-    p = placement.plan(c, 2, peers)
+    p = plan(c, 2, peers)
     assert [s.devices for s in p.rollout] == [(0,), (1,)]
     assert [s.env(None)["CUDA_VISIBLE_DEVICES"] for s in p.rollout] == ["0", "1,0"]
     with pytest.raises(ConfigError, match="one sync uses one transport"):
-        placement.plan(c, 2, no_peers)
+        plan(c, 2, no_peers)
 
 
 def test_colocated_shares_the_trainers_gpus_and_the_memory_follows_the_turns(tmp_path):
     base = ("placement.mode=colocated", "trainer.num_ranks=1", "rollout.num_servers=2")
     c = cfg(tmp_path, *base, "placement.offload=true")
-    placement.check(c, 1)
-    p = placement.plan(c, 1)
+    check(c, 1)
+    p = plan(c, 1)
     assert [s.devices for s in p.rollout] == [(0,), (0,)]
     assert [s.memory_fraction for s in p.rollout] == [placement.TURN_FRACTION / 2] * 2
-    kept = placement.plan(cfg(tmp_path, *base, "placement.offload=false"), 1)
+    kept = plan(cfg(tmp_path, *base, "placement.offload=false"), 1)
     assert kept.rollout[0].memory_fraction == placement.SHARED_FRACTION / 2  # the trainer keeps its state there
-    two = placement.plan(
+    two = plan(
         cfg(
             tmp_path,
             "placement.mode=colocated",
@@ -106,8 +129,9 @@ def test_colocated_shares_the_trainers_gpus_and_the_memory_follows_the_turns(tmp
 def test_a_set_engine_memory_fraction_is_what_the_launched_engines_get(tmp_path):
     """rollout.gpu_memory_utilization set by the user wins over the layout's share, colocated or separate."""
     for mode in ("colocated", "separate"):
-        p = placement.plan(cfg(tmp_path, f"placement.mode={mode}", "rollout.gpu_memory_utilization=0.15"), 2, peers)
-        assert p.rollout[0].overrides() == ["rollout.gpu_memory_utilization=0.15"]
+        c = cfg(tmp_path, f"placement.mode={mode}", "rollout.gpu_memory_utilization=0.15")
+        p = plan(c, 2, peers)
+        assert served_fraction(p.rollout[0], c) == 0.15
 
 
 @pytest.mark.parametrize(
@@ -144,7 +168,7 @@ def test_a_set_engine_memory_fraction_is_what_the_launched_engines_get(tmp_path)
 def test_layout_errors_name_the_fix(tmp_path, overrides, gpus, fix):
     c = cfg(tmp_path, "rollout.backend=vllm", *overrides)
     with pytest.raises(ConfigError, match=fix):
-        placement.check(c, gpus, peers)
+        check(c, gpus, peers)
 
 
 @pytest.mark.parametrize(
@@ -179,14 +203,14 @@ def test_colocated_kv_cache_holds_a_step_and_a_set_size_wins(tmp_path):
     base = ("placement.mode=colocated", "trainer.prompts_per_step=64", "rollout.n=8", "rollout.max_model_len=512")
     base += ("model.rollout_dtype=bfloat16",)
     step = 64 * 8 * 512 * (2 * 30 * 3 * 64 * 2)
-    assert placement.kv_cache_bytes(cfg(tmp_path, *base), SMOLLM2) == int(placement.KV_MARGIN * step)
+    assert kv_cache_bytes(cfg(tmp_path, *base), SMOLLM2) == int(placement.KV_MARGIN * step)
     two = cfg(tmp_path, *base, "rollout.num_servers=2", "rollout.tensor_parallel_size=1")
-    assert placement.kv_cache_bytes(two, SMOLLM2) == int(placement.KV_MARGIN * step / 2)  # each engine half the step
+    assert kv_cache_bytes(two, SMOLLM2) == int(placement.KV_MARGIN * step / 2)  # each engine half the step
     capped = cfg(tmp_path, *base, "rollout.max_num_seqs=128")
-    assert placement.kv_cache_bytes(capped, SMOLLM2) == int(placement.KV_MARGIN * step / 4)
-    assert placement.kv_cache_bytes(cfg(tmp_path, *base, "rollout.kv_cache_gb=1.5"), SMOLLM2) == int(1.5 * 2**30)
-    assert placement.kv_cache_bytes(cfg(tmp_path, "placement.mode=separate"), SMOLLM2) is None  # the fraction's
-    assert placement.kv_cache_bytes(cfg(tmp_path, *base), {"model_type": "unknown"}) is None
+    assert kv_cache_bytes(capped, SMOLLM2) == int(placement.KV_MARGIN * step / 4)
+    assert kv_cache_bytes(cfg(tmp_path, *base, "rollout.kv_cache_gb=1.5"), SMOLLM2) == int(1.5 * 2**30)
+    assert kv_cache_bytes(cfg(tmp_path, "placement.mode=separate"), SMOLLM2) is None  # the fraction's
+    assert kv_cache_bytes(cfg(tmp_path, *base), {"model_type": "unknown"}) is None
     with pytest.raises(ConfigError, match="rollout.kv_cache_gb=0.0 holds no token"):
         cfg(tmp_path, "rollout.kv_cache_gb=0")
 
@@ -206,22 +230,22 @@ def test_unset_offload_keeps_a_trainer_that_fits_beside_the_engine_on_the_gpu(tm
     base = ("placement.mode=colocated", "model.dtype=float32", "trainer.prompts_per_step=4", "rollout.n=2")
     c = cfg(tmp_path, *base, "rollout.max_model_len=64")
     assert placement.count_parameters(str(model)) == 200_000
-    assert placement.trainer_state_bytes(c, 200_000) == 200_000 * 4 * 4
-    kv = placement.kv_cache_bytes(c, SMOLLM2)
+    assert placement.trainer_state_bytes(trainer_role(c), 200_000) == 200_000 * 4 * 4
+    kv = kv_cache_bytes(c, SMOLLM2)
     need = 200_000 * 4 * 4 + 200_000 * 4 + kv + placement.ENGINE_ROOM_BYTES  # the engine in float32 too
-    stays, why = placement.resolve_offload(c, gpu_bytes=2 * need)
+    stays, why = resolve_offload(c, 2 * need)
     assert not stays and "stays on the GPU" in why
-    moves, why = placement.resolve_offload(c, gpu_bytes=2 * need - 1)
+    moves, why = resolve_offload(c, 2 * need - 1)
     assert moves and "offloads" in why
     # a reference model (KL) counts once more; LoRA trains only the adapter (weights alone)
-    assert placement.trainer_state_bytes(cfg(tmp_path, *base, "algorithm.kl_coef=0.1"), 10) == 10 * 4 * 5
-    assert placement.trainer_state_bytes(cfg(tmp_path, *base, "model.lora.rank=8"), 10) == 10 * 4
+    assert placement.trainer_state_bytes(trainer_role(cfg(tmp_path, *base, "algorithm.kl_coef=0.1")), 10) == 10 * 4 * 5
+    assert placement.trainer_state_bytes(trainer_role(cfg(tmp_path, *base, "model.lora.rank=8")), 10) == 10 * 4
     # as set; separate, several ranks or no GPU: nothing to make room for; an unreadable model: offload
-    assert placement.resolve_offload(cfg(tmp_path, *base, "placement.offload=true"), 2 * need)[0]
-    assert not placement.resolve_offload(cfg(tmp_path, *base, "placement.offload=false"), 1)[0]
-    assert not placement.resolve_offload(cfg(tmp_path), 1)[0]
-    assert not placement.resolve_offload(cfg(tmp_path, *base, "trainer.num_ranks=2"), 1)[0]
-    assert not placement.resolve_offload(c, None)[0]
+    assert resolve_offload(cfg(tmp_path, *base, "placement.offload=true"), 2 * need)[0]
+    assert not resolve_offload(cfg(tmp_path, *base, "placement.offload=false"), 1)[0]
+    assert not resolve_offload(cfg(tmp_path), 1)[0]
+    assert not resolve_offload(cfg(tmp_path, *base, "trainer.num_ranks=2"), 1)[0]
+    assert not resolve_offload(c, None)[0]
     (model / "model.safetensors").unlink()
     assert placement.count_parameters(str(model)) is None
-    assert placement.resolve_offload(c, 2 * need)[0]
+    assert resolve_offload(c, 2 * need)[0]

@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 
+from rlx.config.roles import rollout_role
 from rlx.orchestrator.external import episode_rows
 from rlx.rollout import protocol as p
 from rlx.rollout.client import RolloutClient
@@ -394,7 +395,7 @@ def test_a_prompt_is_tokenized_while_the_server_goes_on_answering(chat_model_dir
 
     async def scenario():
         cfg = RunConfig(model=ModelConfig(path=str(chat_model_dir)), rollout=RolloutConfig(backend="hf"))
-        backend = make_backend(cfg)
+        backend = make_backend(rollout_role(cfg))
         await backend.start()
         server = RolloutServer(backend, "ipc://unused")
         endpoint = OpenAIEndpoint(

@@ -25,6 +25,7 @@ def gate():
 def test_every_layout_plans_on_the_gpus_it_claims(gate, smollm2_dir):
     from rlx import placement
     from rlx.config import load_config
+    from rlx.config.roles import rollout_role
     from rlx.launch.preflight import check_tensor_parallel
 
     def reach(a: int, b: int) -> bool:
@@ -34,14 +35,15 @@ def test_every_layout_plans_on_the_gpus_it_claims(gate, smollm2_dir):
         smollm2 = "smollm2" in config
         extra = [f"model.path={smollm2_dir}"] if smollm2 else []
         cfg = load_config(ROOT / config, [*overrides, *extra])
-        placement.check(cfg, gpus, peer_access=reach)
-        plan = placement.plan(cfg, gpus, peer_access=reach)
+        servers = rollout_role(cfg)
+        placement.check(servers, cfg.trainer, gpus, peer_access=reach)
+        plan = placement.plan(servers, cfg.trainer, gpus, peer_access=reach)
         used = {d for slot in (*plan.trainer, *plan.rollout) for d in slot.devices}
         assert used == set(range(gpus)), (name, plan)
         if smollm2:
             check_tensor_parallel(cfg)  # the engine's GPUs split the real model's heads
         with pytest.raises(Exception, match="GPU"):
-            placement.check(cfg, gpus - 1, peer_access=reach)
+            placement.check(servers, cfg.trainer, gpus - 1, peer_access=reach)
 
 
 def test_a_layout_needing_more_gpus_than_the_host_has_is_refused(gate):

@@ -11,6 +11,8 @@ import sys
 
 import torch
 
+from rlx.config.roles import trainer_role
+
 
 def batches():
     """Two steps' samples."""
@@ -67,7 +69,7 @@ def lead(cfg) -> dict:
     from rlx.trainer.ranks import RankGroup
     from rlx.trainer.trainer import Trainer
 
-    group = RankGroup(cfg, Trainer(cfg), pad_id=0)
+    group = RankGroup(trainer_role(cfg), Trainer(trainer_role(cfg)), pad_id=0)
     store = group.plane.store if group.plane is not None else None
     losses, control_bytes, plans, store_stats = [], [], [], []
     for samples in batches():
@@ -106,7 +108,7 @@ def follow_recording(cfg) -> dict:
         return rows(self, index)
 
     StoredBatch.rows = recording
-    follow(cfg)
+    follow(trainer_role(cfg))
     return {"fetched": [sorted(set(f[1:])) for f in fetched]}
 
 

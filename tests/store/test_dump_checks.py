@@ -42,7 +42,8 @@ def dump(tiny_model_dir, tmp_path_factory) -> Path:
     config = write_config(
         root / "writer.yaml", tiny_model_dir, rollout={"backend": "hf", "n": N, "dump_dir": str(root / "dump")}
     )
-    writer = DumpWriter(load_config(str(config)))
+    cfg = load_config(str(config))
+    writer = DumpWriter(cfg.model.path, cfg.rollout, cfg.task)
     for step in (1, 2):
         writer.write(step, samples(model_vocab_size(tiny_model_dir)), {"reward_mean": 0.5}, ["a", "b", "c", "d"])
     return root / "dump"
@@ -172,7 +173,8 @@ def test_the_unspoiled_dump_passes_the_checks(dump, tiny_model_dir, tmp_path):
         rollout={"backend": "hf", "n": N, "reuse": "replay", "reuse_dir": str(tmp_path / "dump")},
         trainer={"prompts_per_step": 2, "micro_batch_size": 4, "total_steps": 2},
     )
-    loaded = check_dump(load_config(str(config)))
+    cfg = load_config(str(config))
+    loaded = check_dump(cfg.model.path, cfg.rollout, cfg.trainer.total_steps)
     rows, metrics, texts = loaded.step(2)
     assert [len(r.completion_ids) for r in rows] == [3, 4, 5, 6] and metrics == {"reward_mean": 0.5}
     assert texts == ["a", "b", "c", "d"] and [r.reward for r in rows] == [0.0, 1.0, 0.0, 1.0]

@@ -10,6 +10,7 @@ import torch
 
 from rlx.config.errors import ConfigError
 from rlx.config.model import LoraConfig, ModelConfig
+from rlx.config.roles import trainer_role
 from rlx.config.rollout import RolloutConfig
 from rlx.config.schema import RunConfig
 from rlx.config.trainer import TrainerConfig
@@ -33,7 +34,7 @@ def lora_trainer(model_dir, backend: str) -> Trainer:
         trainer=TrainerConfig(device="cpu"),
     )
     assert cfg.lora_sync == "adapter"
-    return Trainer(cfg)
+    return Trainer(trainer_role(cfg))
 
 
 @torch.no_grad()

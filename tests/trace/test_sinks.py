@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlx.config import load_config
-from rlx.config.redact import REDACTED
+from rlx.config.redact import REDACTED, redacted
 from rlx.trace.sinks import MetricsLogger, read_metrics
 
 LOSSES = {1: 0.5, 2: 0.25, 3: -0.125}
@@ -26,7 +26,7 @@ def run_config(tmp_path: Path, *overrides: str):
 
 
 def log_steps(cfg, run_dir: Path) -> None:
-    logger = MetricsLogger(cfg, run_dir, resume_from_step=None)
+    logger = MetricsLogger(cfg.logging, cfg.run_name, redacted(cfg), run_dir, resume_from_step=None)
     for step, loss in LOSSES.items():
         logger.log(step, {"loss": loss, "lr": 1e-4 * step})
     logger.close()

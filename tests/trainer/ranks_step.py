@@ -13,6 +13,8 @@ import sys
 
 import torch
 
+from rlx.config.roles import trainer_role
+
 
 def main(model_dir: str, lora: list[str], nan: bool = False) -> None:
     from rlx.config.model import LoraConfig, ModelConfig
@@ -29,9 +31,9 @@ def main(model_dir: str, lora: list[str], nan: bool = False) -> None:
         trainer=TrainerConfig(micro_batch_size=3, lr=1e-2 if lora else 1e-3),
     )
     cfg.rollout.n = 4
-    trainer = Trainer(cfg)
+    trainer = Trainer(trainer_role(cfg))
     if lora:
-        return lora_steps(trainer, Trainer(cfg), *lora)
+        return lora_steps(trainer, Trainer(trainer_role(cfg)), *lora)
     metrics = trainer.step(fixed_batch())
     params = {name: t.double().sum().item() for name, t in trainer.named_tensors()}
     if nan:

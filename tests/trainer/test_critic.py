@@ -8,6 +8,7 @@ import torch
 
 from rlx.config.algorithm import AlgorithmConfig
 from rlx.config.model import ModelConfig
+from rlx.config.roles import trainer_role
 from rlx.config.schema import RunConfig
 from rlx.config.trainer import TrainerConfig
 from rlx.trainer.algorithms.gae import gae_advantages
@@ -47,7 +48,7 @@ def gae_trainer(model_dir, **algorithm):
         trainer=TrainerConfig(micro_batch_size=6, device="cpu", lr=1e-3),
     )
     cfg.rollout.n = 4
-    return Trainer(cfg)
+    return Trainer(trainer_role(cfg))
 
 
 def test_critic_warmup_then_policy_and_checkpoint_round_trip(tiny_model_dir, tmp_path):

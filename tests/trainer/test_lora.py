@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from rlx.config.model import LoraConfig, ModelConfig
+from rlx.config.roles import trainer_role
 from rlx.config.schema import RunConfig
 from rlx.config.trainer import TrainerConfig
 from rlx.formats.checkpoint import ADAPTER_FILE, verify_checkpoint
@@ -24,7 +25,7 @@ def lora_trainer(model_dir, lora=LORA, **trainer) -> Trainer:
         trainer=TrainerConfig(micro_batch_size=3, device="cpu", lr=1e-2, **trainer),
     )
     cfg.rollout.n = 4
-    return Trainer(cfg)
+    return Trainer(trainer_role(cfg))
 
 
 def test_step_changes_only_the_adapter(tiny_model_dir):

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from rlx.config.algorithm import AlgorithmConfig
 from rlx.config.model import ModelConfig
+from rlx.config.roles import rollout_role, trainer_role
 from rlx.config.schema import RunConfig
 from rlx.config.trainer import TrainerConfig
 from rlx.trainer.batch import build_batch
@@ -54,7 +55,7 @@ def make_trainer(model_dir, algorithm=None, **trainer):
         trainer=TrainerConfig(micro_batch_size=3, device="cpu", **trainer),
     )
     cfg.rollout.n = 4
-    return Trainer(cfg)
+    return Trainer(trainer_role(cfg))
 
 
 def step_and_params(trainer, batch):
@@ -434,7 +435,7 @@ def test_packed_varlen_attention_on_gpu_matches_padded(tiny_model_dir, grouped):
             trainer=TrainerConfig(micro_batch_size=4, micro_batch_tokens=budget, device="cuda", lr=1e-3),
         )
         cfg.rollout.n = 4
-        results.append(step_and_params(Trainer(cfg), batch))
+        results.append(step_and_params(Trainer(trainer_role(cfg)), batch))
     (padded, _), (packed, _) = results
     assert (packed["update_tokens"] < padded["update_tokens"]) == grouped
     for key in ("loss", "entropy", "logprob_diff_mean", "grad_norm"):
@@ -576,7 +577,7 @@ def test_fused_kernels_give_the_same_step_on_gpu(tiny_model_dir):
             ),
         )
         cfg.rollout.n = 4
-        trainer = Trainer(cfg)
+        trainer = Trainer(trainer_role(cfg))
         assert ("forward" in vars(trainer.model.model.norm)) == (mode == "on")
         results.append(step_and_params(trainer, batch))
     assert_same(results[1], results[0], 1e-4)
@@ -597,7 +598,7 @@ def test_cpu_threads_sets_the_trainers_and_the_hf_servers_threads(tiny_model_dir
         torch.set_num_threads(2)
         cfg = RunConfig(model=ModelConfig(path=str(tiny_model_dir)))
         cfg.rollout.backend, cfg.rollout.device, cfg.rollout.cpu_threads = "hf", "cpu", 1
-        HfBackend(cfg)._load()
+        HfBackend(rollout_role(cfg))._load()
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
@@ -678,7 +679,7 @@ def test_compute_dtype_runs_the_forward_in_bfloat16_over_float32_weights(tiny_mo
         trainer=TrainerConfig(micro_batch_size=3, micro_batch_tokens=0, device="cpu", lr=1e-3),
     )
     cfg.rollout.n = 4
-    trainer = Trainer(cfg)
+    trainer = Trainer(trainer_role(cfg))
     batch = ragged_batch()
     with torch.no_grad():
         exact = reference_logprobs(tiny_model_dir, batch)
@@ -726,7 +727,7 @@ def test_a_step_with_a_nan_loss_is_skipped_and_leaves_weights_and_optimizer_unto
 def test_trainer_divides_its_logits_by_the_sampling_temperature(tiny_model_dir, temperature, divisor):
     cfg = RunConfig(model=ModelConfig(path=str(tiny_model_dir)), trainer=TrainerConfig(device="cpu"))
     cfg.rollout.temperature, cfg.rollout.n, cfg.rollout.max_tokens = temperature, 2, 9
-    trainer = Trainer(cfg)
+    trainer = Trainer(trainer_role(cfg))
     assert trainer.temperature == divisor
     assert (trainer.sampling.n, trainer.sampling.max_tokens) == (2, 9)
 

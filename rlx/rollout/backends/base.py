@@ -22,7 +22,7 @@ from rlx.rollout.protocol import PromptResult, SamplingSpec
 from rlx.sync.messages import BucketAck
 
 if TYPE_CHECKING:
-    from rlx.config.schema import RunConfig
+    from rlx.config.roles import RolloutRole
 
 
 class Backend(ABC):
@@ -88,7 +88,7 @@ BACKENDS = {"vllm": "rlx.rollout.backends.vllm:VllmBackend", "hf": "rlx.rollout.
 """rollout.backend -> the class that runs it, as module:class (imported only when chosen)."""
 
 
-def make_backend(cfg: RunConfig) -> Backend:
+def make_backend(cfg: RolloutRole) -> Backend:
     """Build the backend named by ``cfg.rollout.backend`` (imported only when chosen)."""
     import importlib
 

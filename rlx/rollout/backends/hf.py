@@ -39,7 +39,7 @@ from rlx.sync.messages import BucketAck
 from rlx.sync.receiver import Consumer, SyncHandler, WeightReceiver
 
 if TYPE_CHECKING:
-    from rlx.config.schema import RunConfig
+    from rlx.config.roles import RolloutRole
 
 MAX_BATCH_PROMPTS = 64
 GATHER_QUIET_S = 0.005  # a batch starts once no request came in for this long ...
@@ -52,7 +52,7 @@ PROMPT_IDS_KEPT = 4096  # text prompts whose token ids are kept (``HfBackend._to
 class HfBackend(Backend):
     name = "hf"
 
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RolloutRole) -> None:
         self.cfg = cfg
         self.model_path = cfg.model.path
         self._queue: asyncio.Queue = asyncio.Queue()
@@ -96,7 +96,7 @@ class HfBackend(Backend):
         config_eos = self.model.generation_config.eos_token_id
         self.stop_ids = {self.tokenizer.eos_token_id, *(config_eos if isinstance(config_eos, list) else [config_eos])}
         """Tokens that end a sample and are kept in it: the tokenizer's EOS and the generation config's."""
-        torch.manual_seed(self.cfg.trainer.seed)
+        torch.manual_seed(self.cfg.seed)
         if self.device == "cuda":
             from rlx.placement import apply_memory_budget
 

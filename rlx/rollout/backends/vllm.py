@@ -61,7 +61,7 @@ from rlx.sync.messages import NO_ID, BucketAck, SyncAbort, decode_ack, encode
 from rlx.sync.receiver import Consumer, SyncHandler, WeightReceiver, merge_acks
 
 if TYPE_CHECKING:
-    from rlx.config.schema import RunConfig
+    from rlx.config.roles import RolloutRole
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ SHUTDOWN_GRACE_S = 1.0  # how long close() lets the engine core exit on its own 
 class VllmBackend(Backend):
     name = "vllm"
 
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RolloutRole) -> None:
         self.cfg = cfg
         self.model_path = cfg.model.path
         self.engine = None
@@ -99,7 +99,7 @@ class VllmBackend(Backend):
         args = AsyncEngineArgs(
             model=self.model_path,
             dtype=self.cfg.model.engine_dtype,
-            seed=self.cfg.trainer.seed,
+            seed=self.cfg.seed,
             gpu_memory_utilization=engine_memory_fraction(self.cfg, current_platform.is_cpu()),
             max_model_len=r.max_model_len,
             tensor_parallel_size=r.tensor_parallel_size,
@@ -405,7 +405,7 @@ def merge_worker_acks(acks: list[BucketAck]) -> BucketAck:
     return merged
 
 
-def _sleep_mode(cfg: RunConfig, platform) -> bool:
+def _sleep_mode(cfg: RolloutRole, platform) -> bool:
     """Colocated engines sleep while the trainer trains; vLLM refuses sleep mode where the platform has none
     (its CPU build), where the calls are accepted anyway and free nothing."""
     wanted = cfg.placement.mode == "colocated" and cfg.placement.sleep_level > 0
@@ -438,7 +438,7 @@ def _token_versions(completion) -> list[int]:
     return versions if len(versions) == len(completion.token_ids) else []
 
 
-def _batch_limits(cfg: RunConfig, cpu_platform: bool) -> dict:
+def _batch_limits(cfg: RolloutRole, cpu_platform: bool) -> dict:
     """rollout.max_num_seqs where set; the KV cache size: on a GPU what ``rlx.placement.kv_cache_bytes`` gives, on a
     CPU rollout.kv_cache_gb where set (else vLLM's CPU build sizes it from its memory fraction of the host's first
     NUMA node, less what the engine process already holds)."""
