@@ -199,6 +199,9 @@ TARGETS: dict[str, Target] = {"process": process_target, "server": server_target
 
 
 async def run_bench(opts: BenchOptions, on_row: Callable[[BenchRow], None] = lambda row: None) -> BenchResult:
+    """Every row of ``opts``; ``on_row`` gets each one as soon as it is measured: a transfer's row as its bucket size
+    ends, before its ``vs_ceiling`` is known (0.0 until the ceiling's rounds, which alternate with every bucket
+    size's, are all in), and the ceiling's row after the model's last transfer."""
     _check(opts)
     torch.set_num_threads(1)
     result = BenchResult([], [], [], _environment())
@@ -230,13 +233,15 @@ async def _bench_model(
             )
             await ceiling.measure(record=False)  # warm-up
             for bucket_mb in _bucket_sizes(opts, transport):
-                rows += await _bench_bucket(
+                measured = await _bench_bucket(
                     opts, model, transport, device, bucket_mb, channels, ceiling, result.failures, arena, resident
                 )
+                rows += _reported(measured, on_row)
             if opts.lora_rank:
                 from rlx.bench.lora import bench_lora
 
-                rows += await bench_lora(opts, model, transport, device, _bucket_sizes(opts, transport)[0], channels)
+                bucket_mb = _bucket_sizes(opts, transport)[0]
+                rows += _reported(await bench_lora(opts, model, transport, device, bucket_mb, channels), on_row)
     finally:
         if isinstance(ceiling, BroadcastCeiling):
             ceiling.close()
@@ -258,10 +263,16 @@ async def _bench_model(
         None,
         ceiling.times,
     )
+    on_row(ceiling_row)
     for row in [ceiling_row] + rows:
         row.vs_ceiling = ceiling_s / row.seconds
         result.rows.append(row)
+
+
+def _reported(rows: list[BenchRow], on_row) -> list[BenchRow]:
+    for row in rows:
         on_row(row)
+    return rows
 
 
 async def _bench_bucket(

@@ -122,17 +122,8 @@ def bench_sync(
         if model is not None and not model.is_dir():
             raise UserError(f"--model {model} is not a directory; pass a Hugging Face model directory")
         try:
-            with console.status("measuring...") as status:
-                result = asyncio.run(
-                    _run_cancellable(
-                        run_bench(
-                            opts,
-                            lambda row: status.update(
-                                f"measuring... done: {row.model} {row.transport} {row.mode} {row.bucket_mb or ''}"
-                            ),
-                        )
-                    )
-                )
+            with console.status("measuring..."):
+                result = asyncio.run(_run_cancellable(run_bench(opts, _print_row)))
         except ValueError as exc:
             raise UserError(str(exc)) from None
         except asyncio.CancelledError:
@@ -175,6 +166,17 @@ async def _run_cancellable(coro):
         return await task
     finally:
         asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+
+
+def _print_row(row) -> None:
+    """One line per row as it is measured (rich flushes each print, so a pipe gets it now); the table at the end
+    adds the ratios to the ceiling, which needs every round."""
+    bucket = f" {row.bucket_mb} MiB" if row.bucket_mb else ""
+    console.print(
+        f"measured {row.model} {row.transport} {row.mode}{bucket}: {row.seconds * 1e3:.0f} ms, {row.gb_per_s:.2f} GB/s",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _table(result):

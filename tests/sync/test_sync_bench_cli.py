@@ -91,3 +91,37 @@ def test_bench_sync_over_gloo_keeps_each_senders_group_across_bucket_sizes(tiny_
     ]
     assert all(r["ok"] for r in rows) and all(r["verified"] for r in rows[1:])
     assert len(rows[0]["all_seconds"]) == 3 * 2  # the ceiling ran every timed round of every bucket size
+
+
+def test_bench_sync_streams_a_line_per_row_through_a_pipe(tiny_model_dir, tmp_path):
+    """Read through a pipe, as `rlx bench-sync | tee` is: each row's line arrives when the row is measured, before
+    the bench ends (its JSON is not written yet), and the table and JSON still come at the end."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench.json"
+    args = ["bench-sync", "--model", str(tiny_model_dir), "--repeats", "2", "--verify", "--json", str(out)]
+    for mb in ("1", "2", "4"):
+        args += ["--bucket-mb", mb]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlx", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("measured "):
+                break
+        first = f"measured {tiny_model_dir.name} shm lock-step 1 MiB: "
+        assert lines and lines[-1].startswith(first) and lines[-1].endswith(" GB/s\n"), "".join(lines)
+        assert not out.exists(), "the first row's line came only when the bench had ended"
+        rest = proc.stdout.read()
+    finally:
+        proc.stdout.close()
+        proc.wait(timeout=300)
+    assert proc.returncode == 0, "".join(lines) + rest
+    measured = [line for line in "".join(lines).splitlines() + rest.splitlines() if line.startswith("measured ")]
+    modes = [" ".join(line.split(":")[0].split()[3:]) for line in measured]
+    assert modes == [f"{m} {mb} MiB" for mb in (1, 2, 4) for m in ("lock-step", "double", "zero-copy")] + ["ceiling"]
+    assert "weight sync" in rest and "x ceil" in rest  # the table
+    assert len(json.loads(out.read_text())["rows"]) == 10
