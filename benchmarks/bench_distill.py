@@ -119,7 +119,7 @@ def draw(results: list[dict], teacher_acc: float, out: Path) -> None:
 def main() -> None:
     from rlx.config import load_config
     from rlx.launch.display import Display
-    from rlx.launch.preflight import build_model
+    from rlx.launch.preflight import build_missing
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=30)
@@ -133,7 +133,7 @@ def main() -> None:
 
     cfg = load_config(CONFIG, [])
     if not Path(ROOT / cfg.model.path, "config.json").is_file():
-        build_model(cfg, Display(total_steps=0))
+        build_missing(cfg, Display(total_steps=0))
     teacher = build_teacher(cfg)
     if args.build_teacher:
         return

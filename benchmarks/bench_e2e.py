@@ -99,9 +99,9 @@ def ensure_model(cfg) -> None:
     """Build the workload's starting model once, before either side is timed."""
     if not Path(cfg.model.path, "config.json").is_file():
         from rlx.launch.display import Display
-        from rlx.launch.preflight import build_model
+        from rlx.launch.preflight import build_missing
 
-        build_model(cfg, Display(total_steps=0))
+        build_missing(cfg, Display(total_steps=0))
 
 
 def warm_host(cfg) -> float:

@@ -185,23 +185,37 @@ def check(servers: RolloutRole, trainer: TrainerConfig, num_gpus: int, peer_acce
         )
 
 
+def choose_transport(kind: str, device: str, remote: bool = False, engines_see_sender: bool = True) -> str:
+    """The one decision of ``sync.transport=auto`` (a named transport is kept): a broadcast (``nccl`` on a GPU,
+    ``gloo`` on the CPU) where a receiver is on another host (``remote``) or cannot open the sender's GPU memory
+    (``engines_see_sender``), else the device's shared memory (``cuda_ipc``, ``shm``), which every receiver reads
+    in place. The launcher makes it for the engines it places (``plan``); the trainer's weight sender for the
+    servers it reaches (``rlx.sync.factory``)."""
+    if kind != "auto":
+        return kind
+    cuda = device.startswith("cuda")
+    if remote or not engines_see_sender:
+        return "nccl" if cuda else "gloo"
+    return "cuda_ipc" if cuda else "shm"
+
+
 def sync_transport(servers: RolloutRole, rollout: tuple[Slot, ...], peer_access) -> str:
-    """``sync.transport=auto`` on one GPU host: CUDA IPC where every launched engine sees the sending rank's
-    GPU (it shares it, or can reach it peer-to-peer: ``peer_access(a, b)``), else NCCL; a named transport,
-    or servers beyond this host (the trainer decides then), stay as they are."""
+    """``sync.transport`` for the engines launched on this GPU host (``choose_transport``): whether every one sees
+    the sending rank's GPU (it shares it, or can reach it peer-to-peer: ``peer_access(a, b)``). Left as it is
+    where servers beyond this host are in the run: the trainer's sender decides then, seeing all of them."""
     wanted = servers.sync.transport
     if wanted != "auto" or not rollout or servers.rollout.servers:
         return wanted
     sender = 0  # trainer rank 0 sends, from the first visible GPU
     if all(sender in s.devices or all(peer_access(sender, d) for d in s.devices) for s in rollout):
-        return "cuda_ipc"
+        return choose_transport(wanted, "cuda")
     if any(sender in s.devices for s in rollout):  # NCCL refuses two ranks of one group on one GPU
         raise ConfigError(
             "the engines on GPU 0 need CUDA IPC and the others NCCL (the GPUs of this host cannot "
             "reach each other peer-to-peer), and one sync uses one transport; set "
             "placement.mode=separate, or launch engines on GPU 0 only (rollout.num_servers)"
         )
-    return "nccl"
+    return choose_transport(wanted, "cuda", engines_see_sender=False)
 
 
 def plan(servers: RolloutRole, trainer: TrainerConfig, num_gpus: int, peer_access=None) -> Plan:

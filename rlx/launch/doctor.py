@@ -374,6 +374,7 @@ def diagnose(cfg: RunConfig, size_mb: int = BROADCAST_MB) -> list[Check]:
     """Every check of ``cfg``'s layout: this host (launcher=local) or the Ray cluster (launcher=ray). The model
     directories come first; a problem there is a row like any other, and the layout is still checked."""
     checks, params = model_checks(cfg)
+    checks += role_checks(cfg)
     if cfg.launcher == "ray":
         return checks + _diagnose_ray(cfg, size_mb, params)
     return checks + _diagnose_local(cfg, size_mb, params)
@@ -399,6 +400,29 @@ def model_checks(cfg: RunConfig) -> tuple[list[Check], int]:
             )[1]
         )
     return checks, params
+
+
+def role_checks(cfg: RunConfig) -> list[Check]:
+    """A row for each role's check of its inputs, the list pre-flight runs (``rlx.launch.preflight.ROLE_CHECKS``):
+    the task's data and prompts, the agent's tools, the rollout dump, ... Where the model is still to be built,
+    the checks that read it wait for that build: one row says so."""
+    from rlx.config.errors import ConfigError
+    from rlx.config.roles import rollout_role, trainer_role
+    from rlx.launch.preflight import ROLE_CHECKS, RunInputs
+
+    if not Path(cfg.model.path, "config.json").is_file():
+        return [Check("role inputs", "this host", "checked by `rlx train` once the model is built")]
+    inputs, rows = RunInputs(cfg, rollout_role(cfg), trainer_role(cfg)), []
+    for check in ROLE_CHECKS:
+        try:
+            check.run(inputs)
+        except (ConfigError, ValueError, OSError) as exc:
+            rows.append(Check(check.what, "this host", "refused", str(exc)))
+            if check.keep:  # what the checks after it read is missing: they would fail for the same reason
+                break
+        else:
+            rows.append(Check(check.what, "this host", "ok"))
+    return rows
 
 
 def _model_check(what: str, key: str, path: str, build: str, build_key: str) -> tuple[int, Check]:

@@ -47,7 +47,10 @@ WAIT_NOTE_EVERY_S = 30.0
 
 
 def check_config(cfg: RunConfig) -> None:
-    """The run settings an external task needs; raises ConfigError naming the fix."""
+    """The run settings an external task needs (task.name=external; any other task needs none of them); raises
+    ConfigError naming the fix."""
+    if cfg.task.name != "external":
+        return
     if cfg.rollout.n == 1 and cfg.algorithm.advantage not in GROUPLESS_ADVANTAGES:
         raise ConfigError(
             f"task.name=external with rollout.n=1 and algorithm.advantage={cfg.algorithm.advantage}: "

@@ -3,9 +3,10 @@
 Used by the trainer's controller (``rlx.orchestrator.controller``) and by ``rlx bench-sync``
 (``rlx.bench.sync``). The rules:
 
-* transport ``auto``: a broadcast (``nccl`` on a GPU, ``gloo`` on the CPU) when any receiver is on
-  another host -- one sync uses one transport, and the group reaches local receivers too -- else the
-  device's shared memory (``cuda_ipc`` / ``shm``); a named transport is taken as it is;
+* transport ``auto``: ``rlx.placement.choose_transport``, the one decision of it -- a broadcast (``nccl`` on a
+  GPU, ``gloo`` on the CPU) when any receiver is on another host (one sync uses one transport, and the group
+  reaches local receivers too), else the device's shared memory (``cuda_ipc`` / ``shm``); a named transport
+  is taken as it is;
 * zero-copy: the trainer's weights move into a ``WeightArena`` (the transport's shared buffer) when
   ``sync.zero_copy`` is on, the transport is the device's shared memory, and the caller hands a
   module whose tensors are sent as they are (one rank, the engine's dtype);
@@ -37,16 +38,12 @@ def shared_transport(device: str) -> str:
 def pick_transport(kind: str, device: str, peers: Sequence[str] = ()) -> str:
     """``kind`` (``sync.transport``) made concrete for a sender on ``device`` reaching ``peers``
     (receiver addresses)."""
-    if kind != "auto":
-        if kind not in TRANSPORTS:
-            raise ValueError(f"unknown weight transport {kind!r}; choose one of auto, {', '.join(TRANSPORTS)}")
-        return kind
-    if peers:
-        from rlx.net import is_loopback_address
+    from rlx.net import is_loopback_address
+    from rlx.placement import choose_transport
 
-        if not all(is_loopback_address(a) for a in peers):
-            return "nccl" if device.startswith("cuda") else "gloo"
-    return shared_transport(device)
+    if kind != "auto" and kind not in TRANSPORTS:
+        raise ValueError(f"unknown weight transport {kind!r}; choose one of auto, {', '.join(TRANSPORTS)}")
+    return choose_transport(kind, device, remote=not all(is_loopback_address(a) for a in peers))
 
 
 def make_sender(

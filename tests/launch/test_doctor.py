@@ -169,3 +169,16 @@ def test_doctor_prints_its_whole_table_when_the_model_path_is_wrong(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     assert "problem model on this host: model.path=" in result.stdout and "no config.json" in result.stdout
     assert "gloo broadcast" in result.stdout and "1 problem(s) found" in result.stdout, result.stdout
+
+
+def test_doctor_runs_the_role_checks_preflight_runs(tiny_model_dir, tmp_path):
+    """The checks each role owns of its inputs (rlx.launch.preflight.ROLE_CHECKS) are rows of the doctor's table:
+    a gsm8k file that is not there is named with its fix, and the layout is still checked after it."""
+    config = write_config(tmp_path / "local.yaml", tiny_model_dir, rollout={"backend": "hf"})
+    missing = tmp_path / "data" / "train.jsonl"
+    result = run_doctor(config, "task.name=gsm8k", f"task.path={missing}")
+    found = " ".join(result.stdout.replace("│", " ").split())
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "task this host refused problem" in found and f"problem task on this host: task.path='{missing}'" in found
+    assert "trainer this host ok ok" in found and "checkpoint plugins this host ok ok" in found, result.stdout
+    assert "gloo broadcast" in found and "1 problem(s) found" in found, result.stdout

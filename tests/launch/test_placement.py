@@ -249,3 +249,28 @@ def test_unset_offload_keeps_a_trainer_that_fits_beside_the_engine_on_the_gpu(tm
     (model / "model.safetensors").unlink()
     assert placement.count_parameters(str(model)) is None
     assert resolve_offload(c, 2 * need)[0]
+
+
+def test_the_launcher_and_the_sender_take_one_decision_of_the_transport(tmp_path):
+    """sync.transport=auto is decided in one place (placement.choose_transport): the launcher's plan for the
+    engines it places and the trainer's sender for the servers it reaches give the same answer for the same
+    facts."""
+    from rlx.sync.factory import pick_transport
+
+    assert placement.choose_transport("shm", "cuda", remote=True) == "shm"  # a named one is kept
+    cases = {
+        ("cpu", False, True): "shm",
+        ("cpu", True, True): "gloo",
+        ("cuda", False, True): "cuda_ipc",
+        ("cuda", True, True): "nccl",
+        ("cuda", False, False): "nccl",
+    }
+    for (device, remote, sees), expected in cases.items():
+        assert placement.choose_transport("auto", device, remote, sees) == expected
+    for device in ("cpu", "cuda"):
+        local, remote = ["ipc:///tmp/rlx-0.sock", "tcp://127.0.0.1:5555"], ["tcp://10.0.0.5:5555"]
+        assert pick_transport("auto", device, local) == placement.choose_transport("auto", device)
+        assert pick_transport("auto", device, local + remote) == placement.choose_transport("auto", device, True)
+    c = cfg(tmp_path, "placement.mode=separate", "rollout.backend=vllm")
+    assert plan(c, 2, peers).sync_transport == placement.choose_transport("auto", "cuda")
+    assert plan(c, 2, no_peers).sync_transport == placement.choose_transport("auto", "cuda", engines_see_sender=False)

@@ -209,7 +209,7 @@ def test_the_teacher_is_built_when_missing(config, tmp_path, monkeypatch):
 def test_the_bound_on_a_prompts_tokens_holds_for_real_tokenizers(model, request):
     """Pre-flight skips counting when every prompt's bound (bytes x TOKENS_PER_BYTE_BOUND + SPECIAL_TOKENS_BOUND)
     fits; the bound must hold: here against the tiny model's and SmolLM2's tokenizers, special tokens included."""
-    from rlx.launch.preflight import SPECIAL_TOKENS_BOUND, TOKENS_PER_BYTE_BOUND
+    from rlx.tasks.preflight import SPECIAL_TOKENS_BOUND, TOKENS_PER_BYTE_BOUND
     from rlx.trainer.model import load_tokenizer
 
     tokenizer = load_tokenizer(str(request.getfixturevalue(model)))
@@ -236,10 +236,10 @@ def test_short_prompts_are_checked_without_loading_the_tokenizer(tiny_model_dir,
     script = (
         "import sys\n"
         "from rlx.config import load_config\n"
-        "from rlx.launch.preflight import check_prompts\n"
+        "from rlx.tasks.preflight import check_prompts\n"
         "from rlx.tasks import build_task\n"
         f"cfg = load_config({str(ROOT / 'configs' / 'quickstart.yaml')!r}, ['model.path={tiny_model_dir}'])\n"
-        "check_prompts(cfg, build_task(cfg.task, cfg.model.path))\n"
+        "check_prompts(build_task(cfg.task, cfg.model.path), cfg.model.path, cfg.rollout)\n"
         "print('transformers' in sys.modules)\n"
     )
     done = subprocess.run(
@@ -254,7 +254,8 @@ def test_a_tensor_parallel_size_that_does_not_split_the_heads_is_refused(tiny_mo
     in pre-flight, naming the sizes that do (SmolLM2-135M has 9 heads: TP=2 cannot serve it)."""
     from rlx.config import load_config
     from rlx.config.errors import ConfigError
-    from rlx.launch.preflight import check_tensor_parallel
+    from rlx.config.roles import rollout_role
+    from rlx.rollout.preflight import check_rollout
 
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)
@@ -264,6 +265,6 @@ def test_a_tensor_parallel_size_that_does_not_split_the_heads_is_refused(tiny_mo
     cfg = load_config(ROOT / "configs" / "quickstart.yaml", [f"model.path={model}", "rollout.backend=vllm"])
     cfg.rollout.tensor_parallel_size = 2
     with pytest.raises(ConfigError, match=r"tensor_parallel_size=2 does not divide the 9 attention heads.*\(1, 3\)"):
-        check_tensor_parallel(cfg)
+        check_rollout(rollout_role(cfg))
     cfg.rollout.tensor_parallel_size = 3
-    check_tensor_parallel(cfg)  # 9 heads split over 3
+    check_rollout(rollout_role(cfg))  # 9 heads split over 3

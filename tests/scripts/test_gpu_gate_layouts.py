@@ -26,7 +26,7 @@ def test_every_layout_plans_on_the_gpus_it_claims(gate, smollm2_dir):
     from rlx import placement
     from rlx.config import load_config
     from rlx.config.roles import rollout_role
-    from rlx.launch.preflight import check_tensor_parallel
+    from rlx.rollout.preflight import check_rollout
 
     def reach(a: int, b: int) -> bool:
         return True
@@ -41,7 +41,7 @@ def test_every_layout_plans_on_the_gpus_it_claims(gate, smollm2_dir):
         used = {d for slot in (*plan.trainer, *plan.rollout) for d in slot.devices}
         assert used == set(range(gpus)), (name, plan)
         if smollm2:
-            check_tensor_parallel(cfg)  # the engine's GPUs split the real model's heads
+            check_rollout(servers)  # the engine's GPUs split the real model's heads
         with pytest.raises(Exception, match="GPU"):
             placement.check(servers, cfg.trainer, gpus - 1, peer_access=reach)
 

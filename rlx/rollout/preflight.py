@@ -1,0 +1,32 @@
+"""What a rollout server's inputs must satisfy before `rlx train` starts one: checked in pre-flight
+(``rlx.launch.preflight``) and by ``rlx doctor``, where a mistake is one line naming the fix instead of an
+error inside vLLM minutes later."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rlx.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rlx.config.roles import RolloutRole
+
+
+def check_rollout(role: RolloutRole) -> None:
+    """rollout.tensor_parallel_size splits the model's attention heads evenly (vLLM's rule), else one error
+    naming the head count and the sizes that would."""
+    tp = role.rollout.tensor_parallel_size
+    if tp <= 1 or role.rollout.backend != "vllm":
+        return
+    model = json.loads(Path(role.model.path, "config.json").read_text())
+    heads = model.get("num_attention_heads") or model.get("text_config", {}).get("num_attention_heads")
+    if not heads or heads % tp == 0:
+        return
+    fits = [n for n in range(1, heads + 1) if heads % n == 0 and n <= 8]
+    raise ConfigError(
+        f"rollout.tensor_parallel_size={tp} does not divide the {heads} attention heads of model.path="
+        f"{role.model.path!r}; use a size that does ({', '.join(map(str, fits))}), or serve more engines "
+        "instead (rollout.num_servers: data parallelism)"
+    )
