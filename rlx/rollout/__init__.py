@@ -6,4 +6,5 @@
 - ``openai_http``: the OpenAI-compatible HTTP endpoint that records episodes for training.
 - ``priority``: a server that yields the CPU to the trainer beside it.
 - ``backends/``: the engines behind the server: vLLM (with its worker extension and LoRA loader) and hf.
+- ``preflight``: what a server's inputs must satisfy before one starts.
 """

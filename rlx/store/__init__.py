@@ -5,6 +5,7 @@
 - ``tcp``: the transport across hosts (a ZeroMQ server in the producer's process).
 - ``dump``: ``rollout.dump_dir`` writes each step as safetensors + JSON with a checksummed manifest;
   ``rollout.reuse`` reads it back (checked by pre-flight before any process starts).
+- ``preflight``: the dump check and the removal of killed runs' stores, run before a run starts.
 
 Its users sit above it: the trainer ranks' data plane (``rlx.trainer.plane``), rank 0's step source
 (``rlx.orchestrator.source``) and DAPO's filters (``rlx.orchestrator.filters``); the config sections

@@ -9,7 +9,8 @@ tasks), ``openenv`` (episodes against an OpenEnv environment server, run by ``rl
 ``external`` (episodes an agent records on the servers' OpenAI endpoint, ``external``; its collector is
 ``rlx.orchestrator.external``). ``task.reward`` swaps in a
 user function ``module:function`` (completion, answer) -> float. The order in which train
-problems are used is ``base.DataStream``'s job.
+problems are used is ``base.DataStream``'s job; ``preflight`` checks a task's data, prompts and reward model
+before a run starts.
 """
 
 from __future__ import annotations

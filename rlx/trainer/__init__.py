@@ -9,4 +9,5 @@
 - ``checkpoint``: save and restore; ``offload``: accelerator state to host memory and back (colocated).
 - ``ranks``: the lock-step protocol of the other ranks; ``plane``: their share of a step's rows from the store.
 - ``tiny`` / ``warmstart``: tiny models with a character-level tokenizer, and a task-warmed start.
+- ``preflight``: what the ranks' inputs must satisfy before a run starts, and the builds of missing models.
 """
