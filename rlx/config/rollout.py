@@ -3,7 +3,7 @@ sampling keys that the collector and the trainer both read."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from rlx.config.checks import MIN_TEMPERATURE, check_choice, check_range
 from rlx.config.errors import ConfigError
@@ -28,6 +28,10 @@ class SamplingConfig:
     """Maximum completion tokens per sample (rollout.max_tokens)."""
     stop: tuple[str, ...] = ()
     """Stop strings that end a completion (rollout.stop)."""
+
+    def as_dict(self) -> dict:
+        """The sampling keys as plain values (``stop`` a list): what a request or a manifest records of them."""
+        return {**asdict(self), "stop": list(self.stop)}
 
     @property
     def logprob_temperature(self) -> float:
@@ -133,14 +137,8 @@ class RolloutConfig:
     @property
     def sampling(self) -> SamplingConfig:
         """The sampling keys of this section as the one ``SamplingConfig`` the collector and the trainer read."""
-        return SamplingConfig(
-            n=self.n,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            max_tokens=self.max_tokens,
-            stop=tuple(self.stop),
-        )
+        keys = {f.name: getattr(self, f.name) for f in fields(SamplingConfig)}
+        return SamplingConfig(**{**keys, "stop": tuple(self.stop)})
 
     @property
     def servers_to_launch(self) -> int:

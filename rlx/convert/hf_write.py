@@ -19,6 +19,7 @@ import torch
 
 from rlx.convert.errors import ConvertError
 from rlx.convert.safetensors_writer import OutTensor, Shard, plan_shards, write_index, write_shard
+from rlx.formats.hf_dir import read_json_object
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".distcp")
 DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -46,18 +47,7 @@ def read_model_config(template: Path) -> dict:
             f"{template} has no config.json; pass the Hugging Face directory of this "
             "model (config + tokenizer) so the output can be loaded"
         )
-    if path.stat().st_size > 64 << 20:  # a model config is a few KiB
-        raise ConvertError(
-            f"{path} is {path.stat().st_size / 2**20:.0f} MiB, not a model config; restore the model's config.json"
-        )
-    try:
-        config = json.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConvertError(f"{path} is not valid JSON ({exc}); restore the model's config.json") from None
-    if not isinstance(config, dict):
-        raise ConvertError(
-            f"{path} holds a JSON {type(config).__name__}, not a model config object; restore the model's config.json"
-        )
+    config = read_json_object(path, "a model config", "restore the model's config.json", error=ConvertError)
     return config
 
 

@@ -13,7 +13,6 @@ Left out: merging the adapter into the base weights (load the adapter with peft 
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,16 +28,7 @@ from rlx.convert.plan import Plan, PlanRow
 from rlx.convert.safetensors_io import SafetensorsDir
 from rlx.convert.trainer_ckpt import TrainerCheckpoint
 from rlx.formats.checkpoint import ADAPTER_CONFIG, ADAPTER_FILE
-
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-)
+from rlx.formats.hf_dir import TOKENIZER_FILES, copy_files, read_json_object
 
 
 def holds_adapter(ckpt: TrainerCheckpoint) -> bool:
@@ -99,9 +89,7 @@ class PeftJob:
         with staged_directory(destination) as tmp:
             save_file(tensors, str(tmp / ADAPTER_FILE), metadata={"format": "pt"})
             (tmp / ADAPTER_CONFIG).write_text(json.dumps(self.config, indent=2) + "\n")
-            for name in TOKENIZER_FILES:
-                if (self.ckpt.hf_dir / name).is_file():
-                    shutil.copy2(self.ckpt.hf_dir / name, tmp / name)
+            copy_files(self.ckpt.hf_dir, tmp, TOKENIZER_FILES)
         files = sorted(p.name for p in destination.iterdir())
         bytes_out = (destination / ADAPTER_FILE).stat().st_size
         return RunSummary(
@@ -115,19 +103,15 @@ class PeftJob:
 
 def _read_adapter_config(path: Path) -> dict:
     try:
-        config = json.loads(path.read_bytes())
+        config = read_json_object(path, "a LoRA adapter config", "the checkpoint is corrupt", error=ConvertError)
     except FileNotFoundError:
         raise ConvertError(
             f"{path.parent} has {ADAPTER_FILE} but no {ADAPTER_CONFIG}; the checkpoint is "
             "incomplete, pass an earlier step_* directory"
         ) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConvertError(f"{path} is not valid JSON ({exc}); the checkpoint is corrupt") from None
-    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
+    if config.get("peft_type") != "LORA":
         raise ConvertError(
             f"{path} is not a LoRA adapter config (peft_type={config.get('peft_type')!r} "
             "expected 'LORA'); the checkpoint is corrupt"
-            if isinstance(config, dict)
-            else f"{path} holds no JSON object; the checkpoint is corrupt"
         )
     return config

@@ -3,4 +3,5 @@
 - ``checkpoint``: an rlx trainer checkpoint's on-disk layout and its integrity check.
 - ``peft``: PEFT's LoRA adapter format (key prefix, ``LoraConfig``).
 - ``chat``: prompts from chat messages, through the tokenizer's chat template or plain.
+- ``hf_dir``: a model directory's tokenizer files, and its JSON files read with a bound, as one object.
 """

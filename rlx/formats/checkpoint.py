@@ -25,6 +25,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rlx.formats.hf_dir import read_json_object
+
 FORMAT = "rlx-checkpoint"
 VERSION = 1
 MANIFEST = "manifest.json"
@@ -80,18 +82,10 @@ def read_manifest(ckpt_dir: Path) -> dict[str, Any]:
         raise CorruptCheckpoint(
             f"{ckpt_dir} has no {MANIFEST}: it is partial (a save was interrupted) or not an rlx checkpoint"
         )
-    if path.stat().st_size > MAX_MANIFEST_BYTES:  # a manifest lists files: KiBs, even for thousands of shards
-        raise CorruptCheckpoint(
-            f"{path} is {path.stat().st_size / 2**20:.0f} MiB, not a manifest; the checkpoint is corrupt"
-        )
-    try:
-        manifest = json.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CorruptCheckpoint(f"{path} is not valid JSON ({exc}); the checkpoint is corrupt") from None
-    if not isinstance(manifest, dict):
-        raise CorruptCheckpoint(
-            f"{path} holds a JSON {type(manifest).__name__}, not the manifest object; the checkpoint is corrupt"
-        )
+    # a manifest lists files: KiBs, even for thousands of shards
+    manifest = read_json_object(
+        path, "a manifest", "the checkpoint is corrupt", MAX_MANIFEST_BYTES, CorruptCheckpoint
+    )
     if manifest.get("format") != FORMAT:
         raise CorruptCheckpoint(f"{path} is not an rlx checkpoint manifest (format={manifest.get('format')!r})")
     if manifest.get("version") != VERSION:

@@ -41,15 +41,7 @@ class SamplingSpec(msgspec.Struct, frozen=True):
     @classmethod
     def of(cls, sampling: SamplingConfig, **changes) -> SamplingSpec:
         """The run's sampling (``cfg.sampling``) as a request's, with ``changes`` (e.g. ``n=1``, ``seed=...``)."""
-        fields = {
-            "n": sampling.n,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "top_k": sampling.top_k,
-            "max_tokens": sampling.max_tokens,
-            "stop": list(sampling.stop),
-        }
-        return cls(**{**fields, **changes})
+        return cls(**{**sampling.as_dict(), **changes})
 
 
 class Generate(msgspec.Struct, tag="generate"):

@@ -37,6 +37,7 @@ import msgspec
 import torch
 
 from rlx.config.errors import ConfigError
+from rlx.formats.hf_dir import TOKENIZER_FILES
 from rlx.store.base import Sample, Status
 
 if TYPE_CHECKING:
@@ -47,16 +48,6 @@ SCHEMA_VERSION = 1
 FORMAT = "rlx-rollout-dump"
 MANIFEST = "manifest.json"
 _STEP_FILE = re.compile(r"step_[0-9]{6,}\.safetensors")
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "added_tokens.json",
-    "chat_template.jinja",
-)
 
 
 def model_fingerprint(model_dir: str | Path) -> str:
@@ -72,7 +63,7 @@ def model_fingerprint(model_dir: str | Path) -> str:
 
 def tokenizer_fingerprint(model_dir: str | Path) -> str:
     digest = hashlib.sha256()
-    for name in _TOKENIZER_FILES:
+    for name in TOKENIZER_FILES:
         path = Path(model_dir, name)
         if path.is_file():
             digest.update(name.encode() + b"\0" + path.read_bytes())
@@ -98,13 +89,7 @@ class DumpWriter:
             "schema_version": SCHEMA_VERSION,
             "model": {"path": str(Path(model_path).resolve()), "sha256": model_fingerprint(model_path)},
             "tokenizer": {"sha256": tokenizer_fingerprint(model_path)},
-            "sampling": {
-                "n": r.n,
-                "max_tokens": r.max_tokens,
-                "temperature": r.temperature,
-                "top_p": r.top_p,
-                "top_k": r.top_k,
-            },
+            "sampling": r.sampling.as_dict(),
             "task": {"name": task.name, "seed": task.seed},
             "steps": {},
         }

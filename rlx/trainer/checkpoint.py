@@ -40,21 +40,13 @@ from rlx.formats.checkpoint import (
     verify_checkpoint,
     write_manifest,
 )
+from rlx.formats.hf_dir import CONFIG_FILES, TOKENIZER_FILES, copy_files
 from rlx.trainer.optim import live_implementation
 
 log = logging.getLogger(__name__)
 
-HF_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-)
+HF_FILES = CONFIG_FILES + TOKENIZER_FILES
+"""What a checkpoint's hf/ directory keeps of the model directory: its configs and its tokenizer."""
 
 
 def _options():
@@ -318,9 +310,7 @@ def _json_default(value):
 
 def _copy_hf_files(src: Path, dst: Path) -> None:
     dst.mkdir()
-    for name in HF_FILES:
-        if (src / name).is_file():
-            shutil.copy2(src / name, dst / name)
+    copy_files(src, dst, HF_FILES)
 
 
 def _prune(root: Path, keep: int) -> None:

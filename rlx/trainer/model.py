@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from rlx.formats.hf_dir import TOKENIZER_MARKERS, has_tokenizer, read_json_object
 from rlx.placement import device_type
 
 if TYPE_CHECKING:
@@ -34,7 +35,6 @@ def check_model_dir(path: str, key: str = "model.path") -> Path:
     """``path`` as a Path if it holds what training and the rollout engines load: a config.json that
     parses, weights (safetensors whose headers check out, or ``.bin``) and a tokenizer; else one error
     naming what is missing (``key``: the config key that names the directory)."""
-    import json
 
     from rlx.config.errors import ConfigError
 
@@ -44,22 +44,16 @@ def check_model_dir(path: str, key: str = "model.path") -> Path:
             f"{key}={path!r} is not a Hugging Face model directory (no config.json); "
             f"set {key} to a local directory with config.json, tokenizer and safetensors"
         )
-    try:
-        config = json.loads((model_dir / "config.json").read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{model_dir / 'config.json'} is not valid JSON ({exc}); re-copy the model") from None
-    if not isinstance(config, dict) or "model_type" not in config:
+    config = read_json_object(model_dir / "config.json", "a model config", "re-copy the model", error=ConfigError)
+    if "model_type" not in config:
         raise ConfigError(f"{model_dir / 'config.json'} has no model_type; it is not a transformers model config")
     _check_weights(model_dir, path, key)
-    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+    if not has_tokenizer(model_dir):
         raise ConfigError(
-            f"{key}={path!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+            f"{key}={path!r} has no tokenizer (none of {', '.join(TOKENIZER_MARKERS)}); "
             "copy the model's tokenizer files into it"
         )
     return model_dir
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def _check_weights(model_dir: Path, path: str, key: str) -> None:

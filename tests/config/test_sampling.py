@@ -57,3 +57,23 @@ def test_logprob_temperature_is_the_sampling_one_and_one_for_greedy(temperature,
 def test_a_bad_sampling_value_is_still_named_by_its_rollout_key():
     with pytest.raises(ConfigError, match=r"rollout\.temperature=0\.001"):
         load_config(QUICKSTART, ["rollout.temperature=0.001"])
+
+
+def test_a_request_and_a_dump_manifest_carry_every_sampling_field():
+    """The wire's SamplingSpec declares each SamplingConfig field (it adds the request's seed), and a request made
+    from the run's sampling carries them all: the fields are listed once, in SamplingConfig."""
+    from rlx.rollout.protocol import SamplingSpec
+
+    sampling = SamplingConfig(n=3, temperature=0.7, top_p=0.9, top_k=5, max_tokens=12, stop=("END",))
+    names = [f.name for f in dataclasses.fields(SamplingConfig)]
+    assert set(names) <= set(SamplingSpec.__struct_fields__)
+    spec = SamplingSpec.of(sampling, n=1)
+    assert {name: getattr(spec, name) for name in names} == {**sampling.as_dict(), "n": 1}
+    assert sampling.as_dict() == {
+        "n": 3,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 5,
+        "max_tokens": 12,
+        "stop": ["END"],
+    }

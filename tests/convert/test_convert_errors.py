@@ -100,7 +100,7 @@ def test_broken_or_missing_config_is_named_and_an_existing_output_is_kept(
 @pytest.mark.parametrize(
     "edit, expected",
     [
-        (lambda m: [m], "holds a JSON list, not the manifest object"),
+        (lambda m: [m], "holds a JSON list, not a manifest"),
         (lambda m: dict(m, files={}), "lists no files"),
         (lambda m: dict(m, model_files=[]), "lists no model_files"),
         (lambda m: dict(m, model_files=["elsewhere.safetensors"]), "does not list it among its files"),

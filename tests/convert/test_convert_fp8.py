@@ -256,7 +256,7 @@ def test_a_shard_missing_a_part_is_not_closed_as_complete(tmp_path):
     "content,message",
     [
         ('{"model_type": "llama", ', "config.json is not valid JSON (Expecting property name"),
-        ("[1, 2]", "config.json holds a JSON list, not a model config object"),
+        ("[1, 2]", "config.json holds a JSON list, not a model config"),
         ('{"num_key_value_heads": "two"}', "config.json: num_key_value_heads='two' is not a positive integer"),
         (None, "src has no config.json; pass the Hugging Face directory"),
     ],

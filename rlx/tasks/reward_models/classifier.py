@@ -13,10 +13,10 @@ import asyncio
 from pathlib import Path
 
 from rlx.config.errors import ConfigError
+from rlx.formats.hf_dir import has_tokenizer
 from rlx.tasks.reward_models import Scored
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
 class Classifier:
@@ -94,7 +94,7 @@ def check_classifier(rm) -> None:
             f"set a label in 0..{config.num_labels - 1}"
         )
     tokenizer_fix = "save the classifier's tokenizer into the same directory (tokenizer.save_pretrained(DIR))"
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+    if not has_tokenizer(path):
         raise ConfigError(f"{where} has no tokenizer files; {tokenizer_fix}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
