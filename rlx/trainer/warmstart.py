@@ -5,8 +5,9 @@ RL needs a policy that is sometimes right: a random tiny model never answers "12
 few hundred steps of next-token prediction on the task's *train* problems (never the
 held-out ones), stopping well before it has learned the task, and saves it as a Hugging Face
 directory. It is seeded and single-threaded, so the same arguments give the same model.
-Run it directly (``python -m rlx.trainer.warmstart OUT``) or let ``rlx train`` build it on
-first use (``model.build_if_missing: tiny_math_warmstart``).
+Run it directly (``python -m rlx.trainer.warmstart OUT --config configs/quickstart.yaml`` builds the model
+that config's first run builds; without ``--config``, on tiny_math's default task) or let ``rlx train`` build
+it on first use (``model.build_if_missing: tiny_math_warmstart``).
 """
 
 from __future__ import annotations
@@ -139,15 +140,33 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out_dir")
+    parser.add_argument(
+        "--config",
+        default="",
+        help="a run config: build the model its model.build_if_missing names, on its task and trainer.seed, as "
+        "`rlx train` does on its first run (--steps and --seed are then ignored); default: tiny_math's defaults",
+    )
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+
+    def progress(step: int, steps: int, loss: float) -> None:
+        if step % 50 == 0:
+            print(f"step {step}/{steps} loss {loss:.3f}")
+
+    if args.config:
+        from rlx.config.load import load_config
+
+        cfg = load_config(args.config)
+        if cfg.model.build_if_missing not in RECIPES:
+            raise SystemExit(
+                f"error: {args.config} has model.build_if_missing={cfg.model.build_if_missing!r}, which is not a "
+                f"warm start; pick a config whose model.build_if_missing is one of {', '.join(RECIPES)}"
+            )
+        build_warmstart(cfg.model.build_if_missing, args.out_dir, cfg.task, seed=cfg.trainer.seed, progress=progress)
+        return
     build_tiny_math_warmstart(
-        args.out_dir,
-        TaskConfig(name="tiny_math"),
-        steps=args.steps,
-        seed=args.seed,
-        progress=lambda s, n, loss: print(f"step {s}/{n} loss {loss:.3f}") if s % 50 == 0 else None,
+        args.out_dir, TaskConfig(name="tiny_math"), steps=args.steps, seed=args.seed, progress=progress
     )
 
 
