@@ -10,7 +10,7 @@ from rlx.config.errors import ConfigError
 from rlx.config.reward_models import RewardModelConfig
 
 TASK_CHOICES = ("tiny_math", "gsm8k", "running_sum", "external", "calc", "reasoning_gym", "openenv")
-DATA_FORMAT_CHOICES = ("auto", "jsonl", "parquet", "hf_disk")
+DATA_FORMAT_CHOICES = ("auto", "jsonl", "parquet", "hf_disk", "verl")
 
 
 @dataclass
@@ -26,10 +26,12 @@ class TaskConfig:
     prompt_template: str = "{question}"
     """Prompt text; {question} is replaced by the question."""
     format: str = "auto"
-    """gsm8k: file format of task.path: auto (by suffix; a directory = hf_disk), jsonl, parquet or hf_disk
-    (a `datasets` save_to_disk directory)."""
+    """gsm8k: file format of task.path: auto (by suffix; a directory = hf_disk; a file with verl's columns
+    data_source, prompt, reward_model and no task.question_key column reads as verl), jsonl, parquet, hf_disk (a
+    `datasets` save_to_disk directory) or verl (verl's RL layout: prompt messages, reward_model.ground_truth)."""
     question_key: str = "question"
-    """Column holding the question (gsm8k)."""
+    """Column holding the question (gsm8k); this and the other column keys take a dotted path into a struct
+    column (reward_model.ground_truth)."""
     messages_key: str = ""
     """gsm8k: column holding chat messages [{role, content}] used as the prompt instead of question_key."""
     tools_key: str = ""
@@ -43,7 +45,9 @@ class TaskConfig:
     answer_pattern: str = r"(-?\d+(?:\.\d+)?)"
     """Regex whose last match in a completion is taken as the answer (gsm8k)."""
     reward: str = ""
-    """User reward as 'module:function' (completion, ground_truth) -> float; empty = the task's own."""
+    """User reward as 'module:function' (completion, ground_truth) -> float, given the row's data_source and
+    extra_info too if it takes them by keyword, or verl's (data_source, solution_str, ground_truth, extra_info);
+    empty = the task's own."""
     reward_timeout_s: float = 1800.0
     """Longest the reward function may take scoring one group (or one step's batch) before the run stops naming it;
     0 = no limit."""

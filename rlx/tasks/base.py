@@ -8,17 +8,21 @@ to the rollout client.
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import Protocol
+from typing import Any, Protocol
 
 from rlx.config.errors import ConfigError
 
-RewardFn = Callable[[str, str], float]
-"""A user reward: (completion, ground-truth answer) -> float."""
+RewardFn = Callable[..., float]
+"""A user reward: (completion, ground-truth answer) -> float, optionally taking a row's ``REWARD_EXTRAS`` by
+keyword; or verl's (data_source, solution_str, ground_truth, extra_info=None) -> float."""
+REWARD_EXTRAS = ("data_source", "extra_info")
+"""A dataset row's columns a user reward gets by keyword when its signature takes them (or ``**kwargs``)."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,8 @@ class Problem:
     """Ground truth the reward compares against."""
     source: str = field(default="", compare=False)
     """Where the prompt was read, for errors: e.g. "task.path='data.jsonl' row 12"; empty for generated tasks."""
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """The row's ``REWARD_EXTRAS`` columns it has (data_source, extra_info), for a user reward that takes them."""
 
 
 class Task(Protocol):
@@ -49,7 +55,13 @@ def task_reward(reward_fn: RewardFn | None, correct: Callable[[], bool], complet
     """The shared body of ``Task.reward``: the user's function, or 1.0/0.0 from ``correct()``."""
     if reward_fn is None:
         return 1.0 if correct() else 0.0
-    value = reward_fn(completion, problem.answer)
+    verl_style, extras = _reward_params(reward_fn)
+    if verl_style:  # verl's compute_score(data_source, solution_str, ground_truth, extra_info=None), by name
+        kwargs = {key: problem.extra.get(key) for key in extras}
+        value = reward_fn(solution_str=completion, ground_truth=problem.answer, **kwargs)
+        value = value["score"] if isinstance(value, dict) and "score" in value else value  # verl allows a dict
+    else:
+        value = reward_fn(completion, problem.answer, **{k: v for k, v in problem.extra.items() if k in extras})
     if not isinstance(value, Real) or not math.isfinite(value):
         name = getattr(reward_fn, "__qualname__", repr(reward_fn))
         raise ValueError(
@@ -57,6 +69,18 @@ def task_reward(reward_fn: RewardFn | None, correct: Callable[[], bool], complet
             "it must return a finite float"
         )
     return float(value)
+
+
+def _reward_params(reward_fn: RewardFn) -> tuple[bool, frozenset[str]]:
+    """Whether ``reward_fn`` has verl's signature (a ``solution_str`` parameter), and which ``REWARD_EXTRAS`` it
+    takes by keyword (all of them with ``**kwargs``; none when its signature cannot be read)."""
+    try:
+        params = inspect.signature(reward_fn).parameters
+    except (TypeError, ValueError):
+        return False, frozenset()
+    by_name = {name for name, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    any_keyword = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return "solution_str" in by_name, frozenset(REWARD_EXTRAS if any_keyword else by_name & set(REWARD_EXTRAS))
 
 
 PROMPTS_PER_CALL = 4096

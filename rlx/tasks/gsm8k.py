@@ -1,14 +1,16 @@
 """gsm8k-style math from a local JSONL / Parquet file or datasets directory, with a configurable prompt
 and extraction (reading, column mapping and chat prompts: ``rlx.tasks.dataset``).
 
-Each row has a question (``task.question_key``) and an answer (``task.answer_key``); the
-ground truth is the text after the last ``####`` when present (GSM8K's convention), else the
+Each row has a question (``task.question_key``) and an answer (``task.answer_key``), or is in verl's layout
+(``task.format``); the ground truth is the text after the last ``####`` when present (GSM8K's convention), else the
 whole answer. The prompt is ``task.prompt_template.format(question=...)`` (or the row's messages, with
 ``task.messages_key``), through the tokenizer's chat template when ``task.chat_template`` asks. A completion's
 answer is the last match of ``task.answer_pattern`` (group 1 if the pattern has a group) after
 thousands separators are removed; numbers compare as floats with a 1e-6 tolerance, anything
 else as stripped text. The eval split is ``task.eval_path``, or the last ``task.num_eval``
-rows of ``task.path``. Parquet needs pyarrow. Downloading the dataset is left out: files are local.
+rows of ``task.path``. A row's ``data_source`` and ``extra_info`` columns, when it has them, go to a user reward
+that takes them (``rlx.tasks.base.task_reward``). Parquet needs pyarrow. Downloading the dataset is left out:
+files are local.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlx.config.errors import ConfigError
-from rlx.tasks.base import Problem, RewardFn, task_reward
-from rlx.tasks.dataset import PromptMaker, check_columns, read_dataset
+from rlx.tasks.base import REWARD_EXTRAS, Problem, RewardFn, task_reward
+from rlx.tasks.dataset import PromptMaker, check_columns, column, read_dataset, with_layout
 
 if TYPE_CHECKING:
     from rlx.config.task import TaskConfig
@@ -89,14 +91,15 @@ def ground_truth(answer) -> str:
 def to_problems(
     rows: list[dict], cfg: TaskConfig, first_id: int, config_key: str, make_prompt: PromptMaker
 ) -> list[Problem]:
-    check_columns(rows, {**make_prompt.columns(), cfg.answer_key: "task.answer_key"}, config_key)
     path = getattr(cfg, config_key.rsplit(".", maxsplit=1)[-1])  # task.path or task.eval_path
+    check_columns(rows, {**make_prompt.columns(), cfg.answer_key: "task.answer_key"}, config_key, path)
     return [
         Problem(
             id=first_id + i,
             prompt=make_prompt(row, f"{config_key} row {i}"),
-            answer=ground_truth(row[cfg.answer_key]),
+            answer=ground_truth(column(row, cfg.answer_key)),
             source=f"{config_key}={path!r} row {i}",
+            extra={key: row[key] for key in REWARD_EXTRAS if key in row},
         )
         for i, row in enumerate(rows)
     ]
@@ -130,8 +133,10 @@ class Gsm8k:
     def from_config(cls, cfg: TaskConfig, reward_fn: RewardFn | None = None, tokenizer_path: str = "") -> Gsm8k:
         pattern = _compile(cfg.answer_pattern)
         _check_template(cfg.prompt_template)
+        rows = read_dataset(cfg.path, cfg.format)
+        cfg = with_layout(cfg, rows)
         make_prompt = PromptMaker(cfg, tokenizer_path)
-        train = to_problems(read_dataset(cfg.path, cfg.format), cfg, 0, "task.path", make_prompt)
+        train = to_problems(rows, cfg, 0, "task.path", make_prompt)
         if cfg.eval_path:
             eval_rows = read_dataset(cfg.eval_path, cfg.format, "task.eval_path")
             eval_ = to_problems(eval_rows, cfg, len(train), "task.eval_path", make_prompt)
