@@ -78,9 +78,12 @@ def _reward_params(reward_fn: RewardFn) -> tuple[bool, frozenset[str]]:
         params = inspect.signature(reward_fn).parameters
     except (TypeError, ValueError):
         return False, frozenset()
-    by_name = {name for name, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    by_name = [name for name, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     any_keyword = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    return "solution_str" in by_name, frozenset(REWARD_EXTRAS if any_keyword else by_name & set(REWARD_EXTRAS))
+    if "solution_str" in by_name:
+        return True, frozenset(set(by_name) & set(REWARD_EXTRAS))
+    extras = set(by_name[2:])  # the first two take (completion, answer) by position, whatever their names
+    return False, frozenset(REWARD_EXTRAS if any_keyword else extras & set(REWARD_EXTRAS))
 
 
 PROMPTS_PER_CALL = 4096

@@ -94,6 +94,9 @@ def reward_module(tmp_path, monkeypatch):
             def plain(completion, answer):
                 return float(answer in completion)
 
+            def named_oddly(completion, data_source):
+                return float(data_source == "8")  # its second parameter takes the answer, as before
+
             def with_source(completion, answer, data_source=None):
                 return 1.0 if data_source == "other" else 0.5
 
@@ -117,6 +120,7 @@ def test_user_rewards_get_data_source_and_extra_info_when_they_take_them(verl_fi
         return [task.reward(completion, p) for p in task.train]
 
     assert rewards("plain", "the answer is 8") == [0.0, 1.0, 0.0]  # the 2-argument signature as before
+    assert rewards("named_oddly", "") == [0.0, 1.0, 0.0]
     assert rewards("with_source", "") == [0.5, 0.5, 1.0]
     assert rewards("with_kwargs", "") == [0.0, 1.0, 12.0]
     assert rewards("compute_score", "so 5") == [1.0, 0.1, 0.2]  # verl's own signature, its dict's score
