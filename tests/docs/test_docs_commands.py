@@ -1,4 +1,5 @@
-"""The user docs as tests: every fenced ```bash block of README.md and docs/*.md runs as written.
+"""The user docs as tests: every fenced shell block (```bash, ```sh or ```shell) of README.md and docs/*.md runs
+as written, and a shell block under any other tag (```console, ```zsh ...) is an error: it would never run.
 
 The blocks of a document run in its order, each as one `bash -e` script, in one scratch directory holding a
 copy of what a clone gives a user (configs/, benchmarks/, docs/, scripts/, Makefile, README.md), with `rlx` and
@@ -9,10 +10,11 @@ ended with its process group.
 A line that cannot run here is in SKIP with its reason (a GPU, a Ray cluster of several nodes, a run of many
 minutes, the set-up that installs packages); `make quickstart` runs as the command its training half is
 (STAND_INS). A block whose every line is skipped is reported skipped with the reasons. Blocks that take
-minutes (a whole quickstart, the tools and distillation quickstarts) carry the `docs_slow` marker: the suite
-skips them unless the marker is selected, and `make test-docs` (pytest -m docs_slow) runs them. A block that
-reads the quickstart's run (`runs/quickstart`) gets a 10-step quickstart first when the scratch directory has
-none: the full one is a docs_slow block of its own.
+minutes (a whole quickstart, the tools and distillation quickstarts, the OpenEnv run) carry the `docs_slow`
+marker: the suite skips them unless the marker is selected, and `make test-docs` (pytest -m docs_slow) runs them.
+Each of those entries, and each line skipped for taking minutes, says how long it takes (a test checks that). A
+block that reads the quickstart's run (`runs/quickstart`) gets a 10-step quickstart first when the scratch
+directory has none: the full one is a docs_slow block of its own.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 USER_FILES = ("configs", "benchmarks", "docs", "scripts", "Makefile", "README.md", "pyproject.toml")
+SHELL_FENCES = ("bash", "sh", "shell")
+OTHER_SHELL_FENCES = ("console", "shell-session", "zsh", "fish", "ksh", "terminal")
+"""Tags a reader takes for a shell and this runner does not run: the docs use ```bash instead."""
+DURATION = re.compile(r"\b\d+(?:\.\d+)?\s*(?:s|min|minutes?)\b")
 
 SKIP = [
     (r"make test\b", "the test suite itself: this runner is one of its tests"),
@@ -45,8 +51,15 @@ SKIP = [
         r"(export RAY_AUTH_MODE=|ray get-auth-token|ray start|ray job submit)\b",
         "needs a Ray cluster of several nodes (HEAD_IP); tests/launch/test_ray.py runs the launcher on a local one",
     ),
-    (r"python benchmarks/bench_convert\.py\b", "a benchmark of minutes: writes and converts 1.7-4 GB checkpoints"),
-    (r"python benchmarks/bench_trace\.py\b", "a benchmark of minutes: opens a million-entry trace repeatedly"),
+    (
+        r"python benchmarks/bench_convert\.py\b",
+        "a benchmark of minutes (about 5 min on 2 cores): writes and converts 1.7-4 GB checkpoints",
+    ),
+    (
+        r"python benchmarks/bench_trace\.py\b",
+        "a benchmark of minutes (the viewer part, 5 repeats: 117 s on 2 shared cores): opens a million-entry "
+        "trace repeatedly",
+    ),
     (
         r"rlx trace-view runs/quickstart\s*(#.*)?$",
         "opens the interactive viewer (a terminal and keys); the --summary / --export / --screenshot lines run it "
@@ -60,15 +73,33 @@ STAND_INS = [
         "its set-up half creates .venv with pip; its training half is this command",
     ),
 ]
+QUICKSTART_TIME = "43 s on 2 shared cores, 99 s on the first run, which builds the model (results/quickstart_epyc.json)"
 SLOW = [
-    (r"rlx train configs/quickstart\.yaml(\s+trace\.enabled=true)?\s*(#.*)?$", "the whole 60-step quickstart"),
-    (r"make quickstart\b", "the whole 60-step quickstart"),
-    (r"rlx train configs/quickstart_tools\.yaml\b", "the tools quickstart: a warm start and 30 two-turn steps"),
-    (r"rlx train configs/quickstart_distill\.yaml\b", "builds a teacher (1600 steps), then 30 steps"),
+    (
+        r"rlx train configs/quickstart\.yaml(\s+trace\.enabled=true)?\s*(#.*)?$",
+        f"the whole 60-step quickstart: {QUICKSTART_TIME}",
+    ),
+    (r"make quickstart\b", f"the whole 60-step quickstart: {QUICKSTART_TIME}"),
+    (
+        r"rlx train configs/quickstart_tools\.yaml\b",
+        "the tools quickstart: a warm start and 30 two-turn steps, 69 s once the warm start is built "
+        "(results/quickstart_tools_sync_vs_fully_async.json)",
+    ),
+    (
+        r"rlx train configs/quickstart_distill\.yaml\b",
+        "builds the student (about 1 min) and a teacher (1600 steps, about 3 min), then 30 steps (about 45 s): "
+        "about 5 min on 2 shared cores (results/bench_distill_epyc*.json)",
+    ),
+    (
+        r"rlx train configs/openenv_echo\.yaml\b",
+        "the OpenEnv echo run: SmolLM2 imported, a vLLM server, 10 two-turn steps of about 67 s on 2 cores: "
+        "about 11 min (docs/agents.md); 110 s a step on a busy VM",
+    ),
 ]
 QUICKSTART_RUN = "runs/quickstart"
 PRELUDE = ["rlx", "train", "configs/quickstart.yaml", "trainer.total_steps=10", "logging.console=false"]
-BLOCK_TIMEOUT_S = {False: 300, True: 1500}
+BLOCK_TIMEOUT_S = {False: 300, True: 1800}
+"""A block's limit in s: 5 min, or 30 min for a docs_slow one (the OpenEnv run takes 11 min on a quiet 2-core VM)."""
 
 
 @dataclass
@@ -122,10 +153,10 @@ def _in_heredoc(lines_so_far: list[str]) -> bool:
     return terminator is not None
 
 
-def bash_blocks(doc: Path) -> list[Block]:
+def shell_blocks(doc: Path) -> list[Block]:
     blocks, current = [], None
     for number, line in enumerate(doc.read_text().splitlines(), start=1):
-        if current is None and line.strip() == "```bash":
+        if current is None and line.strip() in {f"```{tag}" for tag in SHELL_FENCES}:
             current = Block(doc, number, [])
         elif current is not None and line.strip() == "```":
             current.skipped = [(c.strip(), _match(SKIP, c.strip())) for c in current.lines if _match(SKIP, c.strip())]
@@ -136,11 +167,12 @@ def bash_blocks(doc: Path) -> list[Block]:
     return blocks
 
 
-BLOCKS = [block for doc in DOCS for block in bash_blocks(doc)]
+BLOCKS = [block for doc in DOCS for block in shell_blocks(doc)]
 
 
 def _param(block: Block):
-    marks = [pytest.mark.docs_slow] if block.slow else []
+    # a docs_slow block may run past the suite's per-test timeout (pyproject's 600 s): its own limit applies
+    marks = [pytest.mark.docs_slow, pytest.mark.timeout(BLOCK_TIMEOUT_S[True] + 60)] if block.slow else []
     if block.runs_nothing:
         reasons = "; ".join(dict.fromkeys(reason for _, reason in block.skipped))
         marks.append(pytest.mark.skip(reason=f"every line is on the skip list: {reasons}"))
@@ -150,7 +182,7 @@ def _param(block: Block):
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory) -> dict:
     """A clone's user-facing files, and a PATH whose `rlx` and `python` are this environment's, importing the
-    code of this repository."""
+    code of this repository, followed by the environment's other scripts."""
     work = tmp_path_factory.mktemp("docs") / "clone"
     work.mkdir()
     for name in USER_FILES:
@@ -166,7 +198,8 @@ def scratch(tmp_path_factory) -> dict:
         (bin_dir / name).chmod(0o755)
     env = dict(
         os.environ,
-        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        # then this environment's own scripts (openenv, uvicorn), as an activated venv has them
+        PATH=os.pathsep.join((str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"])),
         PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
     )
     return {"dir": work, "env": env}
@@ -213,7 +246,7 @@ def ensure_quickstart_run(scratch: dict) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("block", [_param(b) for b in BLOCKS])
-def test_bash_block_runs_as_written(block: Block, scratch):
+def test_shell_block_runs_as_written(block: Block, scratch):
     script = block.script()
     trains_it = re.search(r"^rlx train configs/quickstart\.yaml\b", script, re.M)
     if QUICKSTART_RUN in script and not trains_it:
@@ -230,7 +263,30 @@ def test_every_skip_and_stand_in_still_matches_a_line_of_the_docs():
     """An entry that matches nothing is stale: it would hide a command added later under the same words."""
     lines = [line.strip() for block in BLOCKS for line in block.lines]
     for entry in (*SKIP, *STAND_INS, *SLOW):
-        assert any(re.match(entry[0], line) for line in lines), f"no bash line of the docs matches {entry[0]!r}"
+        assert any(re.match(entry[0], line) for line in lines), f"no shell line of the docs matches {entry[0]!r}"
+
+
+def test_no_shell_block_hides_under_a_tag_the_runner_skips():
+    """A ```console or ```zsh block would never run here: the docs spell every shell block ```bash (or sh)."""
+    found = [
+        f"{doc.relative_to(ROOT)}:{number}: {line.strip()}"
+        for doc in DOCS
+        for number, line in enumerate(doc.read_text().splitlines(), start=1)
+        if line.strip().lower() in {f"```{tag}" for tag in OTHER_SHELL_FENCES}
+    ]
+    assert not found, "use ```bash for these blocks, so that they run as tests:\n" + "\n".join(found)
+
+
+def test_every_long_command_says_how_long_it_takes():
+    """The entries for blocks of minutes (docs_slow) and the lines skipped for taking minutes name their time."""
+    long = [entry for entry in SLOW] + [entry for entry in SKIP if "minutes" in entry[-1]]
+    missing = [entry[0] for entry in long if not DURATION.search(entry[-1])]
+    assert not missing, f"say how long these take (e.g. 'about 3 min on 2 cores') in their reason: {missing}"
+
+
+def test_every_shell_fence_is_found():
+    """The sh block of docs/agents.md (the OpenEnv run) is one of the blocks, as every ```sh block is."""
+    assert any(block.doc.name == "agents.md" and "openenv init echo_env" in block.lines for block in BLOCKS)
 
 
 def test_the_runner_finds_the_blocks_and_keeps_heredocs_whole():
