@@ -1,4 +1,4 @@
-"""The GPU gate: every one- and two-GPU layout of `rlx train` with a real model, checked and measured.
+"""The GPU gate: the one- and two-GPU layouts of `rlx train` in LAYOUTS, each with a real model, checked, measured.
 
 Run on a GPU host (docs/gpu.md says how), from the repository root:
 
