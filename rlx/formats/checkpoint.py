@@ -83,9 +83,7 @@ def read_manifest(ckpt_dir: Path) -> dict[str, Any]:
             f"{ckpt_dir} has no {MANIFEST}: it is partial (a save was interrupted) or not an rlx checkpoint"
         )
     # a manifest lists files: KiBs, even for thousands of shards
-    manifest = read_json_object(
-        path, "a manifest", "the checkpoint is corrupt", MAX_MANIFEST_BYTES, CorruptCheckpoint
-    )
+    manifest = read_json_object(path, "a manifest", "the checkpoint is corrupt", MAX_MANIFEST_BYTES, CorruptCheckpoint)
     if manifest.get("format") != FORMAT:
         raise CorruptCheckpoint(f"{path} is not an rlx checkpoint manifest (format={manifest.get('format')!r})")
     if manifest.get("version") != VERSION:
