@@ -4,4 +4,5 @@
 - ``peft``: PEFT's LoRA adapter format (key prefix, ``LoraConfig``).
 - ``chat``: prompts from chat messages, through the tokenizer's chat template or plain.
 - ``hf_dir``: a model directory's tokenizer files, and its JSON files read with a bound, as one object.
+- ``hub``: Hugging Face Hub model ids (``ORG/NAME[@REVISION]``) resolved to snapshot directories of its cache.
 """
