@@ -10,7 +10,7 @@ from rlx.config.errors import ConfigError
 from rlx.config.reward_models import RewardModelConfig
 
 TASK_CHOICES = ("tiny_math", "gsm8k", "running_sum", "external", "calc", "reasoning_gym", "openenv")
-DATA_FORMAT_CHOICES = ("auto", "jsonl", "parquet", "hf_disk", "verl")
+DATA_FORMAT_CHOICES = ("auto", "jsonl", "parquet", "arrow", "hf_disk", "hub", "verl")
 
 
 @dataclass
@@ -20,9 +20,22 @@ class TaskConfig:
     datasets file), external (episodes an agent records on the rollout servers' OpenAI endpoint) or openenv (episodes
     against an OpenEnv environment server, agent.openenv)."""
     path: str = ""
-    """gsm8k: local JSONL or Parquet file with question/answer columns."""
+    """gsm8k: the rows: a local .jsonl, .parquet or .arrow file, a datasets save_to_disk directory, or a Hub dataset
+    id (user/name, read through datasets' cache; HF_DATASETS_OFFLINE=1 reads only the cache)."""
     eval_path: str = ""
-    """gsm8k: optional held-out file; empty = hold out task.num_eval rows of task.path."""
+    """gsm8k: optional held-out file (or Hub id); empty = task.eval_split, else the last task.num_eval rows of
+    task.path."""
+    split: str = "train"
+    """gsm8k: the split of a Hub dataset or a datasets directory of splits that task.path trains on."""
+    eval_split: str = ""
+    """gsm8k: a split of task.path held out for evaluation (e.g. test); empty = task.eval_path or task.num_eval rows."""
+    subset: str = ""
+    """gsm8k: a Hub dataset's configuration (subset) name, e.g. main for openai/gsm8k; empty = its default."""
+    revision: str = ""
+    """gsm8k: a Hub dataset's revision (branch, tag or commit) to read; empty = main (or what the cache holds)."""
+    streaming: bool = False
+    """gsm8k: read the train split lazily, rows when a step draws them (parquet by row group; arrow, datasets
+    directories, Hub ids and JSONL memory-mapped from datasets' arrow files), for sets larger than memory."""
     prompt_template: str = "{question}"
     """Prompt text; {question} is replaced by the question."""
     format: str = "auto"
@@ -38,6 +51,11 @@ class TaskConfig:
     """gsm8k: column holding tool schemas passed to the chat template (apply_chat_template(tools=...))."""
     system_prompt: str = ""
     """gsm8k: system message put first in every prompt (when the row's messages have none)."""
+    system_key: str = ""
+    """gsm8k: column holding each row's system message (wins over task.system_prompt; empty values fall back to it)."""
+    extra_keys: list[str] = field(default_factory=list)
+    """gsm8k: columns handed to a user reward by keyword when it takes them, beside data_source and extra_info (a
+    dotted key under its last part: meta.level -> level)."""
     chat_template: str = "auto"
     """gsm8k: prompts through the tokenizer's chat template: auto (when it has one), on, or off (plain text)."""
     answer_key: str = "answer"
@@ -57,6 +75,9 @@ class TaskConfig:
     """A learned reward scored over each step's samples: a served judge or a local sequence classifier."""
     num_eval: int = 128
     """Held-out prompts used for evaluation."""
+    eval_k: int = 1
+    """Samples per held-out prompt for pass@k and maj@k (rlx eval, and every evaluation of rlx train when > 1), drawn at
+    the rollout temperature (trainer.eval_temperature when > 0) with fixed seeds; 1 = the greedy accuracy alone."""
     max_operand: int = 30
     """tiny_math, running_sum: operands are drawn from [0, max_operand]."""
     num_examples: int = 2
@@ -78,10 +99,21 @@ class TaskConfig:
     def __post_init__(self) -> None:
         check_choice("task.name", self.name, TASK_CHOICES)
         if self.name == "gsm8k" and not self.path:
-            raise ConfigError("task.name=gsm8k needs task.path; set task.path to a local .jsonl or .parquet file")
+            raise ConfigError(
+                "task.name=gsm8k needs task.path; set it to a local .jsonl, .parquet or .arrow file, a datasets "
+                "directory or a Hub dataset id"
+            )
         check_choice("task.format", self.format, DATA_FORMAT_CHOICES)
         check_choice("task.chat_template", self.chat_template, ("auto", "on", "off"))
         check_range("task.num_eval", self.num_eval, 0)
+        check_range("task.eval_k", self.eval_k, 1)
+        if self.eval_path and self.eval_split:
+            raise ConfigError(
+                f"task.eval_path={self.eval_path!r} and task.eval_split={self.eval_split!r} both name the held-out "
+                "rows; set one of them"
+            )
+        if not self.split:
+            raise ConfigError("task.split is empty; name the split task.path trains on (e.g. train)")
         check_range("task.reward_timeout_s", self.reward_timeout_s, 0.0)
         check_range("task.reward_workers", self.reward_workers, 1)
         check_range("task.max_operand", self.max_operand, 1)

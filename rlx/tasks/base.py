@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any, Protocol
@@ -36,7 +36,8 @@ class Problem:
     source: str = field(default="", compare=False)
     """Where the prompt was read, for errors: e.g. "task.path='data.jsonl' row 12"; empty for generated tasks."""
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
-    """The row's ``REWARD_EXTRAS`` columns it has (data_source, extra_info), for a user reward that takes them."""
+    """The row's ``REWARD_EXTRAS`` columns it has (data_source, extra_info) and its ``task.extra_keys``, for a user
+    reward that takes them by keyword."""
 
 
 class Task(Protocol):
@@ -55,13 +56,14 @@ def task_reward(reward_fn: RewardFn | None, correct: Callable[[], bool], complet
     """The shared body of ``Task.reward``: the user's function, or 1.0/0.0 from ``correct()``."""
     if reward_fn is None:
         return 1.0 if correct() else 0.0
-    verl_style, extras = _reward_params(reward_fn)
+    verl_style, takes = _reward_params(reward_fn)
+    extras = {k: v for k, v in problem.extra.items() if takes is None or k in takes}
     if verl_style:  # verl's compute_score(data_source, solution_str, ground_truth, extra_info=None), by name
-        kwargs = {key: problem.extra.get(key) for key in extras}
-        value = reward_fn(solution_str=completion, ground_truth=problem.answer, **kwargs)
+        kwargs = {key: problem.extra.get(key) for key in REWARD_EXTRAS if key in takes}
+        value = reward_fn(solution_str=completion, ground_truth=problem.answer, **{**extras, **kwargs})
         value = value["score"] if isinstance(value, dict) and "score" in value else value  # verl allows a dict
     else:
-        value = reward_fn(completion, problem.answer, **{k: v for k, v in problem.extra.items() if k in extras})
+        value = reward_fn(completion, problem.answer, **extras)
     if not isinstance(value, Real) or not math.isfinite(value):
         name = getattr(reward_fn, "__qualname__", repr(reward_fn))
         raise ValueError(
@@ -71,9 +73,9 @@ def task_reward(reward_fn: RewardFn | None, correct: Callable[[], bool], complet
     return float(value)
 
 
-def _reward_params(reward_fn: RewardFn) -> tuple[bool, frozenset[str]]:
-    """Whether ``reward_fn`` has verl's signature (a ``solution_str`` parameter), and which ``REWARD_EXTRAS`` it
-    takes by keyword (all of them with ``**kwargs``; none when its signature cannot be read)."""
+def _reward_params(reward_fn: RewardFn) -> tuple[bool, frozenset[str] | None]:
+    """Whether ``reward_fn`` has verl's signature (a ``solution_str`` parameter), and the names it takes by keyword
+    (None: any, it has ``**kwargs``; none when its signature cannot be read)."""
     try:
         params = inspect.signature(reward_fn).parameters
     except (TypeError, ValueError):
@@ -81,9 +83,9 @@ def _reward_params(reward_fn: RewardFn) -> tuple[bool, frozenset[str]]:
     by_name = [name for name, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     any_keyword = any(p.kind is p.VAR_KEYWORD for p in params.values())
     if "solution_str" in by_name:
-        return True, frozenset(set(by_name) & set(REWARD_EXTRAS))
-    extras = set(by_name[2:])  # the first two take (completion, answer) by position, whatever their names
-    return False, frozenset(REWARD_EXTRAS if any_keyword else extras & set(REWARD_EXTRAS))
+        return True, frozenset(set(by_name) - {"solution_str", "ground_truth"})
+    # the first two take (completion, answer) by position, whatever their names
+    return False, None if any_keyword else frozenset(by_name[2:])
 
 
 PROMPTS_PER_CALL = 4096
@@ -119,10 +121,10 @@ def check_prompt_lengths(
 class DataStream:
     """A resumable, seeded, epoch-shuffled order over a list of problems."""
 
-    def __init__(self, problems: list[Problem], seed: int) -> None:
+    def __init__(self, problems: Sequence[Problem], seed: int) -> None:
         if not problems:
             raise ValueError("the task has no training problems; check task.path / task.num_eval")
-        self.problems = list(problems)
+        self.problems = list(problems) if isinstance(problems, list) else problems  # task.streaming: read when drawn
         self.seed = seed
         self.epoch = 0
         self.index = 0

@@ -18,13 +18,22 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlx.config.errors import ConfigError
 from rlx.tasks.base import REWARD_EXTRAS, Problem, RewardFn, task_reward
-from rlx.tasks.dataset import PromptMaker, check_columns, column, read_dataset, with_layout
+from rlx.tasks.dataset import (
+    LazyProblems,
+    PromptMaker,
+    check_columns,
+    column,
+    read_dataset,
+    reward_extras,
+    with_layout,
+)
 
 if TYPE_CHECKING:
     from rlx.config.task import TaskConfig
@@ -89,20 +98,40 @@ def ground_truth(answer) -> str:
 
 
 def to_problems(
-    rows: list[dict], cfg: TaskConfig, first_id: int, config_key: str, make_prompt: PromptMaker
-) -> list[Problem]:
+    rows: Sequence[dict],
+    cfg: TaskConfig,
+    first_id: int,
+    config_key: str,
+    make_prompt: PromptMaker,
+    split: str = "",
+    lazy: bool = False,
+) -> Sequence[Problem]:
+    """The problems of ``rows`` (ids from ``first_id``); ``lazy``: each made when drawn, the columns checked on the
+    first ``CHECKED_AHEAD`` rows now and on every row when it is made."""
     path = getattr(cfg, config_key.rsplit(".", maxsplit=1)[-1])  # task.path or task.eval_path
-    check_columns(rows, {**make_prompt.columns(), cfg.answer_key: "task.answer_key"}, config_key, path)
-    return [
-        Problem(
+    columns = {**make_prompt.columns(), cfg.answer_key: "task.answer_key"}
+    where = f"{config_key}={path!r}"
+
+    def make(row: dict, i: int) -> Problem:
+        if lazy:
+            check_columns([row], columns, config_key, path, split, first=i)
+        return Problem(
             id=first_id + i,
             prompt=make_prompt(row, f"{config_key} row {i}"),
             answer=ground_truth(column(row, cfg.answer_key)),
-            source=f"{config_key}={path!r} row {i}",
-            extra={key: row[key] for key in REWARD_EXTRAS if key in row},
+            source=f"{where} row {i}",
+            extra=reward_extras(row, cfg, REWARD_EXTRAS),
         )
-        for i, row in enumerate(rows)
-    ]
+
+    if lazy:
+        check_columns(rows[:CHECKED_AHEAD], columns, config_key, path, split)
+        return LazyProblems(rows, 0, len(rows), make)
+    check_columns(rows, columns, config_key, path, split)
+    return [make(row, i) for i, row in enumerate(rows)]
+
+
+CHECKED_AHEAD = 256
+"""task.streaming: rows whose columns are checked when the task is built (each row is checked again when drawn)."""
 
 
 def extract_answer(completion: str, pattern: re.Pattern) -> str | None:
@@ -123,7 +152,7 @@ def same_answer(predicted: str, truth: str) -> bool:
 
 @dataclass
 class Gsm8k:
-    train: list[Problem] = field(repr=False)
+    train: Sequence[Problem] = field(repr=False)
     eval: list[Problem] = field(repr=False)
     answer_pattern: re.Pattern
     reward_fn: RewardFn | None = None
@@ -133,20 +162,28 @@ class Gsm8k:
     def from_config(cls, cfg: TaskConfig, reward_fn: RewardFn | None = None, tokenizer_path: str = "") -> Gsm8k:
         pattern = _compile(cfg.answer_pattern)
         _check_template(cfg.prompt_template)
-        rows = read_dataset(cfg.path, cfg.format)
-        cfg = with_layout(cfg, rows)
+        hub = {"subset": cfg.subset, "revision": cfg.revision}
+        rows = read_dataset(cfg.path, cfg.format, split=cfg.split, lazy=cfg.streaming, **hub)
+        cfg = with_layout(cfg, rows[:1])
         make_prompt = PromptMaker(cfg, tokenizer_path)
-        train = to_problems(rows, cfg, 0, "task.path", make_prompt)
-        if cfg.eval_path:
-            eval_rows = read_dataset(cfg.eval_path, cfg.format, "task.eval_path")
-            eval_ = to_problems(eval_rows, cfg, len(train), "task.eval_path", make_prompt)
+        split = cfg.split if cfg.split != "train" else ""
+        train = to_problems(rows, cfg, 0, "task.path", make_prompt, split, lazy=cfg.streaming)
+        if cfg.eval_path or cfg.eval_split:
+            key, where = ("task.eval_path", cfg.eval_path) if cfg.eval_path else ("task.path", cfg.path)
+            eval_split = cfg.eval_split or cfg.split
+            eval_rows = read_dataset(where, cfg.format, key, split=eval_split, **hub)
+            eval_ = to_problems(
+                eval_rows, cfg, len(train), key, make_prompt, cfg.eval_split and f"held-out {eval_split}"
+            )
         elif cfg.num_eval >= len(train):
             raise ConfigError(
                 f"task.num_eval={cfg.num_eval} leaves no training rows out of {len(train)} in "
-                f"{cfg.path}; lower task.num_eval or set task.eval_path"
+                f"{cfg.path}; lower task.num_eval or set task.eval_path (or task.eval_split)"
             )
-        else:
-            train, eval_ = train[: len(train) - cfg.num_eval], train[len(train) - cfg.num_eval :]
+        else:  # the last rows of the file, whatever the order steps draw: the same held-out rows every run
+            cut = len(train) - cfg.num_eval
+            eval_ = list(train[cut:])
+            train = LazyProblems(train.rows, 0, cut, train.make) if cfg.streaming else train[:cut]
         return cls(train, eval_, pattern, reward_fn)
 
     def is_correct(self, completion: str, problem: Problem) -> bool:

@@ -1,5 +1,6 @@
 """What a task needs before a run starts: its data loads, every train and eval prompt fits the rollout context
-with room for a completion (counted as the rollout backend counts it), and its learned reward, if any, is there.
+with room for a completion (counted as the rollout backend counts it; of a streamed train split, its first rows),
+and its learned reward, if any, is there.
 Checked in pre-flight (``rlx.launch.preflight``), which then hands the built task to the checks after it."""
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ def check_prompts(task: Task, model_path: str, rollout: RolloutConfig) -> None:
     rollout backend counts a text prompt (vLLM adds the tokenizer's special tokens, such as BOS; hf does not).
     Where every prompt is short enough that even the bound on its token count fits, nothing is counted: the
     tokenizer (transformers' import takes seconds of the run's start, before its servers start) is not loaded."""
-    from rlx.tasks.base import check_prompt_lengths
+    from rlx.tasks.base import PROMPTS_PER_CALL, check_prompt_lengths
 
-    problems = list(task.train) + list(task.eval)
+    # task.streaming: the train split is read when drawn; its first rows are checked here, every eval row
+    train = task.train if isinstance(task.train, list) else task.train[:PROMPTS_PER_CALL]
+    problems = list(train) + list(task.eval)
     limit = rollout.max_model_len
     if all(TOKENS_PER_BYTE_BOUND * len(p.prompt.encode()) + SPECIAL_TOKENS_BOUND < limit for p in problems):
         return

@@ -93,7 +93,7 @@ def test_bad_json_line_and_bad_format_and_bad_pattern(tmp_path, data):
         build_task(TaskConfig(name="gsm8k", path=str(bad), num_eval=0))
     csv = tmp_path / "data.csv"
     csv.write_text("question,answer\n")
-    with pytest.raises(ConfigError, match="use a .jsonl or .parquet"):
+    with pytest.raises(ConfigError, match="use a .jsonl, .parquet or .arrow"):
         build_task(TaskConfig(name="gsm8k", path=str(csv), num_eval=0))
     with pytest.raises(ConfigError, match="task.answer_pattern"):
         build_task(TaskConfig(name="gsm8k", path=data, num_eval=0, answer_pattern="(unclosed"))
