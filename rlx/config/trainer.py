@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from rlx.config.checks import MIN_TEMPERATURE, check_choice, check_finite, check_range
 from rlx.config.errors import ConfigError
+from rlx.config.megatron import TRAINER_BACKENDS, MegatronConfig
 
 
 @dataclass
@@ -18,6 +19,11 @@ class TrainerConfig:
     dropped and their prompts generated again. Also bounds generation ahead: (max_staleness + 1) steps."""
     num_ranks: int = 1
     """Trainer processes (torch.distributed ranks); > 1 shards the model with FSDP2."""
+    backend: str = "fsdp2"
+    """What trains the policy: fsdp2 (the transformers model, FSDP2 over several ranks) or megatron
+    (megatron-core's GPTModel with the parallel layout of trainer.megatron; docs/train.md)."""
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    """trainer.backend=megatron: tensor, pipeline and context parallel sizes, the distributed optimizer."""
     data_plane: str = "store"
     """How ranks > 0 get a step's batch: store (each pulls its own rows from the sample store; rank 0 sends a
     fixed-size notice) or broadcast (rank 0 broadcasts every tensor to every rank)."""
@@ -86,6 +92,7 @@ class TrainerConfig:
         check_choice("trainer.device", self.device, ("auto", "cpu", "cuda"))
         check_choice("trainer.lr_schedule", self.lr_schedule, ("constant", "cosine"))
         check_range("trainer.num_ranks", self.num_ranks, 1)
+        check_choice("trainer.backend", self.backend, TRAINER_BACKENDS)
         check_choice("trainer.data_plane", self.data_plane, ("store", "broadcast"))
         check_range("trainer.total_steps", self.total_steps, 1)
         check_range("trainer.prompts_per_step", self.prompts_per_step, 1)

@@ -20,10 +20,15 @@ if TYPE_CHECKING:
 
 
 def check_trainer(role: TrainerRole) -> None:
-    """The policy's directory holds a model and a tokenizer; a distillation teacher shares the tokenizer."""
+    """The policy's directory holds a model and a tokenizer (and, with trainer.backend=megatron, splits by its
+    layout); a distillation teacher shares the tokenizer."""
     from rlx.trainer.model import check_model_dir
 
     check_model_dir(role.model.path)
+    if role.trainer.backend == "megatron":  # the parallel layout against the model, and what it leaves out
+        from rlx.trainer.megatron.preflight import check_megatron
+
+        check_megatron(role)
     teacher = role.algorithm.distill.teacher
     if teacher:
         from rlx.trainer.distill import check_same_tokenizer

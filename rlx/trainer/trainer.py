@@ -65,9 +65,18 @@ class Trainer:
         self.device = resolve_device(cfg.trainer.device)
         set_cpu_threads(cfg.trainer.cpu_threads, self.device)
         packed = cfg.trainer.micro_batch_tokens > 0
-        self.model = load_model(
-            cfg.model, self.device, packed_attention=packed, fused_kernels=cfg.trainer.fused_kernels
-        )
+        self.megatron = cfg.trainer.backend == "megatron"
+        self.group = None
+        """The group metrics are reduced over: every rank (None), or the data-parallel ranks (Megatron)."""
+        if self.megatron:  # megatron-core's GPTModel behind the methods used here (rlx.trainer.megatron.policy)
+            from rlx.trainer.megatron.policy import MegatronPolicy
+
+            self.model = MegatronPolicy(cfg, self.device)
+            self.rank, self.world, self.group = self.model.data_parallel
+        else:
+            self.model = load_model(
+                cfg.model, self.device, packed_attention=packed, fused_kernels=cfg.trainer.fused_kernels
+            )
         self.ref_model = (
             load_model(cfg.model, self.device, trainable=False, packed_attention=packed)
             if cfg.algorithm.kl_coef > 0
@@ -86,12 +95,12 @@ class Trainer:
         self.sampling = cfg.sampling
         """What the trainer must agree with of how the engines sampled: group size, temperature, length."""
         self.temperature = self.sampling.logprob_temperature
-        self.split_head = self.world == 1 and can_split_head(self.model)
+        self.split_head = self.world == 1 and not self.megatron and can_split_head(self.model)
         self.fused_logprobs = (
             cfg.trainer.epochs_per_step == 1
             and self.ref_model is None
             and self.teacher is None
-            and not has_dropout(self.model)
+            and (self.megatron or not has_dropout(self.model))
         )
         """The update's detached logprobs are the old ones (see the module docstring)."""
         a = cfg.algorithm
@@ -110,7 +119,7 @@ class Trainer:
         seconds that the launcher spends while the engines load rather than in the first step. Single-rank CUDA
         trainers only (several ranks would run FSDP2's collectives); returns the seconds it took (0.0 where it
         does nothing)."""
-        if self.device.type != "cuda" or self.world > 1:
+        if self.device.type != "cuda" or self.world > 1 or self.megatron:
             return 0.0
         started = time.perf_counter()
         with tracer.span("warm_up"):
@@ -148,7 +157,9 @@ class Trainer:
 
             yield from adapter_named_tensors(self.model)
             return
-        if self.cfg.model.lora.rank:
+        if self.megatron:
+            tensors = self.model.named_tensors()
+        elif self.cfg.model.lora.rank:
             from rlx.trainer.lora import merged_named_tensors
 
             tensors = merged_named_tensors(self.model)
@@ -239,6 +250,8 @@ class Trainer:
                 mb.batch.ref_logp = self._logprobs(self.ref_model, mb, split_head=split)[0]
 
     def _logprobs(self, model, mb: MicroBatch, split_head: bool | None = None, entropy_grad: bool = False):
+        if self.megatron:
+            return model.logprobs(mb, self.temperature, entropy_grad=entropy_grad)
         split_head = self.split_head if split_head is None else split_head
         return completion_logprobs(
             model,
@@ -260,7 +273,7 @@ class Trainer:
             shaped = kl_penalized_rewards(b.rewards, b.old_logp, b.ref_logp, b.mask, a.kl_coef, a.kl_estimator)
             penalty[mb.rows.to(self.device)] = (b.rewards - shaped).float()
         if self.world > 1:
-            dist.all_reduce(penalty)
+            dist.all_reduce(penalty, group=self.group)
         return full.rewards - penalty.cpu()
 
     def _update(self, micro: list[MicroBatch], agg: LossAgg) -> dict[str, float]:
@@ -270,6 +283,7 @@ class Trainer:
         tokens = seen = 0.0
         norms, skipped = [], 0
         params = [p for p in self.model.parameters() if p.requires_grad]
+        guarded_step = self.model.step_if_finite if self.megatron else step_if_finite
         for _ in range(t.epochs_per_step):  # one optimizer step per pass: later passes see updated weights
             loss_finite = True
             for mb in micro:
@@ -285,7 +299,7 @@ class Trainer:
                 for key, value in stats.items():
                     sums[key] += value * mb_tokens
             with tracer.span("optimizer_step"):
-                norm, stepped = step_if_finite(self.optimizer, params, t.max_grad_norm, loss_finite, self.device)
+                norm, stepped = guarded_step(self.optimizer, params, t.max_grad_norm, loss_finite, self.device)
             norms.append(norm)
             skipped += not stepped
         if skipped < t.epochs_per_step:  # the schedule counts RL steps that updated the weights
@@ -344,7 +358,7 @@ class Trainer:
         values = torch.tensor([sums[k] for k in keys] + [weight], dtype=torch.float64)
         if self.world > 1:
             values = values.to(self.device)
-            dist.all_reduce(values)
+            dist.all_reduce(values, group=self.group)
             values = values.cpu()
         total = max(float(values[-1]), 1e-12)
         return {k: float(v) / total for k, v in zip(keys, values[:-1], strict=True)}

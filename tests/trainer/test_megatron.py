@@ -1,0 +1,184 @@
+"""trainer.backend=megatron on one process (TP = PP = 1, gloo): megatron-core's GPTModel against the FSDP2
+backend's transformers model on the same batch, in float32. Logprobs and entropy agree to 1e-5, one update
+(the same Trainer, loss code and AdamW) gives the same weights, and the sync's tensors are the Hugging Face
+model's, bit for bit, before any update. Then the pre-flight refusals of layouts and features."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlx.config.algorithm import AlgorithmConfig
+from rlx.config.errors import ConfigError
+from rlx.config.megatron import MegatronConfig
+from rlx.config.model import LoraConfig, ModelConfig
+from rlx.config.outputs import CheckpointConfig
+from rlx.config.roles import trainer_role
+from rlx.config.schema import RunConfig
+from rlx.config.trainer import TrainerConfig
+from rlx.trainer.packing import micro_batches
+from rlx.trainer.tiny import build_tiny_model
+from rlx.trainer.trainer import Trainer
+from tests.convert.convert_helpers import build_family_model
+from tests.trainer.test_trainer_step import grouped_batch, ragged_batch
+
+pytest.importorskip("megatron.core")
+
+LOGPROB_ATOL = 1e-5
+LR = 1e-3
+WEIGHT_ATOL = LR / 4
+"""AdamW's first step moves a weight by lr * g / (|g| + eps): about lr wherever the gradient is above eps (1e-8),
+so there the two backends' float32 gradients, which differ in their last bits, give the same weights to ~1e-7.
+Where a gradient is itself rounding noise (near eps), that step is noise too: up to lr / 4 measured on one
+element of 8192 (Llama's v_proj), the other weights within 2e-5. The gradients' norms agree to 1e-5 (relative)."""
+
+FAMILIES = {
+    "qwen2-tied": lambda root: build_tiny_model(root / "qwen2"),
+    "llama-untied-gqa": lambda root: build_family_model(root / "llama", "llama", num_heads=4, num_kv_heads=2),
+    "qwen3-qknorm": lambda root: build_family_model(root / "qwen3", "qwen3", head_dim=48),
+}
+
+
+@pytest.fixture(scope="module")
+def process_group():
+    """The one-rank process group megatron's parallel state is built on, torn down after this module."""
+    import torch.distributed as dist
+
+    yield
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family_dir(request, tmp_path_factory):
+    return FAMILIES[request.param](tmp_path_factory.mktemp(request.param))
+
+
+def make_trainer(model_dir, backend: str, algorithm=None, **trainer) -> Trainer:
+    torch.manual_seed(0)
+    trainer = {"lr": LR, "micro_batch_size": 4, "micro_batch_tokens": 0, **trainer}
+    cfg = RunConfig(
+        model=ModelConfig(path=str(model_dir)),
+        algorithm=algorithm or AlgorithmConfig(),
+        trainer=TrainerConfig(device="cpu", backend=backend, **trainer),
+    )
+    cfg.rollout.n = 4
+    return Trainer(trainer_role(cfg))
+
+
+def test_logprobs_and_one_update_match_fsdp2(family_dir, process_group):
+    fsdp, mcore = make_trainer(family_dir, "fsdp2"), make_trainer(family_dir, "megatron")
+    batch = ragged_batch()
+    (mb,) = micro_batches(batch, 0, 1, 0, batch.size)
+    with torch.no_grad():
+        want_logp, want_entropy = fsdp._logprobs(fsdp.model, mb)
+        logp, entropy = mcore._logprobs(mcore.model, mb)
+    assert float((logp - want_logp).abs().max()) <= LOGPROB_ATOL
+    assert float((entropy - want_entropy).abs().max()) <= LOGPROB_ATOL
+    assert torch.equal(logp == 0, mb.batch.mask == 0)  # every real completion token scored, nothing else
+
+    before = {name: tensor.clone() for name, tensor in fsdp.named_tensors()}
+    want_metrics, metrics = fsdp.step(batch), mcore.step(batch)
+    want, got = dict(fsdp.named_tensors()), dict(mcore.named_tensors())
+    assert got.keys() == want.keys()
+    assert max(float((want[k] - before[k]).abs().max()) for k in want) > 1e-4  # the update moved the weights
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name], tensor, atol=WEIGHT_ATOL, rtol=0, msg=name)
+    for key in ("loss", "grad_norm", "entropy", "clip_frac"):
+        assert metrics[key] == pytest.approx(want_metrics[key], rel=1e-5, abs=1e-6), key
+
+
+def test_sync_tensors_are_the_hf_weights_before_an_update(family_dir, process_group):
+    mcore = make_trainer(family_dir, "megatron")
+    original = load_file(str(family_dir / "model.safetensors"))
+    synced = dict(mcore.named_tensors())
+    tied = "lm_head.weight" not in original or mcore.model.spec.tie_word_embeddings
+    assert synced.keys() == original.keys() - ({"lm_head.weight"} if tied else set())
+    for name, tensor in synced.items():
+        assert torch.equal(tensor, original[name]), name  # q/k/v and gate/up unfused exactly
+
+
+def test_entropy_bonus_and_packed_plan_match_fsdp2(tmp_path, process_group):
+    """The entropy's gradient through the vocabulary-parallel softmax, and a token-packed plan (this backend runs
+    each micro-batch's rows padded: the same logprobs) on groups that share prompts."""
+    model_dir = build_tiny_model(tmp_path / "m")
+    algorithm = AlgorithmConfig(entropy_coef=0.05)
+    fsdp = make_trainer(model_dir, "fsdp2", algorithm, micro_batch_tokens=64)
+    mcore = make_trainer(model_dir, "megatron", algorithm, micro_batch_tokens=64)
+    batch = grouped_batch()
+    want_metrics, metrics = fsdp.step(batch), mcore.step(batch)
+    want, got = dict(fsdp.named_tensors()), dict(mcore.named_tensors())
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name], tensor, atol=WEIGHT_ATOL, rtol=0, msg=name)
+    assert metrics["entropy"] == pytest.approx(want_metrics["entropy"], rel=1e-5)
+
+
+def _role(model_dir, **changes):
+    cfg = RunConfig(
+        model=changes.pop("model", ModelConfig(path=str(model_dir))),
+        algorithm=changes.pop("algorithm", AlgorithmConfig()),
+        checkpoint=changes.pop("checkpoint", CheckpointConfig(every=0, save_final=False)),
+        trainer=TrainerConfig(device="cpu", backend="megatron", **changes),
+    )
+    return trainer_role(cfg)
+
+
+REFUSED = {
+    "tp-heads": (
+        {"num_ranks": 3, "megatron": MegatronConfig(tensor_parallel=3)},
+        "tensor_parallel=3 does not divide the model's num_attention_heads=4",
+    ),
+    "tp-kv-heads": (
+        {"num_ranks": 4, "megatron": MegatronConfig(tensor_parallel=4)},
+        "tensor_parallel=4 does not divide the model's num_key_value_heads=2",
+    ),
+    "pp-layers": (
+        {"num_ranks": 3, "megatron": MegatronConfig(pipeline_parallel=3)},
+        "pipeline_parallel=3 does not divide the model's num_hidden_layers=2",
+    ),
+    "ranks": (
+        {"num_ranks": 3, "megatron": MegatronConfig(tensor_parallel=2)},
+        "trainer.num_ranks=3 is not a multiple of tensor x pipeline x context parallel",
+    ),
+    "pp": (
+        {"num_ranks": 2, "megatron": MegatronConfig(pipeline_parallel=2)},
+        "set trainer.megatron.pipeline_parallel=1",
+    ),
+    "cp": ({"num_ranks": 2, "megatron": MegatronConfig(context_parallel=2)}, "set trainer.megatron.context_parallel=1"),
+    "dist-opt": ({"megatron": MegatronConfig(distributed_optimizer=True)}, "distributed_optimizer=false"),
+    "lora": ({"model": "lora"}, "set model.lora.rank=0"),
+    "critic": ({"algorithm": AlgorithmConfig(advantage="gae")}, "set algorithm.advantage=grpo"),
+    "reference": ({"algorithm": AlgorithmConfig(kl_coef=0.1)}, "set algorithm.kl_coef=0"),
+    "checkpoints": ({"checkpoint": CheckpointConfig(every=5)}, "set checkpoint.every=0 checkpoint.save_final=false"),
+    "resume": ({"resume": True}, "run without --resume"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_preflight_refuses_what_the_backend_cannot_split_or_run(case, tmp_path):
+    from rlx.trainer.preflight import check_trainer
+
+    model_dir = build_tiny_model(tmp_path / "m")  # 4 heads, 2 KV heads, 2 layers
+    changes, message = REFUSED[case]
+    changes = dict(changes)
+    if changes.get("model") == "lora":
+        changes["model"] = ModelConfig(path=str(model_dir), lora=LoraConfig(rank=4))
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_trainer(_role(model_dir, **changes))
+
+
+def test_preflight_accepts_a_layout_that_splits(tmp_path):
+    from rlx.trainer.preflight import check_trainer
+
+    model_dir = build_tiny_model(tmp_path / "m", vocab_size=101)  # padded to 102 rows under TP=2
+    check_trainer(_role(model_dir, num_ranks=4, megatron=MegatronConfig(tensor_parallel=2)))
+
+
+def test_config_refuses_an_unknown_backend_and_empty_sizes():
+    with pytest.raises(ConfigError, match="trainer.backend='deepspeed' is not allowed"):
+        TrainerConfig(backend="deepspeed")
+    with pytest.raises(ConfigError, match="trainer.megatron.tensor_parallel=0 must be >= 1"):
+        MegatronConfig(tensor_parallel=0)
