@@ -55,7 +55,12 @@ BUILD_CHOICES = (
 @dataclass
 class ModelConfig:
     path: str = MISSING
-    """Local Hugging Face model directory (config.json, tokenizer, safetensors); never downloaded."""
+    """Local Hugging Face model directory (config.json, tokenizer, safetensors), or a Hub id (ORG/NAME) that `rlx train`
+    resolves once through huggingface_hub's cache (HF_HOME; HF_HUB_OFFLINE=1 reads only the cache) and replaces by
+    its snapshot directory."""
+    revision: str = ""
+    """A Hub id's branch, tag or commit ('' = main, or on --resume the commit the run trained from); `rlx train`
+    writes the commit it resolved here."""
     dtype: str = "float32"
     """Training dtype of the parameters: float32, bfloat16 or float16."""
     rollout_dtype: str = "auto"

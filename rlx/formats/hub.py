@@ -23,6 +23,8 @@ from rlx.config.errors import ConfigError
 
 _ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _SNAPSHOT = re.compile(r"models--(?P<org>[\w.-]+?)--(?P<name>[\w.-]+)/snapshots/(?P<commit>[0-9a-f]{40})")
+MODEL_KEYS = ("model.path", "algorithm.distill.teacher", "task.reward_model.path")
+"""Every key of a run's config that names a model directory the run loads, and so may name a Hub id."""
 IGNORED_FILES = ["*.gguf", "*.onnx", "onnx/*", "*.msgpack", "*.h5", "*.tflite", "*.ot", "original/*"]
 """Files of a model repository no rlx process loads (other frameworks' weights), left out of a download."""
 

@@ -1,10 +1,10 @@
-"""Checks that run before any process of `rlx train` starts: the layout, the run directory, the model
-directories (built first when ``model.build_if_missing`` asks for it), then every role's checks of its own
-inputs, from one list (``ROLE_CHECKS``, which ``rlx doctor`` runs too): the checkpoint plugins, the trainer's
-model and teacher, the rollout engine's split of the model, an external agent's settings, the task's data and
-prompts and reward, the agent's tools, the rollout dump; last the checkpoint ``--resume`` continues from and the
-buffers of killed runs. A mistake found here is one line naming the fix; nothing has been started and nothing in
-the run directory was written.
+"""Checks that run before any process of `rlx train` starts: the Hub ids resolved (``rlx.launch.hub_models``),
+the layout, the run directory, the model directories (built first when ``model.build_if_missing`` asks for it),
+then every role's checks of its own inputs, from one list (``ROLE_CHECKS``, which ``rlx doctor`` runs too): the
+checkpoint plugins, the metric sinks' packages, the trainer's model and teacher, the rollout engine's split of the
+model, an external agent's settings, the task's data and prompts and reward, the agent's tools, the rollout dump;
+last the checkpoint ``--resume`` continues from and the buffers of killed runs. A mistake found here is one line
+naming the fix; nothing has been started and nothing in the run directory was written.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from rlx.config.errors import ConfigError
 from rlx.config.roles import RolloutRole, TrainerRole, rollout_role, trainer_role
 from rlx.launch.build_target import check_build_target
 from rlx.launch.display import Display
+from rlx.launch.hub_models import resolve_run_models
 from rlx.trainer.preflight import build_model, build_warmstart_model, check_resume
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ class RoleCheck:
 
 ROLE_CHECKS = (
     RoleCheck("checkpoint plugins", "rlx.plugins:check_loadable", lambda i: (i.cfg.checkpoint.plugins,)),
+    RoleCheck("metric sinks", "rlx.trace.sinks:check_sinks", lambda i: (i.cfg.logging,)),
     RoleCheck("trainer", "rlx.trainer.preflight:check_trainer", lambda i: (i.ranks,)),
     RoleCheck("rollout engine", "rlx.rollout.preflight:check_rollout", lambda i: (i.servers,)),
     RoleCheck("external agent", "rlx.orchestrator.external:check_config", lambda i: (i.cfg,)),
@@ -86,6 +88,7 @@ def preflight(cfg: RunConfig, display: Display) -> int | None:
     """Fail before any process starts: layout, run directory, model directories, each role's inputs, resume.
     Returns the step ``--resume`` continues from (None without --resume or a checkpoint)."""
     run_dir = Path(cfg.trainer.output_dir).resolve()
+    resolve_run_models(cfg, run_dir, lambda text: display.note(escape(text)))  # Hub ids: every process reads the same
     inputs = RunInputs(cfg, rollout_role(cfg), trainer_role(cfg))
     placement.check(inputs.servers, cfg.trainer, placement.visible_gpus())
     placement.plan(inputs.servers, cfg.trainer, placement.visible_gpus())  # the weight transport the layout allows

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 PLOTS_DIR = "plots"
 """Where `rlx plot` writes a run's images by default: inside the run's outputs, so they move aside with them."""
 # What a run writes into its directory (``trace`` only when trace.dir is not set elsewhere), and `rlx plot`.
-RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "checkpoints", "logs", "trace", "tb", "hf", PLOTS_DIR)
+RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "checkpoints", "logs", "trace", "tb", "wandb", "hf", PLOTS_DIR)
 
 
 def archive_previous_run(run_dir: Path, display: Display) -> Path | None:

@@ -2,14 +2,20 @@
 TensorBoard and Weights & Biases when asked for. One ``log(step, metrics)`` feeds them all.
 
 W&B gets the resolved run config with its secrets replaced (``rlx.config.redact``), so a run
-page says what was run without leaking the auth token. W&B's own settings (``WANDB_MODE``,
-``WANDB_DIR``, the API key) come from its environment variables; resuming a W&B run is left out.
+page says what was run without leaking the auth token, and under ``hub`` the Hub id and commit of
+each model the run resolved from the Hub (``rlx.formats.hub``). Its files go to RUN_DIR/wandb
+unless ``WANDB_DIR`` says otherwise; a ``--resume`` continues the same W&B run (its id is kept in
+RUN_DIR/wandb/rlx_run_id, wherever WANDB_DIR is). W&B's own settings (``WANDB_MODE``, the API key, the entity) come from
+its environment variables. ``check_sinks`` refuses, before a run starts, a sink whose package is
+not installed, with the line that installs it.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import secrets
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,13 +73,47 @@ class TensorBoardSink:
         self._writer.close()
 
 
+INSTALL = {"tensorboard": ("tensorboard", "pip install tensorboard"), "wandb": ("wandb", "pip install wandb")}
+"""logging.KEY: the package its sink imports, and the line that installs it."""
+WANDB_ID_FILE = "rlx_run_id"
+
+
+def check_sinks(logging: LoggingConfig) -> None:
+    """Every sink ``logging`` turns on can be imported; else a ConfigError with the line that installs it."""
+    import importlib
+
+    from rlx.config.errors import ConfigError
+
+    for key, (module, install) in INSTALL.items():
+        if getattr(logging, key):
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                raise ConfigError(
+                    f"logging.{key}=true needs the {module} package, which is not installed: {install} "
+                    f"(or set logging.{key}=false)"
+                ) from None
+
+
 class WandbSink:
-    def __init__(self, project: str, run_name: str, config: dict) -> None:
+    def __init__(self, project: str, run_name: str, config: dict, run_dir: Path, resuming: bool) -> None:
         try:
             import wandb
         except ImportError as exc:
-            raise ImportError("logging.wandb=true needs the wandb package: pip install wandb") from exc
-        self._run = wandb.init(project=project, name=run_name, config=config)
+            raise ImportError(f"logging.wandb=true needs the wandb package: {INSTALL['wandb'][1]}") from exc
+        files = Path(os.environ.get("WANDB_DIR") or run_dir)
+        id_file = run_dir / "wandb" / WANDB_ID_FILE  # the run's own, where WANDB_DIR is shared by several
+        id_file.parent.mkdir(parents=True, exist_ok=True)
+        run_id = id_file.read_text().strip() if resuming and id_file.is_file() else secrets.token_hex(8)
+        id_file.write_text(run_id + "\n")
+        self._run = wandb.init(
+            project=project,
+            name=run_name,
+            config=dict(config, hub=hub_models(config)),
+            dir=str(files),
+            id=run_id,
+            resume="allow",
+        )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self._run.log(metrics, step=step)
@@ -94,7 +134,8 @@ class MetricsLogger:
         if logging.tensorboard:
             self.sinks.append(TensorBoardSink(run_dir / "tb"))
         if logging.wandb:
-            self.sinks.append(WandbSink(logging.wandb_project, run_name, run_config))
+            resuming = resume_from_step is not None
+            self.sinks.append(WandbSink(logging.wandb_project, run_name, run_config, run_dir, resuming))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for sink in self.sinks:
@@ -110,6 +151,21 @@ class MetricsLogger:
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
+
+
+def hub_models(run_config: dict) -> dict:
+    """``{key: {"repo_id", "commit"}}`` of each model path of the run that is a Hub snapshot."""
+    from rlx.formats.hub import MODEL_KEYS, snapshot_of
+
+    found = {}
+    for key in MODEL_KEYS:
+        value = run_config
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        snap = snapshot_of(value) if isinstance(value, str) and value else None
+        if snap is not None:
+            found[key] = {"repo_id": snap.repo_id, "commit": snap.commit}
+    return found
 
 
 def read_metrics(path: Path) -> list[dict]:

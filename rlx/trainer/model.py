@@ -4,8 +4,9 @@ One rank trains the plain module (no wrapping overhead); several ranks shard eve
 layer and then the root with ``fully_shard`` over a 1-D device mesh (gloo on CPU, NCCL on
 GPU). LoRA adapters are injected before sharding, so their factors are sharded with their
 layer. With packed micro-batches the model runs ``rlx.trainer.attention``'s packed-sequence
-attention instead of ``model.attn_implementation``. Nothing is downloaded: a path that is not
-a local directory is an error.
+attention instead of ``model.attn_implementation``. Nothing is downloaded here: `rlx train` resolves
+a Hub id to a snapshot directory of huggingface_hub's cache before any process starts
+(``rlx.launch.hub_models``), and a path that is not a local directory is an error.
 """
 
 from __future__ import annotations
@@ -37,8 +38,16 @@ def check_model_dir(path: str, key: str = "model.path") -> Path:
     naming what is missing (``key``: the config key that names the directory)."""
 
     from rlx.config.errors import ConfigError
+    from rlx.formats.hub import snapshot_of
 
     model_dir = Path(path)
+    snap = snapshot_of(path)
+    if snap is not None and not model_dir.is_dir():  # resolved by the launcher on another node, or since deleted
+        raise FileNotFoundError(
+            f"{key}={path!r}: the snapshot of {snap.repo_id} at commit {snap.commit} that `rlx train` resolved is "
+            f"not on this machine; give every node the same HF_HOME (shared storage), or fetch it here: "
+            f"hf download {snap.repo_id} --revision {snap.commit}"
+        )
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(
             f"{key}={path!r} is not a Hugging Face model directory (no config.json); "

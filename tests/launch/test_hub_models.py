@@ -1,0 +1,116 @@
+"""`rlx train` from a Hugging Face Hub id, offline (HF_HUB_OFFLINE=1, HF_HOME a cache written in
+huggingface_hub's layout): the launcher resolves the id once, every process reads the snapshot it recorded, W&B's
+offline run holds the config with the resolved revision and every step's metrics, a resume stays on the commit
+the run trained from, and what the cache lacks is refused before any process starts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.formats.test_hub import write_hub_cache
+from tests.launch.test_preflight import assert_refused_before_start, train
+from tests.launch.test_train import read_metrics, run_to_end, small_config
+from tests.trace.test_sinks import read_wandb_run
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """HF_HOME under tmp_path, offline, for the rlx processes a test starts and for this one (CliRunner)."""
+    from huggingface_hub import constants
+
+    home = tmp_path / "hf"
+    (home / "hub").mkdir(parents=True)
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return home / "hub"
+
+
+@pytest.mark.slow
+def test_train_from_a_hub_id_offline_records_the_snapshot_and_logs_it_to_wandb(
+    tiny_model_dir, tmp_path, hub, monkeypatch
+):
+    pytest.importorskip("wandb")
+    commit = write_hub_cache(hub, "org/tiny", tiny_model_dir)
+    snapshot = str((hub / "models--org--tiny" / "snapshots" / commit).resolve())
+    config = small_config(
+        tmp_path,
+        tiny_model_dir,
+        "hf",
+        model={"path": "org/tiny"},
+        trainer={"total_steps": 2, "eval_every": 0},
+        logging={"wandb": True, "wandb_project": "hub-test"},
+    )
+    wandb_files = tmp_path / "wandb_files"
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(wandb_files))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    code, output = run_to_end(config, tmp_path)
+    assert code == 0, output[-4000:]
+    run_dir = tmp_path / "run"
+    assert f"model.path=org/tiny: Hub snapshot {snapshot} (commit {commit})" in output.replace("\n", " ")
+    recorded = yaml.safe_load((run_dir / "config.yaml").read_text())["model"]
+    assert (recorded["path"], recorded["revision"]) == (snapshot, commit)
+    server = json.loads((run_dir / "roles" / "rollout0.json").read_text())["model"]
+    assert (server["path"], server["revision"]) == (snapshot, commit)  # the server loaded the same snapshot
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+
+    logs = list(wandb_files.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(logs) == 1, f"expected one offline W&B run under {wandb_files}, found {logs}"
+    logged, history = read_wandb_run(logs[0])
+    assert logged["model"]["path"] == snapshot and logged["model"]["revision"] == commit
+    assert logged["hub"] == {"model.path": {"repo_id": "org/tiny", "commit": commit}}
+    assert logged["trainer"]["total_steps"] == 2
+    assert [h["_step"] for h in history] == [1, 2]
+    for row, logged_row in zip(rows, history, strict=True):
+        shared = {k for k, v in row.items() if isinstance(v, float)} & set(logged_row)
+        assert "loss" in shared or "reward_mean" in shared, sorted(logged_row)
+        assert {k: logged_row[k] for k in shared} == pytest.approx({k: row[k] for k in shared})
+    run_id = (run_dir / "wandb" / "rlx_run_id").read_text().strip()
+    assert logs[0].name == f"run-{run_id}.wandb"
+
+    # main moves to a new commit: a resume stays on the one the run trained from; a pin of the new one is refused
+    moved = tmp_path / "moved"
+    shutil.copytree(tiny_model_dir, moved)
+    (moved / "README.md").write_text("a later commit\n")
+    shutil.rmtree(hub / "models--org--tiny" / "refs")
+    new_commit = write_hub_cache(hub, "org/tiny", moved)
+    assert new_commit != commit
+    code, output = train(config, "--resume")
+    assert code == 0, output
+    assert f"stays at commit {commit}, the revision the run trained from" in output.replace("\n", " ")
+    code, output = train(config, "--resume", f"model.revision={new_commit}")
+    assert code == 2, output
+    assert f"trained from commit {commit}; set model.revision={commit} to continue it" in output.replace("\n", " ")
+
+
+def test_an_id_or_revision_the_cache_lacks_is_refused_before_anything_starts(tiny_model_dir, tmp_path, hub):
+    commit = write_hub_cache(hub, "org/tiny", tiny_model_dir)
+    config = small_config(tmp_path, tiny_model_dir, "hf")
+    run_dir = tmp_path / "run"
+    code, output = train(config, "model.path=org/absent")
+    assert_refused_before_start(
+        code, output, run_dir, "holds nothing of org/absent", "hf download org/absent --revision main"
+    )
+    code, output = train(config, "model.path=org/tiny", "model.revision=v9")
+    assert_refused_before_start(code, output, run_dir, "not in the cache at revision 'v9'", f"main -> {commit[:12]}")
+    code, output = train(config, "algorithm.distill.teacher=org/teacher@v1")
+    assert_refused_before_start(code, output, run_dir, "algorithm.distill.teacher='org/teacher'", "--revision v1")
+    code, output = train(config, "model.revision=v1")
+    assert_refused_before_start(code, output, run_dir, "model.revision='v1' pins a Hub id's revision")
+
+
+def test_logging_wandb_without_the_package_names_the_install_line(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # what an environment without wandb imports
+    config = small_config(tmp_path, tiny_model_dir, "hf")
+    code, output = train(config, "logging.wandb=true")
+    assert_refused_before_start(code, output, Path(tmp_path / "run"), "logging.wandb=true needs the wandb package")
+    assert "pip install wandb" in output
