@@ -26,6 +26,7 @@ from rlx.convert.progress import byte_progress
 from rlx.convert.safetensors_io import SafetensorsDir
 from rlx.convert.safetensors_writer import ChunkSource, OutTensor, natural_key, plan_shards, write_index
 from rlx.convert.trainer_ckpt import TrainerCheckpoint, check_lm_head
+from rlx.formats.experts import expert_parts
 
 ROW_CHUNK_BYTES = 64 << 20
 
@@ -99,13 +100,26 @@ def row_chunks(
 
 
 def passthrough_tensors(source: SafetensorsDir, dtype: torch.dtype | None) -> list[OutTensor]:
-    """Every tensor of ``source`` under its own name (cast when ``dtype`` is given)."""
+    """Every tensor of ``source`` under its own name (cast when ``dtype`` is given); a fused expert tensor
+    (transformers' in-memory layout, which a trainer checkpoint holds) as one tensor per expert, the layout
+    transformers saves and vLLM loads (``rlx.formats.experts``)."""
     out = []
     for name in sorted(source.tensors, key=natural_key):
         info = source.tensors[name]
         to = target_dtype(info.torch_dtype, dtype)
-        out.append(OutTensor(name, to, info.shape, row_chunks(source, name, to), (name,)))
-    return out
+        parts = expert_parts(name, info.shape)
+        out += [_expert_tensor(source, name, to, *part) for part in parts]
+        if not parts:
+            out.append(OutTensor(name, to, info.shape, row_chunks(source, name, to), (name,)))
+    return sorted(out, key=lambda t: natural_key(t.name))
+
+
+def _expert_tensor(source: SafetensorsDir, name: str, dtype: torch.dtype, out_name: str, expert: int, rows: slice):
+    def chunks():
+        yield source.read_rows(name, expert, expert + 1)[0, rows].to(dtype)
+
+    shape = tuple(torch.empty(source.tensors[name].shape[1:], device="meta")[rows].shape)
+    return OutTensor(out_name, dtype, shape, chunks, (name,))
 
 
 def _peak(tensors: list[OutTensor], workers: int) -> int:

@@ -5,7 +5,8 @@ generation_config.json, tokenizer.json, tokenizer_config.json, model.safetensors
 Qwen2-architecture model that transformers and vLLM both load in seconds. Tests and the quickstart
 use it; nothing is downloaded. ``build_tiny_family(out_dir, family)`` writes the same kind of
 directory for another architecture family (``FAMILIES``: the traits each one brings to the weight
-sync, tied heads, q/k norms, rope scaling, soft-capping, offset norms, sliding windows). It leaves out
+sync, tied heads, q/k norms, rope scaling, soft-capping, offset norms, sliding windows), and of the
+mixture-of-experts families ``MOE_FAMILIES`` (8 experts, 2 per token, every layer sparse). It leaves out
 any pre-training: ``rlx.trainer.warmstart`` does that.
 """
 
@@ -209,13 +210,60 @@ FAMILIES: dict[str, str] = {
 """The architecture families ``build_tiny_family`` writes, with what each one brings to the weight sync."""
 
 
-def tiny_family_config(family: str, vocab_size: int, hidden_size: int = 256, num_layers: int = 2):
-    """A transformers config of ``family`` (``FAMILIES``) at a tiny size: 4 heads of 64 (2 KV heads; 64 is the
-    smallest head size every GPU attention kernel of vLLM takes), the token ids of the character tokenizer."""
+MOE_FAMILIES: dict[str, str] = {
+    "qwen3_moe": "Qwen3-MoE (Qwen3-30B-A3B's layout): q/k norms, top-k softmax router renormalised over the chosen",
+    "olmoe": "OLMoE: q/k norms over the whole projection, top-k softmax router not renormalised",
+}
+"""The mixture-of-experts families ``build_tiny_family`` writes: their experts are fused 3-D tensors in
+transformers and one tensor per expert in the checkpoint and in vLLM (``rlx.formats.experts``)."""
+
+
+def tiny_moe_config(family: str, vocab_size: int, hidden_size: int = 128, num_layers: int = 2, num_experts: int = 8):
+    """A transformers config of the MoE ``family`` (``MOE_FAMILIES``): every layer sparse, ``num_experts``
+    experts of width ``hidden_size // 2``, 2 routed per token, 4 heads (2 KV heads)."""
     import transformers
 
+    shape = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=2 * hidden_size,
+        num_experts=num_experts,
+        num_experts_per_tok=2,
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        output_router_logits=False,
+    )
+    if family == "qwen3_moe":
+        return transformers.Qwen3MoeConfig(
+            **shape,
+            head_dim=hidden_size // 4,
+            moe_intermediate_size=hidden_size // 2,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            tie_word_embeddings=True,
+            use_sliding_window=False,
+        )
+    if family == "olmoe":
+        shape["intermediate_size"] = hidden_size // 2
+        return transformers.OlmoeConfig(**shape, norm_topk_prob=False, tie_word_embeddings=False)
+    raise ValueError(f"unknown MoE family {family!r}; pick one of {', '.join(MOE_FAMILIES)}")
+
+
+def tiny_family_config(family: str, vocab_size: int, hidden_size: int = 256, num_layers: int = 2):
+    """A transformers config of ``family`` (``FAMILIES``, or ``MOE_FAMILIES`` at hidden size 128) at a tiny size:
+    4 heads of 64 (2 KV heads; 64 is the smallest head size every GPU attention kernel of vLLM takes), the token
+    ids of the character tokenizer."""
+    import transformers
+
+    if family in MOE_FAMILIES:
+        return tiny_moe_config(family, vocab_size, num_layers=num_layers)
     if family not in FAMILIES:
-        raise ValueError(f"unknown model family {family!r}; pick one of {', '.join(FAMILIES)}")
+        raise ValueError(f"unknown model family {family!r}; pick one of {', '.join([*FAMILIES, *MOE_FAMILIES])}")
     if family in ("qwen2", "qwen2_untied"):
         return tiny_qwen2_config(
             vocab_size,
@@ -263,8 +311,8 @@ def tiny_family_config(family: str, vocab_size: int, hidden_size: int = 256, num
 
 
 def build_tiny_family(out_dir: str | Path, family: str, *, seed: int = 0, dtype: str = "float32") -> Path:
-    """A randomly initialised tiny model of ``family`` (``FAMILIES``) with the character tokenizer in ``out_dir``
-    (a Hugging Face directory, as ``build_tiny_model`` writes)."""
+    """A randomly initialised tiny model of ``family`` (``FAMILIES`` or ``MOE_FAMILIES``) with the character
+    tokenizer in ``out_dir`` (a Hugging Face directory, as ``build_tiny_model`` writes)."""
     from transformers import AutoModelForCausalLM
 
     out_dir = Path(out_dir)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from rlx.formats.experts import per_expert
 from rlx.placement import set_cpu_threads
 from rlx.trace import tracer
 from rlx.trainer.algorithms.advantages import compute_advantages
@@ -150,7 +151,8 @@ class Trainer:
     def named_tensors(self):
         """Full parameters for weight sync, in the engine dtype; all ranks must iterate. With LoRA, the
         merged weights of a plain model under the base model's names, or with ``model.lora.sync=adapter`` only
-        the adapter's factors, in the trainer's dtype (``rlx.trainer.lora``)."""
+        the adapter's factors, in the trainer's dtype (``rlx.trainer.lora``). Fused expert tensors go as one
+        tensor per expert, the checkpoint's names and layout (``rlx.formats.experts``)."""
         dtype = getattr(torch, self.cfg.model.engine_dtype)
         if self.cfg.lora_sync == "adapter":
             from rlx.trainer.lora import adapter_named_tensors
@@ -166,7 +168,8 @@ class Trainer:
         else:
             tensors = full_named_parameters(self.model)
         for name, tensor in tensors:
-            yield name, tensor.to(dtype)
+            for part_name, part in per_expert(name, tensor):
+                yield part_name, part.to(dtype)
 
     def step(self, full: TrainBatch) -> dict[str, float]:
         a, t = self.cfg.algorithm, self.cfg.trainer

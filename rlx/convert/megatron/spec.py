@@ -65,6 +65,13 @@ def read_spec(config_path: Path, vocab_multiple: int) -> ModelSpec:
             "restore the model's config.json"
         )
     family = raw.get("model_type")
+    experts = raw.get("num_experts") or raw.get("num_local_experts")
+    if experts:
+        raise ConvertError(
+            f"{config_path}: model_type {family!r} is a mixture of experts ({experts} experts); the Megatron "
+            "mapping covers dense layers only (no expert-parallel layout, no router). Train it with the FSDP2 "
+            "backend and convert its checkpoints with --to hf"
+        )
     if family not in FAMILIES:
         raise ConvertError(
             f"model_type {family!r} in {config_path} is not supported for Megatron "
@@ -115,5 +122,3 @@ def _refuse_unsupported(config: dict, config_path: Path) -> None:
             f"{config_path}: Llama attention_bias=true puts a bias on o_proj, which the "
             "Megatron mapping does not carry; convert a model without it"
         )
-    if config.get("num_experts") or config.get("num_local_experts"):
-        raise ConvertError(f"{config_path}: MoE models are not supported by the Megatron mapping")

