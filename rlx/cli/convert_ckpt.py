@@ -1,5 +1,6 @@
 """`rlx convert-ckpt SRC DST`: trainer checkpoint -> Hugging Face (or, from a LoRA run, a PEFT adapter),
-Hugging Face <-> Megatron torch_dist, GGUF file -> Hugging Face."""
+Hugging Face <-> Megatron torch_dist, GGUF file -> Hugging Face. A Hugging Face source (SRC, or --hf-config) may
+be a Hub id, ORG/NAME[@REVISION], read from the snapshot of huggingface_hub's cache (``rlx.formats.hub``)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def convert_ckpt(
     src: Path = typer.Argument(
         ...,
         help="Trainer checkpoint (step dir, checkpoints/ or run dir), Hugging "
-        "Face directory, Megatron torch_dist checkpoint, or GGUF file.",
+        "Face directory or Hub id (ORG/NAME[@REVISION]), Megatron torch_dist checkpoint, or GGUF file.",
     ),
     dst: Path = typer.Argument(..., help="Output directory (must not exist unless --overwrite)."),
     to: str | None = typer.Option(
@@ -47,7 +48,9 @@ def convert_ckpt(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (tensors, bytes, mapping) and exit."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace DST if it exists."),
     hf_config: Path | None = typer.Option(
-        None, "--hf-config", help="torch_dist -> hf: HF directory with config + tokenizer (default: SRC/hf/)."
+        None,
+        "--hf-config",
+        help="torch_dist -> hf: HF directory (or Hub id) with config + tokenizer (default: SRC/hf/).",
     ),
     iteration: int | None = typer.Option(
         None, "--iteration", help="torch_dist: iteration to read (default: latest) or to write (default: 0)."
@@ -69,6 +72,7 @@ def convert_ckpt(
         from rlx.convert.fp8.parallel import default_workers
         from rlx.convert.units import parse_size
 
+        src, hf_config = _from_hub(src, "SRC"), _from_hub(hf_config, "--hf-config")
         options = ConvertOptions(
             to, dtype, parse_size(shard_size), workers or default_workers(), hf_config, iteration, vocab_multiple
         )
@@ -81,6 +85,17 @@ def convert_ckpt(
             return
         summary = _run(job, destination)
     _print_summary(summary)
+
+
+def _from_hub(path: Path | None, key: str) -> Path | None:
+    """``path``, or the snapshot directory of the Hub id it names (downloaded where the cache lacks it)."""
+    from rlx.formats.hub import resolve
+
+    snap = resolve(str(path), key) if path is not None else None
+    if snap is None:
+        return path
+    err_console.print(f"[yellow]note:[/] {key} {path}: Hub snapshot {snap.path} (commit {snap.commit})", soft_wrap=True)
+    return Path(snap.path)
 
 
 def _run(job, destination: Path):

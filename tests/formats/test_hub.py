@@ -118,3 +118,31 @@ def test_a_snapshot_path_reads_back_and_other_paths_do_not():
     assert snapshot_of(path).commit == commit
     assert snapshot_of(f"{path}/config.json") is None  # a file in it is not the directory
     assert snapshot_of("/models/tiny") is None
+
+
+def test_convert_ckpt_reads_a_hub_id_as_source_and_as_hf_config(tiny_model_dir, offline_cache, tmp_path):
+    """Hub id -> torch_dist, and back with --hf-config a Hub id: the weights come back bit-exact."""
+    from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
+    from rlx.cli import app
+
+    commit = write_hub_cache(offline_cache, "org/tiny", tiny_model_dir, refs=("main", "v1"))
+    runner = CliRunner()
+    out = runner.invoke(app, ["convert-ckpt", "org/tiny@v1", str(tmp_path / "meg"), "--to", "torch_dist"])
+    assert out.exit_code == 0, out.output
+    assert "SRC org/tiny@v1: Hub snapshot" in out.output and f"(commit {commit})" in out.output
+    back = runner.invoke(
+        app, ["convert-ckpt", str(tmp_path / "meg"), str(tmp_path / "back"), "--hf-config", "org/tiny"]
+    )
+    assert back.exit_code == 0, back.output
+    original, restored = (
+        load_file(tiny_model_dir / "model.safetensors"),
+        load_file(tmp_path / "back" / "model.safetensors"),
+    )
+    assert original.keys() == restored.keys()
+    assert all(original[k].equal(restored[k]) for k in original)
+    missing = runner.invoke(app, ["convert-ckpt", "org/absent", str(tmp_path / "x"), "--to", "torch_dist"])
+    assert missing.exit_code == 2 and "SRC='org/absent' is not a local directory" in missing.output
+    assert "hf download org/absent --revision main" in missing.output
+    assert not (tmp_path / "x").exists()
