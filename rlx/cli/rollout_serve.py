@@ -98,7 +98,7 @@ def rollout_serve(
             address,
             cfg.rollout.auth_token,
             http_socket,
-            Path(cfg.model.path).name,
+            _served_name(cfg.model.path),
             _default_sampling(cfg.sampling),
             max_body_mb=cfg.rollout.openai_max_body_mb,
             **limits,
@@ -138,7 +138,21 @@ def _role(config: str, overrides: list[str]) -> RolloutRole:
                 "pass the run's YAML config to override keys"
             )
         return read_role(config, RolloutRole)
-    return rollout_role(load_config(config, overrides))
+    from rlx.formats.hub import resolve
+
+    role = rollout_role(load_config(config, overrides))
+    snap = resolve(role.model.path, "model.path", role.model.revision, "model.revision")  # a judge's Hub id
+    if snap is not None:
+        role.model.path, role.model.revision = snap.path, snap.commit
+    return role
+
+
+def _served_name(path: str) -> str:
+    """The model name the OpenAI endpoint answers to: a Hub snapshot's id, else the directory's name."""
+    from rlx.formats.hub import snapshot_of
+
+    snap = snapshot_of(path)
+    return snap.repo_id if snap is not None else Path(path).name
 
 
 def _openai_socket(rollout: RolloutConfig, port: int | None, index: int):

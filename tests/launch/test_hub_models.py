@@ -114,3 +114,18 @@ def test_logging_wandb_without_the_package_names_the_install_line(tiny_model_dir
     code, output = train(config, "logging.wandb=true")
     assert_refused_before_start(code, output, Path(tmp_path / "run"), "logging.wandb=true needs the wandb package")
     assert "pip install wandb" in output
+
+
+def test_a_rollout_server_started_by_hand_serves_a_hub_id(tiny_model_dir, tmp_path, hub):
+    """`rlx rollout-serve JUDGE.yaml` (a judge, a served teacher) cuts its role from a run config whose model.path
+    is an id: it resolves the id as the launcher does, and its OpenAI endpoint answers to the id."""
+    from rlx.cli.rollout_serve import _role, _served_name
+
+    commit = write_hub_cache(hub, "org/judge", tiny_model_dir, refs=("main", "v1"))
+    config = small_config(tmp_path, tiny_model_dir, "hf", model={"path": "org/judge", "revision": "v1"})
+    role = _role(str(config), [])
+    assert (role.model.path, role.model.revision) == (
+        str((hub / "models--org--judge" / "snapshots" / commit).resolve()),
+        commit,
+    )
+    assert _served_name(role.model.path) == "org/judge"
