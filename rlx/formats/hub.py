@@ -57,9 +57,12 @@ def snapshot_of(path: str) -> Snapshot | None:
     return Snapshot(f"{match.group('org')}/{match.group('name')}", match.group("commit"), str(path))
 
 
-def resolve(value: str, key: str, revision: str = "", revision_key: str = "") -> Snapshot | None:
+def resolve(
+    value: str, key: str, revision: str = "", revision_key: str = "", local_only: bool = False
+) -> Snapshot | None:
     """The snapshot ``value`` (the value of config key ``key``) names at ``revision`` (or its own ``@REVISION``;
-    ``revision_key`` is the key that pins it), downloaded where the cache lacks it; None for a local path."""
+    ``revision_key`` is the key that pins it), downloaded where the cache lacks it (never with ``local_only``);
+    None for a local path."""
     parsed = parse_id(value)
     if parsed is None:
         return None
@@ -74,7 +77,7 @@ def resolve(value: str, key: str, revision: str = "", revision_key: str = "") ->
     from huggingface_hub import snapshot_download
 
     try:
-        path = snapshot_download(repo_id, revision=revision, ignore_patterns=IGNORED_FILES)
+        path = snapshot_download(repo_id, revision=revision, ignore_patterns=IGNORED_FILES, local_files_only=local_only)
     except hub.IncompleteSnapshotError as exc:
         raise ConfigError(f"{key}={value!r}: {exc}") from None
     except (hub.RepositoryNotFoundError, hub.GatedRepoError) as exc:
@@ -88,11 +91,13 @@ def resolve(value: str, key: str, revision: str = "", revision_key: str = "") ->
             "its branches, tags or commits"
         ) from None
     except hub.LocalEntryNotFoundError as exc:
-        raise ConfigError(not_cached(repo_id, revision, key, revision_key, exc)) from None
+        raise ConfigError(not_cached(repo_id, revision, key, revision_key, exc, local_only)) from None
     return Snapshot(repo_id, Path(path).name, path)
 
 
-def not_cached(repo_id: str, revision: str, key: str, revision_key: str, cause: Exception) -> str:
+def not_cached(
+    repo_id: str, revision: str, key: str, revision_key: str, cause: Exception, local_only: bool = False
+) -> str:
     """Why ``repo_id`` at ``revision`` could not be read from the cache: what the cache holds of it, and the
     command that fetches it."""
     import os
@@ -111,11 +116,12 @@ def not_cached(repo_id: str, revision: str, key: str, revision_key: str, cause: 
             f"the cache holds {storage} without revision {revision!r} (its refs: {', '.join(names) or 'none'}; "
             f"its snapshots: {', '.join(s[:12] for s in snapshots) or 'none'})"
         )
-    why = (
-        "HF_HUB_OFFLINE=1 reads only the cache"
-        if constants.is_offline_mode()
-        else f"the Hub could not be reached ({str(cause).splitlines()[-1][:200]})"
-    )
+    if local_only:
+        why = "this check reads only the cache (rlx train downloads what it lacks)"
+    elif constants.is_offline_mode():
+        why = "HF_HUB_OFFLINE=1 reads only the cache"
+    else:
+        why = f"the Hub could not be reached ({str(cause).splitlines()[-1][:200]})"
     home = os.environ.get("HF_HOME", "")
     fetch = f"{f'HF_HOME={home} ' if home else ''}hf download {repo_id} --revision {revision}"
     return (

@@ -378,11 +378,26 @@ def broadcast_check(pair: str, seconds: float | None, error: str, size_mb: int, 
 def diagnose(cfg: RunConfig, size_mb: int = BROADCAST_MB) -> list[Check]:
     """Every check of ``cfg``'s layout: this host (launcher=local) or the Ray cluster (launcher=ray). The model
     directories come first; a problem there is a row like any other, and the layout is still checked."""
+    hub = hub_check(cfg)  # first: the rows after it read the snapshots it resolves
     checks, params = model_checks(cfg)
-    checks += role_checks(cfg)
+    checks = hub + checks + role_checks(cfg)
     if cfg.launcher == "ray":
         return checks + _diagnose_ray(cfg, size_mb, params)
     return checks + _diagnose_local(cfg, size_mb, params)
+
+
+def hub_check(cfg: RunConfig) -> list[Check]:
+    """A row for the run's Hub ids, resolved from the cache alone (``rlx.launch.hub_models``; nothing is downloaded),
+    none where the run names no id."""
+    from rlx.config.errors import ConfigError
+    from rlx.launch.hub_models import resolve_run_models
+
+    notes: list[str] = []
+    try:
+        resolve_run_models(cfg, Path(cfg.trainer.output_dir).resolve(), notes.append, local_only=True)
+    except ConfigError as exc:
+        return [Check("hub models", "this host", "not in the cache", str(exc))]
+    return [Check("hub models", "this host", "; ".join(notes))] if notes else []
 
 
 def model_checks(cfg: RunConfig) -> tuple[list[Check], int]:
@@ -420,13 +435,13 @@ def role_checks(cfg: RunConfig) -> list[Check]:
     inputs, rows = RunInputs(cfg, rollout_role(cfg), trainer_role(cfg)), []
     for check in ROLE_CHECKS:
         try:
-            check.run(inputs)
+            result = check.run(inputs)
         except (ConfigError, ValueError, OSError) as exc:
             rows.append(Check(check.what, "this host", "refused", str(exc)))
             if check.keep:  # what the checks after it read is missing: they would fail for the same reason
                 break
-        else:
-            rows.append(Check(check.what, "this host", "ok"))
+        else:  # a check may say what it found in words (the trainer's: the Megatron layout)
+            rows.append(Check(check.what, "this host", result if isinstance(result, str) else "ok"))
     return rows
 
 

@@ -27,8 +27,9 @@ BUILDS = {
 }
 
 
-def resolve_run_models(cfg: RunConfig, run_dir: Path, note: Callable[[str], None]) -> None:
-    """Each Hub id of ``cfg`` replaced by its snapshot directory (``model.revision`` set to the commit)."""
+def resolve_run_models(cfg: RunConfig, run_dir: Path, note: Callable[[str], None], local_only: bool = False) -> None:
+    """Each Hub id of ``cfg`` replaced by its snapshot directory (``model.revision`` set to the commit); with
+    ``local_only`` (`rlx doctor`) nothing is downloaded and an id the cache lacks is an error."""
     previous = _previous_config(run_dir) if cfg.trainer.resume else {}
     for key in MODEL_KEYS:
         value = _get(cfg, key)
@@ -45,7 +46,8 @@ def resolve_run_models(cfg: RunConfig, run_dir: Path, note: Callable[[str], None
         pinned = parsed[1] or revision
         if before is not None and not pinned:
             note(f"--resume: {key}={value} stays at commit {before.commit}, the revision the run trained from")
-        snap = resolve(value, key, revision or ("" if pinned else before.commit if before else ""), revision_key)
+        revision = revision or ("" if pinned else before.commit if before else "")
+        snap = resolve(value, key, revision, revision_key, local_only)
         if before is not None and snap.commit != before.commit:
             raise ConfigError(
                 f"--resume: {key}={value} pins revision {pinned!r} (commit {snap.commit}), but the run in {run_dir} "

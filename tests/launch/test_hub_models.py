@@ -6,6 +6,7 @@ the run trained from, and what the cache lacks is refused before any process sta
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -129,3 +130,25 @@ def test_a_rollout_server_started_by_hand_serves_a_hub_id(tiny_model_dir, tmp_pa
         commit,
     )
     assert _served_name(role.model.path) == "org/judge"
+
+
+def test_doctor_resolves_hub_ids_from_the_cache_alone(tiny_model_dir, tmp_path, hub, monkeypatch):
+    """`rlx doctor` reads the snapshot of a cached id (then checks it as a local directory) and downloads nothing,
+    online or not: an id the cache lacks is its row's problem, with the fetch command."""
+    from rlx.config import load_config
+    from rlx.launch.doctor import hub_check
+    from tests.launch.test_doctor import run_doctor
+
+    commit = write_hub_cache(hub, "org/tiny", tiny_model_dir)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    config = small_config(tmp_path, tiny_model_dir, "hf", model={"path": "org/tiny"})
+    result = run_doctor(config, env={"COLUMNS": "500"})  # the table's rows on one line each
+    found = " ".join(result.stdout.replace("│", " ").split())
+    assert result.returncode == 0, result.stdout + result.stderr
+    snapshot = (hub / "models--org--tiny" / "snapshots" / commit).resolve()
+    assert f"hub models this host model.path=org/tiny: Hub snapshot {snapshot} (commit {commit}) ok" in found, found
+    assert re.search(rf"model this host {re.escape(str(snapshot))}: [\d.]+M parameters ok", found), found
+    [row] = hub_check(load_config(config, ["model.path=org/absent"]))
+    assert row.found == "not in the cache" and "this check reads only the cache" in row.fix
+    assert "hf download org/absent --revision main" in row.fix
