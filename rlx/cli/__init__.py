@@ -26,6 +26,7 @@ app = typer.Typer(
 _COMMANDS = [
     ("rlx.cli.config_cmd", "config_app", "config"),
     ("rlx.cli.train", "train", "train"),
+    ("rlx.cli.eval", "eval_cmd", "eval"),
     ("rlx.cli.doctor", "doctor", "doctor"),
     ("rlx.cli.rollout_serve", "rollout_serve", "rollout-serve"),
     ("rlx.cli.plot", "plot", "plot"),

@@ -29,10 +29,10 @@ import msgspec
 import torch
 
 from rlx.config.schema import RunConfig
-from rlx.orchestrator.episodes import EVAL_SEED, EpisodeCollector, is_multi_turn
+from rlx.orchestrator.episodes import EpisodeCollector, is_multi_turn
 from rlx.rollout.client import RolloutClient
 from rlx.rollout.protocol import PromptResult, SamplingSpec
-from rlx.store.base import Sample
+from rlx.store.base import Sample, routes_from_bytes
 from rlx.tasks import Problem, Task
 from rlx.tasks.reward_models import Scored, make_reward_model, mix, score_step
 from rlx.trace import tracer
@@ -202,7 +202,12 @@ class Collector:
                 reward = scored_reward
                 if model is not None:
                     reward = mix(scored_reward, model.scores[len(samples)], self.cfg.task.reward_model.weight)
-                samples.append(Sample.of(prompt, sample.token_ids, sample.logprobs, reward, versions=sample.versions))
+                routes = routes_from_bytes(sample.routes, sample.routes_shape, sample.routes_dtype)
+                samples.append(
+                    Sample.of(
+                        prompt, sample.token_ids, sample.logprobs, reward, versions=sample.versions, routes=routes
+                    )
+                )
                 texts.append(sample.text)
                 correct.append(right)
         rewards = [s.reward for s in samples]
@@ -226,26 +231,23 @@ class Collector:
         spaced = (seed * MAX_PROMPTS_PER_STEP + index) * self.sampling.n
         return msgspec.structs.replace(self.sampling, seed=spaced)
 
-    async def evaluate(self, problems: list[Problem]) -> float:
-        """Accuracy on ``problems`` (the held-out split): greedy, or sampled (``trainer.eval_temperature``)."""
+    async def evaluate(self, problems: list[Problem]) -> dict[str, float]:
+        """Held-out metrics on ``problems`` (``rlx.orchestrator.evaluate``, which `rlx eval` runs too): accuracy,
+        greedy or sampled (``trainer.eval_temperature``), and with ``task.eval_k`` > 1 pass@1, pass@k and maj@k."""
         if self.agent is not None:
-            return await self.agent.evaluate(problems)
-        if not problems:
-            return float("nan")
-        spec = SamplingSpec.of(self.cfg.sampling, n=1, temperature=self.cfg.trainer.eval_temperature)
-        timeout_s = self.cfg.rollout.request_timeout_s
-        with tracer.span("eval", prompts=len(problems)):
-            if spec.temperature == 0.0:
-                results = await self.client.generate([p.prompt for p in problems], spec, timeout_s=timeout_s)
-            else:  # each problem its own seed, the same at every evaluation: the same draws each time
-                seeded = [msgspec.structs.replace(spec, seed=EVAL_SEED * 100_003 + i) for i in range(len(problems))]
-                results = await gather_or_cancel(
-                    self.client.generate([p.prompt], s, timeout_s=timeout_s)
-                    for p, s in zip(problems, seeded, strict=True)
-                )
-                results = [r[0] for r in results]
-        hits = [self.task.is_correct(r.samples[0].text, p) for p, r in zip(problems, results, strict=True)]
-        return sum(hits) / len(hits)
+            return {"accuracy": await self.agent.evaluate(problems)}
+        from rlx.orchestrator.evaluate import evaluate_prompts
+
+        c = self.cfg
+        return await evaluate_prompts(
+            self.client,
+            self.task,
+            problems,
+            c.sampling,
+            c.trainer.eval_temperature,
+            c.task.eval_k,
+            c.rollout.request_timeout_s,
+        )
 
 
 async def gather_or_cancel(coros) -> list:

@@ -92,7 +92,7 @@ class Controller:
         await self.colocation.start()
         last = {}
         if t.eval_every and self.start_step == 0:
-            last["eval_accuracy"] = await self.evaluate(0)
+            last.update(await self.evaluate(0))
             self.metrics.log(0, dict(last))
             self.display.step(0, last)
         for step in range(self.start_step + 1, t.total_steps + 1):
@@ -113,7 +113,7 @@ class Controller:
                 await self.colocation.after_sync()
                 metrics.update(self.colocation.metrics())
                 if t.eval_every and (step % t.eval_every == 0 or step == t.total_steps):
-                    metrics["eval_accuracy"] = await self.evaluate(step)
+                    metrics.update(await self.evaluate(step))
                 async with self.ranks_busy:  # after the evaluation: the checkpoint holds the step's whole line
                     metrics["time_checkpoint"] = self.maybe_checkpoint(step, metrics)
                 metrics["time_step"] = time.perf_counter() - started
@@ -148,10 +148,11 @@ class Controller:
                 "trainer.lr and trainer.max_grad_norm, then resume (--resume) from the newest checkpoint"
             )
 
-    async def evaluate(self, step: int) -> float:
-        accuracy = await self.collector.evaluate(self.task.eval)
-        self.evals.append((step, accuracy))
-        return accuracy
+    async def evaluate(self, step: int) -> dict[str, float]:
+        """The held-out metrics as logged: eval_accuracy, and eval_pass@k etc. with task.eval_k > 1."""
+        metrics = await self.collector.evaluate(self.task.eval)
+        self.evals.append((step, metrics["accuracy"]))
+        return {f"eval_{name}": value for name, value in metrics.items()}
 
     async def next_batch(self, step: int) -> Collected:
         """This step's batch; in one_step_off, also start generating the next one."""

@@ -204,5 +204,5 @@ class ExternalCollector:
             metrics["stale_dropped_frac"] = stale / max(1, stale + self.dropped["trained"])
         return metrics
 
-    async def evaluate(self, problems: list[Problem]) -> float:
-        return float("nan")
+    async def evaluate(self, problems: list[Problem]) -> dict[str, float]:
+        return {"accuracy": float("nan")}

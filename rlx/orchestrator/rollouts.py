@@ -29,8 +29,8 @@ class Rollouts(Protocol):
     async def collect(self, problems: list[Problem], seed: int) -> Collected:
         """A step's scored samples for ``problems`` (``n`` per problem, problem-major), ``seed`` the step's."""
 
-    async def evaluate(self, problems: list[Problem]) -> float:
-        """Held-out accuracy on ``problems``."""
+    async def evaluate(self, problems: list[Problem]) -> dict[str, float]:
+        """Held-out metrics on ``problems``: ``accuracy``, and others where the task's evaluation has them."""
 
 
 def make_rollouts(

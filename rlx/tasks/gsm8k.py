@@ -186,6 +186,16 @@ class Gsm8k:
             train = LazyProblems(train.rows, 0, cut, train.make) if cfg.streaming else train[:cut]
         return cls(train, eval_, pattern, reward_fn)
 
+    def answer_of(self, completion: str) -> str | None:
+        """The completion's answer as maj@k votes it (a number in one spelling: 7 and 7.0 vote together)."""
+        predicted = extract_answer(completion, self.answer_pattern)
+        if predicted is None:
+            return None
+        try:
+            return repr(float(predicted.replace(",", "")))
+        except ValueError:
+            return predicted.strip()
+
     def is_correct(self, completion: str, problem: Problem) -> bool:
         predicted = extract_answer(completion, self.answer_pattern)
         return predicted is not None and same_answer(predicted, problem.answer)

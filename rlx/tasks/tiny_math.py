@@ -62,6 +62,10 @@ class TinyMath:
         train, eval_ = split(all_problems(cfg.max_operand, cfg.operators), cfg.num_eval, cfg.seed)
         return cls(train, eval_, reward_fn)
 
+    def answer_of(self, completion: str) -> str:
+        """The completion's answer as maj@k votes it."""
+        return normalize(completion)
+
     def is_correct(self, completion: str, problem: Problem) -> bool:
         return normalize(completion) == problem.answer
 
