@@ -19,21 +19,23 @@ if TYPE_CHECKING:
     from rlx.config.task import TaskConfig
 
 
-def check_trainer(role: TrainerRole) -> None:
+def check_trainer(role: TrainerRole) -> str | None:
     """The policy's directory holds a model and a tokenizer (and, with trainer.backend=megatron, splits by its
-    layout); a distillation teacher shares the tokenizer."""
+    layout: then the layout in words is returned, for ``rlx doctor``); a distillation teacher shares the tokenizer."""
     from rlx.trainer.model import check_model_dir
 
     check_model_dir(role.model.path)
+    layout = None
     if role.trainer.backend == "megatron":  # the parallel layout against the model, and what it leaves out
         from rlx.trainer.megatron.preflight import check_megatron
 
-        check_megatron(role)
+        layout = check_megatron(role)
     teacher = role.algorithm.distill.teacher
     if teacher:
         from rlx.trainer.distill import check_same_tokenizer
 
         check_same_tokenizer(role.model.path, teacher)
+    return layout
 
 
 def build_model(model: ModelConfig, task: TaskConfig, seed: int, note: Callable[[str], None], console: Console) -> None:

@@ -174,7 +174,20 @@ def test_preflight_accepts_a_layout_that_splits(tmp_path):
     from rlx.trainer.preflight import check_trainer
 
     model_dir = build_tiny_model(tmp_path / "m", vocab_size=101)  # padded to 102 rows under TP=2
-    check_trainer(_role(model_dir, num_ranks=4, megatron=MegatronConfig(tensor_parallel=2)))
+    layout = check_trainer(_role(model_dir, num_ranks=4, megatron=MegatronConfig(tensor_parallel=2)))
+    assert layout == "megatron-core GPTModel, local layer spec, TP=2 PP=1 CP=1 DP=2"
+
+
+def test_doctor_names_the_spec_and_the_layout(tmp_path):
+    from rlx.launch.doctor import role_checks
+
+    cfg = RunConfig(
+        model=ModelConfig(path=str(build_tiny_model(tmp_path / "m"))),
+        checkpoint=CheckpointConfig(every=0, save_final=False),
+        trainer=TrainerConfig(device="cpu", backend="megatron", num_ranks=2),
+    )
+    (row,) = [check for check in role_checks(cfg) if check.what == "trainer"]
+    assert row.found == "megatron-core GPTModel, local layer spec, TP=1 PP=1 CP=1 DP=2"
 
 
 def test_config_refuses_an_unknown_backend_and_empty_sizes():

@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 INSTALL_HINT = "pip install -e '.[megatron]'"
 
 
-def check_megatron(role: TrainerRole) -> None:
-    """Refuse a layout the model cannot be split by, or a feature this backend leaves out."""
+def check_megatron(role: TrainerRole) -> str:
+    """Refuse a layout the model cannot be split by, or a feature this backend leaves out; else the layout in words
+    (``rlx doctor``'s trainer row), e.g. 'megatron-core GPTModel, local layer spec, TP=2 PP=1 CP=1 DP=1'."""
     try:
         found = importlib.util.find_spec("megatron.core") is not None
     except (ImportError, ValueError):
@@ -33,6 +34,12 @@ def check_megatron(role: TrainerRole) -> None:
         )
     check_layout(role)
     check_features(role)
+    from rlx.trainer.megatron.build import layer_spec_name
+
+    m = role.trainer.megatron
+    dp = role.trainer.num_ranks // m.model_parallel
+    layout = f"TP={m.tensor_parallel} PP={m.pipeline_parallel} CP={m.context_parallel} DP={dp}"
+    return f"megatron-core GPTModel, {layer_spec_name()} layer spec, {layout}"
 
 
 def check_layout(role: TrainerRole) -> None:
