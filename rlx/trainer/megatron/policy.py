@@ -10,7 +10,8 @@ this backend its model is a ``MegatronPolicy``, which gives it
 - ``named_tensors``: the whole model under Hugging Face names for a weight sync (``rlx.trainer.megatron.weights``);
 - ``data_parallel``: the rank and size the Trainer splits a step's rows by (tensor-parallel ranks of one
   data-parallel rank run the same rows), and the group its metrics are reduced over;
-- ``parameters`` / ``train`` / ``eval`` / ``zero_grad`` for the optimizer and the update loop.
+- ``parameters`` / ``buffers`` / ``train`` / ``eval`` / ``zero_grad`` for the optimizer, the update loop and the
+  colocated offload (``rlx.trainer.offload``).
 
 The optimizer is the Trainer's AdamW over this rank's parameters (its state is as sharded as the weights).
 Left out, and refused in pre-flight (``rlx.trainer.preflight.check_megatron``): pipeline stages in the update,
@@ -62,6 +63,9 @@ class MegatronPolicy:
 
     def parameters(self) -> Iterator[torch.nn.Parameter]:
         return self.module.parameters()
+
+    def buffers(self) -> Iterator[torch.Tensor]:
+        return self.module.buffers()
 
     def train(self, mode: bool = True) -> MegatronPolicy:
         self.module.train(mode)
