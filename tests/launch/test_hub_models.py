@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlx.config.errors import ConfigError
 from tests.formats.test_hub import write_hub_cache
 from tests.launch.test_preflight import assert_refused_before_start, train
 from tests.launch.test_train import read_metrics, run_to_end, small_config
@@ -152,3 +153,43 @@ def test_doctor_resolves_hub_ids_from_the_cache_alone(tiny_model_dir, tmp_path, 
     [row] = hub_check(load_config(config, ["model.path=org/absent"]))
     assert row.found == "not in the cache" and "this check reads only the cache" in row.fix
     assert "hf download org/absent --revision main" in row.fix
+
+
+def test_the_teacher_and_the_reward_model_resolve_with_their_own_revision(tiny_model_dir, tmp_path, hub):
+    """algorithm.distill.teacher and task.reward_model.path take ORG/NAME@REVISION; the launcher writes their
+    snapshot directories into the config it hands every process, and a resume keeps the teacher's commit."""
+    from rlx.config import load_config
+    from rlx.launch.hub_models import resolve_run_models
+
+    teacher = write_hub_cache(hub, "org/teacher", tiny_model_dir, refs=("main", "v1"))
+    scorer = write_hub_cache(hub, "org/scorer", tiny_model_dir)
+    config = small_config(tmp_path, tiny_model_dir, "hf")
+    overrides = ["algorithm.distill.teacher=org/teacher@v1", "task.reward_model.kind=classifier"]
+    cfg = load_config(config, [*overrides, "task.reward_model.path=org/scorer"])
+    notes: list[str] = []
+    resolve_run_models(cfg, tmp_path / "run", notes.append)
+    assert cfg.algorithm.distill.teacher == str((hub / "models--org--teacher" / "snapshots" / teacher).resolve())
+    assert cfg.task.reward_model.path == str((hub / "models--org--scorer" / "snapshots" / scorer).resolve())
+    assert cfg.model.path == str(tiny_model_dir) and cfg.model.revision == ""  # a local directory stays as it is
+    assert len(notes) == 2
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text(
+        yaml.safe_dump({"algorithm": {"distill": {"teacher": cfg.algorithm.distill.teacher}}})
+    )
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model_dir, other)
+    (other / "README.md").write_text("v2\n")
+    newer = write_hub_cache(hub, "org/teacher", other, refs=("v2",))
+    resumed = load_config(config, ["algorithm.distill.teacher=org/teacher@v2", "trainer.resume=true"])
+    with pytest.raises(ConfigError, match=f"set algorithm.distill.teacher=org/teacher@{teacher} to continue it"):
+        resolve_run_models(resumed, tmp_path / "run", notes.append)
+    assert newer != teacher
+
+
+def test_a_snapshot_missing_on_this_node_names_the_fetch(tmp_path):
+    """A role file names the snapshot the launcher resolved; a node whose cache lacks it says how to get it."""
+    from rlx.trainer.model import check_model_dir
+
+    missing = tmp_path / "hub" / "models--org--tiny" / "snapshots" / ("b" * 40)
+    with pytest.raises(FileNotFoundError, match=f"hf download org/tiny --revision {'b' * 40}"):
+        check_model_dir(str(missing))
