@@ -40,7 +40,8 @@ class RewardModelConfig:
     timeout_s: float = 120.0
     """judge: deadline of the step's one batched Generate request; past it the step fails naming the server."""
     path: str = ""
-    """classifier: local Hugging Face directory of an AutoModelForSequenceClassification (with its tokenizer)."""
+    """classifier: Hugging Face directory of an AutoModelForSequenceClassification (with its tokenizer), or a Hub id
+    ORG/NAME[@REVISION] that `rlx train` resolves to its snapshot in huggingface_hub's cache."""
     label: int = -1
     """classifier: -1 = the logit of a num_labels=1 model; k >= 0 = the softmax probability of label k."""
     batch_size: int = 16
