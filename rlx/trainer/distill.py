@@ -49,7 +49,7 @@ def check_same_tokenizer(student_path: str, teacher_path: str) -> None:
     if not Path(teacher_path, "config.json").is_file():
         raise ConfigError(
             f"algorithm.distill.teacher={teacher_path!r} is not a model directory (no config.json); "
-            "set it to a local Hugging Face directory of the teacher, or add "
+            "set it to a local Hugging Face directory of the teacher or its Hub id (ORG/NAME[@REVISION]), or add "
             "algorithm.distill.teacher_build_if_missing=tiny_math_teacher to build the tiny-math "
             "teacher there first"
         )
