@@ -7,6 +7,7 @@
 - ``processes``: child processes in their own process groups, logs streamed with a prefix.
 - ``stops``: why a run stops early (a child's death, Ctrl-C, SIGTERM), delivered to the main thread.
 - ``restarts``: restarting a launched rollout server that died.
+- ``evaluation``: `rlx eval`: a checkpoint's servers, its held-out evaluation and the report.
 - ``run_dir``: the run directory; ``leftovers``: /dev/shm files dead children left behind.
 - ``display`` / ``closing``: the live console, and what a run says when it starts and ends.
 - ``doctor``: `rlx doctor`: check a run's layout before starting it; ``tested_stack``: the GPU stack the GPU suite
