@@ -396,7 +396,7 @@ def hub_check(cfg: RunConfig) -> list[Check]:
     try:
         resolve_run_models(cfg, Path(cfg.trainer.output_dir).resolve(), notes.append, local_only=True)
     except ConfigError as exc:
-        return [Check("hub models", "this host", "not in the cache", str(exc))]
+        return [Check("hub models", "this host", "refused", str(exc))]
     return [Check("hub models", "this host", "; ".join(notes))] if notes else []
 
 

@@ -108,6 +108,11 @@ def test_an_id_or_revision_the_cache_lacks_is_refused_before_anything_starts(tin
     assert_refused_before_start(code, output, run_dir, "algorithm.distill.teacher='org/teacher'", "--revision v1")
     code, output = train(config, "model.revision=v1")
     assert_refused_before_start(code, output, run_dir, "model.revision='v1' pins a Hub id's revision")
+    code, output = train(config, "model.path=org/tiny", "model.build_if_missing=tiny_math_warmstart")
+    assert_refused_before_start(
+        code, output, run_dir, "reads as a Hugging Face Hub id", "set model.build_if_missing='' to train the Hub model"
+    )
+    assert not (tmp_path / "org").exists() and not Path("org/tiny").exists()  # nothing built at ./org/tiny
 
 
 def test_logging_wandb_without_the_package_names_the_install_line(tiny_model_dir, tmp_path, monkeypatch):
@@ -151,7 +156,7 @@ def test_doctor_resolves_hub_ids_from_the_cache_alone(tiny_model_dir, tmp_path, 
     assert f"hub models this host model.path=org/tiny: Hub snapshot {snapshot} (commit {commit}) ok" in found, found
     assert re.search(rf"model this host {re.escape(str(snapshot))}: [\d.]+M parameters ok", found), found
     [row] = hub_check(load_config(config, ["model.path=org/absent"]))
-    assert row.found == "not in the cache" and "this check reads only the cache" in row.fix
+    assert row.found == "refused" and "this check reads only the cache" in row.fix
     assert "hf download org/absent --revision main" in row.fix
 
 
