@@ -52,6 +52,7 @@ POLICY_LOSS_CHOICES = ("ppo", "gspo")
 LOSS_AGG_CHOICES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 KL_CHOICES = ("k1", "k2", "k3")
 CORRECTION_CHOICES = ("none", "tis", "icepop", "bypass")
+ROUTING_REPLAY_CHOICES = ("off", "record", "r3")
 
 
 @dataclass
@@ -100,6 +101,10 @@ class AlgorithmConfig:
     """advantage=gae: learning rate of the critic's AdamW; 0 = trainer.lr."""
     distill: DistillConfig = field(default_factory=DistillConfig)
     """On-policy distillation from a teacher model (algorithm.distill.teacher)."""
+    routing_replay: str = "off"
+    """MoE models: off (the trainer routes each token itself), record (the engine returns each token's experts
+    and the trainer reports route_disagreement, routing itself) or r3 (the trainer routes each token to the
+    engine's experts, gate weights recomputed over them: rollout routing replay)."""
 
     def __post_init__(self) -> None:
         check_choice("algorithm.advantage", self.advantage, ADVANTAGE_CHOICES)
@@ -108,6 +113,7 @@ class AlgorithmConfig:
         check_choice("algorithm.kl_estimator", self.kl_estimator, KL_CHOICES)
         check_choice("algorithm.rollout_correction", self.rollout_correction, ("auto",) + CORRECTION_CHOICES)
         check_choice("algorithm.correction_level", self.correction_level, ("token", "sequence"))
+        check_choice("algorithm.routing_replay", self.routing_replay, ROUTING_REPLAY_CHOICES)
         check_range("algorithm.clip_low", self.clip_low, 0.0, 1.0)
         check_range("algorithm.clip_high", self.clip_high, 0.0)
         if self.dual_clip and self.dual_clip <= 1.0:

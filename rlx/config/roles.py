@@ -51,6 +51,8 @@ class RolloutRole:
     """trainer.prompts_per_step x rollout.n: what a colocated engine's KV cache is sized to hold at once."""
     run_dir: str = "runs/run"
     """trainer.output_dir: where a server started without --address binds its ipc:// socket."""
+    record_routes: bool = False
+    """algorithm.routing_replay is record or r3: each sample carries the experts of its tokens (MoE models)."""
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -94,6 +96,7 @@ def rollout_role(cfg: RunConfig) -> RolloutRole:
         lora_sync=cfg.lora_sync,
         samples_per_step=cfg.trainer.prompts_per_step * cfg.rollout.n,
         run_dir=cfg.trainer.output_dir,
+        record_routes=cfg.algorithm.routing_replay != "off",
     )
 
 

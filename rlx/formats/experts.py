@@ -8,13 +8,21 @@ for Qwen3-MoE and OLMoE, take one tensor per expert: ``mlp.experts.{e}.gate_proj
 carries the checkpoint's names and layout; ``expert_views`` gives a receiver that holds the fused tensors
 (the hf backend) a view of each per-expert name to copy into. Families that rename the block (Mixtral's
 ``block_sparse_moe``, ``w1``/``w3``/``w2``) are left out: ``per_expert`` refuses a fused tensor it does not know.
+
+The routers: ``moe_experts`` reads a config's expert counts, ``routers`` finds the top-k routers of a model in
+layer order, ``record_routes`` keeps each router's choices over one forward (the hf backend's route recording;
+the trainer's replay is ``rlx.trainer.moe``), and ``route_dtype`` is the small integer a route is stored in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 GATE_UP = ".mlp.experts.gate_up_proj"
 DOWN = ".mlp.experts.down_proj"
@@ -59,3 +67,49 @@ def expert_views(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if is_fused_expert(name):
             views.update(per_expert(name, tensor))
     return views
+
+
+def moe_experts(model_config: dict | PretrainedConfig) -> tuple[int, int]:
+    """``(experts, experts per token)`` of a transformers model config (or its dict); (0, 0) for a dense model."""
+    config = model_config if isinstance(model_config, dict) else model_config.to_dict()
+    get = config.get
+    experts = int(get("num_experts") or get("num_local_experts") or 0)
+    return experts, int(get("num_experts_per_tok") or 0) if experts else 0
+
+
+def route_dtype(num_experts: int) -> torch.dtype:
+    """uint8 for up to 256 experts, else int16: a route costs layers x top_k of these per token."""
+    return torch.uint8 if num_experts <= 256 else torch.int16
+
+
+def routers(model) -> list[torch.nn.Module]:
+    """The top-k routers of ``model`` in layer order (``mlp.gate`` modules with ``top_k`` and a ``weight``):
+    empty for a dense model, or a router layout rlx leaves out."""
+    return [
+        module
+        for name, module in model.named_modules()
+        if name.endswith("mlp.gate")
+        and hasattr(module, "top_k")
+        and isinstance(getattr(module, "weight", None), torch.Tensor)
+    ]
+
+
+def record_routes(model, forward) -> list[torch.Tensor]:
+    """Run ``forward()`` and return each router's top-k experts of the tokens it saw, [N, top_k] per layer in
+    layer order (N in the order the router saw them: a padded batch row-major)."""
+    found = routers(model)
+    recorded: list[torch.Tensor] = [torch.empty(0)] * len(found)
+
+    def keeper(layer: int):
+        def keep(module, args, output):
+            recorded[layer] = output[2].detach()
+
+        return keep
+
+    handles = [router.register_forward_hook(keeper(layer)) for layer, router in enumerate(found)]
+    try:
+        forward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return recorded

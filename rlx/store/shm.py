@@ -42,6 +42,10 @@ _ROW = np.dtype(
         ("loss_tokens", "<f8"),
         ("status", "<i4"),
         ("has_versions", "<i4"),
+        ("route_tokens", "<i4"),  # MoE routes: [tokens, layers, top_k] of route_bytes-wide integers (0: none)
+        ("route_layers", "<i4"),
+        ("route_k", "<i4"),
+        ("route_bytes", "<i4"),
     ]
 )
 
@@ -79,6 +83,12 @@ class _Table:
             return self.bytes[at + start : at + start + count * width].view(dtype).clone()
 
         versions = view(8 * p + 16 * t, t, torch.long) if entry["has_versions"] else None
+        routes = None
+        if entry["route_tokens"]:
+            shape = (int(entry["route_tokens"]), int(entry["route_layers"]), int(entry["route_k"]))
+            dtype = torch.uint8 if entry["route_bytes"] == 1 else torch.int16
+            start = 8 * p + (24 if entry["has_versions"] else 16) * t
+            routes = view(start, shape[0] * shape[1] * shape[2], dtype).view(shape)
         return Sample(
             view(0, p, torch.long),
             view(8 * p, t, torch.long),
@@ -89,6 +99,7 @@ class _Table:
             int(entry["prompt_id"]),
             int(entry["group"]),
             int(entry["status"]),
+            routes,
         )
 
     def meta(self, rows: list[int]) -> np.ndarray:
@@ -110,6 +121,9 @@ class _Table:
         ]
         if sample.versions is not None:
             parts.append((8 * p + 16 * t, sample.versions, torch.long))
+        if sample.routes is not None:
+            start = 8 * p + (24 if sample.versions is not None else 16) * t
+            parts.append((start, sample.routes.reshape(-1), sample.routes.dtype))
         for start, tensor, dtype in parts:
             width = torch.tensor([], dtype=dtype).element_size()
             self.bytes[at + start : at + start + len(tensor) * width].view(dtype).copy_(torch.as_tensor(tensor))
@@ -118,6 +132,9 @@ class _Table:
         entry["prompt_id"], entry["group"], entry["reward"] = sample.prompt_id, sample.group, sample.reward
         entry["status"], entry["has_versions"] = int(sample.status), sample.versions is not None
         entry["loss_tokens"] = float(sample.mask().sum())
+        shape = sample.routes.shape if sample.routes is not None else (0, 0, 0)
+        entry["route_tokens"], entry["route_layers"], entry["route_k"] = shape
+        entry["route_bytes"] = sample.routes.element_size() if sample.routes is not None else 0
         entry["row_id"] = row  # last: the entry is whole once it names its row
 
     def clear(self, row: int) -> None:

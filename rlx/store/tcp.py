@@ -56,7 +56,7 @@ TOKEN_ENV = SECRET_ENV["rollout.auth_token"]
 _POLL_MS = 100
 MAX_TOKEN_BYTES = 64 << 10
 """Room for the auth token in a request's bytes (``max_request_bytes``)."""
-_DTYPES = {"<i8": torch.long, "<f4": torch.float32}
+_DTYPES = {"<i8": torch.long, "<f4": torch.float32, "|u1": torch.uint8, "<i2": torch.int16}  # int: MoE routes
 
 
 class Request(msgspec.Struct, array_like=True):
@@ -77,6 +77,7 @@ class RowHead(msgspec.Struct, array_like=True):
     group: int
     status: int
     has_versions: bool
+    has_routes: bool = False
 
 
 class Reply(msgspec.Struct, array_like=True):
@@ -252,10 +253,13 @@ def _error(message: str, kind: str) -> bytes:
 def _encode_samples(samples: list[Sample]) -> list:
     heads, specs, buffers = [], [], []
     for s in samples:
-        heads.append(RowHead(s.reward, s.prompt_id, s.group, int(s.status), s.versions is not None))
+        routed = s.routes is not None
+        heads.append(RowHead(s.reward, s.prompt_id, s.group, int(s.status), s.versions is not None, routed))
         tensors = [s.prompt_ids.long(), s.completion_ids.long(), s.logprobs.float(), s.mask().float()]
         if s.versions is not None:
             tensors.append(s.versions.long())
+        if s.routes is not None:
+            tensors.append(s.routes)
         for tensor in tensors:
             array = tensor.contiguous().numpy()
             specs.append(TensorSpec(array.dtype.str, list(array.shape)))
@@ -293,9 +297,19 @@ class TcpStoreReader(StoreReader):
         for head in reply.rows:
             prompt, completion, logprobs, mask = next(tensors), next(tensors), next(tensors), next(tensors)
             versions = next(tensors) if head.has_versions else None
+            routes = next(tensors) if head.has_routes else None
             samples.append(
                 Sample(
-                    prompt, completion, logprobs, head.reward, mask, versions, head.prompt_id, head.group, head.status
+                    prompt,
+                    completion,
+                    logprobs,
+                    head.reward,
+                    mask,
+                    versions,
+                    head.prompt_id,
+                    head.group,
+                    head.status,
+                    routes,
                 )
             )
         by_row = dict(zip(unique, samples, strict=True))

@@ -34,6 +34,7 @@ class TrainBatch:
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
+    routes: torch.Tensor | None = None  # [B, P + T, layers, top_k] int16, the engine's experts; -1: none recorded
 
     @property
     def size(self) -> int:
@@ -82,7 +83,21 @@ def collate(samples: list[Sample], pad_id: int, prompt_len: int = 0, completion_
         mask,
         rollout_logp,
         torch.tensor([s.reward for s in samples], dtype=torch.float32),
+        routes=_routes(samples, prompt_len - prompt_lens, prompt_len + completion_len),
     )
+
+
+def _routes(samples: list[Sample], starts: torch.Tensor, width: int) -> torch.Tensor | None:
+    """The samples' MoE routes laid out as their tokens are (row ``i``'s from column ``starts[i]``), -1 where a
+    sample recorded none; None when no sample has routes."""
+    shaped = next((s.routes for s in samples if s.routes is not None), None)
+    if shaped is None:
+        return None
+    out = torch.full((len(samples), width, *shaped.shape[1:]), -1, dtype=torch.int16)
+    for row, (sample, start) in enumerate(zip(samples, starts.tolist(), strict=True)):
+        if sample.routes is not None:
+            out[row, start : start + len(sample.routes)] = sample.routes.to(torch.int16)
+    return out
 
 
 def build_batch(
@@ -125,12 +140,15 @@ def batch_bytes(batch: TrainBatch) -> int:
 
 
 def broadcast_batch(batch: TrainBatch | None, device: torch.device, src: int = 0) -> TrainBatch:
-    """Send rank ``src``'s batch to every rank: a shape header, then each tensor (on ``device``)."""
-    header = torch.zeros(3, dtype=torch.long, device=device)
+    """Send rank ``src``'s batch to every rank: a shape header, then each tensor (on ``device``), then the MoE
+    routes where the batch has them."""
+    header = torch.zeros(5, dtype=torch.long, device=device)
     if dist.get_rank() == src:
-        header[:] = torch.tensor([batch.size, batch.input_ids.shape[1], batch.completion_ids.shape[1]], device=device)
+        route_shape = batch.routes.shape[2:] if batch.routes is not None else (0, 0)
+        sizes = [batch.size, batch.input_ids.shape[1], batch.completion_ids.shape[1], *route_shape]
+        header[:] = torch.tensor(sizes, device=device)
     dist.broadcast(header, src)
-    rows, total_len, completion_len = header.tolist()
+    rows, total_len, completion_len, route_layers, route_k = header.tolist()
     shapes = {
         "input_ids": (rows, total_len),
         "attention_mask": (rows, total_len),
@@ -149,4 +167,12 @@ def broadcast_batch(batch: TrainBatch | None, device: torch.device, src: int = 0
             tensor = torch.empty(shapes[name], dtype=dtypes.get(name, torch.long), device=device)
         dist.broadcast(tensor, src)
         tensors[name] = tensor
+    if route_layers:
+        shape = (rows, total_len, route_layers, route_k)
+        if dist.get_rank() == src:
+            routes = batch.routes.to(device)
+        else:
+            routes = torch.empty(shape, dtype=torch.int16, device=device)
+        dist.broadcast(routes, src)
+        tensors["routes"] = routes
     return TrainBatch(**tensors)

@@ -50,6 +50,7 @@ class Packed:
     cu_seqlens_k: torch.Tensor | None = None  # shared prompts: [n + 1] int32, cumulative key counts
     max_len_k: int = 0
     blocks: Blocks | None = None  # short sequences: the block layout of the attention (``Blocks``)
+    routes: torch.Tensor | None = None  # [N, layers, top_k] int16: the engine's experts of each token (MoE)
 
     def to(self, device: torch.device) -> Packed:
         return _moved(self, device)
@@ -246,6 +247,7 @@ def pack(batch: TrainBatch, share_prompts: bool = False, blocks: bool | None = N
         cumulative(query_len),
         int(query_len.max()),
         where[:, prompt_len - 1 : -1][scored],
+        routes=batch.routes[own] if batch.routes is not None else None,
     )
     if shared:  # keys row by row: its prompt's positions, then its own tokens'
         packed.kv_index, packed.cu_seqlens_k, packed.max_len_k = where[keep], cumulative(key_len), int(key_len.max())

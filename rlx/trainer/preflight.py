@@ -25,6 +25,8 @@ def check_trainer(role: TrainerRole) -> str | None:
     from rlx.trainer.model import check_model_dir
 
     check_model_dir(role.model.path)
+    if role.algorithm.routing_replay != "off":
+        check_moe(role)
     layout = None
     if role.trainer.backend == "megatron":  # the parallel layout against the model, and what it leaves out
         from rlx.trainer.megatron.preflight import check_megatron
@@ -36,6 +38,24 @@ def check_trainer(role: TrainerRole) -> str | None:
 
         check_same_tokenizer(role.model.path, teacher)
     return layout
+
+
+def check_moe(role: TrainerRole) -> None:
+    """algorithm.routing_replay record or r3 needs a mixture-of-experts policy, trained by the FSDP2 backend."""
+    import json
+
+    from rlx.formats.experts import moe_experts
+
+    replay = f"algorithm.routing_replay={role.algorithm.routing_replay}"
+    config = json.loads((Path(role.model.path) / "config.json").read_text())
+    if not moe_experts(config)[0]:
+        raise ConfigError(
+            f"{replay}: model.path={role.model.path!r} is a dense model ({config.get('model_type')!r}, no "
+            "num_experts in its config.json); routes exist only in mixtures of experts. Set "
+            "algorithm.routing_replay=off"
+        )
+    if role.trainer.backend != "fsdp2":
+        raise ConfigError(f"{replay} runs with trainer.backend=fsdp2; set it, or algorithm.routing_replay=off")
 
 
 def build_model(model: ModelConfig, task: TaskConfig, seed: int, note: Callable[[str], None], console: Console) -> None:

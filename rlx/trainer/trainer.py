@@ -25,6 +25,7 @@ It leaves out data, rollout and weight transfer: the controller does those.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import defaultdict
@@ -113,6 +114,12 @@ class Trainer:
             and not a.entropy_coef
         )
         """Rows whose advantage is zero give the loss nothing: they stay out of the update (``rows_with_signal``)."""
+        self.routing = None
+        """MoE routes (``algorithm.routing_replay`` record or r3): the engine's experts replayed or compared."""
+        if a.routing_replay != "off":
+            from rlx.trainer.moe import Routing
+
+            self.routing = Routing.install(self.model, replay=a.routing_replay == "r3")
 
     def warm_up(self) -> float:
         """One forward and backward pass of the policy on a small batch of random tokens (``warm_pass``): on
@@ -214,6 +221,8 @@ class Trainer:
             metrics["skipped_nonfinite"] = metrics.get("skipped_nonfinite", 0.0) + metrics["critic_skipped_nonfinite"]
         metrics["time_update"] = time.perf_counter() - start
         metrics["time_logprob"] = time_logprob
+        if self.routing is not None:
+            metrics.update(self.routing.take_metrics())
         return metrics
 
     def _advantages(self, full: TrainBatch, micro: list[MicroBatch]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -256,14 +265,20 @@ class Trainer:
         if self.megatron:
             return model.logprobs(mb, self.temperature, entropy_grad=entropy_grad)
         split_head = self.split_head if split_head is None else split_head
-        return completion_logprobs(
-            model,
-            mb,
-            self.temperature,
-            self.cfg.trainer.logprob_chunk_size,
-            split_head=split_head,
-            entropy_grad=entropy_grad,
-        )
+        routed = contextlib.nullcontext()
+        if self.routing is not None and model is self.model:
+            from rlx.trainer.moe import batch_routes
+
+            routed = self.routing.tokens(batch_routes(mb))
+        with routed:
+            return completion_logprobs(
+                model,
+                mb,
+                self.temperature,
+                self.cfg.trainer.logprob_chunk_size,
+                split_head=split_head,
+                entropy_grad=entropy_grad,
+            )
 
     def _shaped_rewards(self, full: TrainBatch, micro: list[MicroBatch]) -> torch.Tensor:
         """Rewards [B]; with KL in the reward, minus each sequence's KL penalty (summed over ranks)."""

