@@ -182,3 +182,47 @@ def test_preflight_refuses_replay_for_a_dense_model_and_for_vllm_cpu(tiny_model_
     moe.algorithm.routing_replay = "off"
     moe.rollout.backend = "vllm"
     check_rollout(rollout_role(moe))
+
+
+@pytest.mark.slow
+def test_moe_tiny_trains_with_r3_and_its_checkpoint_converts(tmp_path):
+    """configs/moe_tiny.yaml (hf backend recording its routes, engine in bfloat16) trains with ``rlx train``:
+    every step reports route_disagreement; ``rlx convert-ckpt`` writes the checkpoint one tensor per expert, which
+    transformers loads into the trainer's fused weights."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from tests.helpers import start_rlx, stop_group
+
+    model_dir = build_tiny_family(tmp_path / "model", "qwen3_moe")  # a random one: the warm start is not tested here
+    config = Path(__file__).parents[2] / "configs" / "moe_tiny.yaml"
+    run = tmp_path / "run"
+    overrides = [f"model.path={model_dir}", "model.build_if_missing=", f"trainer.output_dir={run}"]
+    overrides += ["trainer.total_steps=3", "trainer.prompts_per_step=8", "trainer.eval_every=0", "checkpoint.every=3"]
+    overrides += ["task.num_eval=8", "logging.console=false", "trace.enabled=false"]
+    log = tmp_path / "train.log"
+    proc = start_rlx(["train", str(config), *overrides], log)
+    try:
+        proc.wait(300)
+    finally:
+        stop_group(proc)
+    assert proc.returncode == 0, log.read_text()[-4000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "time_step" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert all(0.0 <= r["route_disagreement"] <= 1.0 and "route_disagreement_l1" in r for r in steps)
+    out = tmp_path / "hf"
+    convert = [sys.executable, "-m", "rlx", "convert-ckpt", str(run), str(out)]
+    done = subprocess.run(convert, check=False, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    written = load_file(out / "model.safetensors")
+    assert "model.layers.0.mlp.experts.7.up_proj.weight" in written and not any("gate_up_proj" in k for k in written)
+    trained = load_file(next((run / "checkpoints").glob("step_*")) / "model.safetensors")
+    loaded = dict(AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).named_parameters())
+    for name, tensor in trained.items():
+        assert torch.equal(loaded[name], tensor), name
