@@ -21,8 +21,8 @@ def eval_cmd(
     model: str = typer.Option(
         ...,
         "--model",
-        help="Hugging Face model directory, or a run directory (its newest complete checkpoint, converted once "
-        "into RUN_DIR/eval/).",
+        help="Hugging Face model directory, Hub id (ORG/NAME[@REVISION]), or a run directory (its newest complete "
+        "checkpoint, converted once into RUN_DIR/eval/).",
     ),
     k: int | None = typer.Option(
         None, "-k", "--k", min=1, help="Samples per prompt for pass@k and maj@k (task.eval_k; 1 = greedy only)."

@@ -11,8 +11,9 @@ training used) and scores each completion with the task's own ``is_correct``:
   (any of the ``k`` correct) and ``maj@k`` (the most common answer is correct; answers are the task's
   ``answer_of`` where it has one, else the stripped completion; a tie goes to the answer drawn first).
 
-``resolve_model`` turns `rlx eval --model` into a Hugging Face directory the engine loads: a directory as it is,
-or a run (its ``checkpoints/`` or one ``step_*`` directory) as its newest complete checkpoint, converted once into
+``resolve_model`` turns `rlx eval --model` into a Hugging Face directory the engine loads: a directory as it is, a
+Hub id (``ORG/NAME[@REVISION]``) as its snapshot in huggingface_hub's cache (``rlx.formats.hub``), or a run (its
+``checkpoints/`` or one ``step_*`` directory) as its newest complete checkpoint, converted once into
 ``RUN_DIR/eval/``. Starting servers and writing the report are the launcher's (``rlx.launch.evaluation``).
 """
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
@@ -119,7 +119,7 @@ class ModelSource:
     step: int | None = None
     """The checkpoint's step (kind run)."""
     revision: str = ""
-    """A Hub snapshot's commit (a directory inside huggingface_hub's cache), else empty."""
+    """A Hub snapshot's commit (a Hub id, or a directory inside huggingface_hub's cache), else empty."""
     digest: str = ""
     """sha256 over the weights: of the checkpoint's manifest (which holds every file's sha256) for a run, else of
     the directory's safetensors files in name order."""
@@ -137,26 +137,29 @@ class ModelSource:
         }
 
 
-SNAPSHOT = re.compile(r"snapshots/([0-9a-f]{40})(/|$)")
-
-
 def resolve_model(given: str) -> ModelSource:
     """--model as a Hugging Face directory (module docstring); a LoRA run's checkpoint (an adapter only) is refused."""
     from rlx.convert.convert_ckpt import detect_source
     from rlx.convert.errors import ConvertError
+    from rlx.formats.hub import parse_id, resolve, snapshot_of
 
+    if parse_id(given) is not None:  # ORG/NAME[@REVISION]: its snapshot in huggingface_hub's cache
+        snapshot = resolve(given, "--model")
+        path = Path(snapshot.path)
+        return ModelSource(given, path, "hf", revision=snapshot.commit, digest=_weights_digest(path))
     path = Path(given).expanduser().resolve()
     if not path.exists():
         raise ConfigError(
-            f"--model {given}: no such directory; pass a Hugging Face model directory or a run directory "
-            "(trainer.output_dir, its checkpoints/ or one step_* directory)"
+            f"--model {given}: no such directory; pass a Hugging Face model directory, a Hub id (ORG/NAME) or a run "
+            "directory (trainer.output_dir, its checkpoints/ or one step_* directory)"
         )
     try:
         kind = detect_source(path)
     except ConvertError as exc:
         raise ConfigError(f"--model {given}: {exc}") from None
     if kind == "hf":
-        revision = match.group(1) if (match := SNAPSHOT.search(path.as_posix())) else ""
+        snapshot = snapshot_of(str(path))
+        revision = snapshot.commit if snapshot is not None else ""
         return ModelSource(given, path, "hf", revision=revision, digest=_weights_digest(path))
     if kind != "trainer":
         raise ConfigError(

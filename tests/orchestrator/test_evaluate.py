@@ -108,6 +108,23 @@ def test_rlx_eval_on_a_model_directory_through_a_running_server(vllm_server, tin
     assert refused.exit_code == 2 and f"serves {tiny_model_dir}" in refused.output.replace("\n", "")
 
 
+def test_a_hub_id_resolves_to_its_cached_snapshot_offline(tiny_model_dir, tmp_path, monkeypatch):
+    """--model ORG/NAME is served from its snapshot in huggingface_hub's cache, the commit recorded; an id the
+    cache lacks is named, offline, before any server starts."""
+    from huggingface_hub import constants
+
+    from tests.formats.test_hub import write_hub_cache
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    commit = write_hub_cache(tmp_path / "hub", "org/tiny", Path(tiny_model_dir))
+    source = resolve_model("org/tiny")
+    assert source.kind == "hf" and source.revision == commit and source.path.name == commit
+    assert source.digest == resolve_model(str(tiny_model_dir)).digest  # the same weights
+    with pytest.raises(ConfigError, match="org/absent"):
+        resolve_model("org/absent")
+
+
 def test_model_paths_that_cannot_be_evaluated_are_named(tmp_path):
     with pytest.raises(ConfigError, match="--model .*: no such directory"):
         resolve_model(str(tmp_path / "absent"))
