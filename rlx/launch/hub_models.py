@@ -6,7 +6,7 @@ by an ``@REVISION`` suffix) may name a Hub id; each is replaced in the run's con
 of the run and every Ray node (which then needs that snapshot at the same path: a shared HF_HOME). A ``--resume``
 takes the commit its run recorded where nothing is pinned, so a branch that moved meanwhile does not change the
 weights under it; a pin that resolves to another commit is refused. A path kept for a ``build_if_missing`` build is
-a local directory, never an id, and one that reads as an id is refused rather than built at ./ORG/NAME.
+a local directory, never an id (a note says so where it reads as one).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def resolve_run_models(cfg: RunConfig, run_dir: Path, note: Callable[[str], None
     previous = _previous_config(run_dir) if cfg.trainer.resume else {}
     for key in MODEL_KEYS:
         value = _get(cfg, key)
-        if not value or (key in BUILDS and _is_build_target(value, key, _get(cfg, BUILDS[key]))):
+        if not value or (key in BUILDS and _is_build_target(value, key, _get(cfg, BUILDS[key]), note)):
             continue
         revision, revision_key = (cfg.model.revision, "model.revision") if key == "model.path" else ("", "")
         parsed = parse_id(value)
@@ -60,18 +60,15 @@ def resolve_run_models(cfg: RunConfig, run_dir: Path, note: Callable[[str], None
         note(f"{key}={value}: Hub snapshot {snap.path} (commit {snap.commit})")
 
 
-def _is_build_target(value: str, key: str, build: str) -> bool:
-    """Whether ``value`` is the local path a ``build_if_missing`` build writes; refused where it reads as a Hub id
-    (a user who set an id over a config that builds would get a tiny model built at ./ORG/NAME)."""
-    if not build:
-        return False
-    if parse_id(value) is not None:
-        raise ConfigError(
-            f"{key}={value!r} reads as a Hugging Face Hub id, but {BUILDS[key]}={build} would build a new model "
-            f"at the relative path {value} instead; set {BUILDS[key]}='' to train the Hub model, or write the path "
-            f"to build as ./{value}"
+def _is_build_target(value: str, key: str, build: str, note: Callable[[str], None]) -> bool:
+    """Whether ``value`` is the local path a ``build_if_missing`` build writes (``models/teacher`` is one, though it
+    reads as an id); where it also reads as a Hub id, a note says how to train the Hub model instead."""
+    if build and parse_id(value) is not None:
+        note(
+            f"{key}={value} is taken as the local path {BUILDS[key]}={build} builds, not as a Hugging Face Hub "
+            f"id; to train the Hub model, set {BUILDS[key]}=''"
         )
-    return True
+    return bool(build)
 
 
 def _pin(key: str, repo_id: str, commit: str) -> str:

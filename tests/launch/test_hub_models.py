@@ -108,11 +108,6 @@ def test_an_id_or_revision_the_cache_lacks_is_refused_before_anything_starts(tin
     assert_refused_before_start(code, output, run_dir, "algorithm.distill.teacher='org/teacher'", "--revision v1")
     code, output = train(config, "model.revision=v1")
     assert_refused_before_start(code, output, run_dir, "model.revision='v1' pins a Hub id's revision")
-    code, output = train(config, "model.path=org/tiny", "model.build_if_missing=tiny_math_warmstart")
-    assert_refused_before_start(
-        code, output, run_dir, "reads as a Hugging Face Hub id", "set model.build_if_missing='' to train the Hub model"
-    )
-    assert not (tmp_path / "org").exists() and not Path("org/tiny").exists()  # nothing built at ./org/tiny
 
 
 def test_logging_wandb_without_the_package_names_the_install_line(tiny_model_dir, tmp_path, monkeypatch):
@@ -198,3 +193,19 @@ def test_a_snapshot_missing_on_this_node_names_the_fetch(tmp_path):
     missing = tmp_path / "hub" / "models--org--tiny" / "snapshots" / ("b" * 40)
     with pytest.raises(FileNotFoundError, match=f"hf download org/tiny --revision {'b' * 40}"):
         check_model_dir(str(missing))
+
+
+def test_a_path_a_build_writes_stays_local_and_a_note_says_how_to_train_the_id(tiny_model_dir, tmp_path, hub):
+    from rlx.config import load_config
+    from rlx.launch.hub_models import resolve_run_models
+
+    write_hub_cache(hub, "org/tiny", tiny_model_dir)
+    config = small_config(tmp_path, tiny_model_dir, "hf")
+    cfg = load_config(config, ["model.path=org/tiny", "model.build_if_missing=tiny_math_warmstart"])
+    notes: list[str] = []
+    resolve_run_models(cfg, tmp_path / "run", notes.append)
+    assert cfg.model.path == "org/tiny" and cfg.model.revision == ""  # the build's target, not the cached id
+    assert notes == [
+        "model.path=org/tiny is taken as the local path model.build_if_missing=tiny_math_warmstart builds, not as a "
+        "Hugging Face Hub id; to train the Hub model, set model.build_if_missing=''"
+    ]
