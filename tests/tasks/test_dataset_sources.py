@@ -157,3 +157,27 @@ def test_streaming_names_a_row_without_the_column_when_it_is_drawn(tmp_path):
     assert task.train[0].answer == "0"  # the first rows were checked when the task was built
     with pytest.raises(ConfigError, match=r"row 299: column 'answer' \(task.answer_key\) is null"):
         task.train[299]
+
+
+@pytest.mark.slow
+def test_rlx_doctor_reads_a_hub_id_from_the_cache_the_environment_names(hub_cache, tiny_model_dir, tmp_path):
+    """The environment alone (HF_DATASETS_CACHE, HF_DATASETS_OFFLINE=1) takes a process to the cached set: rlx
+    doctor's pre-flight builds the task from it offline; an id the cache lacks is its row's problem."""
+    from tests.helpers import start_rlx, stop_group, write_config
+
+    env = {"HF_DATASETS_CACHE": str(hub_cache), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    for path, expected in (("me/toy_math", "no problem found"), ("me/absent", "not in datasets' cache")):
+        config = write_config(
+            tmp_path / "doctor.yaml",
+            tiny_model_dir,
+            task={"name": "gsm8k", "path": path, "subset": "main", "eval_split": "test", "chat_template": "off"},
+            rollout={"backend": "hf", "max_tokens": 4},
+            trainer={"output_dir": str(tmp_path / "run")},
+        )
+        log = tmp_path / "doctor.log"
+        proc = start_rlx(["doctor", str(config)], log, env)
+        try:
+            proc.wait(300)
+        finally:
+            stop_group(proc)
+        assert expected in " ".join(log.read_text().split()), log.read_text()
