@@ -47,7 +47,11 @@ def eval_cmd(
         cfg = load_config(config, list(overrides or []) + extra)
         command = ["rlx", "eval", config, *(overrides or []), "--model", model]
         command += (["-k", str(k)] if k else []) + (["--out", str(out)] if out else [])
-        result = run_eval(cfg, source, command)
+        try:
+            result = run_eval(cfg, source, command)
+        except KeyboardInterrupt:
+            err_console.print("interrupted: the rollout servers were stopped; nothing was written", highlight=False)
+            raise typer.Exit(130) from None
         target = out or _default_out(source)
         write_report(result, target)
     _print_table(result, target)

@@ -54,6 +54,9 @@ def run_eval(cfg: RunConfig, source: ModelSource, command: list[str]) -> dict:
             f"task.eval_k={cfg.task.eval_k}: pass@k and maj@k are for single-turn tasks; a multi-turn task "
             f"({cfg.task.name}) is evaluated by its accuracy alone; set task.eval_k=1"
         )
+    from rlx.tasks.preflight import check_prompts
+
+    check_prompts(task, cfg.model.path, cfg.rollout)  # a prompt the engine would refuse, named before it starts
     work = Path(tempfile.mkdtemp(prefix="rlx-eval-"))
     procs = ProcessSet(work / "logs", emit=lambda line: None)
     started = time.perf_counter()

@@ -170,3 +170,20 @@ def test_rlx_eval_of_a_runs_final_checkpoint_gives_the_accuracy_the_run_logged(t
     for name in ("accuracy", "pass@1", "pass@2", "maj@2"):  # the sampled ones from the same seeds
         assert report["metrics"][name] == {"value": last[f"eval_{name}"], "count": 16}, name
     assert 0.0 < last["eval_accuracy"] < 1.0
+
+
+def test_a_prompt_the_engine_would_refuse_is_named_before_any_server_starts(tiny_model_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from rlx.cli import app
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+    config = write_config(
+        tmp_path / "short.yaml",
+        tiny_model_dir,
+        task={**TASK, "path": str(data)},
+        rollout={"backend": "hf", "max_tokens": 1, "max_model_len": 4},
+    )
+    result = CliRunner().invoke(app, ["eval", str(config), "--model", str(tiny_model_dir)])
+    assert result.exit_code == 2 and "leaves no room for a completion" in " ".join(result.output.split())
