@@ -6,7 +6,8 @@
    started again as ``--worker``).
 2. Learning: `rlx train configs/quickstart.yaml` with each backend, seeds 0 1 2, every sync verified
    (sync.verify=true), no checkpoints (the Megatron backend writes none yet): held-out accuracy at the start
-   and the end of each run. Seeds alternate which backend runs first.
+   and the end of each run, and the medians of its steps' sync, update and whole-step times (the two backends'
+   syncs side by side). Seeds alternate which backend runs first.
 
     python benchmarks/megatron_parity.py [--seeds 0 1 2] [--steps 60] [--json docs/results/megatron_parity_cpu.json]
 
@@ -19,6 +20,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +35,7 @@ MODEL = ROOT / ".cache" / "models" / "tiny-math-warmstart"
 LR = 1e-4  # the quickstart's
 LAYOUTS = {"tp1": (1, 1), "tp2": (2, 2), "dp2": (1, 2)}  # name: (tensor_parallel, trainer ranks)
 BACKENDS = ("fsdp2", "megatron")
+PHASES = ("time_sync", "time_update", "time_step")  # the step's phases whose medians a run reports
 NO_CHECKPOINTS = ["checkpoint.every=0", "checkpoint.save_final=false"]
 
 
@@ -166,7 +169,8 @@ def train(backend: str, seed: int, steps: int, run_dir: Path) -> dict:
     wall_s = time.perf_counter() - started
     lines = [json.loads(row) for row in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [(line["step"], line["eval_accuracy"]) for line in lines if "eval_accuracy" in line]
-    synced = [line["sync_verified"] for line in lines if "sync_verified" in line]
+    steps = [line for line in lines if "sync_verified" in line]
+    synced = [line["sync_verified"] for line in steps]
     return {
         "backend": backend,
         "seed": seed,
@@ -176,6 +180,7 @@ def train(backend: str, seed: int, steps: int, run_dir: Path) -> dict:
         "syncs": len(synced),
         "syncs_verified": int(sum(synced)),
         "wall_s": round(wall_s, 1),
+        **{f"median_{key}_s": statistics.median(line[key] for line in steps) for key in PHASES},
     }
 
 
@@ -218,8 +223,14 @@ def main() -> None:
         "one_update_lr": LR,
         "runs": runs,
         "summary": {
-            "how": "held-out gain = end - start per run; mean over the seeds per backend",
+            "how": "held-out gain = end - start per run, mean over the seeds per backend; a phase's time: the median "
+            "over the seeds of each run's median per step",
             **{f"mean_held_out_gain_{b}": sum(g) / len(g) for b, g in gains.items()},
+            **{
+                f"median_{key}_s_{b}": statistics.median(r[f"median_{key}_s"] for r in runs if r["backend"] == b)
+                for key in PHASES
+                for b in BACKENDS
+            },
         },
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -234,13 +245,13 @@ def print_table(report: dict) -> None:
             f"{name:8} {row['max_abs_logprob_diff']:12.2e} {row['max_abs_entropy_diff']:10.2e} "
             f"{row['one_update_max_abs_weight_diff']:20.2e}"
         )
-    print(f"\n{'backend':9} {'seed':>4} {'held-out start':>15} {'end':>6} {'syncs verified':>15}")
+    print(f"\n{'backend':9} {'seed':>4} {'held-out start':>15} {'end':>6} {'syncs verified':>15} {'sync ms':>8}")
     for run in report["runs"]:
         print(
             f"{run['backend']:9} {run['seed']:4d} {run['held_out_start']:15.3f} {run['held_out_end']:6.3f} "
-            f"{run['syncs_verified']:>7}/{run['syncs']}"
+            f"{run['syncs_verified']:>7}/{run['syncs']} {1000 * run['median_time_sync_s']:8.1f}"
         )
-    print("\n" + ", ".join(f"{k} {v:.3f}" for k, v in report["summary"].items() if k != "how"))
+    print("\n" + ", ".join(f"{k} {v:.4f}" for k, v in report["summary"].items() if k != "how"))
 
 
 if __name__ == "__main__":
