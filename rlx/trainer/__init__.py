@@ -4,8 +4,6 @@
 - ``model``: loading the policy, reference and tokenizer; FSDP2 sharding. ``lora``: LoRA through peft.
 - ``megatron/``: ``trainer.backend=megatron``: the policy on megatron-core's GPTModel (tensor parallel), which
   ``trainer`` runs in place of the FSDP2 model.
-- ``megatron/``: ``trainer.backend=megatron``: the policy on megatron-core's GPTModel (tensor parallel), which
-  ``trainer`` runs in place of the FSDP2 model.
 - ``batch``: the training batch; ``packing``: micro-batches per rank; ``attention``: packed attention.
 - ``logprobs``: completion log-probabilities and entropy; ``kernels``: fused Triton kernels on CUDA.
 - ``algorithms/``: advantages, policy losses, KL, rollout correction: one small function per file.
