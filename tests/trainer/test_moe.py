@@ -8,6 +8,8 @@ carry every sync into the engine: its logprobs of the next step's samples then a
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -111,8 +113,16 @@ def engine_samples(model_dir, tmp_path, num_prompts: int = 8):
     return samples
 
 
+@pytest.fixture(scope="module")
+def replay_case(tmp_path_factory):
+    """A tiny Qwen3-MoE and the samples the hf backend drew from it, routes recorded."""
+    work = tmp_path_factory.mktemp("replay")
+    model_dir = build_tiny_family(work / "model", "qwen3_moe")
+    return model_dir, engine_samples(model_dir, work)
+
+
 @pytest.mark.parametrize("micro_batch_tokens", [0, 4096], ids=["padded", "packed"])
-def test_replay_routes_every_token_to_the_engines_experts(tmp_path, micro_batch_tokens):
+def test_replay_routes_every_token_to_the_engines_experts(replay_case, micro_batch_tokens):
     """With r3 the trainer's routers take the experts the engine recorded for every token it recorded (prompt and
     completion); with record they route by themselves, and a measurable share of the tokens goes elsewhere
     (engine in bfloat16, trainer in float32)."""
@@ -127,8 +137,7 @@ def test_replay_routes_every_token_to_the_engines_experts(tmp_path, micro_batch_
     from rlx.trainer.packing import micro_batches
     from rlx.trainer.trainer import Trainer
 
-    model_dir = build_tiny_family(tmp_path / "model", "qwen3_moe")
-    samples = engine_samples(model_dir, tmp_path)
+    model_dir, samples = replay_case
     full = collate(samples, pad_id=0)
     shares, reported = {}, {}
     for replay in ("r3", "record"):
@@ -247,3 +256,26 @@ def test_vllm_routed_experts_become_the_samples_routes():
     wide = CompletionOutput(0, "a", [7], None, None, routed_experts=routed * 4)
     assert _routes(wide, prompt_len=7)["routes_dtype"] == "<i2"
     assert _routes(CompletionOutput(0, "a", [7], None, None), prompt_len=1) == {}
+
+
+@pytest.mark.parametrize("kind", ["shm", "tcp"])
+def test_routes_cross_the_sample_store(kind, replay_case):
+    """A sample's routes come out of either store as they went in (uint8 and int16), beside samples without."""
+    from rlx.store.base import create_store, open_reader
+
+    _, samples = replay_case
+    wide = dataclasses.replace(samples[1], routes=samples[1].routes.to(torch.int16) * 100)
+    plain = dataclasses.replace(samples[2], routes=None)
+    store = create_store(kind, 4, 64)
+    try:
+        rows = store.put([samples[0], wide, plain])
+        reader = open_reader(store.handle())
+        try:
+            back = reader.get(rows)
+        finally:
+            reader.close()
+    finally:
+        store.close()
+    assert torch.equal(back[0].routes, samples[0].routes) and back[0].routes.dtype == torch.uint8
+    assert torch.equal(back[1].routes, wide.routes) and back[1].routes.dtype == torch.int16
+    assert back[2].routes is None and torch.equal(back[2].completion_ids, plain.completion_ids)
