@@ -75,6 +75,12 @@ def build_model(model: ModelConfig, task: TaskConfig, seed: int, note: Callable[
         note(f"importing {packaged.model} from {source} into {Path(model.path).resolve()} (first run only)")
         import_packaged(packaged, model.path)
         return
+    if model.build_if_missing == "qwen3_moe_1b_random":
+        from rlx.trainer.tiny import build_qwen3_moe_1b_random
+
+        note(f"building a random Qwen3-MoE of 1B parameters into {Path(model.path).resolve()}")
+        build_qwen3_moe_1b_random(model.path, seed=seed)
+        return
     if model.build_if_missing == "qwen2_0p5b_random":
         from rlx.trainer.tiny import build_qwen2_0p5b_random
 
@@ -117,4 +123,12 @@ def check_resume(
     if ckpt is None:
         return None
     check_resumable(ckpt, role.model.path, task_seed, num_problems, lora=bool(role.model.lora.rank))
+    from rlx.formats.checkpoint import read_manifest
+
+    written = read_manifest(ckpt).get("backend", "fsdp2")  # a megatron checkpoint is torch_dist (rlx.trainer.megatron)
+    if written != role.trainer.backend:
+        raise ConfigError(
+            f"cannot resume from {ckpt}: trainer.backend={written} wrote it and this run has "
+            f"trainer.backend={role.trainer.backend}; set trainer.backend={written}, or run without --resume"
+        )
     return int(ckpt.name.split("_")[-1])

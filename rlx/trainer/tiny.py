@@ -254,6 +254,49 @@ def tiny_moe_config(family: str, vocab_size: int, hidden_size: int = 128, num_la
     raise ValueError(f"unknown MoE family {family!r}; pick one of {', '.join(MOE_FAMILIES)}")
 
 
+QWEN3_MOE_1B_SHAPE = dict(
+    hidden_size=1024, num_layers=16, num_experts=32, num_experts_per_tok=4, moe_intermediate_size=512, vocab_size=151936
+)
+"""A Qwen3-MoE of about 1B parameters (Qwen3-30B-A3B's layout at a smaller width: 16 heads of 64, 4 KV heads)."""
+
+
+def qwen3_moe_1b_config():
+    import transformers
+
+    shape = QWEN3_MOE_1B_SHAPE
+    return transformers.Qwen3MoeConfig(
+        vocab_size=shape["vocab_size"],
+        hidden_size=shape["hidden_size"],
+        num_hidden_layers=shape["num_layers"],
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=64,
+        intermediate_size=4 * shape["hidden_size"],
+        moe_intermediate_size=shape["moe_intermediate_size"],
+        num_experts=shape["num_experts"],
+        num_experts_per_tok=shape["num_experts_per_tok"],
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+
+
+def build_qwen3_moe_1b_random(out_dir: str | Path, seed: int = 0) -> Path:
+    """A randomly initialised Qwen3-MoE of ``QWEN3_MOE_1B_SHAPE`` (bfloat16) with the character tokenizer: the GPU
+    run of routing replay, where no MoE checkpoint of that size is at hand."""
+    from transformers import AutoModelForCausalLM
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(out_dir)
+    return _write_model(out_dir, AutoModelForCausalLM.from_config, qwen3_moe_1b_config(), seed, "bfloat16")
+
+
 def tiny_family_config(family: str, vocab_size: int, hidden_size: int = 256, num_layers: int = 2):
     """A transformers config of ``family`` (``FAMILIES``, or ``MOE_FAMILIES`` at hidden size 128) at a tiny size:
     4 heads of 64 (2 KV heads; 64 is the smallest head size every GPU attention kernel of vLLM takes), the token

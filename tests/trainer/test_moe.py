@@ -279,3 +279,17 @@ def test_routes_cross_the_sample_store(kind, replay_case):
     assert torch.equal(back[0].routes, samples[0].routes) and back[0].routes.dtype == torch.uint8
     assert torch.equal(back[1].routes, wide.routes) and back[1].routes.dtype == torch.int16
     assert back[2].routes is None and torch.equal(back[2].completion_ids, plain.completion_ids)
+
+
+def test_the_gpu_run_model_has_about_1b_parameters():
+    """configs/gpu_moe_1b_r3.yaml builds ``qwen3_moe_1b_random``: counted on the meta device, nothing allocated."""
+    from transformers import AutoModelForCausalLM
+
+    from rlx.formats.experts import moe_experts, routers
+    from rlx.trainer.tiny import qwen3_moe_1b_config
+
+    config = qwen3_moe_1b_config()
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert 0.95e9 < sum(p.numel() for p in model.parameters()) < 1.05e9
+    assert moe_experts(config) == (32, 4) and len(routers(model)) == 16
