@@ -74,6 +74,9 @@ def _print_table(result: dict, target: Path) -> None:
     for name, entry in result["metrics"].items():
         table.add_row(name, f"{entry['value']:.4f}", str(entry["count"]))
     console.print(table)
+    if logged := result["run_logged"]:
+        said = ", ".join(f"{name} {value:.4f}" for name, value in logged.items() if isinstance(value, float))
+        console.print(f"the run logged at step {model['step']}: {said}", highlight=False)
     console.print(
         f"{result['task']['held_out']}; {result['sampling']['accuracy']}; engine {result['engine']['backend']}; "
         f"{result['seconds']} s; wrote {target}",

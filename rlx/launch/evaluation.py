@@ -120,7 +120,10 @@ def _check_serves(address: str, health, source: ModelSource) -> None:
 
 
 def report(cfg: RunConfig, task: Task, source: ModelSource, metrics: dict, command: list[str], seconds: float) -> dict:
-    """The JSON `rlx eval` writes: each metric with the prompts it is over, the model, the engine, the command."""
+    """The JSON `rlx eval` writes: each metric with the prompts it is over, the model, the engine, the command, and
+    for a run's checkpoint what the run logged when it evaluated at that step."""
+    from rlx.orchestrator.evaluate import logged_evaluation
+
     t = cfg.task
     held_out = (
         f"task.eval_path={t.eval_path}"
@@ -148,6 +151,7 @@ def report(cfg: RunConfig, task: Task, source: ModelSource, metrics: dict, comma
             else "none",
         },
         "metrics": {name: {"value": value, "count": len(task.eval)} for name, value in metrics.items()},
+        "run_logged": logged_evaluation(source),
         "seconds": round(seconds, 1),
         "notes": source.notes,
     }

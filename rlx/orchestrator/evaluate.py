@@ -125,6 +125,8 @@ class ModelSource:
     the directory's safetensors files in name order."""
     notes: list[str] = field(default_factory=list)
     """Checkpoints passed over (corrupt or partial) on the way to the newest complete one."""
+    run_dir: Path | None = None
+    """The run the checkpoint is of (kind run)."""
 
     def as_dict(self) -> dict:
         return {
@@ -188,11 +190,29 @@ def _converted(given: str, path: Path) -> ModelSource:
             (target / STAMP).write_text(digest + "\n")
     except ConvertError as exc:
         raise ConfigError(f"--model {given}: {exc}") from None
-    return ModelSource(given, target, "run", step=ckpt.step, digest=digest, notes=list(ckpt.skipped))
+    return ModelSource(given, target, "run", ckpt.step, digest=digest, notes=list(ckpt.skipped), run_dir=run_dir)
 
 
 STAMP = "rlx_checkpoint_sha256.txt"
 """In a converted directory: the sha256 of the manifest of the checkpoint it was converted from."""
+
+
+def logged_evaluation(source: ModelSource) -> dict[str, float]:
+    """What the run logged at the checkpoint's step for its held-out evaluation (eval_* of metrics.jsonl), if it
+    evaluated there; empty otherwise."""
+    import json
+
+    path = source.run_dir / "metrics.jsonl" if source.run_dir is not None else None
+    if path is None or not path.is_file():
+        return {}
+    for line in reversed(path.read_text().splitlines()):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and row.get("step") == source.step:
+            return {k: v for k, v in row.items() if k.startswith("eval_")}
+    return {}
 
 
 def _stamp(target: Path) -> str:

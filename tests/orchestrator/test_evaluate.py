@@ -169,6 +169,7 @@ def test_rlx_eval_of_a_runs_final_checkpoint_gives_the_accuracy_the_run_logged(t
     assert last["step"] == 2 and report["model"]["kind"] == "run" and report["model"]["step"] == 2
     for name in ("accuracy", "pass@1", "pass@2", "maj@2"):  # the sampled ones from the same seeds
         assert report["metrics"][name] == {"value": last[f"eval_{name}"], "count": 16}, name
+        assert report["run_logged"][f"eval_{name}"] == last[f"eval_{name}"]
     assert 0.0 < last["eval_accuracy"] < 1.0
 
 
