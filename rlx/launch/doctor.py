@@ -504,8 +504,27 @@ def _planned_parameter_count(build: str) -> int:
         return planned_parameter_count(**QWEN2_0P5B_SHAPE)
     if build in PACKAGED:
         return _gguf_parameter_count(build)
+    if build == "qwen3_moe_1b_random":
+        from rlx.trainer.tiny import qwen3_moe_1b_config
+
+        return _meta_parameter_count(qwen3_moe_1b_config())
     recipe = RECIPES[build]
+    if recipe.family != "qwen2":  # a tiny mixture of experts (rlx.trainer.tiny.MOE_FAMILIES)
+        from rlx.trainer.tiny import CHARACTERS, SPECIAL_TOKENS, _round_up, tiny_moe_config
+
+        vocab = _round_up(len(SPECIAL_TOKENS) + len(CHARACTERS), 64)
+        return _meta_parameter_count(tiny_moe_config(recipe.family, vocab))
     return planned_parameter_count(hidden_size=recipe.hidden_size, num_layers=recipe.num_layers)
+
+
+def _meta_parameter_count(config) -> int:
+    """Parameters of a transformers model of ``config``, counted on the meta device (nothing allocated)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
 
 
 def _wants_gpu(cfg: RunConfig, resources: dict | None = None) -> bool:

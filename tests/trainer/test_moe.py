@@ -293,3 +293,7 @@ def test_the_gpu_run_model_has_about_1b_parameters():
         model = AutoModelForCausalLM.from_config(config)
     assert 0.95e9 < sum(p.numel() for p in model.parameters()) < 1.05e9
     assert moe_experts(config) == (32, 4) and len(routers(model)) == 16
+    from rlx.launch.doctor import _planned_parameter_count  # what `rlx doctor` says of a model not built yet
+
+    assert _planned_parameter_count("qwen3_moe_1b_random") == sum(p.numel() for p in model.parameters())
+    assert 0 < _planned_parameter_count("tiny_moe_warmstart") < 1e6
