@@ -107,7 +107,10 @@ class RankGroup:
         self, step: int, state: dict[str, Any] | None = None, before_manifest: Callable[[Path], None] | None = None
     ) -> None:
         """Save step ``step`` (gathered from every rank, written by rank 0 with the run's ``state``)."""
-        from rlx.trainer.checkpoint import save_checkpoint
+        if self.trainer.megatron:  # torch_dist, written by every rank
+            from rlx.trainer.megatron.checkpoint import save_checkpoint
+        else:
+            from rlx.trainer.checkpoint import save_checkpoint
 
         self._announce(Command.CHECKPOINT, step)
         t = self.trainer
@@ -126,7 +129,11 @@ class RankGroup:
     def load(self, step: int) -> dict[str, Any]:
         """Restore step ``step``'s checkpoint on every rank; the state rank 0 saved with it."""
         from rlx.formats.checkpoint import step_dir_name
-        from rlx.trainer.checkpoint import load_checkpoint
+
+        if self.trainer.megatron:
+            from rlx.trainer.megatron.checkpoint import load_checkpoint
+        else:
+            from rlx.trainer.checkpoint import load_checkpoint
 
         self._announce(Command.LOAD, step)
         t, ckpt = self.trainer, self.ckpt_root / step_dir_name(step)

@@ -5,7 +5,8 @@ built again for each). Not a test module itself.
 
     megatron_ranks.py TIED UNTIED OUT_DIR
 
-- tp.safetensors / tp.json: TP=2 on TIED: logprobs and entropy of a fixed batch, then one update's weights, metrics
+- tp.safetensors / tp.json: TP=2 on TIED: logprobs and entropy of a fixed batch, then one update's weights, metrics;
+  and whether a torch_dist checkpoint of that step, loaded by a new trainer, gives back the same weights
 - dp.safetensors / dp.json: TP=1 on UNTIED over two data-parallel ranks: the same
 - pp.safetensors / pp.json: PP=2 on UNTIED: the sync's tensors gathered from both stages; then megatron-core's
   pipeline schedule on one micro-batch, and TIED's build under two stages, each with the error it stops with
@@ -46,7 +47,7 @@ def trainer(model_dir: str, tp: int):
     return Trainer(trainer_role(cfg))
 
 
-def step(model_dir: str, out: str, tp: int) -> None:
+def step(model_dir: str, out: str, tp: int, checkpoint: bool = False) -> None:
     from rlx.trainer.packing import micro_batches
     from tests.trainer.test_trainer_step import ragged_batch
 
@@ -56,10 +57,24 @@ def step(model_dir: str, out: str, tp: int) -> None:
     with torch.no_grad():
         logp, entropy = t._logprobs(t.model, mb)
     metrics = t.step(batch)
-    weights = {name: tensor.contiguous() for name, tensor in t.named_tensors()}
+    weights = {name: tensor.contiguous().clone() for name, tensor in t.named_tensors()}
+    report = {k: metrics[k] for k in ("loss", "grad_norm")}
+    if checkpoint:
+        report["resumed_equal"] = resumed_equal(t, model_dir, tp, Path(out).parent / "ckpt", weights)
     if torch.distributed.get_rank() == 0:
         save_file({"logp": logp, "entropy": entropy, **{f"w.{k}": v for k, v in weights.items()}}, out)
-        Path(out).with_suffix(".json").write_text(json.dumps({k: metrics[k] for k in ("loss", "grad_norm")}))
+        Path(out).with_suffix(".json").write_text(json.dumps(report))
+
+
+def resumed_equal(t, model_dir: str, tp: int, root: Path, weights: dict) -> bool:
+    """Save ``t`` in torch_dist on both ranks, load it into a new trainer: the same weights, bit for bit?"""
+    from rlx.trainer.megatron.checkpoint import load_checkpoint, save_checkpoint
+
+    save_checkpoint(root, 1, t.model, t.optimizer, t.scheduler, model_dir, {"step": 1}, keep=1)
+    torch.distributed.barrier()
+    fresh = trainer(model_dir, tp)
+    load_checkpoint(next(root.glob("step_*")), fresh.model, fresh.optimizer, fresh.scheduler)
+    return all(torch.equal(tensor, weights[name]) for name, tensor in fresh.named_tensors())
 
 
 def _error(exc: BaseException) -> dict:
@@ -132,7 +147,7 @@ def main() -> None:
     torch.set_num_threads(1)
     init_distributed("cpu")
     tied, untied, out = sys.argv[1:]
-    step(tied, f"{out}/tp.safetensors", tp=2)
+    step(tied, f"{out}/tp.safetensors", tp=2, checkpoint=True)
     step(untied, f"{out}/dp.safetensors", tp=1)
     pipeline(untied, tied, f"{out}/pp.safetensors")
     torch.distributed.destroy_process_group()

@@ -11,7 +11,6 @@ from rlx.config.algorithm import AlgorithmConfig
 from rlx.config.errors import ConfigError
 from rlx.config.megatron import MegatronConfig
 from rlx.config.model import LoraConfig, ModelConfig
-from rlx.config.outputs import CheckpointConfig
 from rlx.config.roles import trainer_role
 from rlx.config.schema import RunConfig
 from rlx.config.trainer import TrainerConfig
@@ -120,8 +119,7 @@ def _role(model_dir, **changes):
     cfg = RunConfig(
         model=changes.pop("model", ModelConfig(path=str(model_dir))),
         algorithm=changes.pop("algorithm", AlgorithmConfig()),
-        checkpoint=changes.pop("checkpoint", CheckpointConfig(every=0, save_final=False)),
-        trainer=TrainerConfig(device="cpu", backend="megatron", **changes),
+        trainer=TrainerConfig(device="cpu", backend=changes.pop("trainer_backend", "megatron"), **changes),
     )
     return trainer_role(cfg)
 
@@ -152,8 +150,6 @@ REFUSED = {
     "lora": ({"model": "lora"}, "set model.lora.rank=0"),
     "critic": ({"algorithm": AlgorithmConfig(advantage="gae")}, "set algorithm.advantage=grpo"),
     "reference": ({"algorithm": AlgorithmConfig(kl_coef=0.1)}, "set algorithm.kl_coef=0"),
-    "checkpoints": ({"checkpoint": CheckpointConfig(every=5)}, "set checkpoint.every=0 checkpoint.save_final=false"),
-    "resume": ({"resume": True}, "run without --resume"),
 }
 
 
@@ -183,7 +179,6 @@ def test_doctor_names_the_spec_and_the_layout(tmp_path):
 
     cfg = RunConfig(
         model=ModelConfig(path=str(build_tiny_model(tmp_path / "m"))),
-        checkpoint=CheckpointConfig(every=0, save_final=False),
         trainer=TrainerConfig(device="cpu", backend="megatron", num_ranks=2),
     )
     (row,) = [check for check in role_checks(cfg) if check.what == "trainer"]
@@ -195,3 +190,41 @@ def test_config_refuses_an_unknown_backend_and_empty_sizes():
         TrainerConfig(backend="deepspeed")
     with pytest.raises(ConfigError, match="trainer.megatron.tensor_parallel=0 must be >= 1"):
         MegatronConfig(tensor_parallel=0)
+
+
+def test_checkpoint_resumes_bit_exact_and_converts_to_hf(tmp_path, process_group):
+    """A torch_dist checkpoint after one step; a new trainer loads it (weights, AdamW's moments and step, the
+    schedule) and its next step is the one the first trainer takes; rlx convert-ckpt makes it a HF directory
+    that holds the checkpoint's weights; the FSDP2 backend's --resume refuses it."""
+    from rich.console import Console
+
+    from rlx.convert.convert_ckpt import ConvertOptions, build_job
+    from rlx.formats.checkpoint import verify_checkpoint
+    from rlx.trainer.preflight import check_resume
+    from rlx.trainer.ranks import RankGroup
+
+    model_dir = build_tiny_model(tmp_path / "m", tie_word_embeddings=False)
+    run = tmp_path / "run"
+    first = make_trainer(model_dir, "megatron", output_dir=str(run))
+    first.step(ragged_batch())
+    RankGroup(first.cfg, first).checkpoint(1, {"step": 1, "data": {"seed": 0, "num_problems": 10}})
+    (ckpt,) = (run / "checkpoints").iterdir()
+    assert verify_checkpoint(ckpt)["backend"] == "megatron"
+    saved = {name: tensor.clone() for name, tensor in first.named_tensors()}
+    continued = first.step(grouped_batch())
+
+    second = make_trainer(model_dir, "megatron", output_dir=str(run))
+    assert RankGroup(second.cfg, second).load(1)["step"] == 1
+    resumed = second.step(grouped_batch())
+    want, got = dict(first.named_tensors()), dict(second.named_tensors())
+    assert all(torch.equal(got[name], tensor) for name, tensor in want.items())
+    assert resumed["loss"] == continued["loss"] and resumed["lr"] == continued["lr"]
+
+    build_job(ckpt / "megatron", ConvertOptions()).run(tmp_path / "hf", Console(quiet=True), show_progress=False)
+    converted = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert converted.keys() == saved.keys() and all(torch.equal(converted[k], v) for k, v in saved.items())
+
+    assert check_resume(_role(model_dir), 0, 10, run, lambda _: None) == 1  # what --resume continues from
+    fsdp_role = _role(model_dir, trainer_backend="fsdp2")
+    with pytest.raises(ConfigError, match="trainer.backend=megatron wrote it and this run has trainer.backend=fsdp2"):
+        check_resume(fsdp_role, 0, 10, run, lambda _: None)

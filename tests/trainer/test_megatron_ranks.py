@@ -105,6 +105,11 @@ def test_tp2_matches_fsdp2_on_one_rank(models, results):
     _against_fsdp2(models["tied"], results / "tp.safetensors")
 
 
+def test_tp2_checkpoint_loads_back_bit_exact(results):
+    """Both ranks write one torch_dist checkpoint; a new TP=2 trainer loads the same weights from it."""
+    assert json.loads((results / "tp.json").read_text())["resumed_equal"] is True
+
+
 def test_two_data_parallel_ranks_match_fsdp2_on_one_rank(models, results):
     _against_fsdp2(models["untied"], results / "dp.safetensors")
 

@@ -1,23 +1,20 @@
 """`rlx train configs/quickstart.yaml trainer.backend=megatron` end to end: the launcher, the rollout server, the
-megatron trainer and its weight syncs into the engine, every sync verified by checksum (sync.verify). The
-quickstart's settings on the session's tiny model, with fewer steps and no checkpoints (which this backend does not
-write yet: without those overrides pre-flight refuses the run, naming them)."""
+megatron trainer and its weight syncs into the engine, every sync verified by checksum (sync.verify), and the final
+checkpoint in torch_dist. The quickstart's settings on the session's tiny model, with fewer steps."""
 
 import json
 import math
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from rlx.cli import app
+from rlx.formats.checkpoint import verify_checkpoint
 from tests.helpers import start_rlx, stop_group
 
 pytest.importorskip("megatron.core")
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
-NO_CHECKPOINTS = ("checkpoint.every=0", "checkpoint.save_final=false")
 
 
 @pytest.mark.slow
@@ -33,7 +30,6 @@ def test_quickstart_trains_with_megatron_and_verifies_every_sync(tiny_model_dir,
         "sync.verify=true",
         f"model.path={tiny_model_dir}",
         f"trainer.output_dir={run_dir}",
-        *NO_CHECKPOINTS,
     ]
     proc = start_rlx(args, log)
     try:
@@ -49,19 +45,7 @@ def test_quickstart_trains_with_megatron_and_verifies_every_sync(tiny_model_dir,
     assert all(math.isfinite(line["loss"]) and line["logprob_diff_mean"] < 1e-4 for line in steps)
     evaluated = [line["step"] for line in lines if "eval_accuracy" in line]
     assert evaluated[0] == 0 and evaluated[-1] == 3
-
-
-def test_quickstart_with_megatron_and_checkpoints_is_refused_naming_the_keys(tiny_model_dir, tmp_path):
-    result = CliRunner().invoke(
-        app,
-        [
-            "train",
-            str(QUICKSTART),
-            "trainer.backend=megatron",
-            f"model.path={tiny_model_dir}",
-            f"trainer.output_dir={tmp_path / 'run'}",
-        ],
-    )
-    assert result.exit_code == 2, result.output
-    assert "set checkpoint.every=0 checkpoint.save_final=false" in result.output
-    assert not (tmp_path / "run" / "logs").exists()
+    (final,) = (run_dir / "checkpoints").iterdir()  # checkpoint.save_final: the last step, in torch_dist
+    manifest = verify_checkpoint(final)
+    assert manifest["backend"] == "megatron" and manifest["step"] == 3
+    assert (final / "megatron" / "metadata.json").is_file()

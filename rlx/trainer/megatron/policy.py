@@ -15,7 +15,8 @@ this backend its model is a ``MegatronPolicy``, which gives it
 
 The optimizer is the Trainer's AdamW over this rank's parameters (its state is as sharded as the weights).
 Left out, and refused in pre-flight (``rlx.trainer.preflight.check_megatron``): pipeline stages in the update,
-context parallelism, the distributed optimizer, LoRA, a reference model, a critic, checkpoints.
+context parallelism, the distributed optimizer, LoRA, a reference model, a critic. Checkpoints: torch_dist
+(``rlx.trainer.megatron.checkpoint``).
 """
 
 from __future__ import annotations

@@ -119,11 +119,6 @@ def check_features(role: TrainerRole) -> None:
             t.fused_kernels == "on",
             "trainer.fused_kernels=on: the fused kernels patch transformers models; set trainer.fused_kernels=auto",
         ),
-        (
-            role.checkpoint.every > 0 or role.checkpoint.save_final or t.resume,
-            "checkpoints (checkpoint.every, checkpoint.save_final, --resume) are not written by this backend yet; "
-            "set checkpoint.every=0 checkpoint.save_final=false and run without --resume",
-        ),
     ]
     for bad, message in refused:
         if bad:
