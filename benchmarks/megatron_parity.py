@@ -5,7 +5,7 @@
    and AdamW), for TP=1 (this process), TP=2 and two data-parallel ranks (two gloo processes, this script
    started again as ``--worker``).
 2. Learning: `rlx train configs/quickstart.yaml` with each backend, seeds 0 1 2, every sync verified
-   (sync.verify=true), no checkpoints (the Megatron backend writes none yet): held-out accuracy at the start
+   (sync.verify=true), no checkpoints (training alone is compared): held-out accuracy at the start
    and the end of each run, and the medians of its steps' sync, update and whole-step times (the two backends'
    syncs side by side). Seeds alternate which backend runs first.
 
