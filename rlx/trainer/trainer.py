@@ -205,6 +205,8 @@ class Trainer:
         time_logprob = time.perf_counter() - start
         if advantages is None:
             advantages, metrics = self._advantages(full, micro)
+        if self.routing is not None and not self.routing.replay:
+            metrics.update(self._replayed_mismatch(micro))
         for mb in micro:
             mb.batch.advantages = advantages[mb.rows].to(self.device)
         agg = LossAgg(
@@ -279,6 +281,23 @@ class Trainer:
                 split_head=split_head,
                 entropy_grad=entropy_grad,
             )
+
+    @torch.no_grad()
+    def _replayed_mismatch(self, micro: list[MicroBatch]) -> dict[str, float]:
+        """algorithm.routing_replay=record: ``logprob_diff_mean_replayed``, the |dlogp| of the same tokens with the
+        engine's routes replayed (one more forward per micro-batch, before the update), beside
+        ``logprob_diff_mean``'s without them."""
+        self.model.eval()
+        total = tokens = 0.0
+        self.routing.replay = True
+        try:
+            for mb in micro:
+                logp = self._logprobs(self.model, mb)[0]
+                total += float(((logp - mb.batch.rollout_logp).abs() * mb.batch.mask).sum())
+                tokens += float(mb.batch.mask.sum())
+        finally:
+            self.routing.replay = False
+        return self._reduce({"logprob_diff_mean_replayed": total}, tokens)
 
     def _shaped_rewards(self, full: TrainBatch, micro: list[MicroBatch]) -> torch.Tensor:
         """Rewards [B]; with KL in the reward, minus each sequence's KL penalty (summed over ranks)."""

@@ -125,7 +125,8 @@ def replay_case(tmp_path_factory):
 def test_replay_routes_every_token_to_the_engines_experts(replay_case, micro_batch_tokens):
     """With r3 the trainer's routers take the experts the engine recorded for every token it recorded (prompt and
     completion); with record they route by themselves, and a measurable share of the tokens goes elsewhere
-    (engine in bfloat16, trainer in float32)."""
+    (engine in bfloat16, trainer in float32), which moves their logprobs: record's replayed pass
+    (``logprob_diff_mean_replayed``) gives r3's mismatch on the same samples, its own routing another."""
     from rlx.config.algorithm import AlgorithmConfig
     from rlx.config.model import ModelConfig
     from rlx.config.roles import trainer_role
@@ -139,7 +140,7 @@ def test_replay_routes_every_token_to_the_engines_experts(replay_case, micro_bat
 
     model_dir, samples = replay_case
     full = collate(samples, pad_id=0)
-    shares, reported = {}, {}
+    shares, reported, mismatch = {}, {}, {}
     for replay in ("r3", "record"):
         trainer_cfg = TrainerConfig(
             micro_batch_size=64, micro_batch_tokens=micro_batch_tokens, device="cpu", skip_no_signal=False
@@ -159,6 +160,7 @@ def test_replay_routes_every_token_to_the_engines_experts(replay_case, micro_bat
         same = (chosen.sort(-1).values == engine[recorded].sort(-1).values).all(dim=-1)
         shares[replay] = 1.0 - float(same.double().mean())
         reported[replay] = metrics["route_disagreement"]
+        mismatch[replay] = metrics["logprob_diff_mean"], metrics.get("logprob_diff_mean_replayed")
         if replay == "r3":
             assert torch.equal(chosen, engine[recorded])
     assert shares["r3"] == 0.0
@@ -166,6 +168,10 @@ def test_replay_routes_every_token_to_the_engines_experts(replay_case, micro_bat
     # both report the share the trainer's own top-k sends elsewhere (the weights are the same before the update)
     assert reported["record"] == pytest.approx(shares["record"], abs=1e-12)
     assert reported["r3"] == pytest.approx(shares["record"], abs=1e-12)
+    # record's extra replayed pass scores the tokens as r3's update does; routing itself moves the logprobs
+    assert mismatch["r3"][1] is None
+    assert mismatch["record"][1] == pytest.approx(mismatch["r3"][0], rel=1e-5)
+    assert mismatch["record"][0] != pytest.approx(mismatch["record"][1], rel=1e-3)
 
 
 def test_preflight_refuses_replay_for_a_dense_model_and_for_vllm_cpu(tiny_model_dir, tmp_path):
