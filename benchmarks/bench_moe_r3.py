@@ -4,7 +4,8 @@ Arms (each one `rlx train configs/moe_tiny.yaml`, same seed, steps and sampling;
 token's experts, the engine samples in bfloat16 and the trainer scores in float32):
   r3    algorithm.routing_replay=r3: the trainer routes every token to the engine's experts
   off   algorithm.routing_replay=record: the trainer routes by itself, as with off; the engine's routes are
-        only counted (route_disagreement), which off cannot report
+        counted (route_disagreement) and replayed in one extra no-grad pass (the same samples' |dlogp| with
+        replay, logprob_diff_mean_replayed), which off cannot report
   off_unrecorded  algorithm.routing_replay=off: no routes recorded (what recording costs the step)
   dense the quickstart's dense model of the same width (Qwen2, hidden 128, 2 layers) with the same bfloat16
         engine: the mismatch without any routing
@@ -64,11 +65,13 @@ def run_arm(arm: str, seed: int, steps: int, out: Path) -> dict:
     steps_rows = [r for r in rows if "time_step" in r]
     evals = [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
     routed = [r["route_disagreement"] for r in steps_rows if "route_disagreement" in r]
+    replayed = [r["logprob_diff_mean_replayed"] for r in steps_rows if "logprob_diff_mean_replayed" in r]
     return {
         "arm": arm,
         "seed": seed,
         "dlogp_mean": statistics.fmean(r["logprob_diff_mean"] for r in steps_rows),
         "route_disagreement": statistics.fmean(routed) if routed else None,
+        "dlogp_mean_replayed": statistics.fmean(replayed) if replayed else None,
         "step_s": statistics.median(r["time_step"] for r in steps_rows),
         "heldout_start": evals[0][1],
         "heldout_end": evals[-1][1],
@@ -78,7 +81,7 @@ def run_arm(arm: str, seed: int, steps: int, out: Path) -> dict:
 
 
 def summary(runs: list[dict]) -> dict:
-    keys = ("dlogp_mean", "route_disagreement", "step_s", "heldout_start", "heldout_end")
+    keys = ("dlogp_mean", "dlogp_mean_replayed", "route_disagreement", "step_s", "heldout_start", "heldout_end")
     out = {key: None if runs[0][key] is None else statistics.fmean(r[key] for r in runs) for key in keys}
     out["seeds"] = [r["seed"] for r in runs]
     return out
@@ -109,13 +112,14 @@ def main() -> None:
                 print(f"{arm} seed {seed}: |dlogp| {runs[-1]['dlogp_mean']:.5f}", flush=True)
     report = {arm: summary([r for r in runs if r["arm"] == arm]) for arm in args.arms}
     print(f"\n{args.steps} steps, 32 prompts x 8 samples, seeds {args.seeds}; means over seeds")
-    print("| arm | mean abs dlogp | route_disagreement | median step | held-out start | held-out end |")
-    print("|---|---|---|---|---|---|")
+    print("| arm | mean abs dlogp | same samples replayed | route_disagreement | median step | held-out start | end |")
+    print("|---|---|---|---|---|---|---|")
     for arm in args.arms:
         s = report[arm]
         routes = "-" if s["route_disagreement"] is None else f"{s['route_disagreement']:.4f}"
+        replayed = "-" if s["dlogp_mean_replayed"] is None else f"{s['dlogp_mean_replayed']:.5f}"
         print(
-            f"| {arm} | {s['dlogp_mean']:.5f} | {routes} | {s['step_s']:.2f} s "
+            f"| {arm} | {s['dlogp_mean']:.5f} | {replayed} | {routes} | {s['step_s']:.2f} s "
             f"| {s['heldout_start']:.3f} | {s['heldout_end']:.3f} |"
         )
     if args.json:
@@ -133,8 +137,9 @@ def main() -> None:
             wall_s=time.perf_counter() - started,
             steps=args.steps,
             arms={arm: [str(ARMS[arm][0].relative_to(ROOT)), *ARMS[arm][1]] for arm in args.arms},
-            how="each arm's numbers are means over its seeds of the run's mean |dlogp| and route_disagreement over "
-            "steps, its median step time and its first and last held-out accuracy; runs holds every run",
+            how="each arm's numbers are means over its seeds of the run's mean over steps of |dlogp|, of |dlogp| "
+            "with the engine's routes replayed on the same samples (record only) and of route_disagreement, its "
+            "median step time and its first and last held-out accuracy; runs holds every run",
             runs=runs,
         )
         args.json.parent.mkdir(parents=True, exist_ok=True)
