@@ -43,6 +43,8 @@ from typing import TYPE_CHECKING
 from rlx.launch.tested_stack import installed_versions, read_pins, stack_row
 
 if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
     from rlx.config.schema import RunConfig
 
 BROADCAST_MB = 16
@@ -517,13 +519,13 @@ def _planned_parameter_count(build: str) -> int:
     return planned_parameter_count(hidden_size=recipe.hidden_size, num_layers=recipe.num_layers)
 
 
-def _meta_parameter_count(config) -> int:
-    """Parameters of a transformers model of ``config``, counted on the meta device (nothing allocated)."""
+def _meta_parameter_count(model_config: PretrainedConfig) -> int:
+    """Parameters of a transformers model of ``model_config``, counted on the meta device (nothing allocated)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(model_config)
     return sum(p.numel() for p in model.parameters())
 
 
