@@ -72,6 +72,20 @@ def test_the_megatron_conversion_refuses_a_moe_model_with_the_way_out(moe_dir):
         read_spec(moe_dir / "config.json", 1)
 
 
+def test_the_megatron_backend_refuses_a_moe_model_in_preflight(tmp_path):
+    """trainer.backend=megatron has no expert-parallel layout: its pre-flight names that and the FSDP2 backend."""
+    from rlx.config import ConfigError
+    from rlx.config.model import ModelConfig
+    from rlx.config.roles import trainer_role
+    from rlx.config.schema import RunConfig
+    from rlx.trainer.preflight import check_trainer
+
+    cfg = RunConfig(model=ModelConfig(path=str(build_tiny_family(tmp_path / "moe", "olmoe"))))
+    cfg.trainer.backend = "megatron"
+    with pytest.raises(ConfigError, match=r"trainer.backend=megatron.*no expert-parallel layout.*FSDP2 backend"):
+        check_trainer(trainer_role(cfg))
+
+
 def engine_samples(model_dir, tmp_path, num_prompts: int = 8):
     """Samples of a real hf backend serving ``model_dir`` in bfloat16 with routes recorded (the trainer scores in
     float32, as on a GPU), as the collector stores them."""
