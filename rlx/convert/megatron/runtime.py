@@ -69,27 +69,36 @@ def single_process_group() -> Iterator[None]:
                 dist.destroy_process_group()
 
 
+def architecture(spec: ModelSpec) -> dict:
+    """The TransformerConfig fields that say what model ``spec`` is (shape, norms, gated SiLU MLP, biases):
+    the same for the converter's skeleton and the trainer's megatron backend."""
+    import torch.nn.functional as F
+
+    return {
+        "num_layers": spec.num_layers,
+        "hidden_size": spec.hidden_size,
+        "num_attention_heads": spec.num_heads,
+        "num_query_groups": spec.num_kv_heads,
+        "kv_channels": spec.head_dim,
+        "ffn_hidden_size": spec.ffn_hidden_size,
+        "normalization": "RMSNorm",
+        "layernorm_epsilon": spec.norm_eps,
+        "gated_linear_unit": True,
+        "activation_func": F.silu,
+        "add_bias_linear": False,
+        "add_qkv_bias": spec.qkv_bias,
+        "qk_layernorm": spec.qk_norm,
+    }
+
+
 def build_gpt_model(spec: ModelSpec, dtype: torch.dtype, device: str = "meta"):
     """megatron-core GPTModel for ``spec``; on the meta device (the default) it allocates nothing."""
-    import torch.nn.functional as F
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
 
     config = TransformerConfig(
-        num_layers=spec.num_layers,
-        hidden_size=spec.hidden_size,
-        num_attention_heads=spec.num_heads,
-        num_query_groups=spec.num_kv_heads,
-        kv_channels=spec.head_dim,
-        ffn_hidden_size=spec.ffn_hidden_size,
-        normalization="RMSNorm",
-        layernorm_epsilon=spec.norm_eps,
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        add_bias_linear=False,
-        add_qkv_bias=spec.qkv_bias,
-        qk_layernorm=spec.qk_norm,
+        **architecture(spec),
         use_cpu_initialization=True,
         perform_initialization=False,
         params_dtype=dtype,
@@ -115,10 +124,12 @@ def save_torch_dist(sharded_state_dict: dict, iter_dir: Path, iteration: int) ->
     from megatron.core import dist_checkpointing
 
     state = {"model": sharded_state_dict, "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration}
-    dist_checkpointing.save(state, str(iter_dir), sharded_strategy=_cpu_save_strategy())
+    dist_checkpointing.save(state, str(iter_dir), sharded_strategy=cpu_save_strategy())
 
 
-def _cpu_save_strategy():
+def cpu_save_strategy():
+    """megatron's torch_dist save minus the CUDA synchronisation around the write; on several ranks the
+    coordinator, which gathers the write results, checks them and writes the metadata."""
     from megatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
     from torch.distributed.checkpoint import CheckpointException
@@ -133,6 +144,8 @@ def _cpu_save_strategy():
 
             def finalize() -> None:
                 results = dist_wrapper.gather_object(writer.retrieve_write_results())
+                if results is None:  # not the coordinator: it checks and writes the metadata
+                    return
                 failures = _get_failure_dict(results)
                 if failures:
                     raise CheckpointException("write", failures)

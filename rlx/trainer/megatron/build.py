@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from rlx.convert.megatron.runtime import architecture
 from rlx.convert.megatron.spec import ModelSpec, read_spec
 from rlx.trainer.megatron.parallel import Layout
 
@@ -34,8 +35,6 @@ def model_spec(model_path: str, tensor_parallel: int) -> ModelSpec:
 
 def build_gpt_model(spec: ModelSpec, layout: Layout, dtype: torch.dtype, device: torch.device):
     """GPTModel for this rank's pipeline stage and tensor-parallel shard."""
-    import torch.nn.functional as F
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from megatron.core.models.gpt import GPTModel
@@ -43,19 +42,7 @@ def build_gpt_model(spec: ModelSpec, layout: Layout, dtype: torch.dtype, device:
         from megatron.core.transformer import TransformerConfig
 
     config = TransformerConfig(
-        num_layers=spec.num_layers,
-        hidden_size=spec.hidden_size,
-        num_attention_heads=spec.num_heads,
-        num_query_groups=spec.num_kv_heads,
-        kv_channels=spec.head_dim,
-        ffn_hidden_size=spec.ffn_hidden_size,
-        normalization="RMSNorm",
-        layernorm_epsilon=spec.norm_eps,
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        add_bias_linear=False,
-        add_qkv_bias=spec.qkv_bias,
-        qk_layernorm=spec.qk_norm,
+        **architecture(spec),
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
         context_parallel_size=layout.cp,

@@ -47,32 +47,12 @@ def _sharded_optimizer_state(policy, optimizer) -> tuple[dict, dict]:
 
 
 def _save_strategy(device: torch.device):
-    """megatron's torch_dist save; on a CPU without the CUDA synchronisation around the write (as the converter's
-    ``rlx.convert.megatron.runtime`` does), the write results checked on the coordinator, which gathers them."""
+    """megatron's torch_dist save; on a CPU the converter's, without the CUDA synchronisation around the write."""
     if device.type != "cpu":
         return None  # megatron's default
-    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
-    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
-    from torch.distributed.checkpoint import CheckpointException
-    from torch.distributed.checkpoint.utils import _get_failure_dict
+    from rlx.convert.megatron.runtime import cpu_save_strategy
 
-    class CpuTorchDistSave(TorchDistSaveShardedStrategy):
-        def _get_save_and_finalize_callbacks(self, writer, save_state_dict_ret) -> AsyncRequest:
-            save_fn, _cuda_preload, save_args = writer.get_save_function_and_args()
-            _, global_metadata, dist_wrapper = save_state_dict_ret
-
-            def finalize() -> None:
-                results = dist_wrapper.gather_object(writer.retrieve_write_results())
-                if results is None:  # not the coordinator: it checks and writes the metadata
-                    return
-                failures = _get_failure_dict(results)
-                if failures:
-                    raise CheckpointException("write", failures)
-                writer.finish(global_metadata, results)
-
-            return AsyncRequest(save_fn, save_args, [finalize])
-
-    return CpuTorchDistSave("torch_dist", 1)
+    return cpu_save_strategy()
 
 
 def save_checkpoint(
