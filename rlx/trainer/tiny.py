@@ -218,26 +218,29 @@ MOE_FAMILIES: dict[str, str] = {
 transformers and one tensor per expert in the checkpoint and in vLLM (``rlx.formats.experts``)."""
 
 
-def tiny_moe_config(family: str, vocab_size: int, hidden_size: int = 128, num_layers: int = 2, num_experts: int = 8):
-    """A transformers config of the MoE ``family`` (``MOE_FAMILIES``): every layer sparse, ``num_experts``
-    experts of width ``hidden_size // 2``, 2 routed per token, 4 heads (2 KV heads)."""
-    import transformers
-
-    shape = dict(
+def _family_shape(vocab_size: int, hidden_size: int, num_layers: int) -> dict:
+    """The config fields every tiny family shares: 4 heads (2 KV heads), an MLP twice the width, the special ids."""
+    return dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         intermediate_size=2 * hidden_size,
-        num_experts=num_experts,
-        num_experts_per_tok=2,
         max_position_embeddings=1024,
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
-        output_router_logits=False,
     )
+
+
+def tiny_moe_config(family: str, vocab_size: int, hidden_size: int = 128, num_layers: int = 2, num_experts: int = 8):
+    """A transformers config of the MoE ``family`` (``MOE_FAMILIES``): every layer sparse, ``num_experts``
+    experts of width ``hidden_size // 2``, 2 routed per token, 4 heads (2 KV heads)."""
+    import transformers
+
+    shape = _family_shape(vocab_size, hidden_size, num_layers)
+    shape.update(num_experts=num_experts, num_experts_per_tok=2, output_router_logits=False)
     if family == "qwen3_moe":
         return transformers.Qwen3MoeConfig(
             **shape,
@@ -315,18 +318,7 @@ def tiny_family_config(family: str, vocab_size: int, hidden_size: int = 256, num
             intermediate_size=2 * hidden_size,
             tie_word_embeddings=family == "qwen2",
         )
-    shape = dict(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=2 * hidden_size,
-        max_position_embeddings=1024,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
+    shape = _family_shape(vocab_size, hidden_size, num_layers)
     head_dim = hidden_size // 4
     if family == "qwen3":
         return transformers.Qwen3Config(**shape, head_dim=head_dim, tie_word_embeddings=True, use_sliding_window=False)
