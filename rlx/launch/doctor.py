@@ -236,17 +236,29 @@ def parameter_count(model_dir: str) -> int:
     return total
 
 
-def role_needs(cfg: RunConfig, params: int, device_bytes: int) -> dict[str, int]:
+def role_needs(cfg: RunConfig, params: int, device_bytes: int, gpus: int = 0) -> dict[str, int]:
     """Bytes one trainer rank and one rollout server need (``device_bytes``: the memory an engine's
-    fraction is taken of)."""
+    fraction is taken of; ``gpus``: the GPUs this host shows, which decide that fraction)."""
     b = DTYPE_BYTES.get(cfg.model.dtype, 4)
     rollout_b = DTYPE_BYTES.get(cfg.model.rollout_dtype, b)
     ranks = max(cfg.trainer.num_ranks, 1)
     trainer = params * (2 * b + 8) // ranks + params * b  # shards of weights+grads+Adam, one gathered copy
-    engine = (
-        int(cfg.rollout.gpu_memory_utilization * device_bytes) if cfg.rollout.backend == "vllm" else params * rollout_b
-    )
+    engine = int(engine_fraction(cfg, gpus) * device_bytes) if cfg.rollout.backend == "vllm" else params * rollout_b
     return {"trainer": trainer, "rollout": params * rollout_b + engine}
+
+
+def engine_fraction(cfg: RunConfig, gpus: int) -> float:
+    """The memory fraction a launched vLLM engine gets: rollout.gpu_memory_utilization where set, else the
+    launcher's plan's for this layout on ``gpus`` GPUs (on a host without one, vLLM's CPU build's share)."""
+    from rlx.config.roles import rollout_role
+    from rlx.placement import CPU_FRACTION, plan
+
+    if cfg.rollout.gpu_memory_utilization is not None:
+        return cfg.rollout.gpu_memory_utilization
+    if not gpus:
+        return CPU_FRACTION
+    slot = plan(rollout_role(cfg), cfg.trainer, gpus).server(0)
+    return slot.memory_fraction or CPU_FRACTION
 
 
 # ----------------------------------------------------------------------------------------------- checks
@@ -537,7 +549,7 @@ def _diagnose_local(cfg: RunConfig, size_mb: int, params: int) -> list[Check]:
     probe = NodeProbe()
     facts = probe.facts(bound_ports(cfg))
     device_bytes = facts["mem_total"] if not facts["gpus"] else sum(facts["gpu_free"])
-    needs = role_needs(cfg, params, device_bytes)
+    needs = role_needs(cfg, params, device_bytes, facts["gpus"])
     roles = {"trainer": cfg.trainer.num_ranks, "rollout": cfg.rollout.servers_to_launch}
     checks = node_checks(cfg, "this host", facts, roles, needs, _wants_gpu(cfg))
     seconds, error = _local_broadcast(size_mb)
@@ -595,7 +607,7 @@ def _diagnose_ray(cfg: RunConfig, size_mb: int, params: int) -> list[Check]:
                 names[node["NodeID"]],
                 node_facts,
                 roles,
-                role_needs(cfg, params, device_bytes),
+                role_needs(cfg, params, device_bytes, node_facts["gpus"]),
                 _wants_gpu(cfg, cfg.ray.trainer_resources)
                 or _wants_gpu(cfg, cfg.ray.rollout_resources)
                 and roles["rollout"],

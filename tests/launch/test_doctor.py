@@ -44,6 +44,28 @@ def test_doctor_passes_a_local_layout_without_importing_ray(tiny_model_dir, tmp_
     assert "ray imported: False" in result.stdout
 
 
+def test_doctor_sizes_a_vllm_engine_whose_memory_fraction_the_launcher_picks(tiny_model_dir, tmp_path):
+    """rollout.gpu_memory_utilization unset (the launcher sets it from its plan): the doctor sizes the engine by
+    the fraction the launch would give it, on a host without a GPU vLLM's CPU build's share, and an explicit
+    fraction where one is set."""
+    from rlx.config import load_config
+    from rlx.placement import CPU_FRACTION
+
+    config = write_config(
+        tmp_path / "vllm.yaml", tiny_model_dir, rollout={"backend": "vllm", "gpu_memory_utilization": None}
+    )
+    result = run_doctor(config)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 trainer, 1 rollout: needs" in result.stdout, result.stdout
+    cfg = load_config(config)
+    host = 16 * 2**30
+    assert doctor.role_needs(cfg, 1000, host)["rollout"] == 1000 * 4 + int(CPU_FRACTION * host)
+    cfg = load_config(config, ["rollout.gpu_memory_utilization=0.5"])
+    assert doctor.role_needs(cfg, 1000, host)["rollout"] == 1000 * 4 + host // 2
+    cfg = load_config(config, ["trainer.device=cuda", "placement.mode=colocated"])
+    assert 0 < doctor.engine_fraction(cfg, gpus=1) < 1
+
+
 def test_doctor_names_a_busy_port_and_a_missing_gpu_with_their_fix(tiny_model_dir, tmp_path):
     config = write_config(tmp_path / "local.yaml", tiny_model_dir, rollout={"backend": "hf"})
     with socket.socket() as busy:
