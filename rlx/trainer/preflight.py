@@ -58,6 +58,13 @@ def check_moe(role: TrainerRole) -> None:
         raise ConfigError(f"{replay} runs with trainer.backend=fsdp2; set it, or algorithm.routing_replay=off")
 
 
+RANDOM_BUILDS = {
+    "qwen2_0p5b_random": ("build_qwen2_0p5b_random", "a random Qwen2-0.5B-shaped model"),
+    "qwen3_moe_1b_random": ("build_qwen3_moe_1b_random", "a random Qwen3-MoE of 1B parameters"),
+}
+"""model.build_if_missing values built with random weights (rlx.trainer.tiny's builder, what the note calls it)."""
+
+
 def build_model(model: ModelConfig, task: TaskConfig, seed: int, note: Callable[[str], None], console: Console) -> None:
     """``model.build_if_missing`` into model.path: imported from a packaged GGUF file, a random Qwen2-0.5B shape, or
     a tiny model warm-started on ``task``."""
@@ -75,17 +82,12 @@ def build_model(model: ModelConfig, task: TaskConfig, seed: int, note: Callable[
         note(f"importing {packaged.model} from {source} into {Path(model.path).resolve()} (first run only)")
         import_packaged(packaged, model.path)
         return
-    if model.build_if_missing == "qwen3_moe_1b_random":
-        from rlx.trainer.tiny import build_qwen3_moe_1b_random
+    if model.build_if_missing in RANDOM_BUILDS:
+        builder, what = RANDOM_BUILDS[model.build_if_missing]
+        from rlx.trainer import tiny
 
-        note(f"building a random Qwen3-MoE of 1B parameters into {Path(model.path).resolve()}")
-        build_qwen3_moe_1b_random(model.path, seed=seed)
-        return
-    if model.build_if_missing == "qwen2_0p5b_random":
-        from rlx.trainer.tiny import build_qwen2_0p5b_random
-
-        note(f"building a random Qwen2-0.5B-shaped model into {Path(model.path).resolve()}")
-        build_qwen2_0p5b_random(model.path, seed=seed)
+        note(f"building {what} into {Path(model.path).resolve()}")
+        getattr(tiny, builder)(model.path, seed=seed)
         return
     build_warmstart_model(model.build_if_missing, model.path, task, seed, note, console, "the warm-started tiny model")
 

@@ -15,13 +15,14 @@ from rlx.trainer.algorithms.correction import rollout_correction
 from rlx.trainer.algorithms.kl import KL_ESTIMATORS, kl_estimate
 from rlx.trainer.algorithms.policy_loss import LOSSES
 from rlx.trainer.critic import Critic
+from rlx.trainer.preflight import RANDOM_BUILDS
 from rlx.trainer.warmstart import RECIPES
 
 CRITIC_ADVANTAGES = {"gae": Critic}
 """The advantage the trainer computes with its critic (``rlx.trainer.critic``) instead of an estimator."""
-BUILT_ELSEWHERE = {"", "qwen2_0p5b_random"} | set(PACKAGED)
-"""model.build_if_missing values pre-flight builds without a warm-start recipe ('' = build nothing; the real models
-are imported from their packaged GGUF files)."""
+BUILT_ELSEWHERE = {""} | set(RANDOM_BUILDS) | set(PACKAGED)
+"""model.build_if_missing values pre-flight builds without a warm-start recipe ('' = build nothing; random-weight
+shapes; the real models are imported from their packaged GGUF files)."""
 
 
 @pytest.mark.parametrize(
@@ -106,3 +107,12 @@ def test_every_task_choice_has_a_task_and_every_task_a_choice():
     for name, ref in TASKS.items():  # each entry names a class that exists and makes itself from the config
         module, _, attr = ref.partition(":")
         assert hasattr(getattr(__import__(module, fromlist=[attr]), attr), "from_config"), name
+
+
+def test_every_random_build_names_a_builder_of_the_tiny_models():
+    from rlx.trainer import tiny
+
+    for choice, (builder, what) in RANDOM_BUILDS.items():
+        assert choice in model.BUILD_CHOICES, choice
+        assert callable(getattr(tiny, builder)), f"{choice}: rlx.trainer.tiny has no {builder}"
+        assert what, choice
