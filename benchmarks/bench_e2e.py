@@ -82,6 +82,7 @@ WORKLOADS = {
 }
 LOG_EVERY = 10  # steps per window of the mean training reward both sides report
 TRL_CORRECTIONS = ("default", "rlx")
+TRL_DLOGP = "sampling/sampling_logp_difference/mean"
 """--trl-correction: TRL's own default for the engine's logprobs, or rlx's run's."""
 
 
@@ -238,6 +239,9 @@ def run_trl(workload: str, seed: int, out: Path, overrides: list[str], correctio
         "phases": {},
         "model": str(out / "final"),
         "train_reward": [entry["reward"] for entry in logged if "reward" in entry],
+        # TRL's own mismatch metric (logged where its correction for the engine's logprobs is on): mean |dlogp|
+        # between its trainer and its vLLM engine over each logging window, beside rlx's dlogp_per_step
+        "dlogp_per_window": [entry[TRL_DLOGP] for entry in logged if TRL_DLOGP in entry],
     }
 
 
