@@ -210,15 +210,27 @@ def is_multi_turn(agent: AgentConfig, task) -> bool:
     return bool(agent.tools or getattr(task, "tools", None) or getattr(task, "name", "") == "openenv")
 
 
+def check_eval_k(eval_k: int, agent: AgentConfig, task) -> None:
+    """pass@k and maj@k (``task.eval_k`` > 1) are for single-turn tasks: a multi-turn task is evaluated by its
+    accuracy alone, so asking for them is refused rather than logging accuracy only."""
+    if eval_k > 1 and is_multi_turn(agent, task):
+        raise ConfigError(
+            f"task.eval_k={eval_k}: pass@k and maj@k are for single-turn tasks; a multi-turn task "
+            f"({getattr(task, 'name', '') or 'with tools'}) is evaluated by its accuracy alone; set task.eval_k=1"
+        )
+
+
 def tool_entries(agent: AgentConfig, task) -> list[str]:
     """``agent.tools``, or the task's own tools when it is empty."""
     return list(agent.tools or getattr(task, "tools", None) or [])
 
 
-def check_agent(agent: AgentConfig, task_reward: str, task) -> None:
-    """Pre-flight: every tool of a multi-turn run resolves to an importable function, and the reward does."""
+def check_agent(agent: AgentConfig, task_reward: str, task, eval_k: int = 1) -> None:
+    """Pre-flight: every tool of a multi-turn run resolves to an importable function, and the reward does; a
+    multi-turn run asks for no pass@k (``check_eval_k``)."""
     if not is_multi_turn(agent, task):
         return
+    check_eval_k(eval_k, agent, task)
     resolve_tools(tool_entries(agent, task))
     reward_ref = getattr(task, "reward_ref", "")
     if reward_ref and not task_reward:

@@ -47,13 +47,9 @@ def run_eval(cfg: RunConfig, source: ModelSource, command: list[str]) -> dict:
     task = build_task(cfg.task, cfg.model.path)
     if not task.eval:
         raise ConfigError("the task has no held-out problems; set task.num_eval > 0, task.eval_path or task.eval_split")
-    from rlx.orchestrator.episodes import is_multi_turn
+    from rlx.agent.tools import check_eval_k
 
-    if cfg.task.eval_k > 1 and is_multi_turn(cfg.agent, task):
-        raise ConfigError(
-            f"task.eval_k={cfg.task.eval_k}: pass@k and maj@k are for single-turn tasks; a multi-turn task "
-            f"({cfg.task.name}) is evaluated by its accuracy alone; set task.eval_k=1"
-        )
+    check_eval_k(cfg.task.eval_k, cfg.agent, task)
     from rlx.tasks.preflight import check_prompts
 
     check_prompts(task, cfg.model.path, cfg.rollout)  # a prompt the engine would refuse, named before it starts

@@ -68,7 +68,9 @@ ROLE_CHECKS = (
     RoleCheck(
         "task", "rlx.tasks.preflight:check_task", lambda i: (i.cfg.task, i.cfg.model.path, i.cfg.rollout), "task"
     ),
-    RoleCheck("agent", "rlx.agent.tools:check_agent", lambda i: (i.cfg.agent, i.cfg.task.reward, i.task)),
+    RoleCheck(
+        "agent", "rlx.agent.tools:check_agent", lambda i: (i.cfg.agent, i.cfg.task.reward, i.task, i.cfg.task.eval_k)
+    ),
     RoleCheck(
         "rollout dump",
         "rlx.store.preflight:check_store",

@@ -67,3 +67,19 @@ def test_python_tool_runs_isolated_code_with_limits(monkeypatch):
     if network_isolation():
         out = python({"code": "import socket; socket.create_connection(('10.255.255.1', 80), timeout=2)"})
         assert "Network is unreachable" in out
+
+
+def test_pre_flight_refuses_pass_at_k_for_a_multi_turn_task_and_names_the_fix():
+    """task.eval_k > 1 on a task with tools: `rlx train`'s pre-flight (and `rlx eval`) refuse it, since a multi-turn
+    task is evaluated by its accuracy alone; a single-turn task keeps its pass@k."""
+    from rlx.agent.tools import check_agent
+    from rlx.config import ConfigError, load_config
+    from rlx.tasks import build_task
+
+    cfg = load_config("configs/quickstart_tools.yaml", ["task.eval_k=4"])
+    task = build_task(cfg.task)
+    with pytest.raises(ConfigError, match=r"task.eval_k=4: pass@k and maj@k are for single-turn tasks.*task.eval_k=1"):
+        check_agent(cfg.agent, cfg.task.reward, task, cfg.task.eval_k)
+    check_agent(cfg.agent, cfg.task.reward, task, 1)
+    single = load_config("configs/quickstart.yaml", ["task.eval_k=4"])
+    check_agent(single.agent, single.task.reward, build_task(single.task), single.task.eval_k)
