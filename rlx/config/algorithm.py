@@ -16,7 +16,8 @@ TEACHER_PLACEMENT_CHOICES = ("colocated", "served")
 @dataclass
 class DistillConfig:
     teacher: str = ""
-    """Local Hugging Face directory of the teacher (same tokenizer as model.path); empty = no distillation."""
+    """The teacher (same tokenizer as model.path): a local Hugging Face directory, or a Hub id (ORG/NAME, pinned by an
+    @REVISION suffix) that `rlx train` resolves once as it does model.path; empty = no distillation."""
     coef: float = 1.0
     """Weight of the per-token reverse-KL advantage coef * (teacher_logp - student_logp) on the sampled tokens."""
     reward_coef: float = 0.0
