@@ -82,8 +82,9 @@ WORKLOADS = {
 }
 LOG_EVERY = 10  # steps per window of the mean training reward both sides report
 TRL_CORRECTIONS = ("default", "rlx")
-TRL_DLOGP = "sampling/sampling_logp_difference/mean"
 """--trl-correction: TRL's own default for the engine's logprobs, or rlx's run's."""
+TRL_DLOGP = "sampling/sampling_logp_difference/mean"
+"""TRL's mean |dlogp| between its trainer and its vLLM engine, logged per window where its correction is on."""
 
 
 def load_cfg(workload: str, overrides: list[str] = ()):
@@ -239,8 +240,6 @@ def run_trl(workload: str, seed: int, out: Path, overrides: list[str], correctio
         "phases": {},
         "model": str(out / "final"),
         "train_reward": [entry["reward"] for entry in logged if "reward" in entry],
-        # TRL's own mismatch metric (logged where its correction for the engine's logprobs is on): mean |dlogp|
-        # between its trainer and its vLLM engine over each logging window, beside rlx's dlogp_per_step
         "dlogp_per_window": [entry[TRL_DLOGP] for entry in logged if TRL_DLOGP in entry],
     }
 

@@ -248,17 +248,13 @@ def role_needs(cfg: RunConfig, params: int, device_bytes: int, gpus: int = 0) ->
 
 
 def engine_fraction(cfg: RunConfig, gpus: int) -> float:
-    """The memory fraction a launched vLLM engine gets: rollout.gpu_memory_utilization where set, else the
-    launcher's plan's for this layout on ``gpus`` GPUs (on a host without one, vLLM's CPU build's share)."""
+    """The memory fraction a launched vLLM engine gets on a host of ``gpus`` GPUs: the launcher's plan gives the
+    server its share (``Slot.serving``), which the engine reads as it starts (``engine_memory_fraction``)."""
     from rlx.config.roles import rollout_role
-    from rlx.placement import CPU_FRACTION, plan
+    from rlx.placement import engine_memory_fraction, plan
 
-    if cfg.rollout.gpu_memory_utilization is not None:
-        return cfg.rollout.gpu_memory_utilization
-    if not gpus:
-        return CPU_FRACTION
-    slot = plan(rollout_role(cfg), cfg.trainer, gpus).server(0)
-    return slot.memory_fraction or CPU_FRACTION
+    servers = rollout_role(cfg)
+    return engine_memory_fraction(plan(servers, cfg.trainer, gpus).server(0).serving(servers), cpu_platform=not gpus)
 
 
 # ----------------------------------------------------------------------------------------------- checks
