@@ -303,6 +303,22 @@ def _timed(cmd: list[str], log: Path, env: dict | None = None, watch: subprocess
     return wall
 
 
+def run_bounded(cmd: list[str], log: Path, timeout_s: float) -> int | str:
+    """Run ``cmd`` in a process group of its own, logging to ``log``, for at most ``timeout_s``: its exit code, or
+    "timeout" when the group had to be ended (SIGTERM, then SIGKILL, as ``_timed`` ends it)."""
+    from tests.helpers import stop_group
+
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return "timeout"
+        finally:
+            if proc.poll() is None:
+                stop_group(proc, timeout_s=20.0)
+
+
 def check_trl_server() -> None:
     """TRL's ``vllm-serve`` runs vLLM's OpenAI server, which needs uvicorn and fastapi (vLLM's ``serve``
     extras): refused before anything runs when they are missing."""

@@ -125,6 +125,17 @@ def _from_trainer(ckpt, options: ConvertOptions):
     """A trainer checkpoint: full weights -> hf (default) or torch_dist; a LoRA adapter -> peft."""
     from rlx.convert.peft_export import PeftJob, holds_adapter
 
+    megatron = ckpt.path / "megatron"
+    if is_torch_dist(megatron):  # trainer.backend=megatron: the weights are a torch_dist checkpoint, hf/ beside it
+        to = options.to or "hf"
+        _check_target(to)
+        if to != "hf":
+            raise ConvertError(
+                f"{ckpt.path} is a checkpoint of trainer.backend=megatron: its weights are already torch_dist "
+                f"({megatron}); convert it with --to hf"
+            )
+        require_megatron(f"converting {megatron} from torch_dist")
+        return _from_torch_dist(megatron, "hf", parse_dtype(options.dtype), options)
     adapter = holds_adapter(ckpt)
     to = options.to or ("peft" if adapter else "hf")
     _check_target(to)

@@ -14,6 +14,7 @@ from rlx.config.model import LoraConfig, ModelConfig
 from rlx.config.roles import trainer_role
 from rlx.config.schema import RunConfig
 from rlx.config.trainer import TrainerConfig
+from rlx.convert.errors import ConvertError
 from rlx.trainer.packing import micro_batches
 from rlx.trainer.tiny import build_tiny_model
 from rlx.trainer.trainer import Trainer
@@ -223,6 +224,12 @@ def test_checkpoint_resumes_bit_exact_and_converts_to_hf(tmp_path, process_group
     build_job(ckpt / "megatron", ConvertOptions()).run(tmp_path / "hf", Console(quiet=True), show_progress=False)
     converted = load_file(str(tmp_path / "hf" / "model.safetensors"))
     assert converted.keys() == saved.keys() and all(torch.equal(converted[k], v) for k, v in saved.items())
+    # the run directory, as rlx convert-ckpt RUN_DIR and rlx eval --model RUN_DIR take it: its newest checkpoint
+    build_job(run, ConvertOptions()).run(tmp_path / "hf_run", Console(quiet=True), show_progress=False)
+    from_run = load_file(str(tmp_path / "hf_run" / "model.safetensors"))
+    assert from_run.keys() == saved.keys() and all(torch.equal(from_run[k], v) for k, v in saved.items())
+    with pytest.raises(ConvertError, match=r"already torch_dist .*convert it with --to hf"):
+        build_job(ckpt, ConvertOptions(to="torch_dist"))
 
     assert check_resume(_role(model_dir), 0, 10, run, lambda _: None) == 1  # what --resume continues from
     fsdp_role = _role(model_dir, trainer_backend="fsdp2")

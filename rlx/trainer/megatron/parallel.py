@@ -2,7 +2,8 @@
 
 ``init_parallel`` joins megatron's tensor / pipeline / context / data-parallel groups to the process group the
 trainer ranks already share (``rlx.trainer.ranks.init_distributed``); a trainer of one rank gets a process group
-of its own first (gloo, an in-process store, no port). ``Layout`` is what the rest of the backend reads of it:
+of its own first (an in-process store, no port; gloo on a CPU, NCCL for CUDA tensors on a GPU, as several ranks
+use). ``Layout`` is what the rest of the backend reads of it:
 this rank's place in each group.
 
 ``cpu_forward`` is for the CPU: megatron-core's forward asks CUDA for two things that have a CPU answer, the
@@ -48,13 +49,15 @@ class Layout:
         return f"TP={self.tp} PP={self.pp} CP={self.cp} DP={self.dp}"
 
 
-def init_parallel(m: MegatronConfig) -> Layout:
-    """megatron's groups for ``m``'s sizes over every trainer rank (data parallel: what is left)."""
+def init_parallel(m: MegatronConfig, device: torch.device, seed: int = 0) -> Layout:
+    """megatron's groups for ``m``'s sizes over every trainer rank (data parallel: what is left); on CUDA also the
+    RNG tracker's generators, seeded by ``seed``, which megatron-core's attention forks around its dropout."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed" on a CPU
         from megatron.core import parallel_state as ps
     if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     ps.initialize_model_parallel(
@@ -63,6 +66,10 @@ def init_parallel(m: MegatronConfig) -> Layout:
         context_parallel_size=m.context_parallel,
         create_gloo_process_groups=False,
     )
+    if device.type == "cuda":
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
     return Layout(
         tp=m.tensor_parallel,
         pp=m.pipeline_parallel,

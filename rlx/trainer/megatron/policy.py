@@ -42,7 +42,7 @@ class MegatronPolicy:
         from rlx.convert.safetensors_io import SafetensorsDir
 
         self.device, self.chunk_size = device, cfg.trainer.logprob_chunk_size
-        self.layout = init_parallel(cfg.trainer.megatron)
+        self.layout = init_parallel(cfg.trainer.megatron, device, cfg.trainer.seed)
         self.spec = model_spec(cfg.model.path, self.layout.tp)
         self.spec_name = layer_spec_name()
         self.module = build_gpt_model(self.spec, self.layout, getattr(torch, cfg.model.dtype), device)
