@@ -100,7 +100,7 @@ def _stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float):
     z = logits.float() / temperature
     lse = torch.logsumexp(z, dim=-1)
     logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-    entropy = lse - (torch.exp(z - lse.unsqueeze(-1)) * z).sum(dim=-1)
+    entropy = (torch.exp(z - lse.unsqueeze(-1)) * (lse.unsqueeze(-1) - z)).sum(dim=-1)  # terms >= 0: no cancellation
     return logp, entropy, lse
 
 

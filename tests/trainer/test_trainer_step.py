@@ -376,14 +376,15 @@ def test_groups_without_signal_still_train_where_another_term_reads_them(tiny_mo
 @pytest.mark.parametrize("temperature, entropy_coef", [(1.0, 0.0), (0.7, 0.3)])
 def test_chunked_head_gradients_match_autograd(temperature, entropy_coef, device):
     """On CUDA the chunk's statistics and its logits' gradient are ``torch.compile``d kernels (``_fused``); they give
-    autograd's gradients of the plain log-softmax, at a vocabulary of a real model's size there."""
+    autograd's gradients of the plain log-softmax, at a vocabulary of a real model's size (logits / 0.7 up to ~35
+    there, where entropy as lse - sum(p * z) lost 2e-4 to cancellation)."""
     torch.manual_seed(0)
-    tokens, width, vocab = (37, 16, 50) if device == "cpu" else (300, 64, 49152)
+    tokens, width, vocab = (300, 64, 49152)
     hidden = torch.randn(tokens, width, dtype=torch.float32, device=device, requires_grad=True)
     weight = torch.randn(vocab, width, device=device, requires_grad=True)
     targets = torch.randint(0, vocab, (tokens,), device=device)
     coef = torch.randn(tokens, device=device)
-    logp, entropy = chunked_logprobs(hidden, weight, targets, temperature, 8 if device == "cpu" else 128)
+    logp, entropy = chunked_logprobs(hidden, weight, targets, temperature, 128)
     grads = torch.autograd.grad((coef * (logp + entropy_coef * entropy)).sum(), (hidden, weight))
     log_probs = ((hidden @ weight.t()) / temperature).log_softmax(-1)
     ref_logp = log_probs.gather(-1, targets[:, None]).squeeze(-1)

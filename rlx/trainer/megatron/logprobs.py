@@ -99,12 +99,12 @@ class VocabParallelLogprob(torch.autograd.Function):
         local = (targets >= vocab_start) & (targets < vocab_start + logits.shape[-1])
         index = (targets - vocab_start).clamp(0, logits.shape[-1] - 1)
         target_z = torch.where(local, z.gather(-1, index[:, None]).squeeze(-1), 0.0)
-        sums = torch.stack([exp.sum(-1), target_z, torch.where(valid, exp * z, 0.0).sum(-1)])
+        sums = torch.stack([exp.sum(-1), target_z, torch.where(valid, exp * (z - top[:, None]), 0.0).sum(-1)])
         if group is not None:
             dist.all_reduce(sums, group=group)
         lse = top + torch.log(sums[0])
         logp = sums[1] - lse
-        entropy = lse - sums[2] / sums[0]
+        entropy = torch.log(sums[0]) - sums[2] / sums[0]  # two terms >= 0 (z - top <= 0): no cancellation
         ctx.save_for_backward(logits, targets, lse, entropy)
         ctx.meta = (temperature, vocab_start, vocab_size)
         ctx.set_materialize_grads(False)
