@@ -9,7 +9,10 @@ One step, in order (the controller calls the hooks; each is a no-op in ``separat
 
 The trainer keeps its weights on the GPU through the sync (it sends from them) and offloads after it;
 the engines take their weights back before the sync (it writes into them) and their KV cache only once
-the trainer is gone. Each phase's memory high-water mark goes into the step's metrics:
+the trainer is gone. Before each wake the trainer hands its allocator's cached blocks back to the device
+(``torch.cuda.empty_cache``), offloaded or not: what the update held for its activations (tens of GiB for
+megatron-core's unfused attention) would otherwise stay reserved in the trainer and the engine could not wake.
+Each phase's memory high-water mark goes into the step's metrics:
 ``mem_peak_{generate,train,sync}_gb`` for the trainer (its allocator, ``rlx.trainer.offload.PhasePeaks``)
 and ``mem_engine_peak_{...}_gb`` for the engines (the largest any server reports in its Sleep / WakeUp
 reply). Every switch is a trace span (``colocate.*`` here, ``engine.sleep`` / ``engine.wake_up`` in the
@@ -44,6 +47,7 @@ class Colocation:
             if self.enabled and pl.offload
             else None
         )
+        self.device = trainer.device
         self.peaks = PhasePeaks(trainer.device)
         self._metrics: dict[str, float] = {}
         self._switch_s = 0.0
@@ -82,6 +86,7 @@ class Colocation:
         self._metrics["mem_peak_train_gb"] = self.peaks.peak_gb()
         self.peaks.start()
         if self.sleep_level:
+            self._release_cache()
             with tracer.span("colocate.engine_wake", tags="weights"):
                 self._engine_peak("train", await self.client.broadcast(p.WakeUp(tags=["weights"])))
         self._switch_s += time.perf_counter() - started
@@ -93,6 +98,7 @@ class Colocation:
         self._metrics["mem_peak_sync_gb"] = self.peaks.peak_gb()
         self._offload()
         if self.sleep_level:
+            self._release_cache()
             with tracer.span("colocate.engine_wake", tags="kv_cache"):
                 self._engine_peak("sync", await self.client.broadcast(p.WakeUp(tags=["kv_cache"])))
         self._switch_s += time.perf_counter() - started
@@ -111,6 +117,13 @@ class Colocation:
             with tracer.span("colocate.offload") as span:
                 span.set(bytes=self.offloader.offload())
         self._metrics["mem_trainer_offloaded_gb"] = self.peaks.now_gb()
+
+    def _release_cache(self) -> None:
+        """The trainer's cached, unallocated GPU blocks back to the device, for the engine about to wake."""
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
 
     def _engine_peak(self, phase: str, replies: list[p.MemoryResult]) -> None:
         self._metrics[f"mem_engine_peak_{phase}_gb"] = max((r.peak_memory_gb for r in replies), default=0.0)
