@@ -49,14 +49,22 @@ def run_backend(config: Path, backend: str, steps: int, overrides: list[str], ou
     metrics = out / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
     result = {"backend": backend, "command": " ".join(["rlx", *cmd[3:]]), "exit": code, "wall_s": wall}
-    steps_rows = [r for r in rows if "time_step" in r]
-    if code != 0 or not steps_rows:
+    if code != 0 or not any("time_step" in r for r in rows):
+        steps_rows = [r for r in rows if "time_step" in r]
         result["log_tail"] = log_path.read_text()[-4000:]
         result["steps_done"] = len(steps_rows)
+        result["dlogp_per_step"] = [round(r["logprob_diff_mean"], 5) for r in steps_rows]
+        result["step_s_per_step"] = [round(r["time_step"], 2) for r in steps_rows]
         return result
+    return {**result, **summarize(rows)}
+
+
+def summarize(rows: list[dict]) -> dict:
+    """A run's numbers from its metrics.jsonl rows (the module docstring says which)."""
+    steps_rows = [r for r in rows if "time_step" in r]
     timed = steps_rows[1:] or steps_rows
     evals = [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
-    result.update(
+    return dict(
         steps_done=len(steps_rows),
         step_s=statistics.median(r["time_step"] for r in timed),
         update_s=statistics.median(r["time_update"] for r in timed),
@@ -72,7 +80,6 @@ def run_backend(config: Path, backend: str, steps: int, overrides: list[str], ou
         heldout_end=evals[-1][1] if evals else None,
         evals=evals,
     )
-    return result
 
 
 def gpu_name() -> str:
