@@ -62,6 +62,9 @@ def build_gpt_model(spec: ModelSpec, layout: Layout, dtype: torch.dtype, device:
         layer_spec = specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=spec.qk_norm)
     else:
         layer_spec = specs.get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm")
+        from rlx.trainer.megatron.attention import sdpa_attention_class
+
+        layer_spec.submodules.self_attention.submodules.core_attention = sdpa_attention_class()
     with torch.device(device):
         model = GPTModel(
             config,
