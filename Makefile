@@ -13,8 +13,11 @@ quickstart: setup
 	$(PY) -m rlx train configs/quickstart.yaml
 	@echo "rlx is installed in .venv: run 'source .venv/bin/activate' to type 'rlx ...' as the README does"
 
+# Two at a time by test file (pytest-xdist), then the tests marked serial one at a time; a selection with none of
+# them (pytest's exit 5, nothing collected) passes the second phase.
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile --phase parallel $(PYTEST_ARGS)
+	$(PY) -m pytest --phase serial $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # The GPU suite (the tests marked gpu, from the files that hold them) on a CUDA host, in the Python that has rlx's gpu extra (`make test-gpu PY=python`
 # where it is installed outside .venv); its report, with the GPU's name and the commit: docs/results/gpu_tests.json.

@@ -17,6 +17,12 @@ FAMILY_TEST = "test_family_trains_on_vllm_on_one_gpu"
 
 def pytest_addoption(parser):
     parser.addoption("--report-json", default="", help="write every test's outcome and properties to this JSON file")
+    parser.addoption(
+        "--phase",
+        default="all",
+        choices=("all", "parallel", "serial"),
+        help="the tests marked serial alone, or every other one (make test runs the others two at a time, then these)",
+    )
 
 
 def pytest_configure(config):
@@ -98,6 +104,11 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    phase = config.getoption("phase")
+    if phase != "all":
+        kept = [item for item in items if ("serial" in item.keywords) == (phase == "serial")]
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
     if "docs_slow" not in (config.getoption("markexpr") or ""):  # their own job: make test-docs
         long_docs = pytest.mark.skip(reason="a command block of the user docs that takes minutes: make test-docs")
         for item in items:

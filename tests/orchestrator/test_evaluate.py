@@ -73,6 +73,7 @@ def test_pass_at_k_on_the_engine(vllm_server, tiny_model_dir, tmp_path):
     assert 0.0 < first["accuracy"] < 1.0 and first["pass@1"] <= first["pass@4"]
 
 
+@pytest.mark.serial  # the session's engine must hold the weights it loaded: no other test's sync before this one
 def test_rlx_eval_on_a_model_directory_through_a_running_server(vllm_server, tiny_model_dir, tmp_path):
     """`rlx eval CONFIG --model DIR` with rollout.servers: the server must serve DIR; the JSON names each metric
     with its count, the model and its weights' digest, the engine and the command; the table is printed."""

@@ -208,6 +208,7 @@ def versions_server(request):
     return request.getfixturevalue("vllm_server" if request.param == "engine" else "counting_vllm_server")
 
 
+@pytest.mark.serial  # a race: the update must land while a sample still generates
 def test_vllm_request_kept_across_an_update_returns_the_version_of_each_token(versions_server, tiny_model_dir):
     """The engine's step labels or rlx's count of each request's tokens at the update; the same weights are
     sent, so the shared server serves on unchanged (only its label moves)."""
@@ -243,6 +244,7 @@ def test_vllm_request_kept_across_an_update_returns_the_version_of_each_token(ve
     assert spanning, f"no sample spans the update: {[(len(s.token_ids), s.versions[:3]) for s in result.samples]}"
 
 
+@pytest.mark.serial  # a race: the update must land while a sample still generates
 def test_vllm_request_kept_across_an_update_recomputes_its_kv_with_the_new_weights(versions_server, tiny_model_dir):
     """v1 changes every value projection, so the keys and values of the tokens sampled before the update
     differ under v1: a token sampled after it has exactly v1's full-forward logprob only if the engine
