@@ -17,11 +17,19 @@ def _dry_run(*args: str) -> str:
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_pytest_args_select_the_tests():
+    """Both phases of make test (two processes, then the serial tests) take PYTEST_ARGS after their own flags."""
     commands = _dry_run("test", "PYTEST_ARGS=tests/sync -k layout")
-    pytest_line = next(line for line in commands.splitlines() if "-m pytest" in line)
-    assert pytest_line.split("-m pytest", 1)[1].split() == ["tests/sync", "-k", "layout"]
-    whole = next(line for line in _dry_run("test").splitlines() if "-m pytest" in line)
-    assert whole.split("-m pytest", 1)[1].split() == []  # pyproject's testpaths: every test under tests/
+    phases = [line.split("-m pytest", 1)[1].split() for line in commands.splitlines() if "-m pytest" in line]
+    assert [args[: args.index("--phase") + 2] for args in phases] == [
+        ["-n", "2", "--dist", "loadfile", "--phase", "parallel"],
+        ["--phase", "serial"],
+    ]
+    assert [args[args.index("--phase") + 2 :][:3] for args in phases] == [["tests/sync", "-k", "layout"]] * 2
+    whole = [line.split("-m pytest", 1)[1] for line in _dry_run("test").splitlines() if "-m pytest" in line]
+    assert [line.split("--phase", 1)[1].split() for line in whole] == [
+        ["parallel"],
+        ["serial", "||", "[", "$?", "-eq", "5", "]"],
+    ]
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
