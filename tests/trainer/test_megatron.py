@@ -57,13 +57,13 @@ def family_dir(request, tmp_path_factory):
     return FAMILIES[request.param](tmp_path_factory.mktemp(request.param))
 
 
-def make_trainer(model_dir, backend: str, algorithm=None, **trainer) -> Trainer:
+def make_trainer(model_dir, backend: str, algorithm=None, device: str = "cpu", **trainer) -> Trainer:
     torch.manual_seed(0)
     trainer = {"lr": LR, "micro_batch_size": 4, "micro_batch_tokens": 0, **trainer}
     cfg = RunConfig(
         model=ModelConfig(path=str(model_dir)),
         algorithm=algorithm or AlgorithmConfig(),
-        trainer=TrainerConfig(device="cpu", backend=backend, **trainer),
+        trainer=TrainerConfig(device=device, backend=backend, **trainer),
     )
     cfg.rollout.n = 4
     return Trainer(trainer_role(cfg))
@@ -89,6 +89,36 @@ def test_logprobs_and_one_update_match_fsdp2(family_dir, process_group):
         torch.testing.assert_close(got[name], tensor, atol=WEIGHT_ATOL, rtol=0, msg=name)
     for key in ("loss", "grad_norm", "entropy", "clip_frac"):
         assert metrics[key] == pytest.approx(want_metrics[key], rel=1e-5, abs=1e-6), key
+
+
+@pytest.mark.gpu
+def test_logprobs_and_one_update_match_fsdp2_on_cuda(tmp_path, process_group):
+    """On CUDA: a lone rank's process group with NCCL for CUDA tensors, megatron-core's RNG tracker seeded, the
+    core attention through scaled_dot_product_attention's CUDA kernels; the same logprobs, entropy and update as
+    the FSDP2 backend (float32, cuBLAS and the attention kernels' own summation orders: 1e-4)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():  # the CPU tests' gloo group: this test makes its own
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    model_dir = build_family_model(tmp_path / "llama", "llama", num_heads=4, num_kv_heads=2)
+    fsdp, mcore = make_trainer(model_dir, "fsdp2", device="cuda"), make_trainer(model_dir, "megatron", device="cuda")
+    assert "nccl" in str(dist.get_backend())
+    batch = ragged_batch()
+    (mb,) = micro_batches(batch, 0, 1, 0, batch.size)
+    mb = mb.to(torch.device("cuda"))
+    with torch.no_grad():
+        want_logp, want_entropy = fsdp._logprobs(fsdp.model, mb)
+        logp, entropy = mcore._logprobs(mcore.model, mb)
+    assert logp.is_cuda and float((logp - want_logp).abs().max()) <= 1e-4
+    assert float((entropy - want_entropy).abs().max()) <= 1e-4
+    want_metrics, metrics = fsdp.step(batch), mcore.step(batch)
+    want, got = dict(fsdp.named_tensors()), dict(mcore.named_tensors())
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name].cpu(), tensor.cpu(), atol=WEIGHT_ATOL, rtol=0, msg=name)
+    assert metrics["loss"] == pytest.approx(want_metrics["loss"], rel=1e-4, abs=1e-6)
 
 
 def test_sync_tensors_are_the_hf_weights_before_an_update(family_dir, process_group):
