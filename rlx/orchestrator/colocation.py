@@ -10,8 +10,9 @@ One step, in order (the controller calls the hooks; each is a no-op in ``separat
 The trainer keeps its weights on the GPU through the sync (it sends from them) and offloads after it;
 the engines take their weights back before the sync (it writes into them) and their KV cache only once
 the trainer is gone. Before each wake the trainer hands its allocator's cached blocks back to the device
-(``torch.cuda.empty_cache``), offloaded or not: what the update held for its activations (tens of GiB for
-megatron-core's unfused attention) would otherwise stay reserved in the trainer and the engine could not wake.
+(``torch.cuda.empty_cache``), offloaded or not: what the update held for its activations would otherwise stay
+reserved in the trainer (135 GiB after a Megatron update of the Qwen 0.5B on an H200) and the engine could not
+wake.
 Each phase's memory high-water mark goes into the step's metrics:
 ``mem_peak_{generate,train,sync}_gb`` for the trainer (its allocator, ``rlx.trainer.offload.PhasePeaks``)
 and ``mem_engine_peak_{...}_gb`` for the engines (the largest any server reports in its Sleep / WakeUp

@@ -33,7 +33,8 @@ def sdpa_attention_class():
             attention_bias: torch.Tensor | None = None,
             packed_seq_params=None,
         ) -> torch.Tensor:
-            if packed_seq_params is not None or attention_bias is not None or self.softmax_offset is not None:
+            odd = packed_seq_params, attention_bias, self.softmax_offset, self.config.window_size
+            if any(x is not None for x in odd) or self.config.attention_dropout:
                 raise NotImplementedError("rlx's SdpaAttention takes padded causal rows only (module docstring)")
             length, batch = query.shape[0], query.shape[1]
             # [s, b, heads, dim] -> [b, heads, s, dim]; grouped keys and values repeated to the query heads
