@@ -20,6 +20,8 @@ Workloads (GPU; SmolLM2-135M-Instruct on reasoning-gym sums through its chat tem
   1gpu               rlx colocated (the engine sleeps while the trainer trains) / TRL vllm_mode="colocate".
   qwen05_1gpu        the same layout, Qwen2.5-Coder-0.5B-Instruct on reasoning-gym's gsm_symbolic
                      (configs/gpu_qwen05_colocated.yaml).
+  random1p5b_1gpu    the same layout, random weights in Qwen2.5-1.5B's shape, 512 samples of up to 1024 tokens a
+                     step (configs/gpu_random_qwen2_1p5b.yaml): throughput, the learning is nil.
   2gpu               rlx separate (trainer GPU 0, engine GPU 1) / TRL vllm_mode="server" (vllm-serve on GPU 1).
   2gpu_one_step_off  the same, rlx trainer.mode=one_step_off.
   2gpu_fully_async   the same, rlx trainer.mode=fully_async.
@@ -76,6 +78,7 @@ WORKLOADS = {
     # GPU layouts: SmolLM2-135M-Instruct on reasoning-gym sums through its chat template, vLLM on both sides.
     "1gpu": Workload("configs/gpu_smollm2_colocated.yaml", 1, "colocate"),
     "qwen05_1gpu": Workload("configs/gpu_qwen05_colocated.yaml", 1, "colocate"),
+    "random1p5b_1gpu": Workload("configs/gpu_random_qwen2_1p5b.yaml", 1, "colocate"),
     "2gpu": Workload("configs/gpu_smollm2_separate.yaml", 2, "server"),
     "2gpu_one_step_off": Workload("configs/gpu_smollm2_separate.yaml", 2, "server", ("trainer.mode=one_step_off",)),
     "2gpu_fully_async": Workload("configs/gpu_smollm2_separate.yaml", 2, "server", ("trainer.mode=fully_async",)),

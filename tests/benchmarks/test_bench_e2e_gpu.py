@@ -218,3 +218,18 @@ def test_sigterm_to_the_bench_ends_the_run_it_is_timing(tmp_path):
     proc.send_signal(15)
     assert proc.wait(30) == 128 + 15
     assert not _alive(run)
+
+
+def test_the_real_size_workload_gives_both_sides_its_shape_and_settings(bench):
+    """random1p5b_1gpu: Qwen2.5-1.5B's shape with random weights (what rlx doctor counts), 512 samples of up to 1024
+    tokens a step, and TRL's colocated vLLM with the same model length, sleep and gradient checkpointing."""
+    from rlx.launch.doctor import _planned_parameter_count
+
+    workload = bench.WORKLOADS["random1p5b_1gpu"]
+    cfg = bench.load_cfg("random1p5b_1gpu", [*workload.rlx, "model.path=/nonexistent"])
+    assert _planned_parameter_count(cfg.model.build_if_missing) / 1e9 == pytest.approx(1.544, abs=0.001)
+    assert cfg.trainer.prompts_per_step * cfg.rollout.n == 512 and cfg.rollout.max_tokens == 1024
+    args = bench.trl_vllm_args(workload, cfg, 0, 0)
+    assert args["vllm_mode"] == "colocate" and args["vllm_enable_sleep_mode"] is True
+    assert args["vllm_max_model_length"] == cfg.rollout.max_model_len >= 1024 + 64
+    assert cfg.model.gradient_checkpointing  # TRL's GRPOConfig takes it from the same key (trl_main)
