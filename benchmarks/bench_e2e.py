@@ -547,11 +547,14 @@ def check_gpus(spec: Workload) -> str:
 
 
 def _device_name(device: str) -> str:
-    if device == "cpu":
-        return machine()
+    return machine() if device == "cpu" else gpu_name()
+
+
+def gpu_name() -> str:
+    """The first GPU's name, or "cpu" on a host without one."""
     import torch
 
-    return torch.cuda.get_device_name(0)
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
 def machine() -> str:

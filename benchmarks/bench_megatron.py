@@ -82,12 +82,6 @@ def summarize(rows: list[dict]) -> dict:
     )
 
 
-def gpu_name() -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-
-
 def cell(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
@@ -124,7 +118,7 @@ def main() -> None:
             f"| {r['dlogp_mean']:.5f} | {r['syncs_verified']}/{r['syncs']} | {heldout} |"
         )
     if args.json:
-        from bench_e2e import machine
+        from bench_e2e import gpu_name, machine
 
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False)
         report = {

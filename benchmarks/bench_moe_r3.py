@@ -104,12 +104,6 @@ def cell(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def gpu_name() -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-
-
 def summary(runs: list[dict]) -> dict:
     failed = [r for r in runs if "log_tail" in r]
     runs = [r for r in runs if "log_tail" not in r]
@@ -166,7 +160,7 @@ def main() -> None:
             f"| {cell(s['heldout_start'])} | {cell(s['heldout_end'])} |"
         )
     if args.json:
-        from bench_e2e import machine
+        from bench_e2e import gpu_name, machine
 
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False)
         report.update(
