@@ -42,7 +42,9 @@ class TrainerConfig:
     """Tokens per packed forward/backward pass on one rank (no padding); 0 = micro_batch_size padded rows."""
     share_prompts: bool = True
     """In packed micro-batches, a group's samples with the same prompt carry it once: the prompt goes through
-    the model once and each completion attends to it (the same logprobs and gradients, less work)."""
+    the model once and each completion attends to it (the same logprobs and gradients, less work). The FSDP2
+    backend only: trainer.backend=megatron runs padded rows, each with its own prompt, and plans its
+    micro-batches by those tokens."""
     skip_no_signal: bool = True
     """Leave a group whose advantages are all zero (every reward of the prompt equal) out of the update's
     forward and backward when only the policy loss reads it (no KL, entropy bonus, critic or teacher): its loss

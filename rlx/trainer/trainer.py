@@ -194,7 +194,7 @@ class Trainer:
                     t.micro_batch_tokens,
                     t.micro_batch_size,
                     self.sampling.n,
-                    t.share_prompts,
+                    t.share_prompts and not self.megatron,  # megatron's padded rows each carry their prompt
                     rows,
                 )
             ]

@@ -19,14 +19,17 @@ import torch.distributed as dist
 
 
 def left_aligned(batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(input_ids [b, L], rows [M], columns [M])``: the rows with their left padding moved to the end, and
-    where the hidden state that scores each completion token (``batch.mask`` order) sits in them."""
+    """``(input_ids [b, W], rows [M], columns [M])``: the rows with their left padding moved to the end, cut to
+    the longest row's real tokens (``W``; a step's batch is as wide as its longest sample, a micro-batch's rows
+    often narrower), and where the hidden state that scores each completion token (``batch.mask`` order) sits in
+    them."""
     ids, attention = batch.input_ids, batch.attention_mask
     length, num_completion = ids.shape[1], batch.completion_ids.shape[1]
     prompt_width = length - num_completion
     left_pad = prompt_width - attention[:, :prompt_width].sum(dim=1)
     columns = (torch.arange(length, device=ids.device)[None] + left_pad[:, None]) % length
-    aligned = ids.gather(1, columns)
+    width = max(int(attention.sum(dim=1).max()), 1)
+    aligned = ids.gather(1, columns)[:, :width]
     rows, tokens = batch.mask.bool().nonzero(as_tuple=True)
     return aligned, rows, prompt_width - 1 + tokens - left_pad[rows]
 
