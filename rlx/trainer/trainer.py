@@ -46,6 +46,7 @@ from rlx.trainer.batch import TrainBatch
 from rlx.trainer.critic import Critic
 from rlx.trainer.distill import distill_advantages, make_teacher
 from rlx.trainer.logprobs import can_split_head, completion_logprobs
+from rlx.trainer.memory import names_the_fix
 from rlx.trainer.model import (
     full_named_parameters,
     has_dropout,
@@ -200,7 +201,7 @@ class Trainer:
             ]
         start = time.perf_counter()
         if not self.fused_logprobs:
-            with tracer.span("logprob", rows=sum(mb.batch.size for mb in micro)):
+            with tracer.span("logprob", rows=sum(mb.batch.size for mb in micro)), self._oom("scoring pass"):
                 self._score(micro)
         time_logprob = time.perf_counter() - start
         if advantages is None:
@@ -216,16 +217,21 @@ class Trainer:
             max_len=self.sampling.max_tokens,
         )
         start = time.perf_counter()
-        if self.critic is None or not self.critic.warming_up:  # critic warm-up: only the critic trains
-            metrics.update(self._update(micro, agg))
-        if self.critic is not None:
-            metrics.update(self.critic.update(micro))
+        with self._oom("update"):
+            if self.critic is None or not self.critic.warming_up:  # critic warm-up: only the critic trains
+                metrics.update(self._update(micro, agg))
+            if self.critic is not None:
+                metrics.update(self.critic.update(micro))
             metrics["skipped_nonfinite"] = metrics.get("skipped_nonfinite", 0.0) + metrics["critic_skipped_nonfinite"]
         metrics["time_update"] = time.perf_counter() - start
         metrics["time_logprob"] = time_logprob
         if self.routing is not None:
             metrics.update(self.routing.take_metrics())
         return metrics
+
+    def _oom(self, phase: str):
+        """Out of memory in ``phase``: a one-line error naming the keys that fit the step (``rlx.trainer.memory``)."""
+        return names_the_fix(self.cfg, self.device, phase)
 
     def _advantages(self, full: TrainBatch, micro: list[MicroBatch]) -> tuple[torch.Tensor, dict[str, float]]:
         """[B] or per-token [B, T] advantages (the estimator, or GAE with the critic; then distillation), and
