@@ -36,6 +36,37 @@ if TYPE_CHECKING:
     from rlx.trainer.trainer import Trainer
 
 
+class EngineWakeFailed(RuntimeError):
+    """A colocated engine could not take its weights or KV cache back; the message names the memory and the keys."""
+
+
+def wake_failure(tags: list[str], error: str, device, offloading: bool) -> str:
+    """One line: what failed to wake, the engine's error, the GPU's memory as the trainer sees it, and (when the
+    engine ran out of memory) the keys that leave it room."""
+    names = {"weights": "weights", "kv_cache": "KV cache"}
+    what = " and ".join(names.get(tag, tag) for tag in tags) or "weights and KV cache"
+    line = f"the rollout engine could not wake its {what}: {error.strip().splitlines()[0] if error.strip() else error}"
+    if device.type == "cuda":
+        import torch
+
+        gib = 2**30
+        free, total = torch.cuda.mem_get_info(device)
+        line += (
+            f"; the GPU had {free / gib:.1f} GiB free of {total / gib:.1f}, the trainer holding "
+            f"{torch.cuda.memory_allocated(device) / gib:.1f} GiB ({torch.cuda.memory_reserved(device) / gib:.1f} "
+            "reserved)"
+        )
+    if "memory" in error.lower():
+        keys = (
+            []
+            if offloading
+            else ["placement.offload=true (the trainer's state leaves the GPU while the engine is awake)"]
+        )
+        keys.append("a smaller rollout.kv_cache_gb (the engine's KV cache, taken back at each wake)")
+        line += ". To leave the engine room: " + " or ".join(keys)
+    return line
+
+
 class Colocation:
     def __init__(self, pl: PlacementConfig, client: RolloutClient, trainer: Trainer) -> None:
         from rlx.placement import apply_memory_budget
@@ -89,7 +120,7 @@ class Colocation:
         if self.sleep_level:
             self._release_cache()
             with tracer.span("colocate.engine_wake", tags="weights"):
-                self._engine_peak("train", await self.client.broadcast(p.WakeUp(tags=["weights"])))
+                self._engine_peak("train", await self._wake(["weights"]))
         self._switch_s += time.perf_counter() - started
 
     async def after_sync(self) -> None:
@@ -101,7 +132,7 @@ class Colocation:
         if self.sleep_level:
             self._release_cache()
             with tracer.span("colocate.engine_wake", tags="kv_cache"):
-                self._engine_peak("sync", await self.client.broadcast(p.WakeUp(tags=["kv_cache"])))
+                self._engine_peak("sync", await self._wake(["kv_cache"]))
         self._switch_s += time.perf_counter() - started
         self.peaks.start()
 
@@ -118,6 +149,15 @@ class Colocation:
             with tracer.span("colocate.offload") as span:
                 span.set(bytes=self.offloader.offload())
         self._metrics["mem_trainer_offloaded_gb"] = self.peaks.now_gb()
+
+    async def _wake(self, tags: list[str]) -> list[p.MemoryResult]:
+        """WakeUp(tags) on every engine; one that cannot wake stops the run with ``EngineWakeFailed``."""
+        from rlx.rollout.client import RolloutServerError
+
+        try:
+            return await self.client.broadcast(p.WakeUp(tags=tags))
+        except RolloutServerError as exc:
+            raise EngineWakeFailed(wake_failure(tags, str(exc), self.device, self.offloader is not None)) from exc
 
     def _release_cache(self) -> None:
         """The trainer's cached, unallocated GPU blocks back to the device, for the engine about to wake."""
