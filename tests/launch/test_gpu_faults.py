@@ -1,0 +1,381 @@
+"""Faults on one GPU, as `rlx train` meets them colocated with a vLLM engine: each case states what the user sees,
+how long every process takes to end, what is left, and whether `--resume` continues with nothing lost.
+
+Every case records one row (``record_property("fault", ...)``: case, phase, message, seconds_to_end, leftovers,
+resumed, ok) for `python scripts/gpu_faults_report.py REPORT OUT`, which writes docs/results/gpu_faults_h200.json
+from the suite's ``--report-json``. The phases are held open by a reward function that blocks at a chosen sample
+until the test lets it go (as tests/launch/test_restarts.py does), so each fault lands where it is meant to.
+The tiny Qwen2 of tests/launch/test_gpu_layouts.py, a bfloat16 engine, every sync verified.
+
+Cases: the engine cannot wake (another process takes the GPU while it sleeps); the engine core SIGKILLed between
+its generation and the sync (the run restarts the server, which rejoins with verified weights); SIGTERM while the
+run is in its reward phase; the trainer out of memory in its update; a non-finite loss at every step. Left for a
+multi-GPU machine: the same with separate trainer and engine GPUs and NCCL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlx.formats.checkpoint import list_checkpoints
+from tests.helpers import start_rlx, stop_group
+from tests.launch.test_gpu_layouts import GPU, STOP_BOUND_S, GpuLeftovers
+from tests.launch.test_train import child_pids, read_metrics, run_to_end, small_config, wait_for
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+HELD_AT = 17
+"""The reward call that holds the run: step 2's first sample (4 prompts x 4 samples a step)."""
+
+REWARD = """
+import os, time
+
+calls = 0
+
+def score(completion, answer):
+    global calls
+    calls += 1
+    if calls == int(os.environ["HELD_AT"]):
+        open(os.environ["HELD"], "w").close()
+        while not os.path.exists(os.environ["GO"]):
+            time.sleep(0.05)
+    return float(len(completion) % 2)
+"""
+
+HOG = """
+import sys, time, torch
+leave, grow = int(sys.argv[1]), int(sys.argv[2])
+base = torch.cuda.mem_get_info(0)[0]
+print("watching", base, flush=True)
+while torch.cuda.mem_get_info(0)[0] < base + grow:  # until the engine sleeps and gives its KV cache back
+    time.sleep(0.002)
+free = torch.cuda.mem_get_info(0)[0]
+held = torch.empty(free - leave, dtype=torch.uint8, device="cuda")
+print("holding", held.numel(), flush=True)
+time.sleep(900)
+"""
+
+
+@pytest.fixture(scope="module")
+def gpu_model_dir(tmp_path_factory):
+    from rlx.trainer.tiny import build_tiny_family
+
+    return build_tiny_family(tmp_path_factory.mktemp("gpu_model") / "model", "qwen2")
+
+
+class HeldRun:
+    """`rlx train` colocated on the GPU, held in its reward at ``HELD_AT`` until ``go()``."""
+
+    def __init__(self, tmp_path: Path, model_dir: Path, *overrides: str, checkpoint_every: int = 1) -> None:
+        (tmp_path / "held_reward.py").write_text(REWARD)
+        self.tmp, self.run_dir, self.log = tmp_path, tmp_path / "run", tmp_path / "train.log"
+        self.config = small_config(
+            tmp_path,
+            model_dir,
+            "vllm",
+            task={"reward": "held_reward:score"},
+            checkpoint={"every": checkpoint_every, "keep": 3},
+            sync={"verify": True},
+        )
+        self.env = {
+            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+            "HELD": str(tmp_path / "held"),
+            "GO": str(tmp_path / "go"),
+            "HELD_AT": str(HELD_AT),
+        }
+        self.args = ["train", str(self.config), *GPU, "trainer.eval_every=0", *overrides]
+        self.proc = start_rlx(self.args, self.log, self.env)
+
+    def wait_held(self, timeout_s: float = 400.0) -> None:
+        wait_for((self.tmp / "held").exists, timeout_s, self.proc, self.log)
+
+    def go(self) -> None:
+        (self.tmp / "go").touch()
+
+    def wait_end(self, timeout_s: float) -> float:
+        """Seconds until the launcher exits (``timeout_s`` at most; then it is stopped)."""
+        start = time.monotonic()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout_s)
+        return time.monotonic() - start
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        stop_group(self.proc)
+
+    def resume(self, steps: int, *overrides: str) -> tuple[int, str]:
+        """``--resume`` to ``steps`` steps, the reward no longer held."""
+        (self.tmp / "go").touch()
+        return run_to_end(
+            self.config,
+            self.tmp,
+            *GPU,
+            f"trainer.total_steps={steps}",
+            "trainer.eval_every=0",
+            *overrides,
+            "--resume",
+        )
+
+
+def leftovers_after(run: HeldRun, gpu: GpuLeftovers, record_property) -> int:
+    """0 when no process of the run is alive and none holds GPU memory; else how many process groups are."""
+    from tests.helpers import group_alive
+
+    deadline = time.monotonic() + STOP_BOUND_S
+    pids = child_pids(run.run_dir)
+    while time.monotonic() < deadline and any(group_alive(g) for g in pids.values()):
+        time.sleep(0.5)
+    alive = [name for name, g in pids.items() if group_alive(g)]
+    try:
+        gpu.check(run.run_dir, record_property)
+    except AssertionError:
+        return len(alive) + 1
+    return len(alive)
+
+
+def first_error_line(output: str, *needles: str) -> str:
+    for line in output.splitlines():
+        if any(n in line for n in needles):
+            return line.strip()
+    return ""
+
+
+def resumed_from_last(run: HeldRun, extra_steps: int = 2) -> str:
+    """'ok: steps A..B' when --resume continued after the newest whole checkpoint with every sync verified."""
+    complete = [c for c in list_checkpoints(run.run_dir / "checkpoints") if (c / "manifest.json").exists()]
+    if any(not (c / "manifest.json").exists() for c in list_checkpoints(run.run_dir / "checkpoints")):
+        return "a checkpoint without its manifest was left"
+    last = max((int(c.name.split("_")[1]) for c in complete), default=0)
+    code, output = run.resume(last + extra_steps)
+    if code != 0:
+        return f"failed ({code}): {output.strip().splitlines()[-1] if output.strip() else ''}"
+    rows = [r for r in read_metrics(run.run_dir) if "time_step" in r]
+    done = [r["step"] for r in rows][-extra_steps:]
+    verified = all(r["sync_verified"] == 1.0 for r in rows[-extra_steps:])
+    return (
+        f"ok: steps {done[0]}..{done[-1]}"
+        if done == list(range(last + 1, last + extra_steps + 1)) and verified
+        else (f"steps {done}, verified {verified}")
+    )
+
+
+def record(record_property, **row) -> dict:
+    record_property("fault", row)
+    return row
+
+
+def test_an_engine_that_cannot_wake_stops_the_run_naming_memory_and_keys(gpu_model_dir, tmp_path, record_property):
+    """Another process takes the GPU while the engine sleeps (the hog waits for the KV cache to be given back):
+    the wake fails, the run stops within seconds with a line naming the memory and the keys."""
+    gpu = GpuLeftovers()
+    run = HeldRun(
+        tmp_path, gpu_model_dir, "trainer.total_steps=4", "trainer.epochs_per_step=20", "placement.offload=false"
+    )
+    hog = None
+    try:
+        run.wait_held()
+        hog_log = open(tmp_path / "hog.log", "w")  # noqa: SIM115 - closed below
+        hog = subprocess.Popen(
+            [sys.executable, "-c", HOG, str(256 << 20), str(256 << 20)],
+            stdout=hog_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        time.sleep(3.0)  # the hog's CUDA context is up before the run goes on
+        run.go()
+        seconds = run.wait_end(300)
+    finally:
+        run.stop()
+        if hog is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(hog.pid, signal.SIGKILL)
+            hog.wait(10)
+            hog_log.close()
+    output = run.output()
+    message = first_error_line(output, "could not wake", "out of memory", "Error")
+    left = leftovers_after(run, gpu, record_property)
+    resumed = resumed_from_last(run)
+    row = record(
+        record_property,
+        case="engine_cannot_wake",
+        phase="wake after the update (another process took the GPU while the engine slept)",
+        message=message,
+        seconds_to_end=round(seconds, 2),
+        leftovers=left,
+        resumed=resumed,
+        hog=(tmp_path / "hog.log").read_text()[-300:],
+        ok=run.proc.returncode not in (0, None)
+        and "could not wake" in message
+        and "rollout.kv_cache_gb" in message
+        and left == 0
+        and resumed.startswith("ok"),
+    )
+    assert row["ok"], (row, output[-3000:])
+
+
+def test_an_engine_core_killed_between_generation_and_sync_is_restarted_and_rejoins_verified(
+    gpu_model_dir, tmp_path, record_property
+):
+    from tests.rollout.test_engine_ends import engine_core_pid
+
+    gpu = GpuLeftovers()
+    run = HeldRun(tmp_path, gpu_model_dir, "trainer.total_steps=4", "rollout.restart_on_failure=true")
+    try:
+        run.wait_held()
+        server = child_pids(run.run_dir)["rollout0"]
+        os.kill(engine_core_pid(server), signal.SIGKILL)
+        run.go()
+        seconds = run.wait_end(400)
+    finally:
+        run.stop()
+    output = run.output()
+    rows = [r for r in read_metrics(run.run_dir) if "time_step" in r]
+    left = leftovers_after(run, gpu, record_property)
+    row = record(
+        record_property,
+        case="engine_core_killed",
+        phase="between generation and the sync (SIGKILL to vLLM's engine core)",
+        message=first_error_line(output, "restart", "died", "Error"),
+        seconds_to_end=round(seconds, 2),
+        leftovers=left,
+        resumed="the run itself finished" if run.proc.returncode == 0 else f"exit {run.proc.returncode}",
+        steps=[r["step"] for r in rows],
+        ok=run.proc.returncode == 0
+        and [r["step"] for r in rows] == [1, 2, 3, 4]
+        and all(r["sync_verified"] == 1.0 for r in rows)
+        and left == 0,
+    )
+    assert row["ok"], (row, output[-3000:])
+
+
+def test_sigterm_in_the_reward_phase_ends_every_process_and_resumes(gpu_model_dir, tmp_path, record_property):
+    gpu = GpuLeftovers()
+    run = HeldRun(tmp_path, gpu_model_dir, "trainer.total_steps=200")
+    try:
+        run.wait_held()
+        os.kill(run.proc.pid, signal.SIGTERM)
+        seconds = run.wait_end(STOP_BOUND_S)
+    finally:
+        run.stop()
+    output = run.output()
+    left = leftovers_after(run, gpu, record_property)
+    resumed = resumed_from_last(run)
+    row = record(
+        record_property,
+        case="sigterm",
+        phase="reward (the engine awake, a step's samples being scored)",
+        message=first_error_line(output, "received SIGTERM"),
+        seconds_to_end=round(seconds, 2),
+        leftovers=left,
+        resumed=resumed,
+        ok=run.proc.returncode == 128 + signal.SIGTERM
+        and seconds < STOP_BOUND_S
+        and left == 0
+        and resumed.startswith("ok"),
+    )
+    assert row["ok"], (row, output[-3000:])
+
+
+def test_a_trainer_out_of_gpu_memory_names_the_keys_and_every_process_ends(gpu_model_dir, tmp_path, record_property):
+    """The trainer held to 0.3 GB of the GPU (placement.gpu_memory_gb, torch's per-process fraction) with one
+    micro-batch of every sample: its update cannot allocate."""
+    gpu = GpuLeftovers()
+    config = small_config(tmp_path, gpu_model_dir, "vllm", checkpoint={"every": 0})
+    start = time.monotonic()
+    code, output = run_to_end(
+        config,
+        tmp_path,
+        *GPU,
+        "trainer.total_steps=2",
+        "trainer.eval_every=0",
+        "placement.gpu_memory_gb=0.3",
+        "trainer.prompts_per_step=64",
+        "rollout.max_tokens=256",
+        "trainer.micro_batch_tokens=1000000",
+        timeout_s=400,
+    )
+    seconds = time.monotonic() - start
+    run_dir = tmp_path / "run"
+    message = first_error_line(output, "ran out of memory", "OutOfMemory", "Error")
+    left = 0
+    try:
+        gpu.check(run_dir, record_property)
+    except AssertionError:
+        left = 1
+    row = record(
+        record_property,
+        case="trainer_oom",
+        phase="update (a micro-batch too large for the trainer's share of the GPU)",
+        message=message,
+        seconds_to_end=round(seconds, 2),
+        leftovers=left,
+        resumed="not tried: the config itself does not fit",
+        ok=code not in (0, None)
+        and "trainer.micro_batch_tokens" in message
+        and "model.gradient_checkpointing" in message
+        and left == 0,
+    )
+    assert row["ok"], (row, output[-3000:])
+
+
+def test_a_non_finite_loss_is_skipped_counted_and_stops_the_run_with_finite_checkpoints(
+    gpu_model_dir, tmp_path, record_property
+):
+    """An entropy bonus of 1e38 makes every loss -inf in float32: each step is skipped (no update), counted, and
+    the run stops after trainer.max_nonfinite_steps; every checkpoint written holds finite tensors only."""
+    import torch
+    from safetensors.torch import load_file
+
+    gpu = GpuLeftovers()
+    config = small_config(tmp_path, gpu_model_dir, "vllm", checkpoint={"every": 1, "keep": 3})
+    start = time.monotonic()
+    code, output = run_to_end(
+        config,
+        tmp_path,
+        *GPU,
+        "trainer.total_steps=6",
+        "trainer.eval_every=0",
+        "trainer.max_nonfinite_steps=2",
+        "algorithm.entropy_coef=1e38",
+        timeout_s=400,
+    )
+    seconds = time.monotonic() - start
+    run_dir = tmp_path / "run"
+    rows = [r for r in read_metrics(run_dir) if "time_step" in r] if (run_dir / "metrics.jsonl").exists() else []
+    nonfinite = []
+    for ckpt in list_checkpoints(run_dir / "checkpoints"):
+        for file in ckpt.rglob("*.safetensors"):
+            for name, tensor in load_file(file).items():
+                if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                    nonfinite.append(f"{file.relative_to(run_dir)}:{name}")
+    left = 0
+    try:
+        gpu.check(run_dir, record_property)
+    except AssertionError:
+        left = 1
+    row = record(
+        record_property,
+        case="nonfinite_loss",
+        phase="update (every loss -inf)",
+        message=first_error_line(output, "max_nonfinite_steps", "NonFinite", "Error"),
+        seconds_to_end=round(seconds, 2),
+        leftovers=left,
+        resumed="not tried: the run stopped on purpose",
+        skipped=[r.get("skipped_nonfinite") for r in rows],
+        nonfinite_tensors=nonfinite[:5],
+        ok=code not in (0, None)
+        and [r.get("skipped_nonfinite") for r in rows] == [1.0, 1.0]
+        and not nonfinite
+        and left == 0,
+    )
+    assert row["ok"], (row, output[-3000:])
