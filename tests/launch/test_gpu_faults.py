@@ -234,6 +234,7 @@ def test_an_engine_core_killed_between_generation_and_sync_is_restarted_and_rejo
         run.wait_held()
         server = child_pids(run.run_dir)["rollout0"]
         os.kill(engine_core_pid(server), signal.SIGKILL)
+        wait_for(lambda: child_pids(run.run_dir)["rollout0"] != server, 120, run.proc, run.log)  # restarted
         run.go()
         seconds = run.wait_end(400)
     finally:
