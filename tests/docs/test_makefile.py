@@ -1,5 +1,6 @@
 """The Makefile's entry points, as the README gives them: `make test PYTEST_ARGS=...` selects the tests."""
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,8 +11,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _dry_run(*args: str) -> str:
-    """The commands `make` would run (`make -n` runs none of them, not even the set-up)."""
-    result = subprocess.run(["make", "-n", "-C", str(ROOT), *args], capture_output=True, text=True, check=True)
+    """The commands `make` would run (`make -n` runs none of them, not even the set-up), as from a shell of its
+    own: a suite started by `make test PYTEST_ARGS=...` hands its variables to every make below it (MAKEFLAGS)."""
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "PYTEST_ARGS"}}
+    result = subprocess.run(["make", "-n", "-C", str(ROOT), *args], capture_output=True, text=True, check=True, env=env)
     return result.stdout
 
 
