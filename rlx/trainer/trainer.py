@@ -222,7 +222,9 @@ class Trainer:
                 metrics.update(self._update(micro, agg))
             if self.critic is not None:
                 metrics.update(self.critic.update(micro))
-            metrics["skipped_nonfinite"] = metrics.get("skipped_nonfinite", 0.0) + metrics["critic_skipped_nonfinite"]
+                metrics["skipped_nonfinite"] = (
+                    metrics.get("skipped_nonfinite", 0.0) + metrics["critic_skipped_nonfinite"]
+                )
         metrics["time_update"] = time.perf_counter() - start
         metrics["time_logprob"] = time_logprob
         if self.routing is not None:
