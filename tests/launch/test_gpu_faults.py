@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from rlx.formats.checkpoint import list_checkpoints
-from tests.helpers import start_rlx, stop_group
+from tests.helpers import start_rlx, stop_group, wait_ready
 from tests.launch.test_gpu_layouts import GPU, STOP_BOUND_S, GpuLeftovers
 from tests.launch.test_train import child_pids, read_metrics, run_to_end, small_config, wait_for
 
@@ -114,17 +114,16 @@ class HeldRun:
         stop_group(self.proc)
 
     def resume(self, steps: int, *overrides: str) -> tuple[int, str]:
-        """``--resume`` to ``steps`` steps, the reward no longer held."""
+        """``--resume`` to ``steps`` steps, the reward no longer held (its module on the same path)."""
         (self.tmp / "go").touch()
-        return run_to_end(
-            self.config,
-            self.tmp,
-            *GPU,
-            f"trainer.total_steps={steps}",
-            "trainer.eval_every=0",
-            *overrides,
-            "--resume",
-        )
+        log = self.tmp / "resume.log"
+        args = ["train", str(self.config), *GPU, f"trainer.total_steps={steps}", "trainer.eval_every=0", *overrides]
+        proc = start_rlx([*args, "--resume"], log, self.env)
+        try:
+            proc.wait(400)
+        finally:
+            stop_group(proc)
+        return proc.returncode, log.read_text(errors="replace")
 
 
 def leftovers_after(run: HeldRun, gpu: GpuLeftovers, record_property) -> int:
@@ -167,6 +166,10 @@ def resumed_from_last(run: HeldRun, extra_steps: int = 2) -> str:
         if done == list(range(last + 1, last + extra_steps + 1)) and verified
         else (f"steps {done}, verified {verified}")
     )
+
+
+def row_message(output: str) -> str:
+    return first_error_line(output, "max_nonfinite_steps")
 
 
 def record(record_property, **row) -> dict:
@@ -235,6 +238,7 @@ def test_an_engine_core_killed_between_generation_and_sync_is_restarted_and_rejo
         server = child_pids(run.run_dir)["rollout0"]
         os.kill(engine_core_pid(server), signal.SIGKILL)
         wait_for(lambda: child_pids(run.run_dir)["rollout0"] != server, 120, run.proc, run.log)  # restarted
+        wait_ready(f"ipc://{run.run_dir / 'rollout-0.sock'}", run.proc, run.log)  # it rejoins at the next sync
         run.go()
         seconds = run.wait_end(400)
     finally:
@@ -375,7 +379,9 @@ def test_a_non_finite_loss_is_skipped_counted_and_stops_the_run_with_finite_chec
         skipped=[r.get("skipped_nonfinite") for r in rows],
         nonfinite_tensors=nonfinite[:5],
         ok=code not in (0, None)
-        and [r.get("skipped_nonfinite") for r in rows] == [1.0, 1.0]
+        and "trainer.max_nonfinite_steps=2" in row_message(output)
+        and rows
+        and all(r.get("skipped_nonfinite") == 1.0 for r in rows)  # the stopping step is not logged
         and not nonfinite
         and left == 0,
     )
