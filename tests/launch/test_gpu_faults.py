@@ -135,11 +135,16 @@ def leftovers_after(run: HeldRun, gpu: GpuLeftovers, record_property) -> int:
     while time.monotonic() < deadline and any(group_alive(g) for g in pids.values()):
         time.sleep(0.5)
     alive = [name for name, g in pids.items() if group_alive(g)]
+    return len(alive) + gpu_left(gpu, run.run_dir, record_property)
+
+
+def gpu_left(gpu: GpuLeftovers, run_dir: Path, record_property) -> int:
+    """1 when a process of the run still holds GPU memory (or the GPU lost memory), else 0."""
     try:
-        gpu.check(run.run_dir, record_property)
+        gpu.check(run_dir, record_property)
     except AssertionError:
-        return len(alive) + 1
-    return len(alive)
+        return 1
+    return 0
 
 
 def first_error_line(output: str, *needles: str) -> str:
@@ -312,11 +317,7 @@ def test_a_trainer_out_of_gpu_memory_names_the_keys_and_every_process_ends(gpu_m
     seconds = time.monotonic() - start
     run_dir = tmp_path / "run"
     message = first_error_line(output, "ran out of memory", "OutOfMemory", "Error")
-    left = 0
-    try:
-        gpu.check(run_dir, record_property)
-    except AssertionError:
-        left = 1
+    left = gpu_left(gpu, run_dir, record_property)
     row = record(
         record_property,
         case="trainer_oom",
@@ -363,11 +364,7 @@ def test_a_non_finite_loss_is_skipped_counted_and_stops_the_run_with_finite_chec
             for name, tensor in load_file(file).items():
                 if tensor.is_floating_point() and not torch.isfinite(tensor).all():
                     nonfinite.append(f"{file.relative_to(run_dir)}:{name}")
-    left = 0
-    try:
-        gpu.check(run_dir, record_property)
-    except AssertionError:
-        left = 1
+    left = gpu_left(gpu, run_dir, record_property)
     row = record(
         record_property,
         case="nonfinite_loss",
