@@ -9,6 +9,10 @@ parameters left out) is summed: the largest micro-batch bounds the update's acti
 A device-independent reading of the trainer's memory (the GPU's allocator adds its own rounding and caching).
 
     python benchmarks/megatron_memory.py [--budget 4096] [--json OUT]
+
+``--old-plan`` plans the Megatron backend's micro-batches as rlx did before 7761667 (a group's prompt counted once,
+as FSDP2's); with the rlx of that time (``git worktree add DIR 7d59909`` and this file copied there) it measures
+the backend as it ran on the GPU then.
 """
 
 from __future__ import annotations
@@ -57,12 +61,12 @@ def saved_bytes(run, params: set[int]) -> int:
     return sum(size for ptr, size in seen.items() if ptr not in params)
 
 
-def measure(model_dir: Path, backend: str, full, budget: int, n: int) -> dict:
+def measure(model_dir: Path, backend: str, full, budget: int, n: int, old_plan: bool = False) -> dict:
     from rlx.trainer.packing import micro_batches
     from tests.trainer.test_megatron import make_trainer
 
     trainer = make_trainer(model_dir, backend, micro_batch_tokens=budget)
-    share = trainer.cfg.trainer.share_prompts and not trainer.megatron  # as Trainer.step plans
+    share = trainer.cfg.trainer.share_prompts and (old_plan or backend == "fsdp2")  # as Trainer.step plans
     plan = micro_batches(full, 0, 1, budget, trainer.cfg.trainer.micro_batch_size, n, share, None)
     params = {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
     per = [saved_bytes(lambda mb=mb: trainer._logprobs(trainer.model, mb), params) for mb in plan]
@@ -76,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--old-plan", action="store_true", help="megatron planned with shared prompts (before 7761667)")
     args = parser.parse_args(argv)
     import subprocess
 
@@ -84,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     full = step_batch(args.groups, args.n, args.seed)
     with tempfile.TemporaryDirectory(prefix="megatron_memory_") as tmp:
         model_dir = build_tiny_model(Path(tmp) / "model")
-        rows = {backend: measure(model_dir, backend, full, args.budget, args.n) for backend in BACKENDS}
+        rows = {backend: measure(model_dir, backend, full, args.budget, args.n, args.old_plan) for backend in BACKENDS}
     ratio = rows["megatron"]["largest_mib"] / rows["fsdp2"]["largest_mib"]
     print(f"{args.groups} prompts x {args.n} samples, step batch {tuple(full.input_ids.shape)}, budget {args.budget}")
     print("| backend | micro-batches | largest micro-batch | all micro-batches |\n|---|---|---|---|")
