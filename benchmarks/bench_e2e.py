@@ -22,6 +22,8 @@ Workloads (GPU; SmolLM2-135M-Instruct on reasoning-gym sums through its chat tem
                      (configs/gpu_qwen05_colocated.yaml).
   random1p5b_1gpu    the same layout, random weights in Qwen2.5-1.5B's shape, 512 samples of up to 1024 tokens a
                      step (configs/gpu_random_qwen2_1p5b.yaml): throughput, the learning is nil.
+  random7b_1gpu      the same layout, random weights in Qwen2.5-7B's shape trained in bfloat16 on both sides,
+                     256 samples of up to 1024 tokens a step (configs/gpu_random_qwen2_7b.yaml).
   2gpu               rlx separate (trainer GPU 0, engine GPU 1) / TRL vllm_mode="server" (vllm-serve on GPU 1).
   2gpu_one_step_off  the same, rlx trainer.mode=one_step_off.
   2gpu_fully_async   the same, rlx trainer.mode=fully_async.
@@ -79,6 +81,7 @@ WORKLOADS = {
     "1gpu": Workload("configs/gpu_smollm2_colocated.yaml", 1, "colocate"),
     "qwen05_1gpu": Workload("configs/gpu_qwen05_colocated.yaml", 1, "colocate"),
     "random1p5b_1gpu": Workload("configs/gpu_random_qwen2_1p5b.yaml", 1, "colocate"),
+    "random7b_1gpu": Workload("configs/gpu_random_qwen2_7b.yaml", 1, "colocate"),
     "2gpu": Workload("configs/gpu_smollm2_separate.yaml", 2, "server"),
     "2gpu_one_step_off": Workload("configs/gpu_smollm2_separate.yaml", 2, "server", ("trainer.mode=one_step_off",)),
     "2gpu_fully_async": Workload("configs/gpu_smollm2_separate.yaml", 2, "server", ("trainer.mode=fully_async",)),
@@ -346,7 +349,6 @@ def trl_main(
     """TRL's GRPOTrainer with the workload's settings: on the CPU with transformers generate in process (TRL's
     default); on GPUs with vLLM, colocated on the trainer's GPU (vLLM's memory share and sleep as rlx's colocated
     engine has them) or TRL's vLLM server on GPU 1 (``vllm_port``)."""
-    import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -394,7 +396,7 @@ def trl_main(
         save_strategy="no",
         report_to=[],
         use_cpu=spec.gpus == 0,
-        bf16=False,  # float32 weights and compute, as the workloads' rlx trainer (model.dtype=float32)
+        bf16=trl_precision(cfg)[1],  # the weights and compute of the workload's rlx trainer (model.dtype)
         fp16=False,
         dataloader_num_workers=0,
         disable_tqdm=True,
@@ -410,7 +412,7 @@ def trl_main(
             times.append(time.perf_counter() - self.start)
 
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=trl_precision(cfg)[0])
     trainer = GRPOTrainer(
         model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok, callbacks=[StepTimes()]
     )
@@ -419,6 +421,21 @@ def trl_main(
     tok.save_pretrained(str(out / "final"))
     (out / "step_times.json").write_text(json.dumps(times))
     (out / "log_history.json").write_text(json.dumps(trainer.state.log_history))  # "reward": mean of each window
+
+
+def trl_precision(cfg) -> tuple:
+    """(the dtype TRL loads the model in, GRPOConfig's bf16) for the workload's model.dtype and compute_dtype:
+    float32 weights and compute as rlx's default; bfloat16 weights (and so optimizer state) and compute where
+    model.dtype=bfloat16; float32 weights under bfloat16 autocast where model.compute_dtype=bfloat16."""
+    import torch
+
+    m = cfg.model
+    compute = m.dtype if m.compute_dtype == "auto" else m.compute_dtype
+    if m.dtype not in ("float32", "bfloat16") or compute not in ("float32", "bfloat16"):
+        raise SystemExit(
+            f"model.dtype={m.dtype}, compute_dtype={m.compute_dtype}: the TRL side takes float32 or bfloat16"
+        )
+    return getattr(torch, m.dtype), compute == "bfloat16"
 
 
 ENGINE_ROOM_GB = 8.0

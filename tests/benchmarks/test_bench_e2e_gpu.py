@@ -233,3 +233,25 @@ def test_the_real_size_workload_gives_both_sides_its_shape_and_settings(bench):
     assert args["vllm_mode"] == "colocate" and args["vllm_enable_sleep_mode"] is True
     assert args["vllm_max_model_length"] == cfg.rollout.max_model_len >= 1024 + 64
     assert cfg.model.gradient_checkpointing  # TRL's GRPOConfig takes it from the same key (trl_main)
+
+
+def test_the_7b_workload_trains_in_bfloat16_on_both_sides(bench):
+    """random7b_1gpu: Qwen2.5-7B's shape with random weights, its weights, gradients and AdamW state in bfloat16
+    (float32 would need 122 GB beside the engine), offloaded while the engine generates; TRL loads the model in
+    bfloat16 with bf16=True. The other workloads keep float32 on both sides."""
+    import torch
+
+    from rlx.launch.doctor import _planned_parameter_count
+
+    workload = bench.WORKLOADS["random7b_1gpu"]
+    cfg = bench.load_cfg("random7b_1gpu", [*workload.rlx, "model.path=/nonexistent"])
+    assert _planned_parameter_count(cfg.model.build_if_missing) / 1e9 == pytest.approx(7.616, abs=0.01)
+    assert cfg.model.dtype == "bfloat16" and cfg.model.gradient_checkpointing and cfg.placement.offload
+    assert cfg.trainer.prompts_per_step * cfg.rollout.n == 256 and cfg.rollout.max_tokens == 1024
+    assert bench.trl_precision(cfg) == (torch.bfloat16, True)
+    args = bench.trl_vllm_args(workload, cfg, 0, 0)
+    assert args["vllm_mode"] == "colocate" and args["vllm_max_model_length"] == cfg.rollout.max_model_len
+    small = bench.load_cfg("random1p5b_1gpu", ["model.path=/nonexistent"])
+    assert bench.trl_precision(small) == (torch.float32, False)
+    mixed = bench.load_cfg("random1p5b_1gpu", ["model.path=/nonexistent", "model.compute_dtype=bfloat16"])
+    assert bench.trl_precision(mixed) == (torch.float32, True)
