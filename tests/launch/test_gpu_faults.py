@@ -57,10 +57,13 @@ base = torch.cuda.mem_get_info(0)[0]
 print("watching", base, flush=True)
 while torch.cuda.mem_get_info(0)[0] < base + grow:  # until the engine sleeps and gives its KV cache back
     time.sleep(0.002)
-free = torch.cuda.mem_get_info(0)[0]
-held = torch.empty(free - leave, dtype=torch.uint8, device="cuda")
-print("holding", held.numel(), flush=True)
-time.sleep(900)
+held = []
+while True:  # then take all but ``leave`` of whatever is freed, the trainer's released cache too
+    free = torch.cuda.mem_get_info(0)[0]
+    if free > leave + (64 << 20):
+        held.append(torch.empty(free - leave, dtype=torch.uint8, device="cuda"))
+        print("holding", sum(h.numel() for h in held), flush=True)
+    time.sleep(0.002)
 """
 
 
