@@ -369,6 +369,7 @@ def trl_main(
 
     rows = t.prompts_per_step * r.n
     accumulation = max(1, rows // t.micro_batch_size)
+    dtype, bf16 = trl_precision(cfg)
     args = GRPOConfig(
         output_dir=str(out / "trainer"),
         per_device_train_batch_size=rows // accumulation,
@@ -396,7 +397,7 @@ def trl_main(
         save_strategy="no",
         report_to=[],
         use_cpu=spec.gpus == 0,
-        bf16=trl_precision(cfg)[1],  # the weights and compute of the workload's rlx trainer (model.dtype)
+        bf16=bf16,  # the weights and compute of the workload's rlx trainer (model.dtype)
         fp16=False,
         dataloader_num_workers=0,
         disable_tqdm=True,
@@ -412,7 +413,7 @@ def trl_main(
             times.append(time.perf_counter() - self.start)
 
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=trl_precision(cfg)[0])
+    model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype)
     trainer = GRPOTrainer(
         model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok, callbacks=[StepTimes()]
     )

@@ -47,15 +47,9 @@ def wake_failure(tags: list[str], error: str, device, offloading: bool) -> str:
     what = " and ".join(names.get(tag, tag) for tag in tags) or "weights and KV cache"
     line = f"the rollout engine could not wake its {what}: {error.strip().splitlines()[0] if error.strip() else error}"
     if device.type == "cuda":
-        import torch
+        from rlx.trainer.memory import gpu_memory
 
-        gib = 2**30
-        free, total = torch.cuda.mem_get_info(device)
-        line += (
-            f"; the GPU had {free / gib:.1f} GiB free of {total / gib:.1f}, the trainer holding "
-            f"{torch.cuda.memory_allocated(device) / gib:.1f} GiB ({torch.cuda.memory_reserved(device) / gib:.1f} "
-            "reserved)"
-        )
+        line += f"; the trainer's side of the GPU: {gpu_memory(device)}"
     if "memory" in error.lower():
         keys = (
             []
