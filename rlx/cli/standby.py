@@ -23,6 +23,7 @@ def main() -> None:
     started = time.perf_counter()
     import rlx.cli.rollout_serve  # noqa: F401 - typer, the config schema, the server
     import rlx.rollout.server  # noqa: F401
+    from rlx.trace import startup
 
     with contextlib.suppress(ImportError):  # a missing engine is reported by the server itself, with its fix
         if backend == "vllm":
@@ -30,9 +31,11 @@ def main() -> None:
         elif backend == "hf":
             import transformers  # noqa: F401
     imported = time.perf_counter()
+    startup.mark("imported")
     line = sys.stdin.readline()
     if not line.strip():
         return
+    startup.mark("command")
     print(
         f"rlx: standby: the {backend} server's imports took {imported - started:.1f} s before its command line "
         f"came (then {time.perf_counter() - imported:.1f} s of waiting)",

@@ -43,10 +43,12 @@ from rlx.launch.run_dir import (
     secret_overrides,
     write_config,
 )
+from rlx.launch.startup import write_startup
 from rlx.launch.stops import ChildDied, Interrupted, RunStopped, StopWatch
 from rlx.net import free_port
 from rlx.placement import plan, visible_gpus
 from rlx.rollout.priority import ENV_NO_SPIN, ENV_SCHED_IDLE
+from rlx.trace import startup
 
 if TYPE_CHECKING:
     from rlx.config.schema import RunConfig
@@ -166,6 +168,7 @@ class Launch:
         with self.display:
             self.display.log(self.placement.describe())
             addresses = self._start_servers(env) + list(cfg.rollout.servers)
+            startup.mark("launch")
             self._start_ranks(env)
             self.procs.watch(self.restarts.on_death)
             code = self._run_rank0(addresses)
@@ -197,12 +200,12 @@ class Launch:
             argv = python_argv("rlx", *args)
             server_env = dict(env, **server_env_of(self.cfg, slot))
             standby = self.standbys.pop(index, None)
-            wanted = child_env(server_env)
-            if standby is not None and standby.alive() and standby.env == wanted:
+            if standby is not None and standby.alive() and standby.requested_env == server_env:
                 self.procs.adopt(standby, argv, args)
-            else:  # none, or one whose environment no longer fits (the launcher's own changed meanwhile)
+            else:  # none, or one started with other settings (the layout differs from the one it was planned on)
                 if standby is not None:
-                    changed = sorted(k for k in {*wanted, *standby.env} if wanted.get(k) != standby.env.get(k))
+                    had = standby.requested_env
+                    changed = sorted(k for k in {*server_env, *had} if server_env.get(k) != had.get(k))
                     self.display.log(f"rollout{index}: started anew, not from its standby (changed: {changed})")
                     standby.stop(timeout_s=2.0)
                 self.procs.start(f"rollout{index}", argv, server_env)
@@ -239,6 +242,7 @@ class Launch:
         try:
             init_distributed(_device_type(cfg))
             trainer = Trainer(self.ranks)
+            startup.mark("trainer_built")
             evals = asyncio.run(self.stops.guard(self._control(trainer, addresses)))
         finally:
             tracer.close()
@@ -261,6 +265,7 @@ class Launch:
         try:
             controller = Controller(cfg, self.run_dir, client, trainer, self.display)
             warm_s = await asyncio.to_thread(trainer.warm_up)  # while the engines load
+            startup.mark("warmed_up")
             if warm_s:
                 self.display.log(f"trainer warmed up (its kernels compiled) in {warm_s:.1f} s")
 
@@ -268,6 +273,8 @@ class Launch:
                 return all(c.alive() for c in self.procs.children)
 
             await client.wait_ready(cfg.rollout.startup_timeout_s, is_alive=alive)
+            healths = await client.health()
+            self.display.log(write_startup(self.run_dir, {f"rollout{i}": h.startup for i, h in enumerate(healths)}))
             self.display.note(f"rollout servers ready: {', '.join(addresses)}{_openai_endpoints(cfg)}")
             self.restarts.attach(controller)
             await controller.run()
@@ -299,17 +306,13 @@ def start_standbys(cfg: RunConfig, run_dir: Path) -> dict:
     _, secret_env = secret_overrides(cfg)
     env = dict(_trace_env(cfg, run_dir), **secret_env)
     argv = python_argv("rlx.cli.standby", cfg.rollout.backend)
-    return {
-        index: Child(
-            f"rollout{index}",
-            argv,
-            child_env(dict(env, **server_env_of(cfg, layout.server(index)))),
-            None,
-            print,
-            standby=True,
+    standbys = {}
+    for index in range(cfg.rollout.servers_to_launch):
+        wanted = dict(env, **server_env_of(cfg, layout.server(index)))
+        standbys[index] = Child(
+            f"rollout{index}", argv, child_env(wanted), None, print, standby=True, requested_env=wanted
         )
-        for index in range(cfg.rollout.servers_to_launch)
-    }
+    return standbys
 
 
 def _openai_endpoints(cfg: RunConfig) -> str:

@@ -49,10 +49,15 @@ class Child:
         log_path: Path | None,
         emit: Callable[[str], None],
         standby: bool = False,
+        requested_env: dict[str, str] | None = None,
     ) -> None:
         """``standby``: the process waits for its command line on stdin (``rlx.cli.standby``) and has no log
-        yet; ``go`` gives it both."""
+        yet; ``go`` gives it both. ``requested_env``: what the caller set over the launcher's environment (``env``
+        is the whole of it), which decides whether a standby fits the server it is to become: the launcher's own
+        environment changes under it as its libraries set their variables (torch's compiler its cache directory),
+        which a child started earlier rightly lacks."""
         self.name, self.argv, self.env = name, argv, env
+        self.requested_env = dict(requested_env or {})
         self.log_path = log_path
         self.expected_exit = False
         self.restarts = 0  # how many times this child was started again after dying
@@ -176,7 +181,7 @@ class ProcessSet:
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        child = Child(name, argv, child_env(env), self.log_dir / f"{name}.log", self.emit)
+        child = Child(name, argv, child_env(env), self.log_dir / f"{name}.log", self.emit, requested_env=env)
         self.children.append(child)
         self._write_pids()
         return child
@@ -204,7 +209,7 @@ class ProcessSet:
     def _restart(self, child: Child) -> Child:
         child.stop(timeout_s=0.0)  # whatever of its group is left (vLLM's engine core), and its log pump
         self.leftovers.remove_unused([child.pid])  # what the dead group left and nobody uses
-        fresh = Child(child.name, child.argv, child.env, child.log_path, self.emit)
+        fresh = Child(child.name, child.argv, child.env, child.log_path, self.emit, requested_env=child.requested_env)
         fresh.restarts = child.restarts + 1
         self.children[self.children.index(child)] = fresh
         self._write_pids()

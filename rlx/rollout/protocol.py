@@ -170,6 +170,10 @@ class HealthResult(msgspec.Struct, tag="health_result"):
     model: str
     paused: bool
     weight_version: int
+    startup: dict[str, float] = msgspec.field(default_factory=dict)
+    """Where the server's start-up went (``rlx.trace.startup.marks``): ``started`` (its process), and the ends of
+    ``imported`` and ``command`` (a standby's imports, and its wait for the command line), ``engine_start`` and
+    ``engine_ready``, as seconds since the epoch."""
 
 
 class StatsResult(msgspec.Struct, tag="stats_result"):

@@ -43,7 +43,7 @@ from rlx.rollout import protocol as p
 from rlx.rollout.backends.base import Backend
 from rlx.rpc import reply_frames
 from rlx.sync.messages import BucketAck, SyncAbort, encode
-from rlx.trace import tracer
+from rlx.trace import startup, tracer
 
 log = logging.getLogger("rlx.rollout.server")
 UNREAD_GRACE_MS = 100
@@ -270,6 +270,7 @@ class RolloutServer:
                 model=self.backend.model_path,
                 paused=self.paused,
                 weight_version=self.weight_version,
+                startup=startup.marks(),
             )
         if isinstance(body, p.Stats):
             return p.StatsResult(
@@ -421,6 +422,8 @@ def _ipc_file(address: str) -> tuple[Path, int] | None:
 
 async def run_server(backend: Backend, address: str, token: str = "", **limits) -> None:
     """Start ``backend`` and serve on ``address``; ``limits`` are ``RolloutServer``'s keyword arguments."""
+    startup.mark("engine_start")
     with tracer.span("rollout.start", backend=backend.name):
         await backend.start()
+    startup.mark("engine_ready")
     await RolloutServer(backend, address, token, **limits).serve()

@@ -50,6 +50,11 @@ def score(completion, answer):
     return float(len(completion) % 2)
 """
 
+KV_CACHE_GIB = 8
+"""The engine's KV cache in the wake probe: what the wake must find free again."""
+HOG_LEAVES_GIB = 2
+"""What the hog leaves free of what the sleeping engine gave back: room for the trainer's update."""
+
 HOG = """
 import sys, time, torch
 leave, grow = int(sys.argv[1]), int(sys.argv[2])
@@ -187,17 +192,24 @@ def record(record_property, **row) -> dict:
 
 def test_an_engine_that_cannot_wake_stops_the_run_naming_memory_and_keys(gpu_model_dir, tmp_path, record_property):
     """Another process takes the GPU while the engine sleeps (the hog waits for the KV cache to be given back):
-    the wake fails, the run stops within seconds with a line naming the memory and the keys."""
+    the wake fails, the run stops within seconds with a line naming the memory and the keys. The engine's KV
+    cache (8 GiB) is larger than what the hog leaves (2 GiB, for the trainer's update) and whatever the trainer
+    frees just before the wake together, so the engine cannot win that memory back by waking first."""
     gpu = GpuLeftovers()
     run = HeldRun(
-        tmp_path, gpu_model_dir, "trainer.total_steps=4", "trainer.epochs_per_step=20", "placement.offload=false"
+        tmp_path,
+        gpu_model_dir,
+        "trainer.total_steps=4",
+        "trainer.epochs_per_step=20",
+        "placement.offload=false",
+        f"rollout.kv_cache_gb={KV_CACHE_GIB}",
     )
     hog = None
     try:
         run.wait_held()
         hog_log = open(tmp_path / "hog.log", "w")  # noqa: SIM115 - closed below
         hog = subprocess.Popen(
-            [sys.executable, "-c", HOG, str(256 << 20), str(256 << 20)],
+            [sys.executable, "-c", HOG, str(HOG_LEAVES_GIB << 30), str(KV_CACHE_GIB // 2 << 30)],
             stdout=hog_log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
