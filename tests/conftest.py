@@ -27,16 +27,19 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     if config.getoption("report_json"):
-        config.pluginmanager.register(JsonReport(config.getoption("report_json")), "rlx_json_report")
+        config.pluginmanager.register(JsonReport(config.getoption("report_json"), config), "rlx_json_report")
 
 
 class JsonReport:
     """Outcomes (passed / failed / skipped, with the reason), durations and ``record_property`` values of every
-    test, the GPU's name, the commit and the installed vLLM and torch, written when the session ends."""
+    test, the GPU's name, the commit and the installed vLLM and torch, written after each test and when the session
+    ends: a session stopped at a time limit still leaves the tests it finished."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, config) -> None:
         self.path = path
+        self.args = config.invocation_params.args
         self.tests: dict[str, dict] = {}
+        self._head: dict | None = None
 
     def pytest_runtest_logreport(self, report):
         entry = self.tests.setdefault(report.nodeid, {"outcome": "passed", "duration_s": 0.0})
@@ -49,20 +52,29 @@ class JsonReport:
             entry["reason"] = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         if report.when == "call" and report.user_properties:
             entry["properties"] = dict(report.user_properties)
+        if report.when == "teardown":
+            self._write()
 
     def pytest_sessionfinish(self, session):
+        self._write()
+
+    def _write(self) -> None:
         import json
         import re
         import subprocess
         from pathlib import Path
 
+        if self._head is None:
+            git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+            self._head = {
+                "device": _device_name(),
+                "commit": os.environ.get("RLX_COMMIT") or git.stdout.strip() or "unknown",  # a tree without .git
+                "versions": _versions(),
+                "command": " ".join(["python", "-m", "pytest", *self.args]),
+            }
         outcomes = [t["outcome"] for t in self.tests.values()]
-        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
         report = {
-            "device": _device_name(),
-            "commit": os.environ.get("RLX_COMMIT") or git.stdout.strip() or "unknown",  # a tree copied without .git
-            "versions": _versions(),
-            "command": " ".join(["python", "-m", "pytest", *session.config.invocation_params.args]),
+            **self._head,
             "families": sorted(
                 match.group(1)
                 for nodeid, t in self.tests.items()
@@ -71,8 +83,11 @@ class JsonReport:
             **{key: outcomes.count(key) for key in ("passed", "failed", "skipped")},
             "tests": self.tests,
         }
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        Path(self.path).write_text(json.dumps(report, indent=1) + "\n")
+        path = Path(self.path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(report, indent=1) + "\n")
+        tmp.replace(path)  # whole, however the session ends
 
 
 def _device_name() -> str:

@@ -82,7 +82,10 @@ def gpu_model_dir(tmp_path_factory):
 class HeldRun:
     """`rlx train` colocated on the GPU, held in its reward at ``HELD_AT`` until ``go()``."""
 
-    def __init__(self, tmp_path: Path, model_dir: Path, *overrides: str, checkpoint_every: int = 1) -> None:
+    def __init__(
+        self, tmp_path: Path, model_dir: Path, *overrides: str, checkpoint_every: int = 1, held_at: int = HELD_AT
+    ) -> None:
+        """``held_at`` 0: the reward never holds (it still scores half the samples 1, so every group has a signal)."""
         (tmp_path / "held_reward.py").write_text(REWARD)
         self.tmp, self.run_dir, self.log = tmp_path, tmp_path / "run", tmp_path / "train.log"
         self.config = small_config(
@@ -97,7 +100,7 @@ class HeldRun:
             "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
             "HELD": str(tmp_path / "held"),
             "GO": str(tmp_path / "go"),
-            "HELD_AT": str(HELD_AT),
+            "HELD_AT": str(held_at),
         }
         self.args = ["train", str(self.config), *GPU, "trainer.eval_every=0", *overrides]
         self.proc = start_rlx(self.args, self.log, self.env)
@@ -214,7 +217,9 @@ def test_an_engine_that_cannot_wake_stops_the_run_naming_memory_and_keys(gpu_mod
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        time.sleep(3.0)  # the hog's CUDA context is up before the run goes on
+        # the hog measures the free memory with the engine awake before the run goes on (its torch import and CUDA
+        # context take seconds on a GPU host: a fixed wait let it measure with the engine asleep, then wait forever)
+        wait_for(lambda: "watching" in (tmp_path / "hog.log").read_text(), 120, hog, tmp_path / "hog.log")
         run.go()
         seconds = run.wait_end(300)
     finally:
@@ -315,22 +320,24 @@ def test_a_trainer_out_of_gpu_memory_names_the_keys_and_every_process_ends(gpu_m
     """The trainer held to 0.3 GB of the GPU (placement.gpu_memory_gb, torch's per-process fraction) with one
     micro-batch of every sample: its update cannot allocate."""
     gpu = GpuLeftovers()
-    config = small_config(tmp_path, gpu_model_dir, "vllm", checkpoint={"every": 0})
     start = time.monotonic()
-    code, output = run_to_end(
-        config,
-        tmp_path,
-        *GPU,
+    run = HeldRun(  # the held run's reward, never holding: the task's own gives the random model 0, and a step
+        tmp_path,  # whose groups have no signal leaves the update nothing to allocate for
+        gpu_model_dir,
         "trainer.total_steps=2",
-        "trainer.eval_every=0",
         "placement.gpu_memory_gb=0.3",
         "trainer.prompts_per_step=64",
         "rollout.max_tokens=256",
         "trainer.micro_batch_tokens=1000000",
-        timeout_s=400,
+        checkpoint_every=0,
+        held_at=0,
     )
+    try:
+        run.wait_end(400)
+    finally:
+        run.stop()
     seconds = time.monotonic() - start
-    run_dir = tmp_path / "run"
+    code, output, run_dir = run.proc.returncode, run.output(), run.run_dir
     message = first_error_line(output, "ran out of memory", "OutOfMemory", "Error")
     left = gpu_left(gpu, run_dir, record_property)
     row = record(
