@@ -444,14 +444,17 @@ def role_checks(cfg: RunConfig) -> list[Check]:
         return [Check("role inputs", "this host", "checked by `rlx train` once the model is built")]
     inputs, rows = RunInputs(cfg, rollout_role(cfg), trainer_role(cfg)), []
     for check in ROLE_CHECKS:
+        started = time.perf_counter()
         try:
             result = check.run(inputs)
         except (ConfigError, ValueError, OSError) as exc:
             rows.append(Check(check.what, "this host", "refused", str(exc)))
             if check.keep:  # what the checks after it read is missing: they would fail for the same reason
                 break
-        else:  # a check may say what it found in words (the trainer's: the Megatron layout)
-            rows.append(Check(check.what, "this host", result if isinstance(result, str) else "ok"))
+        else:  # a check may say what it found in words (the trainer's: the Megatron layout), and its time, which
+            # `rlx train` spends in its pre-flight before the servers' command lines
+            found = result if isinstance(result, str) else "ok"
+            rows.append(Check(check.what, "this host", f"{found} ({time.perf_counter() - started:.1f} s)"))
     return rows
 
 
