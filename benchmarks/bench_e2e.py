@@ -194,12 +194,21 @@ def run_rlx(workload: str, seed: int, out: Path, extra: list[str], eval_every: i
         "phases": phases,
         "model": str(out / "hf"),
         "train_reward": [statistics.fmean(rewards[i : i + LOG_EVERY]) for i in range(0, len(rewards), LOG_EVERY)],
-        "eval_curve": [
-            {"step": m["step"], "at_s": m["time"] - started, "accuracy": m["eval_accuracy"]}
-            for m in metrics
-            if "eval_accuracy" in m
-        ],
+        "eval_curve": eval_curve(metrics, started),
     }
+
+
+def eval_curve(metrics: list[dict], started: float) -> list[dict]:
+    """rlx's held-out evaluations: when each was logged (``at_s``, from the command's start) and the seconds of
+    every evaluation up to it (``evals_s``, itself included), which TRL's side, evaluating nothing in its run,
+    does not spend."""
+    curve, evals_s = [], 0.0
+    for m in metrics:
+        if "eval_accuracy" in m:
+            evals_s += m.get("time_eval", 0.0)
+            point = {"step": m["step"], "at_s": m["time"] - started, "evals_s": evals_s, "accuracy": m["eval_accuracy"]}
+            curve.append(point)
+    return curve
 
 
 def run_trl(workload: str, seed: int, out: Path, overrides: list[str], correction: str = "default") -> dict:
@@ -627,18 +636,22 @@ def per_seed(rows: list[dict]) -> list[dict]:
                 entry["samples_ratio_steps"] = rlx["samples_per_s_steps"] / trl["samples_per_s_steps"]
             curves = [r["eval_curve"] for r in rows if r["seed"] == seed and r["side"] == "rlx" and r.get("eval_curve")]
             if curves and "heldout_end" in trl:
-                reached = [time_to(curve, trl["heldout_end"]) for curve in curves]
-                entry["rlx_s_to_trl_final"] = None if None in reached else statistics.median(reached)
-                entry["time_to_trl_final_ratio"] = (
-                    None if None in reached else entry["rlx_s_to_trl_final"] / trl["wall_s"]
-                )
+                for suffix, with_evals in (("", False), ("_with_evals", True)):
+                    reached = [time_to(curve, trl["heldout_end"], with_evals) for curve in curves]
+                    seconds = None if None in reached else statistics.median(reached)
+                    entry[f"rlx_s_to_trl_final{suffix}"] = seconds
+                    entry[f"time_to_trl_final_ratio{suffix}"] = None if seconds is None else seconds / trl["wall_s"]
         out.append(entry)
     return out
 
 
-def time_to(curve: list[dict], accuracy: float) -> float | None:
-    """Seconds from the run's start to its first held-out evaluation at or above ``accuracy`` (None: never)."""
-    return next((point["at_s"] for point in curve if point["accuracy"] >= accuracy), None)
+def time_to(curve: list[dict], accuracy: float, with_evals: bool = False) -> float | None:
+    """Seconds from the run's start to its first held-out evaluation at or above ``accuracy`` (None: never): without
+    the time of the evaluations themselves (TRL's side runs none), or ``with_evals`` as the wall clock had it."""
+    point = next((p for p in curve if p["accuracy"] >= accuracy), None)
+    if point is None:
+        return None
+    return point["at_s"] if with_evals else point["at_s"] - point.get("evals_s", 0.0)
 
 
 def over_seeds(seeds: list[dict]) -> dict:
@@ -665,9 +678,10 @@ def over_seeds(seeds: list[dict]) -> dict:
         ratios = [s[key] for s in paired if key in s]
         if ratios:
             summary[key] = statistics.fmean(ratios)
-    reached = [s["time_to_trl_final_ratio"] for s in paired if "time_to_trl_final_ratio" in s]
-    if reached:
-        summary["time_to_trl_final_ratio"] = None if None in reached else statistics.fmean(reached)
+    for key in ("time_to_trl_final_ratio", "time_to_trl_final_ratio_with_evals"):
+        reached = [s[key] for s in paired if key in s]
+        if reached:
+            summary[key] = None if None in reached else statistics.fmean(reached)
     return summary
 
 
@@ -722,9 +736,11 @@ def print_table(report: dict) -> None:
             print(f", {steps:.2f}x in the steps" if steps is not None else "")
         if "time_to_trl_final_ratio" in summary:
             ratio = summary["time_to_trl_final_ratio"]
+            with_evals = summary.get("time_to_trl_final_ratio_with_evals")
             print(
                 "rlx's time to TRL's final held-out accuracy / TRL's wall time: "
                 + (f"{ratio:.2f}x" if ratio is not None else "not reached on every seed")
+                + (f" (its own evaluations counted: {with_evals:.2f}x)" if with_evals is not None else "")
             )
     print(f"mean training reward per {LOG_EVERY} steps:")
     for r in report["rows"]:

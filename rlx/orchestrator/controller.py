@@ -149,10 +149,15 @@ class Controller:
             )
 
     async def evaluate(self, step: int) -> dict[str, float]:
-        """The held-out metrics as logged: eval_accuracy, and eval_pass@k etc. with task.eval_k > 1."""
+        """The held-out metrics as logged: eval_accuracy, and eval_pass@k etc. with task.eval_k > 1; and time_eval,
+        its seconds (a step's time_step includes them)."""
+        started = time.perf_counter()
         metrics = await self.collector.evaluate(self.task.eval)
         self.evals.append((step, metrics["accuracy"]))
-        return {f"eval_{name}": value for name, value in metrics.items()}
+        return {
+            **{f"eval_{name}": value for name, value in metrics.items()},
+            "time_eval": time.perf_counter() - started,
+        }
 
     async def next_batch(self, step: int) -> Collected:
         """This step's batch; in one_step_off, also start generating the next one."""

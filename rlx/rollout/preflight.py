@@ -16,12 +16,16 @@ if TYPE_CHECKING:
 
 def check_rollout(role: RolloutRole) -> None:
     """rollout.tensor_parallel_size splits the model's attention heads evenly (vLLM's rule), else one error
-    naming the head count and the sizes that would; an engine asked for MoE routes can return them."""
+    naming the head count and the sizes that would; an engine asked for MoE routes can return them; the context
+    fits the model's positions."""
     check_routes(role)
-    tp = role.rollout.tensor_parallel_size
-    if tp <= 1 or role.rollout.backend != "vllm":
+    if role.rollout.backend != "vllm":
         return
     model = json.loads(Path(role.model.path, "config.json").read_text())
+    check_context(role, model)
+    tp = role.rollout.tensor_parallel_size
+    if tp <= 1:
+        return
     heads = model.get("num_attention_heads") or model.get("text_config", {}).get("num_attention_heads")
     if not heads or heads % tp == 0:
         return
@@ -31,6 +35,24 @@ def check_rollout(role: RolloutRole) -> None:
         f"{role.model.path!r}; use a size that does ({', '.join(map(str, fits))}), or serve more engines "
         "instead (rollout.num_servers: data parallelism)"
     )
+
+
+def check_context(role: RolloutRole, model: dict) -> None:
+    """rollout.max_model_len within the model's ``max_position_embeddings``, which vLLM refuses to exceed (with a
+    validation traceback from the server, after its imports). A model that scales its rope (``rope_scaling``)
+    is left to vLLM, which derives its length from the scaling; so is a user who set VLLM_ALLOW_LONG_MAX_MODEL_LEN."""
+    import os
+
+    text = model.get("text_config", model)
+    positions = text.get("max_position_embeddings")
+    if not positions or text.get("rope_scaling") or os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
+        return
+    if role.rollout.max_model_len > positions:
+        raise ConfigError(
+            f"rollout.max_model_len={role.rollout.max_model_len} is longer than the {positions} positions of "
+            f"model.path={role.model.path!r} (max_position_embeddings); set rollout.max_model_len<={positions}, "
+            f"with rollout.max_tokens below it"
+        )
 
 
 def check_routes(role: RolloutRole) -> None:

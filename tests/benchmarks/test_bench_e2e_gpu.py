@@ -86,21 +86,24 @@ def _row(side, seed, wall, gain, curve=()):
         "heldout_end": 0.2 + gain,
         "samples_per_s": 5120 / wall,
         "samples_per_s_steps": 512 / (wall / 20),
-        "eval_curve": [{"step": s, "at_s": t, "accuracy": a} for s, t, a in curve],
+        "eval_curve": [{"step": s, "at_s": t, "evals_s": e, "accuracy": a} for s, t, e, a in curve],
     }
 
 
 def test_summary_reports_samples_ratio_paired_gain_and_time_to_trl_final(bench):
     rows = [
-        _row("rlx", 0, 50.0, 0.30, [(0, 10.0, 0.2), (10, 20.0, 0.45), (20, 40.0, 0.5)]),
+        _row("rlx", 0, 50.0, 0.30, [(0, 10.0, 1.5, 0.2), (10, 20.0, 4.0, 0.45), (20, 40.0, 6.0, 0.5)]),
         _row("trl", 0, 100.0, 0.20),
-        _row("rlx", 1, 40.0, 0.10, [(0, 8.0, 0.2), (10, 30.0, 0.25)]),
+        _row("rlx", 1, 40.0, 0.10, [(0, 8.0, 1.0, 0.2), (10, 30.0, 2.0, 0.25)]),
         _row("trl", 1, 100.0, 0.20),
     ]
     seeds = bench.per_seed(rows)
     assert seeds[0]["samples_ratio"] == pytest.approx(2.0)
-    assert seeds[0]["rlx_s_to_trl_final"] == 20.0  # first evaluation at or above TRL's 0.40
-    assert seeds[0]["time_to_trl_final_ratio"] == pytest.approx(0.2)
+    # first evaluation at or above TRL's 0.40, logged at 20 s, of which rlx's own evaluations took 4 s
+    assert seeds[0]["rlx_s_to_trl_final"] == pytest.approx(16.0)
+    assert seeds[0]["time_to_trl_final_ratio"] == pytest.approx(0.16)
+    assert seeds[0]["rlx_s_to_trl_final_with_evals"] == 20.0
+    assert seeds[0]["time_to_trl_final_ratio_with_evals"] == pytest.approx(0.2)
     assert seeds[1]["time_to_trl_final_ratio"] is None  # never reached TRL's final accuracy
     summary = bench.over_seeds(seeds)
     assert summary["samples_ratio"] == pytest.approx((2.0 + 2.5) / 2)
@@ -108,6 +111,22 @@ def test_summary_reports_samples_ratio_paired_gain_and_time_to_trl_final(bench):
     assert summary["gain_diff"] == pytest.approx(0.0)
     assert summary["gain_diff_se"] == pytest.approx(0.1)  # stdev of (+0.1, -0.1) over sqrt(2)
     assert summary["time_to_trl_final_ratio"] is None
+
+
+def test_the_eval_curve_counts_the_evaluations_up_to_each_point(bench):
+    metrics = [
+        {"step": 0, "time": 105.0, "eval_accuracy": 0.2, "time_eval": 3.0},
+        {"step": 1, "time": 107.0, "time_step": 2.0},
+        {"step": 2, "time": 112.0, "time_step": 5.0, "eval_accuracy": 0.3, "time_eval": 2.5},
+    ]
+    curve = bench.eval_curve(metrics, started=100.0)
+    assert curve == [
+        {"step": 0, "at_s": 5.0, "evals_s": 3.0, "accuracy": 0.2},
+        {"step": 2, "at_s": 12.0, "evals_s": 5.5, "accuracy": 0.3},
+    ]
+    assert bench.time_to(curve, 0.25) == pytest.approx(6.5)
+    assert bench.time_to(curve, 0.25, with_evals=True) == 12.0
+    assert bench.time_to(curve, 0.5) is None
 
 
 def test_a_gpu_workload_on_a_host_without_its_gpus_is_refused_naming_the_fix(tmp_path):

@@ -9,8 +9,10 @@ The tiny Qwen2 of tests/launch/test_gpu_layouts.py, a bfloat16 engine, every syn
 
 Cases: the engine cannot wake (another process takes the GPU while it sleeps); the engine core SIGKILLed between
 its generation and the sync (the run restarts the server, which rejoins with verified weights); SIGTERM while the
-run is in its reward phase; the trainer out of memory in its update; a non-finite loss at every step. Left for a
-multi-GPU machine: the same with separate trainer and engine GPUs and NCCL.
+run is in its reward phase, in its update, and while a checkpoint is written (held in a checkpoint plugin's save
+hook); Ctrl-C (SIGINT) while the engine generates; the trainer out of memory in its update; a non-finite loss at
+every step. Left out: a signal inside the sync (a few hundred ms of CUDA IPC here, with nothing that can hold it
+open). Left for a multi-GPU machine: the same with separate trainer and engine GPUs and NCCL.
 """
 
 from __future__ import annotations
@@ -50,6 +52,28 @@ def score(completion, answer):
     return float(len(completion) % 2)
 """
 
+HELD_PLUGIN = """
+import os, time
+
+
+class Plugin:
+    def on_save(self, ckpt_dir, step):
+        if step == int(os.environ["HELD_SAVE_AT"]):
+            open(os.environ["HELD"], "w").close()
+            while not os.path.exists(os.environ["GO"]):
+                time.sleep(0.05)
+"""
+
+
+def install_held_plugin(site: Path) -> None:
+    """The checkpoint plugin ``held`` (``rlx.plugins`` entry point), installed in ``site`` as a dist-info."""
+    (site / "rlx_held_plugin.py").write_text(HELD_PLUGIN)
+    info = site / "rlx_held_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rlx-held-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[rlx.plugins]\nheld = rlx_held_plugin:Plugin\n")
+
+
 KV_CACHE_GIB = 8
 """The engine's KV cache in the wake probe: what the wake must find free again."""
 HOG_LEAVES_GIB = 2
@@ -83,17 +107,29 @@ class HeldRun:
     """`rlx train` colocated on the GPU, held in its reward at ``HELD_AT`` until ``go()``."""
 
     def __init__(
-        self, tmp_path: Path, model_dir: Path, *overrides: str, checkpoint_every: int = 1, held_at: int = HELD_AT
+        self,
+        tmp_path: Path,
+        model_dir: Path,
+        *overrides: str,
+        checkpoint_every: int = 1,
+        held_at: int = HELD_AT,
+        held_save_at: int = 0,
     ) -> None:
-        """``held_at`` 0: the reward never holds (it still scores half the samples 1, so every group has a signal)."""
+        """``held_at`` 0: the reward never holds (it still scores half the samples 1, so every group has a signal).
+        ``held_save_at``: the checkpoint of that step holds in its write instead (a checkpoint plugin's save hook,
+        which runs in the staged directory before the manifest and the rename)."""
         (tmp_path / "held_reward.py").write_text(REWARD)
+        plugins = []
+        if held_save_at:
+            install_held_plugin(tmp_path)
+            plugins = ["held"]
         self.tmp, self.run_dir, self.log = tmp_path, tmp_path / "run", tmp_path / "train.log"
         self.config = small_config(
             tmp_path,
             model_dir,
             "vllm",
             task={"reward": "held_reward:score"},
-            checkpoint={"every": checkpoint_every, "keep": 3},
+            checkpoint={"every": checkpoint_every, "keep": 3, "plugins": plugins},
             sync={"verify": True},
         )
         self.env = {
@@ -101,6 +137,7 @@ class HeldRun:
             "HELD": str(tmp_path / "held"),
             "GO": str(tmp_path / "go"),
             "HELD_AT": str(held_at),
+            "HELD_SAVE_AT": str(held_save_at),
         }
         self.args = ["train", str(self.config), *GPU, "trainer.eval_every=0", *overrides]
         self.proc = start_rlx(self.args, self.log, self.env)
@@ -314,6 +351,98 @@ def test_sigterm_in_the_reward_phase_ends_every_process_and_resumes(gpu_model_di
         and resumed.startswith("ok"),
     )
     assert row["ok"], (row, output[-3000:])
+
+
+STEP_2_LAST_SAMPLE = 32
+"""The reward call of step 2's last sample: once it returns the step goes on to its logprob and update."""
+
+
+def signalled(run: HeldRun, sig: int, case: str, phase: str, gpu: GpuLeftovers, record_property, **extra) -> dict:
+    """The row of a run signalled in ``phase`` (the caller has sent ``sig``): how long the launcher took to exit,
+    what is left, and the resume from its newest whole checkpoint."""
+    try:
+        seconds = run.wait_end(STOP_BOUND_S)
+    finally:
+        run.stop()
+    output = run.output()
+    left = leftovers_after(run, gpu, record_property)
+    resumed = resumed_from_last(run)
+    name = signal.Signals(sig).name
+    code = 130 if sig == signal.SIGINT else 128 + sig
+    return record(
+        record_property,
+        case=case,
+        phase=phase,
+        message=first_error_line(output, "interrupted" if sig == signal.SIGINT else f"received {name}"),
+        seconds_to_end=round(seconds, 2),
+        leftovers=left,
+        resumed=resumed,
+        exit_code=run.proc.returncode,
+        ok=run.proc.returncode == code and seconds < STOP_BOUND_S and left == 0 and resumed.startswith("ok"),
+        **extra,
+    )
+
+
+def test_sigint_in_the_generation_phase_ends_every_process_and_resumes(gpu_model_dir, tmp_path, record_property):
+    """Ctrl-C while the engine generates: step 2's generation of completions up to 960 tokens (the random model
+    rarely samples its end token), signalled 0.3 s after step 1's metrics are written."""
+    gpu = GpuLeftovers()
+    run = HeldRun(
+        tmp_path,
+        gpu_model_dir,
+        "trainer.total_steps=200",
+        "rollout.max_tokens=960",
+        "rollout.max_model_len=1024",
+        held_at=0,
+    )
+    metrics = run.run_dir / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and '"step": 1' in metrics.read_text(), 400, run.proc, run.log)
+    time.sleep(0.3)
+    os.kill(run.proc.pid, signal.SIGINT)
+    row = signalled(
+        run, signal.SIGINT, "sigint", "generation (step 2's completions being sampled)", gpu, record_property
+    )
+    assert row["ok"], (row, run.output()[-3000:])
+
+
+def test_sigterm_in_the_update_ends_every_process_and_resumes(gpu_model_dir, tmp_path, record_property):
+    """SIGTERM 1.5 s after step 2's last reward returned: the engine asleep, the trainer in its logprob and update
+    (200 epochs over the step's samples, several seconds on the tiny model)."""
+    gpu = GpuLeftovers()
+    run = HeldRun(
+        tmp_path, gpu_model_dir, "trainer.total_steps=200", "trainer.epochs_per_step=200", held_at=STEP_2_LAST_SAMPLE
+    )
+    run.wait_held()
+    run.go()
+    time.sleep(1.5)
+    os.kill(run.proc.pid, signal.SIGTERM)
+    row = signalled(
+        run, signal.SIGTERM, "sigterm", "update (the engine asleep, the trainer's epochs)", gpu, record_property
+    )
+    assert row["ok"], (row, run.output()[-3000:])
+
+
+def test_sigterm_while_a_checkpoint_is_written_leaves_it_whole_or_absent(gpu_model_dir, tmp_path, record_property):
+    """SIGTERM while step 2's checkpoint is being written (held in a plugin's save hook, in the staged directory
+    before its manifest), the write let go 2 s later: the run stops after it, and the checkpoint is whole or absent
+    (``resumed_from_last`` fails on one without its manifest)."""
+    gpu = GpuLeftovers()
+    run = HeldRun(tmp_path, gpu_model_dir, "trainer.total_steps=200", held_at=0, held_save_at=2)
+    run.wait_held()
+    os.kill(run.proc.pid, signal.SIGTERM)
+    time.sleep(2.0)
+    run.go()
+    steps = [c.name for c in list_checkpoints(run.run_dir / "checkpoints")]
+    row = signalled(
+        run,
+        signal.SIGTERM,
+        "sigterm",
+        "checkpoint write (step 2's, held 2 s in a plugin's save hook)",
+        gpu,
+        record_property,
+        checkpoints=steps,
+    )
+    assert row["ok"], (row, run.output()[-3000:])
 
 
 def test_a_trainer_out_of_gpu_memory_names_the_keys_and_every_process_ends(gpu_model_dir, tmp_path, record_property):

@@ -268,3 +268,20 @@ def test_a_tensor_parallel_size_that_does_not_split_the_heads_is_refused(tiny_mo
         check_rollout(rollout_role(cfg))
     cfg.rollout.tensor_parallel_size = 3
     check_rollout(rollout_role(cfg))  # 9 heads split over 3
+
+
+def test_a_context_longer_than_the_models_positions_is_refused(tiny_model_dir, tmp_path):
+    """vLLM refuses a max_model_len beyond max_position_embeddings (a validation traceback from the server, after
+    its imports): pre-flight says so first, naming the length that fits."""
+    from rlx.config import load_config
+    from rlx.config.errors import ConfigError
+    from rlx.config.roles import rollout_role
+    from rlx.rollout.preflight import check_rollout
+
+    positions = json.loads((tiny_model_dir / "config.json").read_text())["max_position_embeddings"]
+    overrides = [f"model.path={tiny_model_dir}", "rollout.backend=vllm"]
+    cfg = load_config(ROOT / "configs" / "quickstart.yaml", [*overrides, f"rollout.max_model_len={4 * positions}"])
+    with pytest.raises(ConfigError, match=rf"max_model_len={4 * positions} is longer than the {positions} positions"):
+        check_rollout(rollout_role(cfg))
+    cfg = load_config(ROOT / "configs" / "quickstart.yaml", [*overrides, f"rollout.max_model_len={positions}"])
+    check_rollout(rollout_role(cfg))

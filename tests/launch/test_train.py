@@ -107,6 +107,7 @@ def test_two_step_one_step_off_run_with_vllm(tiny_model_dir, tmp_path):
         assert row["logprob_diff_mean"] < 0.05  # rollout engine and trainer agree (same weights each step)
         assert row["sync_zero_copy"] == 1.0  # one CPU rank: vLLM copied the weights straight out of the trainer's
     assert "eval_accuracy" in rows[0] and "eval_accuracy" in rows[2]
+    assert rows[0]["time_eval"] > 0 and rows[2]["time_step"] > rows[2]["time_eval"] > 0  # a step holds its eval
     assert rows[1].get("is_weight_mean") is not None
     checkpoints = list_checkpoints(run_dir / "checkpoints")
     assert [c.name for c in checkpoints] == ["step_00000002"]  # keep=1 pruned step 1
@@ -146,9 +147,22 @@ def test_resume_after_kill_continues_at_the_right_step(tiny_model_dir, tmp_path)
     partial = run_dir / "checkpoints" / "step_00000999"
     partial.mkdir()  # a torn, manifest-less checkpoint newer than the good ones must be skipped
     total = last_good + 2
-    code, output = run_to_end(config, tmp_path, f"trainer.total_steps={total}", "trainer.eval_every=0", "--resume")
+    code, output = run_to_end(
+        config,
+        tmp_path,
+        f"trainer.total_steps={total}",
+        "trainer.eval_every=0",
+        "checkpoint.export_hf=true",
+        "--resume",
+    )
     assert code == 0, output[-4000:]
     assert "skipping checkpoint" in output and "step_00000999" in output
+    assert f"exported the final checkpoint to {run_dir / 'hf'}" in " ".join(output.split())  # the console wraps it
+    from safetensors.torch import load_file
+
+    exported = load_file(run_dir / "hf" / "model.safetensors")  # the newest checkpoint's weights, tensor for tensor
+    final = load_file(run_dir / "checkpoints" / f"step_{total:08d}" / "model.safetensors")
+    assert exported.keys() == final.keys() and all(exported[k].equal(final[k]) for k in final)
     resumed_from = int(output.split("resumed from")[1].split("(step ")[1].split(")")[0])
     assert resumed_from == last_good
     rows = read_metrics(run_dir)
