@@ -92,6 +92,12 @@ def check_run(cfg: RunConfig) -> None:
             "rollout.dump_dir or rollout.reuse; turn those off or use trainer.mode=sync / one_step_off"
         )
     check_lora_sync(cfg)
+    if cfg.rollout.engine_weights == "first_sync" and cfg.lora_sync == "adapter":
+        raise ConfigError(
+            "rollout.engine_weights=first_sync with model.lora.sync=adapter: the sync moves only the adapter, so the "
+            "engine would keep its placeholder base weights; set rollout.engine_weights=model or "
+            "model.lora.sync=merged"
+        )
     check_sizes(cfg)
     if cfg.rollout.host not in ("127.0.0.1", "localhost", "::1") and not cfg.rollout.auth_token:
         raise ConfigError(

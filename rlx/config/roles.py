@@ -53,6 +53,9 @@ class RolloutRole:
     """trainer.output_dir: where a server started without --address binds its ipc:// socket."""
     record_routes: bool = False
     """algorithm.routing_replay is record or r3: each sample carries the experts of its tokens (MoE models)."""
+    placeholder_weights: bool = False
+    """Start the engine with placeholder weights, which the run's first sync replaces: set by the launcher for the
+    servers it starts under rollout.engine_weights=first_sync, never for a server started by hand."""
 
     @property
     def sampling(self) -> SamplingConfig:

@@ -84,6 +84,12 @@ class RolloutConfig:
     """GPUs one vLLM engine shards its model over (tensor parallelism); several servers = data parallelism."""
     max_model_len: int = 512
     """vLLM context length (prompt + completion tokens)."""
+    engine_weights: str = "model"
+    """Where the engines the run launches take their weights: model = they load model.path; first_sync = they start
+    with placeholder weights (vLLM's ``load_format=dummy``: no read of the checkpoint, seconds fewer at start for a
+    large model) and the run's first sync, before any generation or evaluation, loads the trainer's, verified where
+    sync.verify is on. vLLM only; not with model.lora.sync=adapter (the engine would hold no base weights).
+    Servers in rollout.servers, and a server started by hand, always load model.path."""
     enforce_eager: bool = True
     """Skip vLLM graph capture (faster start-up; graphs matter only on GPUs)."""
     device: str = "auto"
@@ -199,6 +205,12 @@ class RolloutConfig:
     def _check_engine(self) -> None:
         """The engine's device, memory, parallelism and what it does across a weight update."""
         check_choice("rollout.device", self.device, ("auto", "cpu", "cuda"))
+        check_choice("rollout.engine_weights", self.engine_weights, ("model", "first_sync"))
+        if self.engine_weights == "first_sync" and self.backend != "vllm":
+            raise ConfigError(
+                "rollout.engine_weights=first_sync needs rollout.backend=vllm (the hf backend loads its model as it "
+                "starts); set rollout.engine_weights=model or rollout.backend=vllm"
+            )
         check_range("rollout.cpu_threads", self.cpu_threads, 0)
         if self.gpu_memory_utilization is not None:
             check_range("rollout.gpu_memory_utilization", self.gpu_memory_utilization, 0.01, 1.0)

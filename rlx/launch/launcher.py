@@ -22,6 +22,7 @@ task, weight arena) and warms up its kernels; only then does it wait for the ser
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 import time
@@ -195,7 +196,10 @@ class Launch:
         for index in range(self.cfg.rollout.servers_to_launch):
             address = server_address(self.cfg.rollout, self.cfg.trainer.output_dir, index)
             slot = self.placement.server(index)
-            role_file = write_role(slot.serving(self.servers), self.run_dir / "roles" / f"rollout{index}.json")
+            role = slot.serving(self.servers)
+            if self.cfg.rollout.engine_weights == "first_sync":  # the servers this run starts, never one by hand
+                role = dataclasses.replace(role, placeholder_weights=True)
+            role_file = write_role(role, self.run_dir / "roles" / f"rollout{index}.json")
             args = ["rollout-serve", str(role_file), "--address", address, "--index", str(index)]
             argv = python_argv("rlx", *args)
             server_env = dict(env, **server_env_of(self.cfg, slot))

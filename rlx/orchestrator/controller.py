@@ -87,8 +87,9 @@ class Controller:
     async def run(self) -> dict[str, float]:
         t = self.cfg.trainer
         self.resume()
-        if self.start_step > 0:
-            await self.sync_weights()  # servers start from model.path; bring them to the checkpoint
+        if self.start_step > 0 or self.cfg.rollout.engine_weights == "first_sync":
+            # servers start from model.path (or, first_sync, placeholders): bring them to the trainer's weights
+            await self.sync_weights()
         await self.colocation.start()
         last = {}
         if t.eval_every and self.start_step == 0:

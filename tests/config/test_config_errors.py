@@ -179,3 +179,27 @@ def test_an_evaluation_temperature_below_the_safe_one_is_refused(tmp_path, value
     assert_one_error_line(code, output, expected)
     code, output = check(tmp_path, "model:\n  path: /m\n", "trainer.eval_temperature=0.7")
     assert code == 0, output
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (
+            ["rollout.backend=hf", "rollout.engine_weights=first_sync"],
+            ["rollout.engine_weights=first_sync needs rollout.backend=vllm", "set rollout.engine_weights=model"],
+        ),
+        (
+            [
+                "rollout.backend=vllm",
+                "rollout.engine_weights=first_sync",
+                "model.lora.rank=8",
+                "model.lora.sync=adapter",
+            ],
+            ["the engine would keep its placeholder base weights", "model.lora.sync=merged"],
+        ),
+        (["rollout.engine_weights=checkpoint"], ["rollout.engine_weights", "first_sync"]),
+    ],
+)
+def test_placeholder_engine_weights_only_where_the_first_sync_loads_them_all(tmp_path, overrides, expected):
+    code, output = check(tmp_path, "model:\n  path: /m\n", *overrides)
+    assert_one_error_line(code, output, *expected)

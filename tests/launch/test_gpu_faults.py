@@ -357,30 +357,39 @@ STEP_2_LAST_SAMPLE = 32
 """The reward call of step 2's last sample: once it returns the step goes on to its logprob and update."""
 
 
-def signalled(run: HeldRun, sig: int, case: str, phase: str, gpu: GpuLeftovers, record_property, **extra) -> dict:
-    """The row of a run signalled in ``phase`` (the caller has sent ``sig``): how long the launcher took to exit,
-    what is left, and the resume from its newest whole checkpoint."""
+def signal_and_resume(
+    run: HeldRun, sig: int, case: str, phase: str, gpu: GpuLeftovers, record_property, then=None, **extra
+) -> None:
+    """Send ``sig`` to the run (in ``phase``), ``then()`` if given, and record and check its row: the launcher's exit
+    code, how long it took to exit, what is left, and the resume from its newest whole checkpoint."""
+    os.kill(run.proc.pid, sig)
+    if then is not None:
+        then()
     try:
         seconds = run.wait_end(STOP_BOUND_S)
     finally:
         run.stop()
     output = run.output()
     left = leftovers_after(run, gpu, record_property)
+    whole = [c.name for c in list_checkpoints(run.run_dir / "checkpoints") if (c / "manifest.json").exists()]
     resumed = resumed_from_last(run)
-    name = signal.Signals(sig).name
     code = 130 if sig == signal.SIGINT else 128 + sig
-    return record(
+    row = record(
         record_property,
         case=case,
         phase=phase,
-        message=first_error_line(output, "interrupted" if sig == signal.SIGINT else f"received {name}"),
+        message=first_error_line(
+            output, "interrupted" if sig == signal.SIGINT else f"received {signal.Signals(sig).name}"
+        ),
         seconds_to_end=round(seconds, 2),
         leftovers=left,
         resumed=resumed,
         exit_code=run.proc.returncode,
+        checkpoints=whole,
         ok=run.proc.returncode == code and seconds < STOP_BOUND_S and left == 0 and resumed.startswith("ok"),
         **extra,
     )
+    assert row["ok"], (row, output[-3000:])
 
 
 def test_sigint_in_the_generation_phase_ends_every_process_and_resumes(gpu_model_dir, tmp_path, record_property):
@@ -398,11 +407,9 @@ def test_sigint_in_the_generation_phase_ends_every_process_and_resumes(gpu_model
     metrics = run.run_dir / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and '"step": 1' in metrics.read_text(), 400, run.proc, run.log)
     time.sleep(0.3)
-    os.kill(run.proc.pid, signal.SIGINT)
-    row = signalled(
+    signal_and_resume(
         run, signal.SIGINT, "sigint", "generation (step 2's completions being sampled)", gpu, record_property
     )
-    assert row["ok"], (row, run.output()[-3000:])
 
 
 def test_sigterm_in_the_update_ends_every_process_and_resumes(gpu_model_dir, tmp_path, record_property):
@@ -415,11 +422,9 @@ def test_sigterm_in_the_update_ends_every_process_and_resumes(gpu_model_dir, tmp
     run.wait_held()
     run.go()
     time.sleep(1.5)
-    os.kill(run.proc.pid, signal.SIGTERM)
-    row = signalled(
+    signal_and_resume(
         run, signal.SIGTERM, "sigterm", "update (the engine asleep, the trainer's epochs)", gpu, record_property
     )
-    assert row["ok"], (row, run.output()[-3000:])
 
 
 def test_sigterm_while_a_checkpoint_is_written_leaves_it_whole_or_absent(gpu_model_dir, tmp_path, record_property):
@@ -429,20 +434,13 @@ def test_sigterm_while_a_checkpoint_is_written_leaves_it_whole_or_absent(gpu_mod
     gpu = GpuLeftovers()
     run = HeldRun(tmp_path, gpu_model_dir, "trainer.total_steps=200", held_at=0, held_save_at=2)
     run.wait_held()
-    os.kill(run.proc.pid, signal.SIGTERM)
-    time.sleep(2.0)
-    run.go()
-    steps = [c.name for c in list_checkpoints(run.run_dir / "checkpoints")]
-    row = signalled(
-        run,
-        signal.SIGTERM,
-        "sigterm",
-        "checkpoint write (step 2's, held 2 s in a plugin's save hook)",
-        gpu,
-        record_property,
-        checkpoints=steps,
-    )
-    assert row["ok"], (row, run.output()[-3000:])
+
+    def let_the_write_go() -> None:
+        time.sleep(2.0)
+        run.go()
+
+    phase = "checkpoint write (step 2's, held 2 s in a plugin's save hook)"
+    signal_and_resume(run, signal.SIGTERM, "sigterm", phase, gpu, record_property, then=let_the_write_go)
 
 
 def test_a_trainer_out_of_gpu_memory_names_the_keys_and_every_process_ends(gpu_model_dir, tmp_path, record_property):

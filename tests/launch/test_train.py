@@ -75,11 +75,15 @@ def run_to_end(config: Path, tmp_path: Path, *args: str, timeout_s: float = 400.
 
 def test_two_step_one_step_off_run_with_vllm(tiny_model_dir, tmp_path):
     """A whole run on a vLLM server, in one_step_off (generation overlaps the update, weights synced between);
-    sync mode's steps on vLLM are checked by tests/launch/test_faults.py's killed-server run."""
+    sync mode's steps on vLLM are checked by tests/launch/test_faults.py's killed-server run. The engine starts with
+    placeholder weights (rollout.engine_weights=first_sync): its step-0 evaluation and step 1's samples come from
+    the trainer's weights, which the first sync loaded."""
     mode = "one_step_off"
     config = small_config(tmp_path, tiny_model_dir, "vllm", trace={"enabled": True}, checkpoint={"every": 1, "keep": 1})
-    code, output = run_to_end(config, tmp_path, f"trainer.mode={mode}", "trainer.total_steps=2", "sync.verify=true")
+    args = (f"trainer.mode={mode}", "trainer.total_steps=2", "sync.verify=true", "rollout.engine_weights=first_sync")
+    code, output = run_to_end(config, tmp_path, *args)
     assert code == 0, output[-4000:]
+    assert "placeholder weights (rollout.engine_weights=first_sync)" in (tmp_path / "run/logs/rollout0.log").read_text()
     assert "leaked shared_memory" not in output  # the resource tracker's warning about vLLM's queues
     assert f"`rlx trace-view {tmp_path / 'run' / 'trace'}` shows the timeline" in " ".join(output.split())
     run_dir = tmp_path / "run"
@@ -106,6 +110,7 @@ def test_two_step_one_step_off_run_with_vllm(tiny_model_dir, tmp_path):
         assert row["time_step"] >= row["time_collect"] + row["time_train"] + row["time_sync"]
         assert row["logprob_diff_mean"] < 0.05  # rollout engine and trainer agree (same weights each step)
         assert row["sync_zero_copy"] == 1.0  # one CPU rank: vLLM copied the weights straight out of the trainer's
+    assert rows[1]["logprob_diff_mean"] < 1e-4  # sampled from the synced weights: a float32 engine agrees exactly
     assert "eval_accuracy" in rows[0] and "eval_accuracy" in rows[2]
     assert rows[0]["time_eval"] > 0 and rows[2]["time_step"] > rows[2]["time_eval"] > 0  # a step holds its eval
     assert rows[1].get("is_weight_mean") is not None

@@ -3,6 +3,8 @@ backend's transformers model on the same batch, in float32. Logprobs and entropy
 (the same Trainer, loss code and AdamW) gives the same weights, and the sync's tensors are the Hugging Face
 model's, bit for bit, before any update. Then the pre-flight refusals of layouts and features."""
 
+import re
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -235,7 +237,7 @@ def test_doctor_names_the_spec_and_the_layout(tmp_path):
         trainer=TrainerConfig(device="cpu", backend="megatron", num_ranks=2),
     )
     (row,) = [check for check in role_checks(cfg) if check.what == "trainer"]
-    assert row.found == "megatron-core GPTModel, local layer spec, TP=1 PP=1 CP=1 DP=2"
+    assert re.fullmatch(r"megatron-core GPTModel, local layer spec, TP=1 PP=1 CP=1 DP=2 \(\d+\.\d s\)", row.found)
 
 
 def test_config_refuses_an_unknown_backend_and_empty_sizes():

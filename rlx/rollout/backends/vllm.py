@@ -105,6 +105,7 @@ class VllmBackend(Backend):
             tensor_parallel_size=r.tensor_parallel_size,
             enable_sleep_mode=_sleep_mode(self.cfg, current_platform),
             enforce_eager=r.enforce_eager,
+            load_format="dummy" if self.cfg.placeholder_weights else "auto",
             worker_extension_cls=EXTENSION,
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
@@ -117,6 +118,10 @@ class VllmBackend(Backend):
         # a step of a few hundred samples into waves; on a CPU the engine's own (the offline ones double the
         # batched tokens, whose profiling pass then leaves a small host-memory KV share nothing)
         context = UsageContext.ENGINE_CONTEXT if current_platform.is_cpu() else UsageContext.LLM_CLASS
+        if self.cfg.placeholder_weights:
+            log.info(
+                "placeholder weights (rollout.engine_weights=first_sync): the run's first sync loads the trainer's"
+            )
         self.engine = AsyncLLM.from_engine_args(args, usage_context=context)
         self.vocab_size = self.engine.model_config.get_vocab_size()
         if not _engine_labels_versions(self.engine, r.token_versions):
