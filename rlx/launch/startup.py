@@ -29,6 +29,8 @@ def startup_report(launcher: dict[str, float], servers: dict[str, dict[str, floa
         "servers": {},
     }
     for name, marks in servers.items():
+        if "started" not in marks:  # a server that reports no start-up (an older rlx's)
+            continue
         row = {"started_s": at(marks, "started"), "engine_start_s": at(marks, "engine_start")}
         row["ready_s"] = at(marks, "engine_ready")
         if "imported" in marks:
@@ -52,7 +54,7 @@ def describe(report: dict) -> str:
             what.append(f"imports {row['imports_s']:.1f} s beside the pre-flight")
         if "command_s" in row:
             what.append(f"its command line at {row['command_s']:.1f} s")
-        if "engine_s" in row:
+        if row.get("engine_s") is not None:
             what.append(f"its engine from {row['engine_start_s']:.1f} s, {row['engine_s']:.1f} s")
         ready = f"{name} ready at {row['ready_s']:.1f} s" if row.get("ready_s") is not None else name
         parts.append(f"{ready} ({', '.join(what)})")
