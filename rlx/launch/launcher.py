@@ -276,8 +276,8 @@ class Launch:
             def alive():
                 return all(c.alive() for c in self.procs.children)
 
-            await client.wait_ready(cfg.rollout.startup_timeout_s, is_alive=alive)
-            launched = (await client.health())[: cfg.rollout.servers_to_launch]  # rollout.servers come after them
+            healths = await client.wait_ready(cfg.rollout.startup_timeout_s, is_alive=alive)
+            launched = healths[: cfg.rollout.servers_to_launch]  # rollout.servers come after them
             self.display.log(write_startup(self.run_dir, {f"rollout{i}": h.startup for i, h in enumerate(launched)}))
             self.display.note(f"rollout servers ready: {', '.join(addresses)}{_openai_endpoints(cfg)}")
             self.restarts.attach(controller)

@@ -144,13 +144,13 @@ class RolloutClient:
     async def health(self, timeout_s: float = 5.0) -> list[p.HealthResult]:
         return await self.broadcast(p.Health(), timeout_s)
 
-    async def wait_ready(self, timeout_s: float, is_alive=lambda: True) -> None:
-        """Poll health until every server answers; ``is_alive`` lets a launcher fail fast."""
+    async def wait_ready(self, timeout_s: float, is_alive=lambda: True) -> list[p.HealthResult]:
+        """Poll health until every server answers (their answers, in the order of the addresses); ``is_alive`` lets a
+        launcher fail fast."""
         deadline = time.time() + timeout_s
         while True:
             try:
-                await self.health(timeout_s=2.0)
-                return
+                return await self.health(timeout_s=2.0)
             except RolloutServerError:
                 if not is_alive():
                     raise RolloutServerError("a rollout server exited during start-up (see its log above)") from None

@@ -10,6 +10,7 @@ and the servers' (``rlx.launch.startup``).
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -17,6 +18,7 @@ _IMPORTED = time.time()
 _MARKS: dict[str, float] = {}
 
 
+@functools.cache
 def process_started_at() -> float:
     """Seconds since the epoch at which this process started."""
     try:
@@ -29,10 +31,9 @@ def process_started_at() -> float:
         return _IMPORTED
 
 
-def mark(name: str, at: float | None = None) -> float:
-    """Record that phase ``name`` of this process's start-up ended now (or at ``at``); returns that time."""
-    _MARKS[name] = time.time() if at is None else at
-    return _MARKS[name]
+def mark(name: str) -> None:
+    """Record that phase ``name`` of this process's start-up ended now."""
+    _MARKS[name] = time.time()
 
 
 def marks() -> dict[str, float]:
