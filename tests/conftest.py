@@ -59,7 +59,6 @@ class JsonReport:
         self._write()
 
     def _write(self) -> None:
-        import json
         import re
         import subprocess
         from pathlib import Path
@@ -83,11 +82,11 @@ class JsonReport:
             **{key: outcomes.count(key) for key in ("passed", "failed", "skipped")},
             "tests": self.tests,
         }
+        from rlx.launch.processes import write_json
+
         path = Path(self.path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(report, indent=1) + "\n")
-        tmp.replace(path)  # whole, however the session ends
+        write_json(path, report)  # swapped in whole, however the session ends
 
 
 def _device_name() -> str:
