@@ -161,6 +161,12 @@ class HeldRun:
     def stop(self) -> None:
         stop_group(self.proc)
 
+    def __enter__(self) -> HeldRun:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()  # whatever ended the test: the run's process group goes with it
+
     def resume(self, steps: int, *overrides: str) -> tuple[int, str]:
         """``--resume`` to ``steps`` steps, the reward no longer held (its module on the same path)."""
         (self.tmp / "go").touch()
@@ -327,30 +333,10 @@ def test_an_engine_core_killed_between_generation_and_sync_is_restarted_and_rejo
 
 def test_sigterm_in_the_reward_phase_ends_every_process_and_resumes(gpu_model_dir, tmp_path, record_property):
     gpu = GpuLeftovers()
-    run = HeldRun(tmp_path, gpu_model_dir, "trainer.total_steps=200")
-    try:
+    with HeldRun(tmp_path, gpu_model_dir, "trainer.total_steps=200") as run:
         run.wait_held()
-        os.kill(run.proc.pid, signal.SIGTERM)
-        seconds = run.wait_end(STOP_BOUND_S)
-    finally:
-        run.stop()
-    output = run.output()
-    left = leftovers_after(run, gpu, record_property)
-    resumed = resumed_from_last(run)
-    row = record(
-        record_property,
-        case="sigterm",
-        phase="reward (the engine awake, a step's samples being scored)",
-        message=first_error_line(output, "received SIGTERM"),
-        seconds_to_end=round(seconds, 2),
-        leftovers=left,
-        resumed=resumed,
-        ok=run.proc.returncode == 128 + signal.SIGTERM
-        and seconds < STOP_BOUND_S
-        and left == 0
-        and resumed.startswith("ok"),
-    )
-    assert row["ok"], (row, output[-3000:])
+        phase = "reward (the engine awake, a step's samples being scored)"
+        signal_and_resume(run, signal.SIGTERM, "sigterm", phase, gpu, record_property)
 
 
 STEP_2_LAST_SAMPLE = 32
@@ -396,35 +382,26 @@ def test_sigint_in_the_generation_phase_ends_every_process_and_resumes(gpu_model
     """Ctrl-C while the engine generates: step 2's generation of completions up to 960 tokens (the random model
     rarely samples its end token), signalled 0.3 s after step 1's metrics are written."""
     gpu = GpuLeftovers()
-    run = HeldRun(
-        tmp_path,
-        gpu_model_dir,
-        "trainer.total_steps=200",
-        "rollout.max_tokens=960",
-        "rollout.max_model_len=1024",
-        held_at=0,
-    )
-    metrics = run.run_dir / "metrics.jsonl"
-    wait_for(lambda: metrics.exists() and '"step": 1' in metrics.read_text(), 400, run.proc, run.log)
-    time.sleep(0.3)
-    signal_and_resume(
-        run, signal.SIGINT, "sigint", "generation (step 2's completions being sampled)", gpu, record_property
-    )
+    overrides = ("trainer.total_steps=200", "rollout.max_tokens=960", "rollout.max_model_len=1024")
+    with HeldRun(tmp_path, gpu_model_dir, *overrides, held_at=0) as run:
+        metrics = run.run_dir / "metrics.jsonl"
+        wait_for(lambda: metrics.exists() and '"step": 1' in metrics.read_text(), 400, run.proc, run.log)
+        time.sleep(0.3)
+        phase = "generation (step 2's completions being sampled)"
+        signal_and_resume(run, signal.SIGINT, "sigint", phase, gpu, record_property)
 
 
 def test_sigterm_in_the_update_ends_every_process_and_resumes(gpu_model_dir, tmp_path, record_property):
     """SIGTERM 1.5 s after step 2's last reward returned: the engine asleep, the trainer in its logprob and update
     (200 epochs over the step's samples, several seconds on the tiny model)."""
     gpu = GpuLeftovers()
-    run = HeldRun(
-        tmp_path, gpu_model_dir, "trainer.total_steps=200", "trainer.epochs_per_step=200", held_at=STEP_2_LAST_SAMPLE
-    )
-    run.wait_held()
-    run.go()
-    time.sleep(1.5)
-    signal_and_resume(
-        run, signal.SIGTERM, "sigterm", "update (the engine asleep, the trainer's epochs)", gpu, record_property
-    )
+    overrides = ("trainer.total_steps=200", "trainer.epochs_per_step=200")
+    with HeldRun(tmp_path, gpu_model_dir, *overrides, held_at=STEP_2_LAST_SAMPLE) as run:
+        run.wait_held()
+        run.go()
+        time.sleep(1.5)
+        phase = "update (the engine asleep, the trainer's epochs)"
+        signal_and_resume(run, signal.SIGTERM, "sigterm", phase, gpu, record_property)
 
 
 def test_sigterm_while_a_checkpoint_is_written_leaves_it_whole_or_absent(gpu_model_dir, tmp_path, record_property):
@@ -432,15 +409,15 @@ def test_sigterm_while_a_checkpoint_is_written_leaves_it_whole_or_absent(gpu_mod
     before its manifest), the write let go 2 s later: the run stops after it, and the checkpoint is whole or absent
     (``resumed_from_last`` fails on one without its manifest)."""
     gpu = GpuLeftovers()
-    run = HeldRun(tmp_path, gpu_model_dir, "trainer.total_steps=200", held_at=0, held_save_at=2)
-    run.wait_held()
+    with HeldRun(tmp_path, gpu_model_dir, "trainer.total_steps=200", held_at=0, held_save_at=2) as run:
+        run.wait_held()
 
-    def let_the_write_go() -> None:
-        time.sleep(2.0)
-        run.go()
+        def let_the_write_go() -> None:
+            time.sleep(2.0)
+            run.go()
 
-    phase = "checkpoint write (step 2's, held 2 s in a plugin's save hook)"
-    signal_and_resume(run, signal.SIGTERM, "sigterm", phase, gpu, record_property, then=let_the_write_go)
+        phase = "checkpoint write (step 2's, held 2 s in a plugin's save hook)"
+        signal_and_resume(run, signal.SIGTERM, "sigterm", phase, gpu, record_property, then=let_the_write_go)
 
 
 def test_a_trainer_out_of_gpu_memory_names_the_keys_and_every_process_ends(gpu_model_dir, tmp_path, record_property):
