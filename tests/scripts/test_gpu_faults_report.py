@@ -46,3 +46,21 @@ def test_a_report_without_the_fault_probes_is_refused(tmp_path):
     proc = run(str(tmp_path / "report.json"), str(tmp_path / "out.json"))
     assert proc.returncode == 2 and "holds no test of tests/launch/test_gpu_faults.py" in proc.stderr
     assert not (tmp_path / "out.json").exists()
+
+
+def test_reports_of_several_calls_join_in_order_each_command_kept(tmp_path):
+    def report(command: str, case: str) -> dict:
+        row = {"case": case, "ok": True}
+        return {"device": "NVIDIA H200", "commit": "abc1234", "command": command,
+                "tests": {FAULTS + f"test_{case}": {"outcome": "passed", "properties": {"fault": row}}}}  # fmt: skip
+
+    (tmp_path / "a.json").write_text(json.dumps(report("pytest -n 3 -k 'not wake'", "sigterm")))
+    (tmp_path / "b.json").write_text(json.dumps(report("pytest -k wake", "wake")))
+    proc = run(str(tmp_path / "a.json"), str(tmp_path / "b.json"), str(tmp_path / "out.json"))
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert [c["case"] for c in out["cases"]] == ["sigterm", "wake"]
+    assert out["command"] == ["pytest -n 3 -k 'not wake'", "pytest -k wake"]
+    (tmp_path / "c.json").write_text(json.dumps({"tests": {}}))
+    proc = run(str(tmp_path / "a.json"), str(tmp_path / "c.json"), str(tmp_path / "out2.json"))
+    assert proc.returncode == 2 and "c.json holds no test" in proc.stderr
