@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,7 +48,7 @@ class NodeProcess:
         self._pump: threading.Thread | None = None
 
     def node(self) -> dict:
-        """This node's address (as the cluster knows it), a port free on it, and the actor's pid."""
+        """This node's address (as the cluster knows it), a port free on it, the actor's pid and work directory."""
         import ray
 
         ip = ray.util.get_node_ip_address()
@@ -56,6 +57,7 @@ class NodeProcess:
             "port": free_port(ip),
             "node_id": ray.get_runtime_context().get_node_id(),
             "actor_pid": os.getpid(),
+            "workdir": str(self.workdir),
         }
 
     def start(self, module_args: list[str], env: dict[str, str], files: dict[str, str]) -> int:
@@ -102,8 +104,10 @@ class NodeProcess:
 
     def stop(self, timeout_s: float = 10.0) -> tuple[int | None, list[str]]:
         """SIGTERM the process group, SIGKILL what is left after ``timeout_s``, remove the shared memory it
-        left; return its exit code and its last lines."""
+        left and the work directory (the run's own logs and config are in its output directory); return its exit
+        code and its last lines."""
         if self.proc is None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
             return None, []
         pgid = self.proc.pid
         if self.proc.poll() is None:
@@ -118,6 +122,7 @@ class NodeProcess:
         if self._pump is not None:
             self._pump.join(timeout=2)
         self.leftovers.remove_unused([pgid])
+        shutil.rmtree(self.workdir, ignore_errors=True)
         return self.proc.returncode, self._drain()
 
 

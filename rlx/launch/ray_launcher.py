@@ -16,7 +16,8 @@ neither is given. Each role gets one placement group (``ray.rollout_resources`` 
 
 Every process's output comes back to the launcher: the console shows it prefixed with its name
 (tracebacks folded, as the local launcher does), ``RUN_DIR/logs/<name>.log`` keeps all of it, and
-``RUN_DIR/logs/ray_processes.json`` records where each one ran (node IP, process and actor pid).
+``RUN_DIR/logs/ray_processes.json`` records where each one ran (node IP, process and actor pid, the actor's
+work directory, removed when it stops).
 The death watch is the local launcher's: a process that exits while the run needs it, or an
 actor that dies with its node, stops the run with a line naming it and its log; the exit code is
 non-zero. Rank 0 exiting 0 ends the run. Teardown, always: each process group ended on its node,
@@ -289,6 +290,7 @@ class RayRun:
                 "node_id": h.node["node_id"],
                 "pid": h.pid,
                 "actor_pid": h.node["actor_pid"],
+                "workdir": h.node["workdir"],
             }
             for h in self.handles
             if h.pid > 0

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -107,6 +108,8 @@ def test_ray_run_places_roles_on_their_nodes_syncs_verified_weights_and_leaves_n
     assert node_of["rollout0"] == node_of["rollout1"] != head, "rollout servers sit on node_b"
     leftover = [(n, pid) for n, p in processes.items() for pid in (p["pid"], p["actor_pid"]) if pid_alive(pid)]
     assert not leftover, f"processes of the run still alive: {leftover}"
+    kept = [p["workdir"] for p in processes.values() if Path(p["workdir"]).exists()]
+    assert not kept, f"work directories of the run's actors left behind: {kept}"
 
     verified = verified_tensors_per_server(run_dir / "trace")
     num_params = len(trainer_parameter_names(tiny_model_dir))
