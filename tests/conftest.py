@@ -26,7 +26,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    if config.getoption("report_json"):
+    if config.getoption("report_json") and not hasattr(config, "workerinput"):  # xdist: its controller writes
         config.pluginmanager.register(JsonReport(config.getoption("report_json"), config), "rlx_json_report")
 
 
