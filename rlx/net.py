@@ -31,6 +31,13 @@ MAX_IPC_PATH_BYTES = 107
 """The longest path a Unix socket (an ``ipc://`` address) may have, in bytes."""
 
 
+def engine_socket_dir(pid: int) -> Path:
+    """Where the vLLM engine of the server process ``pid`` binds its ``ipc://`` sockets (``VLLM_RPC_BASE_PATH``):
+    a directory of its own, which the server removes when it closes and the launcher when the server's process
+    group is gone (an engine core killed before it unlinks them leaves its sockets in the temp dir otherwise)."""
+    return Path(tempfile.gettempdir()) / f"rlx-engine-{pid}"
+
+
 def ipc_path(address: str) -> Path | None:
     """The socket file of an ``ipc://`` address; None for any other scheme."""
     return Path(address[len("ipc://") :]) if address.startswith("ipc://") else None

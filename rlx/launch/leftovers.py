@@ -8,13 +8,19 @@ and once that child is dead unlinks the recorded files that no live process maps
 A file no child of this run was seen mapping is never touched; one created and lost between two
 recordings is missed (vLLM creates its buffers at start-up, long before a recording).
 
+A dead child's vLLM engine sockets go too: each server binds them in a directory named by its pid
+(``rlx.net.engine_socket_dir``), removed once that child's process group is gone.
+
 Linux only: without /proc nothing is recorded and nothing removed.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import threading
+
+from rlx.net import engine_socket_dir
 
 SHM_DIR = "/dev/shm"
 _PREFIX = SHM_DIR + "/"
@@ -34,7 +40,11 @@ class ShmLeftovers:
             self._seen.setdefault(pgid, set()).update(files)
 
     def remove_unused(self, pgids: list[int]) -> list[str]:
-        """Unlink the files recorded for ``pgids`` that still exist and that no live process uses."""
+        """Unlink the files recorded for ``pgids`` that still exist and that no live process uses, and the engine
+        socket directory of each group whose processes have all ended."""
+        for pgid in pgids:
+            if not _group_pids(pgid, running=True):
+                shutil.rmtree(engine_socket_dir(pgid), ignore_errors=True)
         with self._lock:
             recorded = set().union(*(self._seen.get(pgid, set()) for pgid in pgids))
         candidates = {path for path in recorded if os.path.exists(path)}

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlx.net import engine_socket_dir
 from tests.helpers import start_rlx, stop_group
 from tests.launch.test_train import (
     assert_no_children_alive,
@@ -143,7 +144,8 @@ def shm_mapped_by_group(pgid: int) -> set[str]:
 
 def test_a_killed_vllm_server_leaves_nothing_in_dev_shm(tiny_model_dir, tmp_path):
     """A sync-mode run on vLLM: its steps agree with the engine (verified syncs, zero-copy), then the server is
-    SIGKILLed mid-run: the run stops with exit 1 and nothing of the server stays in /dev/shm."""
+    SIGKILLed mid-run: the run stops with exit 1 and nothing of the server stays in /dev/shm, nor its engine's
+    sockets in the temp dir."""
     config = small_config(tmp_path, tiny_model_dir, "vllm")
     run_dir = tmp_path / "run"
     log = tmp_path / "train.log"
@@ -163,12 +165,15 @@ def test_a_killed_vllm_server_leaves_nothing_in_dev_shm(tiny_model_dir, tmp_path
         server = child_pids(run_dir)["rollout0"]
         left = {path for path in shm_mapped_by_group(server) if "/rlx-sync-" not in path}
         assert any("psm_" in path for path in left), left  # vLLM's broadcast buffers
+        sockets = engine_socket_dir(server)
+        assert [p for p in sockets.iterdir() if p.is_socket()], "the engine binds its sockets in the server's dir"
         os.killpg(server, signal.SIGKILL)
         proc.wait(120)
     finally:
         stop_group(proc)
     assert proc.returncode == 1
     assert not [path for path in left if Path(path).exists()]
+    assert not sockets.exists(), list(sockets.iterdir())
     assert not sync_segments_of(proc.pid)
 
 

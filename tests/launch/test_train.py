@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from rlx.cli import app
 from rlx.formats.checkpoint import list_checkpoints, verify_checkpoint
+from rlx.net import engine_socket_dir
 from tests.helpers import group_alive, start_rlx, stop_group, write_config
 
 pytestmark = pytest.mark.slow
@@ -120,6 +121,7 @@ def test_two_step_one_step_off_run_with_vllm(tiny_model_dir, tmp_path):
     traces = list((run_dir / "trace").glob("*.jsonl"))
     assert {t.name.split(".")[0] for t in traces} >= {"trainer0", "rollout0"}
     assert_no_children_alive(run_dir)
+    assert not engine_socket_dir(child_pids(run_dir)["rollout0"]).exists()  # the server removed its engine's sockets
 
 
 def test_resume_after_kill_continues_at_the_right_step(tiny_model_dir, tmp_path):

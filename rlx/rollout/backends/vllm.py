@@ -86,6 +86,7 @@ class VllmBackend(Backend):
         self._counted = None  # CountedVersions where the engine does not label its outputs (vLLM 0.25)
         self._adapter_dir = ""  # model.lora.sync=adapter: where the workers write the synced adapter
         self.lora_request = None  # the synced adapter every request runs with, from the first adapter sync
+        self._socket_dir = None  # the engine's ipc:// sockets (rlx.net.engine_socket_dir), unless the user set one
 
     async def start(self) -> None:
         from vllm import AsyncEngineArgs
@@ -96,6 +97,7 @@ class VllmBackend(Backend):
         from rlx.placement import engine_memory_fraction
 
         r = self.cfg.rollout
+        self._socket_dir = _private_socket_dir()
         args = AsyncEngineArgs(
             model=self.model_path,
             dtype=self.cfg.model.engine_dtype,
@@ -371,17 +373,36 @@ class VllmBackend(Backend):
         collection of vLLM's large heap, 5-10 s on two cores, which vLLM waits out (5 s for the
         workers, 5 s more for the engine core) before it kills them anyway. Killing them after the
         grace ends the same way, without the wait. Their shared memory is unlinked by the resource
-        tracker they registered it with (a process this kills nothing of)."""
+        tracker they registered it with (a process this kills nothing of); the sockets they bound go with
+        their directory."""
         if self._adapter_dir:
             import shutil
 
             shutil.rmtree(self._adapter_dir, ignore_errors=True)
-        if self.engine is None:
-            return
-        engine_tree = _engine_processes(self.engine)
-        self.engine.shutdown(timeout=SHUTDOWN_GRACE_S)
-        self.engine = None
-        _kill_survivors(engine_tree)
+        if self.engine is not None:
+            engine_tree = _engine_processes(self.engine)
+            self.engine.shutdown(timeout=SHUTDOWN_GRACE_S)
+            self.engine = None
+            _kill_survivors(engine_tree)
+        if self._socket_dir is not None:
+            import shutil
+
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+
+def _private_socket_dir():
+    """This process's ``rlx.net.engine_socket_dir``, made and named in ``VLLM_RPC_BASE_PATH`` (read when the
+    engine binds, and inherited by its core and workers); None where the user set that variable."""
+    import os
+
+    from rlx.net import engine_socket_dir
+
+    if os.environ.get("VLLM_RPC_BASE_PATH"):
+        return None
+    path = engine_socket_dir(os.getpid())
+    path.mkdir(exist_ok=True)
+    os.environ["VLLM_RPC_BASE_PATH"] = str(path)
+    return path
 
 
 def _engine_processes(engine) -> list:
