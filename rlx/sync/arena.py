@@ -25,6 +25,7 @@ slots) and dtype casts (a cast is a copy anyway).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -57,17 +58,27 @@ class WeightArena:
 
     @classmethod
     def adopt(cls, module: torch.nn.Module) -> WeightArena:
-        """Move every parameter of ``module`` (all on one device) into a new arena on that device."""
+        """Move every parameter of ``module`` (all on one device) into a new arena on that device.
+
+        A module whose sync sends tensors it builds anew each time (megatron's fused q/k/v, split into the three
+        the engine loads) names them with ``sync_scratch() -> [(shape, dtype), ...]``; the arena keeps room for
+        them after the parameters and hands the module those tensors (``use_sync_scratch(tensors)``), which it
+        fills at every sync, so that the whole sync still lies in the arena."""
         params = list(module.parameters())
         devices = {p.device for p in params}
         if len(devices) != 1:
             raise ValueError(
                 f"a weight arena lives on one device; this module has parameters on {sorted(map(str, devices))}"
             )
-        arena = cls.sized_for(params, devices.pop())
+        scratch = module.sync_scratch() if hasattr(module, "sync_scratch") else []
+        nbytes = sum(align_up(p.numel() * p.element_size()) for p in params)
+        nbytes += sum(align_up(math.prod(shape) * dtype.itemsize) for shape, dtype in scratch)
+        arena = cls(nbytes, devices.pop())
         with torch.no_grad():
             for param in params:
                 param.data = arena.place(param.data)
+        if scratch:
+            module.use_sync_scratch([arena.reserve(shape, dtype) for shape, dtype in scratch])
         return arena
 
     def place(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -77,6 +88,15 @@ class WeightArena:
             raise ValueError(f"the weight arena has {self.size - self._used} bytes left, {nbytes} are needed")
         out = self._bytes[self._used : self._used + nbytes].view(tensor.dtype).view(tensor.shape)
         out.copy_(tensor)
+        self._used = align_up(self._used + nbytes)
+        return out
+
+    def reserve(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised tensor in the arena, for its owner to fill before each sync."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        if self._used + nbytes > self.size:
+            raise ValueError(f"the weight arena has {self.size - self._used} bytes left, {nbytes} are needed")
+        out = self._bytes[self._used : self._used + nbytes].view(dtype).view(shape)
         self._used = align_up(self._used + nbytes)
         return out
 

@@ -168,7 +168,7 @@ class Trainer:
             yield from adapter_named_tensors(self.model)
             return
         if self.megatron:
-            tensors = self.model.named_tensors()
+            tensors = self.model.named_tensors(dtype)
         elif self.cfg.model.lora.rank:
             from rlx.trainer.lora import merged_named_tensors
 

@@ -93,6 +93,27 @@ def test_logprobs_and_one_update_match_fsdp2(family_dir, process_group):
         assert metrics[key] == pytest.approx(want_metrics[key], rel=1e-5, abs=1e-6), key
 
 
+def test_sync_tensors_lie_in_the_weight_arena_and_cast_before_the_split(family_dir, process_group):
+    """One rank: after ``WeightArena.adopt`` every tensor of a sync (the q, k and v split out of each fused q/k/v
+    too) lies in the arena, with the values of the plain split; a cast to the engine's dtype gives each tensor
+    cast (bitwise: casting before the split copies the same elements)."""
+    from rlx.sync.arena import WeightArena
+
+    mcore = make_trainer(family_dir, "megatron")
+    plain = {name: tensor.clone() for name, tensor in mcore.model.named_tensors()}
+    cast = dict(mcore.model.named_tensors(torch.bfloat16))
+    assert all(torch.equal(cast[k], v.to(torch.bfloat16)) for k, v in plain.items())
+    arena = WeightArena.adopt(mcore.model)
+    try:
+        synced = list(mcore.model.named_tensors())
+        assert [arena.offset_of(t) for _, t in synced].count(None) == 0
+        assert [name for name, _ in synced] == list(plain)
+        assert all(torch.equal(t, plain[name]) for name, t in synced)
+        assert any(name.endswith("k_proj.weight") for name, _ in synced)  # the split ran into the arena
+    finally:
+        arena.close()
+
+
 @pytest.mark.gpu
 def test_logprobs_and_one_update_match_fsdp2_on_cuda(tmp_path, process_group):
     """On CUDA: a lone rank's process group with NCCL for CUDA tensors, megatron-core's RNG tracker seeded, the

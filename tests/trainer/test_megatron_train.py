@@ -1,6 +1,7 @@
 """`rlx train configs/quickstart.yaml trainer.backend=megatron` end to end: the launcher, the rollout server, the
 megatron trainer and its weight syncs into the engine, every sync verified by checksum (sync.verify), and the final
-checkpoint in torch_dist. The quickstart's settings on the session's tiny model, with fewer steps."""
+checkpoint in torch_dist. The quickstart's settings on the session's tiny model, with fewer steps. Its syncs are
+zero-copy: the parameters and the q, k and v split out of each fused q/k/v lie in the weight arena."""
 
 import json
 import math
@@ -41,6 +42,8 @@ def test_quickstart_trains_with_megatron_and_verifies_every_sync(tiny_model_dir,
     steps = [line for line in lines if "sync_verified" in line]
     assert [line["step"] for line in steps] == [1, 2, 3]
     assert all(line["sync_verified"] == 1.0 for line in steps)
+    # one rank in the engine's dtype: every tensor is sent from the weight arena, the split q/k/v too
+    assert all(line["sync_zero_copy"] == 1.0 for line in steps), [line["sync_zero_copy"] for line in steps]
     # the trainer scores the engine's tokens as the engine did: mean |logp_train - logp_rollout| near float32 noise
     assert all(math.isfinite(line["loss"]) and line["logprob_diff_mean"] < 1e-4 for line in steps)
     evaluated = [line["step"] for line in lines if "eval_accuracy" in line]

@@ -137,6 +137,17 @@ def split_qkv(qkv: torch.Tensor, spec: ModelSpec) -> tuple[torch.Tensor, torch.T
     return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
 
 
+def split_qkv_into(qkv: torch.Tensor, spec: ModelSpec, out: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``split_qkv`` written into ``out`` (q, k and v of their Hugging Face shapes): one copy, into memory the
+    caller chose (a weight arena's, which a sync then sends where it lies)."""
+    groups, per, dim = spec.num_kv_heads, spec.heads_per_group, spec.head_dim
+    rest = tuple(qkv.shape[1:])
+    grouped = qkv.reshape(groups, (per + 2) * dim, *rest)
+    for target, part in zip(out, grouped.split([per * dim, dim, dim], dim=1), strict=True):
+        target.view(groups, -1, *rest).copy_(part)
+    return out
+
+
 def pad_vocab(tensor: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
     extra = spec.padded_vocab_size - tensor.shape[0]
     if extra < 0:

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from rlx.trainer.megatron.build import build_gpt_model, layer_spec_name, model_spec
 from rlx.trainer.megatron.logprobs import completion_logprobs
 from rlx.trainer.megatron.parallel import cpu_forward, init_parallel
-from rlx.trainer.megatron.weights import hf_named_tensors, load_hf_weights
+from rlx.trainer.megatron.weights import hf_named_tensors, load_hf_weights, qkv_scratch
 
 if TYPE_CHECKING:
     from rlx.config.roles import TrainerRole
@@ -50,6 +50,8 @@ class MegatronPolicy:
         """Each parameter's tensor-parallel dimension (None: a duplicate on every rank of its group)."""
         self.split = {id(p) for name, p in self.module.named_parameters() if self.dims[name] is not None}
         self.hf_shapes = {name: info.shape for name, info in SafetensorsDir(cfg.model.path).tensors.items()}
+        self.scratch: dict[str, list[torch.Tensor]] = {}  # the sync's q/k/v, in its weight arena (sync_scratch)
+        self._scratch_names: dict[str, list] = {}
 
     def describe(self) -> str:
         """The layer spec and the parallel layout, e.g. 'megatron-core GPTModel, local spec, TP=2 PP=1 CP=1 DP=1'."""
@@ -84,9 +86,22 @@ class MegatronPolicy:
                 self.module, mb, temperature, self.chunk_size, self.spec.vocab_size, entropy_grad=entropy_grad
             )
 
-    def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full tensors under Hugging Face names on every rank (a collective: every rank iterates to the end)."""
-        yield from hf_named_tensors(self.module, self.spec, self.layout, self.dims, self.hf_shapes)
+    def named_tensors(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full tensors under Hugging Face names on every rank (a collective: every rank iterates to the end),
+        cast to ``dtype`` where given."""
+        yield from hf_named_tensors(self.module, self.spec, self.layout, self.dims, self.hf_shapes, dtype, self.scratch)
+
+    def sync_scratch(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """The tensors a sync builds anew (``WeightArena.adopt``): the q, k and v split out of each fused q/k/v,
+        where one rank holds the whole model (else its tensors are gathered into new memory anyway)."""
+        if self.layout.tp > 1 or self.layout.pp > 1:
+            return []
+        self._scratch_names = qkv_scratch(self.module, self.spec)
+        return [entry for entries in self._scratch_names.values() for entry in entries]
+
+    def use_sync_scratch(self, tensors: list[torch.Tensor]) -> None:
+        it = iter(tensors)
+        self.scratch = {name: [next(it) for _ in entries] for name, entries in self._scratch_names.items()}
 
     def step_if_finite(self, optimizer, params: list, max_grad_norm: float, loss_finite: bool, device) -> tuple:
         """``rlx.trainer.optim.step_if_finite`` over this rank's shards: see the module docstring."""

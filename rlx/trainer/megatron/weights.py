@@ -6,7 +6,9 @@
 - ``hf_named_tensors``: the way back for a weight sync: every rank gathers its tensor-parallel group's cuts, the
   mapping undoes the fused layouts and the padding, and each tensor comes out under its Hugging Face name, whole,
   on every rank (with pipeline stages, broadcast from the stage that holds it). A tied head is the embedding's
-  tensor, which the engine's loader ties itself, as in the FSDP2 backend's sync.
+  tensor, which the engine's loader ties itself, as in the FSDP2 backend's sync. On one rank in the engine's
+  dtype every tensor is a view of a parameter but q, k and v, which the split writes into memory the caller
+  gives (``qkv_scratch``: the sync's weight arena), so the sync copies nothing more than the split.
 
 A parameter's tensor-parallel cut is read from megatron's own attributes on it (``tensor_model_parallel``,
 ``partition_dim``). Names: the mapping's rules carry Transformer-Engine names (the norms folded into the next
@@ -20,7 +22,15 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
-from rlx.convert.megatron.mapping import LOCAL_NORM_NAMES, Rule, all_rules, to_hf, to_mcore
+from rlx.convert.megatron.mapping import (
+    LOCAL_NORM_NAMES,
+    Rule,
+    all_rules,
+    hf_shape,
+    split_qkv_into,
+    to_hf,
+    to_mcore,
+)
 from rlx.convert.megatron.spec import ModelSpec
 
 LAYER_PREFIX = "decoder.layers."
@@ -107,11 +117,32 @@ def _gathered(param, dim: int | None, rule: Rule, tp: int, group) -> torch.Tenso
     return _joined(shards, dim, rule)
 
 
+def qkv_scratch(model, spec: ModelSpec) -> dict[str, list[tuple[tuple[int, ...], torch.dtype]]]:
+    """For each fused q/k/v parameter of ``model`` (by its mapping name), the shapes and dtype of the three
+    Hugging Face tensors a sync splits it into: what ``hf_named_tensors`` can write into memory given to it."""
+    out = {}
+    for name, param, rule in stage_rules(model, spec):
+        if rule.kind == "qkv":
+            shapes = [hf_shape(rule, i, tuple(param.shape), spec) for i in range(len(rule.hf))]
+            out[global_name(name, model)] = [(shape, param.dtype) for shape in shapes]
+    return out
+
+
 @torch.no_grad()
-def hf_named_tensors(model, spec: ModelSpec, layout, dims: dict, hf_shapes: dict) -> Iterator[tuple[str, torch.Tensor]]:
+def hf_named_tensors(
+    model,
+    spec: ModelSpec,
+    layout,
+    dims: dict,
+    hf_shapes: dict,
+    dtype: torch.dtype | None = None,
+    scratch: dict[str, list[torch.Tensor]] | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(Hugging Face name, full tensor) of the whole model on every rank; a collective (every rank iterates to
     the end). ``dims``: what ``load_hf_weights`` returned; ``hf_shapes``: each Hugging Face tensor's shape, for
-    the ranks that receive it from another stage."""
+    the ranks that receive it from another stage. One stage: ``dtype`` casts each tensor before the fused
+    layouts are undone (the split then copies the smaller tensor), and a fused q/k/v with tensors in
+    ``scratch`` (``qkv_scratch``'s shapes, in the parameters' dtype) is split into those."""
     from megatron.core import parallel_state as ps
 
     tp_group = ps.get_tensor_model_parallel_group() if layout.tp > 1 else None
@@ -123,7 +154,12 @@ def hf_named_tensors(model, spec: ModelSpec, layout, dims: dict, hf_shapes: dict
     for rule in all_rules(spec):
         if layout.pp == 1:
             param, dim = held[rule.mcore]
-            yield from zip(rule.hf, to_hf(rule, _gathered(param, dim, rule, layout.tp, tp_group), spec), strict=True)
+            full = _gathered(param, dim, rule, layout.tp, tp_group)
+            if scratch and rule.mcore in scratch and (dtype is None or dtype == full.dtype):
+                parts = split_qkv_into(full, spec, scratch[rule.mcore])
+            else:
+                parts = to_hf(rule, full if dtype is None else full.to(dtype), spec)
+            yield from zip(rule.hf, parts, strict=True)
             continue
         yield from _from_stage(rule, held, spec, layout, hf_shapes, tp_group)
 
