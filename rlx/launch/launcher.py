@@ -174,6 +174,7 @@ class Launch:
             self.procs.watch(self.restarts.on_death)
             code = self._run_rank0(addresses)
         if code == 0 and cfg.checkpoint.export_hf:
+            self.procs.begin_stop()  # the servers and ranks are done: they end while the export runs
             code = _export_hf(self.run_dir, self.display)
         return code
 

@@ -259,6 +259,19 @@ class ProcessSet:
         for child in list(self.children):
             self.leftovers.record(child.pid)
 
+    def begin_stop(self) -> None:
+        """SIGTERM every child's process group without waiting: they end while the launcher finishes its own
+        work (the export of the final checkpoint); ``stop_all`` then waits for them and cleans up."""
+        with self._lock:
+            self._watching = False
+        for child in self.children:
+            child.expected_exit = True
+        self.record_shm()
+        for child in reversed(self.children):
+            if child.alive():
+                child.signal_group(signal.SIGTERM)
+                child.signal_group(signal.SIGCONT)
+
     def stop_all(self, timeout_s: float = 10.0) -> list[str]:
         """Stop every child's process group; return the /dev/shm files they left, all removed by now."""
         with self._lock:

@@ -170,6 +170,7 @@ def test_resume_after_kill_continues_at_the_right_step(tiny_model_dir, tmp_path)
     exported = load_file(run_dir / "hf" / "model.safetensors")  # the newest checkpoint's weights, tensor for tensor
     final = load_file(run_dir / "checkpoints" / f"step_{total:08d}" / "model.safetensors")
     assert exported.keys() == final.keys() and all(exported[k].equal(final[k]) for k in final)
+    assert_no_children_alive(run_dir)  # signalled before the export, waited for after it
     resumed_from = int(output.split("resumed from")[1].split("(step ")[1].split(")")[0])
     assert resumed_from == last_good
     rows = read_metrics(run_dir)
