@@ -259,14 +259,18 @@ class ProcessSet:
         for child in list(self.children):
             self.leftovers.record(child.pid)
 
-    def begin_stop(self) -> None:
-        """SIGTERM every child's process group without waiting: they end while the launcher finishes its own
-        work (the export of the final checkpoint); ``stop_all`` then waits for them and cleans up."""
+    def _expect_exits(self) -> None:
+        """The death watch stops, every child's exit is expected, and what they map in /dev/shm is recorded."""
         with self._lock:
             self._watching = False
         for child in self.children:
             child.expected_exit = True
         self.record_shm()
+
+    def begin_stop(self) -> None:
+        """SIGTERM every child's process group without waiting: they end while the launcher finishes its own
+        work (the export of the final checkpoint); ``stop_all`` then waits for them and cleans up."""
+        self._expect_exits()
         for child in reversed(self.children):
             if child.alive():
                 child.signal_group(signal.SIGTERM)
@@ -274,11 +278,7 @@ class ProcessSet:
 
     def stop_all(self, timeout_s: float = 10.0) -> list[str]:
         """Stop every child's process group; return the /dev/shm files they left, all removed by now."""
-        with self._lock:
-            self._watching = False
-        for child in self.children:
-            child.expected_exit = True
-        self.record_shm()
+        self._expect_exits()
         for child in reversed(self.children):
             child.stop(timeout_s)
         self.leftovers.remove_unused([child.pid for child in self.children])
