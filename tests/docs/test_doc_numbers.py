@@ -89,20 +89,10 @@ SETUP_COUNT = re.compile(rf"(?<![\w.])\d[\d,]*\s*(?:x\s*|(?:GiB|GB)\s+)?(?=(?:{S
 UNRECORDED = "no raw JSON"
 SENTENCE = re.compile(r"(?<=[.;])\s+(?=[A-Z(`*])")
 
-KNOWN_UNHELD = {
+KNOWN_UNHELD: dict[tuple[str, tuple[str, ...]], str] = {
     # (page, the numbers of one unit that no cited file holds): why. For pages whose owners have yet to mark these
-    # "no raw JSON"; an entry must match its unit exactly, so a number changed there still fails.
-    ("docs/agents.md", ("311", "12 ms", "416", "0.156", "0.03", "0.156")): "a trace summary and a one-example run "
-    "beside the file's run",
-    ("docs/agents.md", ("4 x", "0.92", "0.72", "14 %")): "two other runs and a py-spy sample beside the file's",
-    ("docs/tracing.md", ("41 %", "23 %", "6 %", "3.8")): "the traces' line mix and an earlier build's open time",
-    ("docs/tracing.md", (
-        "0.17", "2.2", "0.14", "0.88", "6.4", "0.06", "0.07", "0.36", "3.2", "2000", "300", "64", "0.29 %", "1.33 s",
-        "1.83", "0.62", "0.76", "1.81 s", "1.62", "2.27", "1.73 s", "1.07 s", "0.63", "1.75", "1.56 s", "1.48",
-        "1.56", "465 MiB", "0.07 s", "0.14 s", "1.13 s", "1.19", "3.50 s", "0.2", "2.02", "2.31 s", "934,664",
-        "64,809", "112 MB", "0.91", "1.05 s", "0.96 s", "504", "1.35 s", "3.0", "0.67",
-    )): "the table's other benchmarks and earlier rounds beside the viewer file's run",
-}  # fmt: skip
+    # "no raw JSON"; an entry must match its unit exactly, so a number changed there still fails. None now.
+}
 
 
 @dataclass
