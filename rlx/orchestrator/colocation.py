@@ -40,12 +40,15 @@ class EngineWakeFailed(RuntimeError):
     """A colocated engine could not take its weights or KV cache back; the message names the memory and the keys."""
 
 
-def wake_failure(tags: list[str], error: str, device, offloading: bool) -> str:
-    """One line: what failed to wake, the engine's error, the GPU's memory as the trainer sees it, and (when the
-    engine ran out of memory) the keys that leave it room."""
+def wake_failure(tags: list[str], error: str, device, offloading: bool, engine_gb: float = 0.0) -> str:
+    """One line: what failed to wake, the engine's error, the memory the engine held awake in its last generation
+    (``engine_gb``, where one ran), the GPU's memory as the trainer sees it, and (when the engine ran out of memory)
+    the keys that leave it room."""
     names = {"weights": "weights", "kv_cache": "KV cache"}
     what = " and ".join(names.get(tag, tag) for tag in tags) or "weights and KV cache"
     line = f"the rollout engine could not wake its {what}: {error.strip().splitlines()[0] if error.strip() else error}"
+    if engine_gb > 0:
+        line += f"; the engine held {engine_gb:.2f} GiB awake in its last generation"
     if device.type == "cuda":
         from rlx.trainer.memory import gpu_memory
 
@@ -77,6 +80,7 @@ class Colocation:
         self.peaks = PhasePeaks(trainer.device)
         self._metrics: dict[str, float] = {}
         self._switch_s = 0.0
+        self._engine_awake_gb = 0.0  # the engine's peak in its last generation (its peak before it slept)
         if trainer.device.type == "cuda":
             apply_memory_budget(pl.gpu_memory_gb)
 
@@ -151,7 +155,8 @@ class Colocation:
         try:
             return await self.client.broadcast(p.WakeUp(tags=tags))
         except RolloutServerError as exc:
-            raise EngineWakeFailed(wake_failure(tags, str(exc), self.device, self.offloader is not None)) from exc
+            line = wake_failure(tags, str(exc), self.device, self.offloader is not None, self._engine_awake_gb)
+            raise EngineWakeFailed(line) from exc
 
     def _release_cache(self) -> None:
         """The trainer's cached, unallocated GPU blocks back to the device, for the engine about to wake."""
@@ -161,4 +166,7 @@ class Colocation:
             torch.cuda.empty_cache()
 
     def _engine_peak(self, phase: str, replies: list[p.MemoryResult]) -> None:
-        self._metrics[f"mem_engine_peak_{phase}_gb"] = max((r.peak_memory_gb for r in replies), default=0.0)
+        peak = max((r.peak_memory_gb for r in replies), default=0.0)
+        self._metrics[f"mem_engine_peak_{phase}_gb"] = peak
+        if phase == "generate" and peak > 0:
+            self._engine_awake_gb = peak  # what a wake must find room for again

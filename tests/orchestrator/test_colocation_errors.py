@@ -22,3 +22,10 @@ def test_offload_is_not_suggested_where_it_is_on_and_other_failures_name_no_keys
     assert "placement.offload" not in line and "rollout.kv_cache_gb" in line
     other = wake_failure(["weights"], "RolloutServerError: server 0: the vLLM engine died", torch.device("cpu"), False)
     assert other == "the rollout engine could not wake its weights: RolloutServerError: server 0: the vLLM engine died"
+
+
+def test_the_memory_the_engine_held_awake_is_named_where_a_generation_measured_it():
+    line = wake_failure(["kv_cache"], OOM, torch.device("cpu"), offloading=False, engine_gb=61.25)
+    assert "; the engine held 61.25 GiB awake in its last generation" in line
+    assert line.index("61.25 GiB") < line.index("To leave the engine room")
+    assert "held" not in wake_failure(["kv_cache"], OOM, torch.device("cpu"), offloading=False)  # none measured
